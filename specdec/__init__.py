@@ -1,0 +1,25 @@
+"""specdec: speculative decoding on GPT-2, in NumPy.
+
+    import specdec
+    target = specdec.load_model("355M")
+    draft = specdec.load_model("124M")
+    ids = target.tokenizer.encode("Alan Turing theorized that computers")
+    out = specdec.speculative_sample(target, draft, ids, n_tokens=40, K=4)
+    print(target.tokenizer.decode(out.tokens), out.acceptance_rate)
+"""
+
+from .checkpoint import CheckpointError, DownloadError, load_folder, load_model
+from .gpt2 import GPT2, HParams, KVCache, random_weights
+from .tokenizer import load_tokenizer
+
+__all__ = [
+    "GPT2",
+    "HParams",
+    "KVCache",
+    "CheckpointError",
+    "DownloadError",
+    "load_folder",
+    "load_model",
+    "load_tokenizer",
+    "random_weights",
+]

@@ -1,0 +1,472 @@
+"""GPT-2 checkpoints: model names -> Hub repos, download, safetensors, load_model.
+
+The Hugging Face Hub serves every GPT-2 size as a `model.safetensors` file next
+to `config.json`, `vocab.json` and `merges.txt`. This module fetches those four
+files into `models/<name>/` (once; afterwards no network is touched), reads the
+safetensors file itself with np.memmap (no copy, no torch), checks every tensor
+against config.json, and returns a ready `GPT2` with its tokenizer.
+
+Environment variables, read in one place (`HubSettings.from_env`), with the
+meanings huggingface_hub gives them:
+    HF_ENDPOINT     base URL of the Hub or a mirror (default https://huggingface.co)
+    HF_HUB_OFFLINE  1/ON/YES/TRUE: never touch the network; use local files only
+    HF_TOKEN        sent as a bearer token, for gated or private repos
+
+safetensors format (https://huggingface.co/docs/safetensors): 8 bytes of
+little-endian u64 N, then N bytes of JSON mapping each tensor name to
+{"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the byte
+after the header), optionally a "__metadata__" entry, then the raw data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import requests
+
+from .gpt2 import GPT2, Block, HParams, Weights
+from .tokenizer import load_tokenizer
+
+# Short names for the released checkpoints, and the Hub repository of each.
+MODEL_REPOS = {
+    "124M": "openai-community/gpt2",
+    "355M": "openai-community/gpt2-medium",
+    "774M": "openai-community/gpt2-large",
+    "1558M": "openai-community/gpt2-xl",
+    "distilgpt2": "distilbert/distilgpt2",
+}
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")
+DEFAULT_ENDPOINT = "https://huggingface.co"
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_MAX_HEADER_BYTES = 100_000_000  # the reference implementation's own limit
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, corrupt or not a GPT-2."""
+
+
+class DownloadError(RuntimeError):
+    """A checkpoint could not be fetched; the message says what to do."""
+
+
+# ---------------------------------------------------------------------------
+# Where a model comes from.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    endpoint: str = DEFAULT_ENDPOINT
+    offline: bool = False
+    token: str | None = None
+
+    @classmethod
+    def from_env(cls) -> "HubSettings":
+        """The one place that reads the environment, as huggingface_hub does."""
+        endpoint = os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+        return cls(endpoint.rstrip("/"), offline, os.environ.get("HF_TOKEN") or None)
+
+    def url(self, repo: str, filename: str) -> str:
+        return f"{self.endpoint}/{repo}/resolve/main/{filename}"
+
+
+def resolve_model(name_or_path: str, models_dir: str | os.PathLike = "models") -> tuple[Path, str | None]:
+    """Map a name to (local folder, Hub repo or None for a plain local folder).
+
+    "124M" -> (models/124M, "openai-community/gpt2"); "owner/name" ->
+    (models/owner--name, "owner/name"); an existing folder -> (folder, None).
+    """
+    name = str(name_or_path)
+    models_dir = Path(models_dir)
+    if name in MODEL_REPOS:
+        return models_dir / name, MODEL_REPOS[name]
+    if Path(name).is_dir():
+        return Path(name), None
+    if _REPO_ID.match(name) and ".." not in name:
+        folder = models_dir / name.replace("/", "--")
+        # The pattern already excludes separators and "..", but check the
+        # result too: a name must never place files outside models_dir.
+        if models_dir.resolve() not in folder.resolve().parents:
+            raise ValueError(f"model name {name!r} would place files outside {models_dir}")
+        return folder, name
+    known = ", ".join(MODEL_REPOS)
+    raise ValueError(
+        f"unknown model {name!r}: use one of {known}, a Hub repo id such as "
+        f"'openai-community/gpt2', or the path of a folder holding {', '.join(CHECKPOINT_FILES)}"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Download: streaming, resumable, checked.
+# ---------------------------------------------------------------------------
+
+
+def _progress_bar(total: int | None, initial: int, desc: str):
+    from tqdm import tqdm  # imported here so that importing specdec stays light
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
+
+
+def _expected_size_and_sha256(
+    session: requests.Session, url: str, headers: dict
+) -> tuple[int | None, str | None]:
+    """Ask the server, without following redirects, what the file should be.
+
+    For files stored with git LFS the Hub answers /resolve/ with a redirect
+    whose X-Linked-Size and X-Linked-Etag give the size and the sha256; small
+    files are served directly with Content-Length and an ETag (a git blob hash,
+    40 hex digits, which is not a sha256 and is not used).
+    """
+    r = session.head(url, headers=headers, allow_redirects=False, timeout=30)
+    if r.status_code >= 400:
+        return _raise_for_status(r, url)
+    size = r.headers.get("X-Linked-Size") or (r.headers.get("Content-Length") if r.status_code == 200 else None)
+    etag = (r.headers.get("X-Linked-Etag") or r.headers.get("ETag") or "").strip()
+    etag = etag.removeprefix("W/").strip('"').lower()
+    return (int(size) if size else None), (etag if _SHA256.match(etag) else None)
+
+
+def _raise_for_status(r: requests.Response, url: str):
+    if r.status_code == 404:
+        raise DownloadError(
+            f"{url} does not exist (HTTP 404): check the model name, or set HF_ENDPOINT to a "
+            f"mirror that has it"
+        )
+    if r.status_code in (401, 403):
+        raise DownloadError(
+            f"{url} refused access (HTTP {r.status_code}): for a gated or private repo set HF_TOKEN "
+            f"to a token that can read it"
+        )
+    raise DownloadError(f"{url} answered HTTP {r.status_code}")
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def download_file(
+    url: str,
+    dest: Path,
+    token: str | None = None,
+    retries: int = 3,
+    retry_delay: float = 1.0,
+    progress: bool = True,
+) -> Path:
+    """Fetch `url` into `dest`, resuming a partial download, checking size and sha256.
+
+    Bytes go to `dest` + ".incomplete", which is renamed to `dest` only once
+    complete and verified, so a file under its real name is always whole. After
+    an interruption the next attempt (or the next run) continues with a Range
+    request from where the partial file ends.
+    """
+    dest = Path(dest)
+    partial = dest.with_name(dest.name + ".incomplete")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    session = requests.Session()
+    last_error: Exception | None = None
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(retry_delay * 2 ** (attempt - 1))
+        try:
+            size, sha256 = _expected_size_and_sha256(session, url, headers)
+            _fetch_into(session, url, partial, headers, size, progress, dest.name)
+            break
+        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as e:
+            last_error = e  # transient: retry, resuming from what arrived
+        except _ServerError as e:
+            last_error = e
+    else:
+        raise DownloadError(
+            f"could not download {url} after {retries + 1} attempts ({_one_line(last_error)}). "
+            f"Check the network, set HF_ENDPOINT to a reachable mirror, or place "
+            f"{', '.join(CHECKPOINT_FILES)} in {dest.parent} by hand"
+        ) from last_error
+
+    got = partial.stat().st_size
+    if size is not None and got != size:
+        partial.unlink()
+        raise DownloadError(f"{url}: got {got} bytes, expected {size}; the partial file was removed, run again")
+    if sha256 is not None and _sha256_of(partial) != sha256:
+        partial.unlink()
+        raise DownloadError(
+            f"{url}: sha256 does not match the server's ({sha256}); the corrupt download was removed, run again"
+        )
+    os.replace(partial, dest)
+    return dest
+
+
+class _ServerError(Exception):
+    """A 5xx answer: worth retrying."""
+
+
+def _one_line(error: Exception | None) -> str:
+    text = str(error) if error else "unknown error"
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+def _fetch_into(session, url, partial: Path, headers, size, progress: bool, desc: str) -> None:
+    have = partial.stat().st_size if partial.exists() else 0
+    if size is not None and have > size:
+        partial.unlink()  # longer than the real file: not ours to resume
+        have = 0
+    if size is not None and have == size:
+        return
+    request_headers = dict(headers)
+    if have:
+        request_headers["Range"] = f"bytes={have}-"
+    with session.get(url, headers=request_headers, stream=True, timeout=30) as r:
+        if r.status_code == 416:  # nothing left past `have`: the size check decides
+            return
+        if r.status_code >= 500:
+            raise _ServerError(f"HTTP {r.status_code}")
+        if r.status_code >= 400:
+            _raise_for_status(r, url)
+        if have and r.status_code != 206:
+            have = 0  # the server ignored the Range header: start over
+        total = size
+        if total is None and r.headers.get("Content-Length"):
+            total = have + int(r.headers["Content-Length"])
+        mode = "ab" if have else "wb"
+        with open(partial, mode) as f, _progress_bar(total, have, desc) if progress else _NoBar() as bar:
+            for chunk in r.iter_content(chunk_size=1 << 20):
+                f.write(chunk)
+                bar.update(len(chunk))
+
+
+class _NoBar:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n):
+        pass
+
+
+def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress: bool = True) -> Path:
+    """Make sure the four checkpoint files are in `folder`, downloading what is missing."""
+    missing = [f for f in CHECKPOINT_FILES if not (folder / f).is_file()]
+    if not missing:
+        return folder
+    if repo is None:
+        raise CheckpointError(f"{folder} is missing {', '.join(missing)}; a model folder needs {', '.join(CHECKPOINT_FILES)}")
+    if settings.offline:
+        raise DownloadError(
+            f"{folder} is missing {', '.join(missing)} and HF_HUB_OFFLINE is set, so nothing can be "
+            f"downloaded: unset HF_HUB_OFFLINE, or place the files there by hand"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    for filename in missing:
+        download_file(settings.url(repo, filename), folder / filename, token=settings.token, progress=progress)
+    return folder
+
+
+# ---------------------------------------------------------------------------
+# safetensors, read with np.memmap.
+# ---------------------------------------------------------------------------
+
+_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every tensor in a safetensors file as a float32 array.
+
+    F32 tensors are read-only views into one np.memmap of the file: opening a
+    1.4 GB checkpoint costs a header parse, and pages are read from disk (or
+    shared from the page cache) only when used. F16 and BF16 are converted to
+    float32, which does copy.
+    """
+    path = Path(path)
+    file_size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{path}: {file_size} bytes is too short for a safetensors file")
+        header_len = int.from_bytes(prefix, "little")
+        if header_len > min(_MAX_HEADER_BYTES, file_size - 8):
+            raise CheckpointError(
+                f"{path}: header length {header_len} does not fit in a {file_size}-byte file; "
+                f"the file is truncated or not safetensors, delete it and download again"
+            )
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: the header is not valid JSON ({e}); delete the file and download again") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the header is not a JSON object")
+    header.pop("__metadata__", None)
+
+    data_start = 8 + header_len
+    data_size = file_size - data_start
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,)) if data_size else np.empty(0, np.uint8)
+    tensors = {}
+    for name, info in header.items():
+        try:
+            dtype_name, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+        except (TypeError, KeyError, ValueError) as e:
+            raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry {info!r}") from e
+        if dtype_name not in _DTYPES:
+            raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype_name}; only F32, F16 and BF16 are supported")
+        dtype = _DTYPES[dtype_name]
+        n_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if not (0 <= begin <= end <= data_size) or end - begin != n_bytes:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} claims bytes {begin}..{end} for shape {shape} {dtype_name}, "
+                f"but the data section has {data_size} bytes; the file is truncated or corrupt, "
+                f"delete it and download again"
+            )
+        raw = data[begin:end].view(dtype).reshape(shape)
+        tensors[name] = _to_float32(raw, dtype_name)
+    return tensors
+
+
+def _to_float32(raw: np.ndarray, dtype_name: str) -> np.ndarray:
+    if dtype_name == "F32":
+        return raw
+    if dtype_name == "F16":
+        return raw.astype(np.float32)
+    # BF16 is the top half of a float32: shift the 16 bits back into place.
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# From tensors to a model.
+# ---------------------------------------------------------------------------
+
+# Buffers some exports include that are not weights: the causal mask
+# (h.N.attn.bias, h.N.attn.masked_bias) and the LM head, which GPT-2 ties to wte.
+_IGNORED = re.compile(r"^(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)$")
+
+
+def read_hparams(config_path: Path) -> HParams:
+    try:
+        config = json.loads(Path(config_path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{config_path}: cannot read it as JSON ({e})") from e
+    activation = config.get("activation_function", "gelu_new")
+    if activation != "gelu_new":
+        raise CheckpointError(f"{config_path}: activation_function {activation!r}; GPT-2 uses 'gelu_new'")
+    n_inner = config.get("n_inner")
+    try:
+        hparams = HParams(
+            n_vocab=config["vocab_size"],
+            n_ctx=config.get("n_positions", config.get("n_ctx")),
+            n_embd=config["n_embd"],
+            n_head=config["n_head"],
+            n_layer=config["n_layer"],
+            layer_norm_epsilon=float(config.get("layer_norm_epsilon", 1e-5)),
+        )
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{config_path}: not a usable GPT-2 config ({e})") from e
+    if n_inner not in (None, 4 * hparams.n_embd):
+        raise CheckpointError(f"{config_path}: n_inner={n_inner}; only the standard 4*n_embd MLP is supported")
+    return hparams
+
+
+def expected_shapes(h: HParams) -> dict[str, tuple[int, ...]]:
+    """Every GPT-2 tensor name (without the "transformer." prefix) and its shape."""
+    e = h.n_embd
+    shapes = {"wte.weight": (h.n_vocab, e), "wpe.weight": (h.n_ctx, e), "ln_f.weight": (e,), "ln_f.bias": (e,)}
+    for i in range(h.n_layer):
+        shapes.update({
+            f"h.{i}.ln_1.weight": (e,), f"h.{i}.ln_1.bias": (e,),
+            f"h.{i}.attn.c_attn.weight": (e, 3 * e), f"h.{i}.attn.c_attn.bias": (3 * e,),
+            f"h.{i}.attn.c_proj.weight": (e, e), f"h.{i}.attn.c_proj.bias": (e,),
+            f"h.{i}.ln_2.weight": (e,), f"h.{i}.ln_2.bias": (e,),
+            f"h.{i}.mlp.c_fc.weight": (e, 4 * e), f"h.{i}.mlp.c_fc.bias": (4 * e,),
+            f"h.{i}.mlp.c_proj.weight": (4 * e, e), f"h.{i}.mlp.c_proj.bias": (e,),
+        })  # fmt: skip
+    return shapes
+
+
+def weights_from_tensors(tensors: dict[str, np.ndarray], hparams: HParams, source: str = "checkpoint") -> Weights:
+    """Check names and shapes against the config, then arrange them as `Weights`.
+
+    Accepts keys with or without the "transformer." prefix (distilgpt2 and
+    files saved from GPT2LMHeadModel have it; openai-community/gpt2 does not).
+    """
+    named = {}
+    for key, array in tensors.items():
+        name = key.removeprefix("transformer.")
+        if not _IGNORED.match(name):
+            named[name] = array
+    expected = expected_shapes(hparams)
+    missing = [name for name in expected if name not in named]
+    if missing:
+        raise CheckpointError(f"{source}: tensor {missing[0]!r} is missing ({len(missing)} missing in all); is this a GPT-2 checkpoint matching its config.json?")
+    unexpected = sorted(set(named) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} in all); config.json says n_layer={hparams.n_layer}")
+    for name, shape in expected.items():
+        if tuple(named[name].shape) != shape:
+            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(named[name].shape)}, config.json implies {shape}")
+
+    def block(i: int) -> Block:
+        w = lambda suffix: named[f"h.{i}.{suffix}"]  # noqa: E731
+        return Block(
+            ln_1_weight=w("ln_1.weight"), ln_1_bias=w("ln_1.bias"),
+            attn_c_attn_weight=w("attn.c_attn.weight"), attn_c_attn_bias=w("attn.c_attn.bias"),
+            attn_c_proj_weight=w("attn.c_proj.weight"), attn_c_proj_bias=w("attn.c_proj.bias"),
+            ln_2_weight=w("ln_2.weight"), ln_2_bias=w("ln_2.bias"),
+            mlp_c_fc_weight=w("mlp.c_fc.weight"), mlp_c_fc_bias=w("mlp.c_fc.bias"),
+            mlp_c_proj_weight=w("mlp.c_proj.weight"), mlp_c_proj_bias=w("mlp.c_proj.bias"),
+        )  # fmt: skip
+
+    return Weights(
+        wte=named["wte.weight"],
+        wpe=named["wpe.weight"],
+        blocks=[block(i) for i in range(hparams.n_layer)],
+        ln_f_weight=named["ln_f.weight"],
+        ln_f_bias=named["ln_f.bias"],
+    )
+
+
+def load_model(
+    name_or_path: str = "124M",
+    models_dir: str | os.PathLike = "models",
+    progress: bool = True,
+    settings: HubSettings | None = None,
+) -> GPT2:
+    """Load a GPT-2 by short name ("124M", "355M", "774M", "1558M", "distilgpt2"),
+    Hub repo id ("owner/name") or local folder, downloading it on first use.
+
+    >>> model = load_model("124M")          # doctest: +SKIP
+    >>> model.n_layer, model.tokenizer.encode("Hello world")  # doctest: +SKIP
+    (12, [15496, 995])
+    """
+    settings = HubSettings.from_env() if settings is None else settings
+    folder, repo = resolve_model(name_or_path, models_dir)
+    ensure_files(folder, repo, settings, progress)
+    return load_folder(folder, name=str(name_or_path))
+
+
+def load_folder(folder: str | os.PathLike, name: str | None = None, with_tokenizer: bool = True) -> GPT2:
+    """Load config.json + model.safetensors (+ vocab.json, merges.txt) from a folder."""
+    folder = Path(folder)
+    hparams = read_hparams(folder / "config.json")
+    weights_path = folder / "model.safetensors"
+    weights = weights_from_tensors(read_safetensors(weights_path), hparams, str(weights_path))
+    tokenizer = None
+    if with_tokenizer:
+        tokenizer = load_tokenizer(folder / "vocab.json", folder / "merges.txt")
+        if tokenizer.n_vocab != hparams.n_vocab:
+            raise CheckpointError(
+                f"{folder}: the tokenizer has {tokenizer.n_vocab} tokens but config.json says "
+                f"vocab_size={hparams.n_vocab}"
+            )
+    return GPT2(hparams, weights, tokenizer, name=name or folder.name)

@@ -1,0 +1,339 @@
+"""GPT-2 forward pass in NumPy, with an explicit KV cache.
+
+This file is pure math: hyperparameters, weights as plain float32 arrays named as in
+the checkpoint, the KV cache, and the forward pass. Reading checkpoints from disk
+lives in checkpoint.py; nothing here does I/O.
+
+What it adds over a minimal NumPy GPT-2 (such as picoGPT): a KV cache that is
+explicit data with O(1) rollback, a forward pass over *several* new tokens at
+once against that cache (the batched verification pass of speculative decoding),
+logits only for the rows a caller asks for, and float32 kept end to end.
+
+Shape notation used in comments throughout:
+    n_seq    tokens in the current forward call (the "new" tokens)
+    n_past   tokens already in the KV cache before the call
+    n_kv     n_past + n_seq, every position a new token may attend to
+    n_embd   model width (768 for 124M)
+    n_head   attention heads; d_head = n_embd // n_head (64 for every GPT-2)
+    n_vocab  vocabulary size (50257)
+    n_ctx    context window (1024)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+F32 = np.float32
+
+# NOTE: constants are float32 on purpose. Under NumPy 2, mixing a float32 array
+# with a float64 *array* (or a NumPy float64 scalar such as np.sqrt(2.0))
+# promotes the whole result to float64, silently halving speed.
+_GELU_C = F32(np.sqrt(2.0 / np.pi))  # 0.7978846
+_GELU_A = F32(0.044715)
+
+
+@dataclass(frozen=True)
+class HParams:
+    """GPT-2 hyperparameters, as in the checkpoint's config.json."""
+
+    n_vocab: int  # vocabulary size; config.json "vocab_size"
+    n_ctx: int  # longest sequence the position embedding covers; "n_positions"
+    n_embd: int  # width of the residual stream
+    n_head: int  # attention heads per layer
+    n_layer: int  # transformer blocks
+    layer_norm_epsilon: float = 1e-5  # added to the variance in every LayerNorm
+
+    @property
+    def d_head(self) -> int:
+        return self.n_embd // self.n_head
+
+    def __post_init__(self):
+        for field in ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"hyperparameter {field} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+
+
+@dataclass
+class Block:
+    """One transformer block's weights; field names follow the checkpoint keys h.N.<name>.
+
+    Linear weights are stored [n_in, n_out] exactly as GPT-2's Conv1D saves them,
+    so a projection is `x @ w + b` with no transpose.
+    """
+
+    ln_1_weight: np.ndarray  # [n_embd]
+    ln_1_bias: np.ndarray  # [n_embd]
+    attn_c_attn_weight: np.ndarray  # [n_embd, 3*n_embd]  fused q, k, v projection
+    attn_c_attn_bias: np.ndarray  # [3*n_embd]
+    attn_c_proj_weight: np.ndarray  # [n_embd, n_embd]
+    attn_c_proj_bias: np.ndarray  # [n_embd]
+    ln_2_weight: np.ndarray  # [n_embd]
+    ln_2_bias: np.ndarray  # [n_embd]
+    mlp_c_fc_weight: np.ndarray  # [n_embd, 4*n_embd]
+    mlp_c_fc_bias: np.ndarray  # [4*n_embd]
+    mlp_c_proj_weight: np.ndarray  # [4*n_embd, n_embd]
+    mlp_c_proj_bias: np.ndarray  # [n_embd]
+
+
+@dataclass
+class Weights:
+    """All of GPT-2's weights. The LM head is tied to wte: logits = x @ wte.T."""
+
+    wte: np.ndarray  # [n_vocab, n_embd] token embedding (and output projection)
+    wpe: np.ndarray  # [n_ctx, n_embd] learned position embedding
+    blocks: list[Block]  # n_layer of them
+    ln_f_weight: np.ndarray  # [n_embd]
+    ln_f_bias: np.ndarray  # [n_embd]
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens processed so far.
+
+    Allocated once for `capacity` positions and indexed by position, like
+    llama2.c's run state. `length` is the number of valid positions; the forward
+    pass writes new keys/values at [length, length + n_seq) and then advances it.
+
+    Rolling back is just `cache.length = n`: the entries past n are stale and get
+    overwritten by the next forward call. Speculative decoding does this after
+    every round to drop the rejected draft tokens.
+    """
+
+    def __init__(self, hparams: HParams, capacity: int | None = None):
+        capacity = hparams.n_ctx if capacity is None else capacity
+        if not 1 <= capacity <= hparams.n_ctx:
+            raise ValueError(f"cache capacity must be in 1..{hparams.n_ctx}, got {capacity}")
+        shape = (hparams.n_layer, hparams.n_head, capacity, hparams.d_head)
+        # np.zeros maps untouched pages lazily, so a short generation does not
+        # pay for the whole context in resident memory.
+        self.k = np.zeros(shape, dtype=F32)  # [n_layer, n_head, capacity, d_head]
+        self.v = np.zeros(shape, dtype=F32)  # [n_layer, n_head, capacity, d_head]
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def rollback(self, length: int) -> None:
+        """Forget every position from `length` on (O(1): nothing is copied)."""
+        assert 0 <= length <= self.length, f"cannot roll back to {length} from {self.length}"
+        self.length = length
+
+
+# ---------------------------------------------------------------------------
+# The building blocks, smallest first.
+# ---------------------------------------------------------------------------
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GPT-2's tanh approximation of GELU ("gelu_new" in transformers)."""
+    return F32(0.5) * x * (F32(1.0) + np.tanh(_GELU_C * (x + _GELU_A * x * x * x)))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, shifted by the max for stability."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """Normalise each row to mean 0, variance 1, then scale and shift.  [n_seq, n_embd]"""
+    mean = x.mean(axis=-1, keepdims=True)  # [n_seq, 1]
+    centred = x - mean  # [n_seq, n_embd]
+    var = (centred * centred).mean(axis=-1, keepdims=True)  # [n_seq, 1]
+    return centred / np.sqrt(var + F32(eps)) * g + b
+
+
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[n_seq, n_in] @ [n_in, n_out] + [n_out] -> [n_seq, n_out]"""
+    return x @ w + b
+
+
+def attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, n_past: int
+) -> np.ndarray:
+    """Causal attention of n_seq new queries over n_kv = n_past + n_seq positions.
+
+    q: [n_head, n_seq, d_head]; k, v: [n_head, n_kv, d_head] -> [n_head, n_seq, d_head]
+
+    NOTE: new token i sits at position n_past + i. It may attend to every cached
+    position and to new tokens 0..i, never to new tokens after it. This mask is
+    what makes one forward over [last token, d_0 .. d_(K-1)] give, in row i, the
+    same logits as feeding those tokens one at a time.
+    """
+    n_seq, d_head = q.shape[1], q.shape[2]
+    n_kv = k.shape[1]
+    scores = q @ k.transpose(0, 2, 1)  # [n_head, n_seq, n_kv]
+    scores *= F32(1.0 / np.sqrt(d_head))
+    if n_seq > 1:
+        # future[i, j] is True where key j lies after query i's position.
+        future = np.arange(n_kv)[None, :] > (n_past + np.arange(n_seq))[:, None]  # [n_seq, n_kv]
+        scores[:, future] = -np.inf
+    return softmax(scores) @ v  # [n_head, n_seq, n_kv] @ [n_head, n_kv, d_head]
+
+
+def transformer_block(
+    x: np.ndarray, block: Block, hparams: HParams, cache: KVCache, layer: int
+) -> np.ndarray:
+    """One pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).  [n_seq, n_embd]
+
+    Writes this layer's new keys and values into the cache at positions
+    [cache.length, cache.length + n_seq); the caller advances cache.length once
+    after all layers.
+    """
+    n_seq, n_embd = x.shape
+    n_head, d_head = hparams.n_head, hparams.d_head
+    n_past = cache.length
+    n_kv = n_past + n_seq
+    eps = hparams.layer_norm_epsilon
+
+    # Multi-head causal self-attention.
+    h = layer_norm(x, block.ln_1_weight, block.ln_1_bias, eps)  # [n_seq, n_embd]
+    qkv = linear(h, block.attn_c_attn_weight, block.attn_c_attn_bias)  # [n_seq, 3*n_embd]
+    # [n_seq, 3*n_embd] -> [3, n_head, n_seq, d_head]: split q/k/v, then heads.
+    qkv = qkv.reshape(n_seq, 3, n_head, d_head).transpose(1, 2, 0, 3)
+    q, k_new, v_new = qkv[0], qkv[1], qkv[2]  # each [n_head, n_seq, d_head]
+    cache.k[layer, :, n_past:n_kv] = k_new
+    cache.v[layer, :, n_past:n_kv] = v_new
+    k = cache.k[layer, :, :n_kv]  # [n_head, n_kv, d_head]
+    v = cache.v[layer, :, :n_kv]  # [n_head, n_kv, d_head]
+    a = attention(q, k, v, n_past)  # [n_head, n_seq, d_head]
+    a = a.transpose(1, 0, 2).reshape(n_seq, n_embd)  # merge heads: [n_seq, n_embd]
+    x = x + linear(a, block.attn_c_proj_weight, block.attn_c_proj_bias)
+
+    # Position-wise feed-forward network.
+    h = layer_norm(x, block.ln_2_weight, block.ln_2_bias, eps)  # [n_seq, n_embd]
+    h = gelu(linear(h, block.mlp_c_fc_weight, block.mlp_c_fc_bias))  # [n_seq, 4*n_embd]
+    return x + linear(h, block.mlp_c_proj_weight, block.mlp_c_proj_bias)  # [n_seq, n_embd]
+
+
+def forward(
+    weights: Weights,
+    hparams: HParams,
+    tokens: np.ndarray,
+    cache: KVCache,
+    last_only: bool = False,
+    n_layer: int | None = None,
+) -> np.ndarray:
+    """Run n_seq new tokens through GPT-2 after the cache's n_past tokens.
+
+    tokens: [n_seq] int.  Returns float32 logits, [n_seq, n_vocab], or [1, n_vocab]
+    for the last new token only when `last_only` (the LM head is the largest
+    matrix in the model, so skipping rows nobody reads matters).
+
+    `n_layer` runs only the first n_layer blocks before ln_f and the LM head: the
+    early-exit draft of self-speculative decoding. It writes keys/values for
+    those layers only, so its caller must roll the cache back before a full pass.
+    """
+    n_seq = len(tokens)
+    n_past = cache.length
+    n_layer = hparams.n_layer if n_layer is None else n_layer
+    if not 1 <= n_layer <= hparams.n_layer:
+        raise ValueError(f"n_layer must be in 1..{hparams.n_layer}, got {n_layer}")
+    if n_seq < 1:
+        raise ValueError("forward needs at least one new token")
+    if n_past + n_seq > cache.capacity:
+        raise ValueError(
+            f"{n_past} cached + {n_seq} new tokens exceed the cache capacity of "
+            f"{cache.capacity} positions (the model's context is {hparams.n_ctx})"
+        )
+    tokens = np.asarray(tokens)
+    if tokens.min() < 0 or tokens.max() >= hparams.n_vocab:
+        raise ValueError(f"token ids must lie in 0..{hparams.n_vocab - 1}")
+
+    x = weights.wte[tokens] + weights.wpe[n_past : n_past + n_seq]  # [n_seq, n_embd]
+    for layer in range(n_layer):
+        x = transformer_block(x, weights.blocks[layer], hparams, cache, layer)
+    cache.length = n_past + n_seq
+
+    if last_only:
+        x = x[-1:]  # [1, n_embd]
+    x = layer_norm(x, weights.ln_f_weight, weights.ln_f_bias, hparams.layer_norm_epsilon)
+    return x @ weights.wte.T  # [n_seq, n_embd] @ [n_embd, n_vocab] -> [n_seq, n_vocab]
+
+
+class GPT2:
+    """A GPT-2 ready to run: hyperparameters, weights and (optionally) its tokenizer.
+
+    `model(tokens)` is the cache-free convenience call: logits for every
+    position of a fresh sequence. Decoders use `new_cache()` and `forward()`.
+    """
+
+    def __init__(self, hparams: HParams, weights: Weights, tokenizer=None, name: str = "gpt2"):
+        self.hparams = hparams
+        self.weights = weights
+        self.tokenizer = tokenizer  # a tiktoken.Encoding, or None for tokenizer-less test models
+        self.name = name
+
+    def __repr__(self) -> str:
+        h = self.hparams
+        return (
+            f"GPT2({self.name!r}, n_layer={h.n_layer}, n_embd={h.n_embd}, "
+            f"n_head={h.n_head}, n_vocab={h.n_vocab}, n_ctx={h.n_ctx})"
+        )
+
+    # Hyperparameters read like attributes of the model: model.n_vocab, ...
+    n_vocab = property(lambda self: self.hparams.n_vocab)
+    n_ctx = property(lambda self: self.hparams.n_ctx)
+    n_embd = property(lambda self: self.hparams.n_embd)
+    n_head = property(lambda self: self.hparams.n_head)
+    n_layer = property(lambda self: self.hparams.n_layer)
+
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        return KVCache(self.hparams, capacity)
+
+    def forward(self, tokens, cache: KVCache, last_only: bool = False, n_layer: int | None = None):
+        """See `forward` above: appends `tokens` to `cache` and returns their logits."""
+        return forward(self.weights, self.hparams, tokens, cache, last_only, n_layer)
+
+    def __call__(self, tokens) -> np.ndarray:
+        """[n_seq] token ids -> [n_seq, n_vocab] float32 logits, no cache kept."""
+        tokens = np.asarray(tokens)
+        if not 1 <= len(tokens) <= self.n_ctx:
+            raise ValueError(f"need 1..{self.n_ctx} tokens, got {len(tokens)}")
+        return self.forward(tokens, self.new_cache(len(tokens)))
+
+
+def random_weights(hparams: HParams, seed: int = 0, scale: float = 0.02) -> Weights:
+    """GPT-2-shaped random weights, for tests and benchmarks (no download).
+
+    Linear weights and embeddings ~ N(0, scale^2); LayerNorm gains ~ 1 + small
+    noise. A larger `scale` gives peakier, more interesting distributions.
+    """
+    rng = np.random.default_rng(seed)
+    e = hparams.n_embd
+
+    def normal(*shape, std=scale):
+        return (rng.standard_normal(shape, dtype=F32) * F32(std)).astype(F32)
+
+    def gain(n):
+        return F32(1.0) + normal(n, std=0.1)
+
+    blocks = [
+        Block(
+            ln_1_weight=gain(e),
+            ln_1_bias=normal(e, std=0.02),
+            attn_c_attn_weight=normal(e, 3 * e),
+            attn_c_attn_bias=normal(3 * e, std=0.02),
+            attn_c_proj_weight=normal(e, e),
+            attn_c_proj_bias=normal(e, std=0.02),
+            ln_2_weight=gain(e),
+            ln_2_bias=normal(e, std=0.02),
+            mlp_c_fc_weight=normal(e, 4 * e),
+            mlp_c_fc_bias=normal(4 * e, std=0.02),
+            mlp_c_proj_weight=normal(4 * e, e),
+            mlp_c_proj_bias=normal(e, std=0.02),
+        )
+        for _ in range(hparams.n_layer)
+    ]
+    return Weights(
+        wte=normal(hparams.n_vocab, e),
+        wpe=normal(hparams.n_ctx, e),
+        blocks=blocks,
+        ln_f_weight=gain(e),
+        ln_f_bias=normal(e, std=0.02),
+    )

@@ -1,0 +1,89 @@
+"""GPT-2's byte-level BPE tokenizer, as a tiktoken Encoding built from the
+checkpoint's own vocab.json and merges.txt.
+
+tiktoken does the fast encoding; this file only turns GPT-2's two files into
+what tiktoken wants: a map from each token's *bytes* to its rank.
+
+vocab.json does not store bytes directly. GPT-2 maps each of the 256 byte
+values to a printable unicode character (so that BPE never sees whitespace or
+control bytes) and writes tokens in that alphabet: byte 0x20 (space) is "Ġ",
+so the token " the" appears as "Ġthe". `byte_decoder()` undoes that mapping.
+
+subtle: tiktoken merges pairs by rank, lowest first. In GPT-2 a token's id is
+256 + the line of merges.txt that creates it, so ids *are* merge ranks. We
+check that against merges.txt rather than assume it, since an id out of merge
+order would make tiktoken tokenize differently from the original BPE.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import tiktoken
+
+ENDOFTEXT = "<|endoftext|>"
+# GPT-2's pre-tokenisation pattern (openai/gpt-2, src/encoder.py): contractions,
+# letter runs, digit runs, other symbol runs, each with an optional leading
+# space, then whitespace.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def byte_decoder() -> dict[str, int]:
+    """The printable character GPT-2 uses for each byte value, inverted.
+
+    Bytes that are already printable and not whitespace (33..126, 161..172,
+    174..255) stand for themselves; the other 68 are given the characters 256,
+    257, ... in byte order.  E.g. "Ġ" (U+0120) -> 32, "!" -> 33.
+    """
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    decoder = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            decoder[chr(256 + extra)] = b
+            extra += 1
+    return decoder
+
+
+def load_tokenizer(vocab_path: str | Path, merges_path: str | Path) -> tiktoken.Encoding:
+    """Build the tiktoken Encoding for a GPT-2 checkpoint's vocab.json + merges.txt.
+
+    >>> enc = load_tokenizer("vocab.json", "merges.txt")  # doctest: +SKIP
+    >>> enc.encode("Hello world")                          # doctest: +SKIP
+    [15496, 995]
+    """
+    return _load_tokenizer(str(Path(vocab_path).resolve()), str(Path(merges_path).resolve()))
+
+
+@lru_cache(maxsize=8)
+def _load_tokenizer(vocab_path: str, merges_path: str) -> tiktoken.Encoding:
+    # Draft and target of one family share these files; build the Encoding once.
+    try:
+        vocab = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
+        merges = Path(merges_path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read the tokenizer files {vocab_path}, {merges_path}: {e}") from e
+
+    decode = byte_decoder()
+    eot_id = vocab.pop(ENDOFTEXT, None)
+    try:
+        ranks = {bytes(decode[ch] for ch in token): rank for token, rank in vocab.items()}
+    except KeyError as e:
+        raise ValueError(f"{vocab_path}: token with character {e} is not in GPT-2's byte alphabet") from e
+
+    # Check that ids are merge ranks (see the module docstring).
+    merge_lines = [line for line in merges if line and not line.startswith("#version")]
+    for line_no, line in enumerate(merge_lines):
+        merged = line.replace(" ", "", 1)
+        if vocab.get(merged) != 256 + line_no:
+            raise ValueError(f"{merges_path}: merge {line_no} ({line!r}) does not create token id {256 + line_no} in {vocab_path}")
+
+    special = {ENDOFTEXT: eot_id} if eot_id is not None else {}
+    return tiktoken.Encoding(
+        name=f"gpt2-from-{Path(vocab_path).parent.name}",
+        pat_str=GPT2_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens=special,
+    )
