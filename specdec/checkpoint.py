@@ -242,7 +242,7 @@ def _fetch_into(session, url, partial: Path, headers, size, progress: bool, desc
             total = have + int(r.headers["Content-Length"])
         mode = "ab" if have else "wb"
         with open(partial, mode) as f, _progress_bar(total, have, desc) if progress else _NoBar() as bar:
-            for chunk in r.iter_content(chunk_size=1 << 20):
+            for chunk in r.iter_content(chunk_size=1 << 16):
                 f.write(chunk)
                 bar.update(len(chunk))
 

@@ -1,0 +1,324 @@
+"""Checkpoints: names, the loopback Hub download path, safetensors reading and validation."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import requests
+
+from specdec.checkpoint import (
+    CheckpointError,
+    DownloadError,
+    HubSettings,
+    download_file,
+    load_folder,
+    load_model,
+    read_safetensors,
+    resolve_model,
+)
+
+from conftest import hub_tensors, tiny_model, write_checkpoint, write_safetensors
+
+REPO = "tiny-org/tiny-gpt2"
+
+
+def assert_same_model(a, b):
+    tokens = [1, 2, 3, 4, 5]
+    np.testing.assert_allclose(a(tokens), b(tokens), atol=1e-6, rtol=0)
+
+
+# --- names -------------------------------------------------------------------
+
+
+def test_short_names_map_to_hub_repos(tmp_path):
+    assert resolve_model("124M", tmp_path) == (tmp_path / "124M", "openai-community/gpt2")
+    assert resolve_model("1558M", tmp_path)[1] == "openai-community/gpt2-xl"
+    assert resolve_model("distilgpt2", tmp_path)[1] == "distilbert/distilgpt2"
+    assert resolve_model("owner/name", tmp_path) == (tmp_path / "owner--name", "owner/name")
+
+
+@pytest.mark.parametrize("bad", ["125M", "gpt-2", "../etc", "a/../../b", "owner/../x", "/abs/path/missing"])
+def test_unknown_names_say_what_is_accepted(tmp_path, bad):
+    with pytest.raises(ValueError, match="unknown model|outside"):
+        resolve_model(bad, tmp_path)
+
+
+def test_hub_settings_follow_huggingface_hub(monkeypatch):
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    s = HubSettings.from_env()
+    assert s.url("openai-community/gpt2", "config.json") == "https://huggingface.co/openai-community/gpt2/resolve/main/config.json"
+    assert not s.offline
+    monkeypatch.setenv("HF_ENDPOINT", "http://mirror.example/")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "yes")
+    s = HubSettings.from_env()
+    assert s.url("a/b", "x") == "http://mirror.example/a/b/resolve/main/x"
+    assert s.offline
+
+
+# --- local loading -------------------------------------------------------------
+
+
+def test_load_model_from_a_local_folder(tmp_path):
+    model = tiny_model(seed=3)
+    folder = write_checkpoint(tmp_path / "m", model)
+    loaded = load_model(str(folder))
+    assert (loaded.n_vocab, loaded.n_ctx, loaded.n_embd, loaded.n_head, loaded.n_layer) == (262, 64, 32, 4, 2)
+    assert_same_model(loaded, model)
+    assert loaded.tokenizer.encode(" the") == [258]  # the merges, applied by tiktoken
+    assert loaded.tokenizer.decode(loaded.tokenizer.encode("hi there")) == "hi there"
+
+
+def test_f32_tensors_are_memory_mapped_not_copied(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", tiny_model())
+    tensors = read_safetensors(folder / "model.safetensors")
+    wte = tensors["wte.weight"]
+    assert isinstance(wte.base, np.memmap) or isinstance(wte, np.memmap) or _has_memmap_base(wte)
+    assert not wte.flags.writeable
+
+
+def _has_memmap_base(a):
+    while a is not None:
+        if isinstance(a, np.memmap):
+            return True
+        a = a.base
+    return False
+
+
+@pytest.mark.parametrize("dtype,atol", [("F16", 2e-2), ("BF16", 1e-1)])
+def test_half_precision_checkpoints_load_as_float32(tmp_path, dtype, atol):
+    model = tiny_model(seed=4)
+    folder = write_checkpoint(tmp_path / "m", model, dtype=dtype)
+    loaded = load_folder(folder)
+    assert loaded.weights.wte.dtype == np.float32
+    np.testing.assert_allclose(loaded.weights.wte, model.weights.wte, atol=atol)
+    assert loaded([1, 2, 3]).dtype == np.float32
+
+
+def test_transformer_prefix_is_accepted(tmp_path):
+    model = tiny_model(seed=5)
+    assert_same_model(load_folder(write_checkpoint(tmp_path / "m", model, prefix="transformer.")), model)
+
+
+def test_tied_lm_head_is_ignored(tmp_path):
+    model = tiny_model()
+    folder = write_checkpoint(tmp_path / "m", model)
+    tensors = hub_tensors(model)
+    tensors["lm_head.weight"] = model.weights.wte
+    write_safetensors(folder / "model.safetensors", tensors)
+    assert_same_model(load_folder(folder), model)
+
+
+# --- corrupt and mismatched checkpoints ----------------------------------------------
+
+
+@pytest.fixture
+def st_file(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", tiny_model())
+    return folder / "model.safetensors"
+
+
+def _rewrite_header(path, edit):
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    edit(header)
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    path.write_bytes(len(blob).to_bytes(8, "little") + blob + raw[8 + n :])
+
+
+def test_too_short_file(st_file):
+    st_file.write_bytes(b"\x01\x02")
+    with pytest.raises(CheckpointError, match="too short"):
+        read_safetensors(st_file)
+
+
+def test_header_length_past_end_of_file(st_file):
+    raw = st_file.read_bytes()
+    st_file.write_bytes((len(raw) * 2).to_bytes(8, "little") + raw[8:])
+    with pytest.raises(CheckpointError, match="header length"):
+        read_safetensors(st_file)
+
+
+def test_header_not_json(st_file):
+    raw = st_file.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    st_file.write_bytes(raw[:8] + b"{not json" + raw[17:])
+    assert int.from_bytes(st_file.read_bytes()[:8], "little") == n
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        read_safetensors(st_file)
+
+
+def test_truncated_file_names_the_tensor(st_file):
+    raw = st_file.read_bytes()
+    st_file.write_bytes(raw[: len(raw) - 100])
+    with pytest.raises(CheckpointError, match="truncated or corrupt") as e:
+        read_safetensors(st_file)
+    assert "ln_f.bias" in str(e.value)  # the last tensor in the file
+
+
+def test_offsets_past_end_of_data(st_file):
+    _rewrite_header(st_file, lambda h: h["wpe.weight"].update(data_offsets=[10**9, 10**9 + 8192]))
+    with pytest.raises(CheckpointError, match="'wpe.weight'"):
+        read_safetensors(st_file)
+
+
+def test_unknown_dtype(st_file):
+    _rewrite_header(st_file, lambda h: h["wte.weight"].update(dtype="I8"))
+    with pytest.raises(CheckpointError, match="dtype I8"):
+        read_safetensors(st_file)
+
+
+def test_malformed_entry(st_file):
+    _rewrite_header(st_file, lambda h: h["wte.weight"].pop("shape"))
+    with pytest.raises(CheckpointError, match="malformed"):
+        read_safetensors(st_file)
+
+
+def test_missing_tensor(tmp_path):
+    model = tiny_model()
+    folder = write_checkpoint(tmp_path / "m", model)
+    tensors = hub_tensors(model)
+    del tensors["h.1.mlp.c_fc.bias"]
+    write_safetensors(folder / "model.safetensors", tensors)
+    with pytest.raises(CheckpointError, match="'h.1.mlp.c_fc.bias' is missing"):
+        load_folder(folder)
+
+
+def test_wrong_shape_against_config(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", tiny_model())
+    config = json.loads((folder / "config.json").read_text())
+    config["n_embd"] = 48  # the weights are 32 wide
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="shape"):
+        load_folder(folder)
+
+
+def test_extra_layers_are_an_error(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", tiny_model())
+    config = json.loads((folder / "config.json").read_text())
+    config["n_layer"] = 1
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="unexpected tensor 'h.1"):
+        load_folder(folder)
+
+
+def test_tokenizer_and_config_vocab_must_agree(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", tiny_model())
+    vocab = json.loads((folder / "vocab.json").read_text())
+    vocab["extra"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    with pytest.raises(CheckpointError, match="tokenizer has 263 tokens"):
+        load_folder(folder)
+
+
+def test_missing_files_in_a_local_folder(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", tiny_model())
+    os.remove(folder / "merges.txt")
+    with pytest.raises(CheckpointError, match="missing merges.txt"):
+        load_model(str(folder))
+
+
+# --- downloads from a loopback Hub ----------------------------------------------------
+
+
+@pytest.fixture
+def served(fake_hub, tmp_path):
+    model = tiny_model(seed=7)
+    fake_hub.add_checkpoint(REPO, write_checkpoint(tmp_path / "src", model))
+    return fake_hub, model, tmp_path / "models"
+
+
+def test_full_download_then_offline_reuse(served, monkeypatch):
+    hub, model, models_dir = served
+    loaded = load_model(REPO, models_dir, progress=False)
+    assert_same_model(loaded, model)
+    folder = models_dir / "tiny-org--tiny-gpt2"
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
+    # The LFS file came through the redirect, as from the real Hub.
+    assert ("GET", f"/cdn/{REPO}/model.safetensors", None) in hub.requests
+    # Once present, no network: not even with the server gone.
+    n_requests = len(hub.requests)
+    hub.close()
+    assert_same_model(load_model(REPO, models_dir, progress=False), model)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert_same_model(load_model(REPO, models_dir, progress=False), model)
+    assert len(hub.requests) == n_requests
+
+
+def test_resume_after_the_server_drops_the_connection(served):
+    hub, model, models_dir = served
+    size = len(hub.files[f"{REPO}/model.safetensors"])
+    assert size > 150_000
+    hub.drop_after[f"{REPO}/model.safetensors"] = 150_000
+    loaded = load_model(REPO, models_dir, progress=False)
+    assert_same_model(loaded, model)
+    ranges = [r for (_, path, r) in hub.requests if path.startswith("/cdn/") and r]
+    assert len(ranges) == 1, "the retry must resume with one Range request"
+    start = int(ranges[0].removeprefix("bytes=").rstrip("-"))
+    assert 0 < start <= 150_000, "resume from what arrived, not from zero"
+
+
+def test_partial_file_from_an_earlier_run_is_resumed(served):
+    hub, model, models_dir = served
+    folder = models_dir / "tiny-org--tiny-gpt2"
+    folder.mkdir(parents=True)
+    content = hub.files[f"{REPO}/model.safetensors"]
+    (folder / "model.safetensors.incomplete").write_bytes(content[:1000])
+    assert_same_model(load_model(REPO, models_dir, progress=False), model)
+    assert not (folder / "model.safetensors.incomplete").exists()
+    assert any(r == "bytes=1000-" for (_, _, r) in hub.requests)
+
+
+def test_404_says_check_the_name(served):
+    hub, _, models_dir = served
+    with pytest.raises(DownloadError, match="HTTP 404.*check the model name"):
+        load_model("tiny-org/no-such-model", models_dir, progress=False)
+
+
+def test_wrong_sha256_is_rejected_and_removed(served):
+    hub, _, models_dir = served
+    hub.bad_sha256.add(f"{REPO}/model.safetensors")
+    with pytest.raises(DownloadError, match="sha256 does not match"):
+        load_model(REPO, models_dir, progress=False)
+    folder = models_dir / "tiny-org--tiny-gpt2"
+    assert not (folder / "model.safetensors").exists()
+    assert not (folder / "model.safetensors.incomplete").exists()
+
+
+def test_truncated_download_is_never_renamed_into_place(served, tmp_path):
+    hub, _, _ = served
+    key = f"{REPO}/model.safetensors"
+    hub.truncate[key] = 500  # every attempt stops short
+    dest = tmp_path / "out" / "model.safetensors"
+    dest.parent.mkdir()
+    with pytest.raises(DownloadError, match="could not download|expected"):
+        download_file(f"{hub.url}/{key.replace('/model', '/resolve/main/model')}", dest, retries=2, retry_delay=0, progress=False)
+    assert not dest.exists()
+
+
+def test_offline_without_files_is_a_clear_error(served, monkeypatch):
+    hub, _, models_dir = served
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DownloadError, match="HF_HUB_OFFLINE"):
+        load_model(REPO, models_dir, progress=False)
+    assert hub.requests == []
+
+
+def test_refused_connection_says_what_to_do(tmp_path, monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # find a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    import specdec.checkpoint as ck
+
+    monkeypatch.setattr(ck.time, "sleep", lambda s: None)  # no backoff waits in the test
+    with pytest.raises(DownloadError, match="HF_ENDPOINT") as e:
+        load_model("124M", tmp_path, progress=False)
+    assert "could not download" in str(e.value) and "by hand" in str(e.value)
+    assert isinstance(e.value.__cause__, requests.ConnectionError)
