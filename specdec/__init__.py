@@ -8,11 +8,23 @@
     print(target.tokenizer.decode(out.tokens), out.acceptance_rate)
 """
 
+from .autoregressive import DecodeResult, autoregressive_sample
 from .checkpoint import CheckpointError, DownloadError, load_folder, load_model
+from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter
 from .gpt2 import GPT2, HParams, KVCache, random_weights
+from .sampling import SamplingParams
+from .speculative import AdaptiveK, speculative_sample
 from .tokenizer import load_tokenizer
 
 __all__ = [
+    "autoregressive_sample",
+    "speculative_sample",
+    "DecodeResult",
+    "SamplingParams",
+    "AdaptiveK",
+    "ModelDrafter",
+    "NgramDrafter",
+    "EarlyExitDrafter",
     "GPT2",
     "HParams",
     "KVCache",

@@ -1,0 +1,184 @@
+"""Drafters: whatever proposes the next few tokens for the target to verify.
+
+Speculative sampling only needs, from a drafter, up to k proposed tokens and the
+distribution q each was drawn from (Leviathan et al., Algorithm 1, steps 1-2).
+Three drafters share that small interface:
+
+    ModelDrafter     a smaller GPT-2 with its own KV cache (the papers' setting)
+    EarlyExitDrafter the target itself through its first L layers, reusing the
+                     target's KV cache (self-speculative decoding)
+    NgramDrafter     no model: copy what followed the last earlier occurrence of
+                     the current suffix (prompt lookup decoding)
+
+Interface, as used by speculative.py:
+    propose(ids, k, params, rng) -> (tokens, q)
+        ids is the whole text so far (prompt + generated); its last token is
+        not yet in any KV cache. tokens: at most k ints (possibly none);
+        q: [len(tokens), n_vocab] float32, row i the distribution tokens[i]
+        was drawn from (None under greedy decoding, which never reads it).
+    rollback(n)
+        drop any cached state beyond the first n tokens of the text.
+    calls: forward passes made so far (0 for the n-gram drafter).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .gpt2 import GPT2
+from .sampling import SamplingParams, draw, greedy, point_mass, probabilities
+
+
+def _draft_steps(step, new: list[int], k: int, params: SamplingParams, rng: np.random.Generator):
+    """k autoregressive draft steps. step(tokens) feeds tokens, returns the last row's logits."""
+    tokens, q_rows = [], []
+    for _ in range(k):
+        logits = step(new)  # [n_vocab]
+        if params.greedy:
+            token = greedy(logits)
+        else:
+            q = probabilities(logits[None], params)[0]  # [n_vocab], filtered like the target
+            token = draw(q, rng)
+            q_rows.append(q)
+        tokens.append(token)
+        new = [token]
+    return tokens, (np.stack(q_rows) if q_rows else None)  # q: [k, n_vocab]
+
+
+class ModelDrafter:
+    """A draft GPT-2: k autoregressive steps, each drawn from its filtered distribution.
+
+    NOTE: the token is drawn from exactly the q that the acceptance test later
+    reads (same temperature, top-k and top-p as the target). Filtering only one
+    side, or drawing from an unfiltered q, breaks exactness.
+    """
+
+    def __init__(self, model: GPT2):
+        self.model = model
+        self.n_vocab = model.n_vocab
+        self.n_ctx = model.n_ctx
+        self.cache = model.new_cache()
+        self.calls = 0
+
+    def propose(self, ids: list[int], k: int, params: SamplingParams, rng: np.random.Generator):
+        # Catch up on the text the cache has not seen: the last emitted token, and
+        # after a fully accepted round also the last draft token (never fed in).
+        def step(new):
+            self.calls += 1
+            return self.model.forward(new, self.cache, last_only=True)[0]
+
+        return _draft_steps(step, ids[self.cache.length :], k, params, rng)
+
+    def rollback(self, n: int) -> None:
+        self.cache.rollback(min(self.cache.length, n))
+
+
+class EarlyExitDrafter:
+    """Self-speculative drafting: the target's first `n_layer` blocks, then ln_f and the LM head.
+
+    It writes keys/values for those layers into the *target's* cache (the values
+    are exactly what the target computes there), then sets the cache length back,
+    so the target's verification pass starts from the same place and rewrites
+    those positions for all layers. No extra memory; a draft step costs about
+    n_layer / target.n_layer of a target step plus the LM head.
+    """
+
+    def __init__(self, target: GPT2, n_layer: int):
+        if not 1 <= n_layer < target.n_layer:
+            raise ValueError(f"early exit needs 1 <= L < {target.n_layer} (the target's layers), got L={n_layer}")
+        self.model = target
+        # The target's KV cache for this run: speculative_sample uses this very
+        # object as its target cache instead of allocating its own.
+        self.target_cache = self.cache = target.new_cache()
+        self.n_layer = n_layer
+        self.n_vocab = target.n_vocab
+        self.n_ctx = target.n_ctx
+        self.calls = 0
+
+    def propose(self, ids: list[int], k: int, params: SamplingParams, rng: np.random.Generator):
+        start = self.cache.length
+
+        def step(new):
+            self.calls += 1
+            return self.model.forward(new, self.cache, last_only=True, n_layer=self.n_layer)[0]
+
+        proposal = _draft_steps(step, ids[start:], k, params, rng)
+        self.cache.rollback(start)  # the target verifies from here
+        return proposal
+
+    def rollback(self, n: int) -> None:
+        pass  # the target's own rollback covers the shared cache
+
+
+class NgramDrafter:
+    """Prompt lookup: propose what followed the most recent earlier match of the text's tail.
+
+    For n from `n_max` down to `n_min`, look for the last n tokens of the text
+    earlier in the text; at the most recent match, propose the (up to k) tokens
+    that followed it. No match: no proposal, and the round is a plain target step.
+
+    The proposal is deterministic, so its distribution q is a point mass on the
+    proposed token x. Leviathan et al.'s rule then reads:
+        accept x with probability min(1, p(x) / q(x)) = min(1, p(x) / 1) = p(x)
+        on rejection draw from norm(max(0, p - q)):
+            for y != x: max(0, p(y) - 0) = p(y);  for x: max(0, p(x) - 1) = 0
+        i.e. from p with x removed, renormalised by 1 - p(x).
+    The output is still exactly p: P(x) = p(x) (accepted), and for y != x,
+    P(y) = (1 - p(x)) * p(y) / (1 - p(x)) = p(y). The same general code in
+    speculative.py handles it, with q given as one-hot rows.
+    """
+
+    def __init__(self, n_vocab: int, n_max: int = 3, n_min: int = 1):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"n-gram sizes need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+        self.n_vocab = n_vocab
+        self.n_max, self.n_min = n_max, n_min
+        self.n_ctx = None  # no context limit of its own
+        self.calls = 0
+
+    def lookup(self, ids: list[int], k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the tail of ids."""
+        text = np.asarray(ids)
+        for n in range(min(self.n_max, len(ids) - 1), self.n_min - 1, -1):
+            tail = text[-n:]
+            # Windows starting at 0 .. len-n-1 (the tail itself excluded).
+            windows = np.lib.stride_tricks.sliding_window_view(text[:-1], n)  # [len-n, n]
+            hits = np.flatnonzero((windows == tail).all(axis=1))
+            if len(hits):
+                follow = hits[-1] + n  # the most recent match
+                return [int(t) for t in text[follow : follow + k]]
+        return []
+
+    def propose(self, ids: list[int], k: int, params: SamplingParams, rng: np.random.Generator):
+        tokens = self.lookup(ids, k)
+        if params.greedy or not tokens:
+            return tokens, None
+        return tokens, np.stack([point_mass(t, self.n_vocab) for t in tokens])
+
+    def rollback(self, n: int) -> None:
+        pass  # stateless
+
+
+def make_drafter(draft, target: GPT2):
+    """Turn what a caller passed as `draft` into a drafter.
+
+    A GPT2 becomes a ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with
+    n_max N (default 3); "early_exit:L" an EarlyExitDrafter over the target's
+    first L layers; anything with propose/rollback is used as it is.
+    """
+    if isinstance(draft, GPT2):
+        return ModelDrafter(draft)  # even draft is target works: it gets its own cache
+    if isinstance(draft, str):
+        kind, _, arg = draft.partition(":")
+        try:
+            if kind == "ngram":
+                return NgramDrafter(target.n_vocab, n_max=int(arg) if arg else 3)
+            if kind == "early_exit" and arg:
+                return EarlyExitDrafter(target, int(arg))
+        except ValueError as e:
+            if "invalid literal" not in str(e):
+                raise
+        raise ValueError(f"unknown drafter {draft!r}: use a GPT2 model, 'ngram', 'ngram:N' or 'early_exit:L'")
+    if hasattr(draft, "propose") and hasattr(draft, "rollback"):
+        return draft
+    raise TypeError(f"draft must be a GPT2, a drafter, 'ngram' or 'early_exit:L', not {type(draft).__name__}")

@@ -1,0 +1,94 @@
+"""From logits to tokens: temperature, top-k, top-p, greedy, and one random draw.
+
+Both samplers (autoregressive.py, speculative.py) and every drafter go through
+these few functions, so the target and the draft are always filtered the same
+way. Turning logits into probabilities is kept apart from drawing a token,
+because speculative sampling needs the probabilities themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a distribution is shaped before drawing from it.
+
+    temperature 0 means greedy decoding (argmax), a separate branch rather than
+    a division by a tiny number. top_k keeps the k most likely tokens (ties at
+    the k-th logit are all kept); top_p keeps the smallest set of most likely
+    tokens whose probabilities sum to at least top_p. Both act after the
+    temperature, in the order transformers applies them.
+    """
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        t = self.temperature
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, (int, np.integer)) or self.top_k < 1):
+            raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
+        if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """[n_rows, n_vocab] logits -> [n_rows, n_vocab] float32 probabilities.
+
+    Filtered tokens get probability exactly 0, and every row sums to 1.
+    """
+    assert not params.greedy, "greedy decoding takes the argmax of the logits, not probabilities"
+    z = logits / np.float32(params.temperature)  # [n_rows, n_vocab]
+    if params.top_k is not None and params.top_k < z.shape[-1]:
+        kth = np.partition(z, -params.top_k, axis=-1)[:, -params.top_k, None]  # [n_rows, 1]
+        z = np.where(z < kth, np.float32(-np.inf), z)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    if params.top_p is not None and params.top_p < 1:
+        p = _top_p(p, params.top_p)
+    return p
+
+
+def _top_p(p: np.ndarray, top_p: float) -> np.ndarray:
+    """Zero all but the smallest head of each row whose mass reaches top_p; renormalise."""
+    order = np.argsort(-p, axis=-1, kind="stable")  # [n_rows, n_vocab], most likely first
+    sorted_p = np.take_along_axis(p, order, axis=-1)
+    mass_before = np.cumsum(sorted_p, axis=-1) - sorted_p  # mass of the tokens ranked above
+    keep_sorted = mass_before < np.float32(top_p)  # the first token is always kept
+    keep = np.empty_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    p = np.where(keep, p, np.float32(0))
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def greedy(logits: np.ndarray) -> int:
+    """The most likely token of one [n_vocab] row (lowest id on ties)."""
+    return int(np.argmax(logits))
+
+
+def draw(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from a [n_vocab] probability row, by inverting the cumulative sum.
+
+    The cumulative sum is taken in float64 so that rounding cannot shift mass
+    between tokens; a token with probability 0 can never be returned.
+    """
+    cdf = np.cumsum(p, dtype=np.float64)
+    return int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+
+
+def point_mass(token: int, n_vocab: int) -> np.ndarray:
+    """The distribution of a deterministic proposal: all probability on `token`."""
+    q = np.zeros(n_vocab, dtype=np.float32)
+    q[token] = 1
+    return q
