@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from .gpt2 import GPT2, Block, HParams, Weights
+from .gpt2 import GPT2, Block, HParams, Linear, Weights
 from .tokenizer import load_tokenizer
 
 # Short names for the released checkpoints, and the Hub repository of each.
@@ -417,14 +417,17 @@ def weights_from_tensors(tensors: dict[str, np.ndarray], hparams: HParams, sourc
             raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(named[name].shape)}, config.json implies {shape}")
 
     def block(i: int) -> Block:
-        w = lambda suffix: named[f"h.{i}.{suffix}"]  # noqa: E731
+        def w(suffix):
+            return named[f"h.{i}.{suffix}"]
+
+        def linear(name):  # stored transposed for speed: a one-time copy (see gpt2.Linear)
+            return Linear.from_checkpoint(w(f"{name}.weight"), w(f"{name}.bias"))
+
         return Block(
             ln_1_weight=w("ln_1.weight"), ln_1_bias=w("ln_1.bias"),
-            attn_c_attn_weight=w("attn.c_attn.weight"), attn_c_attn_bias=w("attn.c_attn.bias"),
-            attn_c_proj_weight=w("attn.c_proj.weight"), attn_c_proj_bias=w("attn.c_proj.bias"),
+            attn_c_attn=linear("attn.c_attn"), attn_c_proj=linear("attn.c_proj"),
             ln_2_weight=w("ln_2.weight"), ln_2_bias=w("ln_2.bias"),
-            mlp_c_fc_weight=w("mlp.c_fc.weight"), mlp_c_fc_bias=w("mlp.c_fc.bias"),
-            mlp_c_proj_weight=w("mlp.c_proj.weight"), mlp_c_proj_bias=w("mlp.c_proj.bias"),
+            mlp_c_fc=linear("mlp.c_fc"), mlp_c_proj=linear("mlp.c_proj"),
         )  # fmt: skip
 
     return Weights(

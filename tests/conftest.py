@@ -62,11 +62,11 @@ def hub_tensors(model: GPT2, prefix: str = "", with_buffers: bool = True) -> dic
         p = f"{prefix}h.{i}."
         out.update({
             p + "ln_1.weight": b.ln_1_weight, p + "ln_1.bias": b.ln_1_bias,
-            p + "attn.c_attn.weight": b.attn_c_attn_weight, p + "attn.c_attn.bias": b.attn_c_attn_bias,
-            p + "attn.c_proj.weight": b.attn_c_proj_weight, p + "attn.c_proj.bias": b.attn_c_proj_bias,
+            p + "attn.c_attn.weight": b.attn_c_attn.weight, p + "attn.c_attn.bias": b.attn_c_attn.b,
+            p + "attn.c_proj.weight": b.attn_c_proj.weight, p + "attn.c_proj.bias": b.attn_c_proj.b,
             p + "ln_2.weight": b.ln_2_weight, p + "ln_2.bias": b.ln_2_bias,
-            p + "mlp.c_fc.weight": b.mlp_c_fc_weight, p + "mlp.c_fc.bias": b.mlp_c_fc_bias,
-            p + "mlp.c_proj.weight": b.mlp_c_proj_weight, p + "mlp.c_proj.bias": b.mlp_c_proj_bias,
+            p + "mlp.c_fc.weight": b.mlp_c_fc.weight, p + "mlp.c_fc.bias": b.mlp_c_fc.b,
+            p + "mlp.c_proj.weight": b.mlp_c_proj.weight, p + "mlp.c_proj.bias": b.mlp_c_proj.b,
         })  # fmt: skip
         if with_buffers:  # the real gpt2 file carries the causal-mask buffer
             out[p + "attn.bias"] = np.tril(np.ones((1, 1, h.n_ctx, h.n_ctx), np.float32))

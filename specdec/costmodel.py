@@ -1,0 +1,87 @@
+"""The cost model of speculative decoding (Leviathan et al., arXiv 2211.17192, section 3).
+
+Pure arithmetic, shared by the timing harness, the benchmark and `--K auto`.
+
+Notation (times are in units of one 1-token target forward step):
+    alpha  acceptance rate: the chance a draft token is accepted, taken as the
+           same i.i.d. chance at every position (the paper's simplifying assumption)
+    k      draft tokens per round (the paper's gamma)
+    c      cost of one draft step relative to one target step
+    r(m)   cost of one target pass over m new tokens relative to one 1-token
+           step. The paper assumes r(k+1) = 1 (a GPU has idle compute, so the
+           verification pass is as fast as one step). On a CPU it is not:
+           measure it (specdec.bench) and pass the curve in.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """E[tokens emitted per round] = (1 - alpha^(k+1)) / (1 - alpha)  (Leviathan et al., eq. 1).
+
+    A round emits the accepted drafts plus one target token: 1 + alpha + ... + alpha^k.
+    """
+    if alpha >= 1:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def round_cost(k: int, c: float, r: Callable[[int], float] | Sequence[float] | None = None) -> float:
+    """Time of one round in target steps: k draft steps plus one verification pass over k+1 tokens."""
+    return k * c + verify_cost(k + 1, r)
+
+
+def verify_cost(m: int, r: Callable[[int], float] | Sequence[float] | None = None) -> float:
+    """r(m), from a function, a measured list (r[m-1] for m = 1, 2, ...), or the paper's r = 1."""
+    if r is None:
+        return 1.0
+    if callable(r):
+        return r(m)
+    return r[m - 1] if m <= len(r) else r[-1] * m / len(r)  # beyond the list: grow linearly
+
+
+def predicted_speedup(alpha: float, k: int, c: float, r=None) -> float:
+    """Expected wall-time speedup over autoregressive decoding (Leviathan et al., Theorem 3.8
+    when r = 1): tokens per round divided by the round's cost in target steps."""
+    return expected_tokens_per_round(alpha, k) / round_cost(k, c, r)
+
+
+def best_k(alpha: float, c: float, r=None, k_max: int = 8) -> tuple[int, float]:
+    """The k in 1..k_max with the highest predicted speedup (the paper's optimal gamma,
+    section 3.4), and that speedup. Returns (0, 1.0) when no k beats plain decoding."""
+    best = max(range(1, k_max + 1), key=lambda k: predicted_speedup(alpha, k, c, r))
+    speedup = predicted_speedup(alpha, best, c, r)
+    return (best, speedup) if speedup > 1 else (0, 1.0)
+
+
+class CostModelK:
+    """A K policy for speculative_sample (`--K auto`): before each round, pick the k
+    with the best predicted speedup for the measured costs and the acceptance
+    rate seen so far.
+
+    The running acceptance rate starts from `prior_alpha`, weighted as
+    `prior_weight` draft tokens, so the first rounds do not swing on one
+    rejection. k never drops below 1: with no drafting there would be nothing to
+    learn the acceptance rate from.
+    """
+
+    def __init__(self, c: float, r=None, k_max: int = 8, prior_alpha: float = 0.6, prior_weight: float = 8.0):
+        if not 0 <= prior_alpha <= 1 or c < 0 or k_max < 1:
+            raise ValueError("CostModelK needs 0 <= prior_alpha <= 1, c >= 0 and k_max >= 1")
+        self.c, self.r, self.k_max = c, r, k_max
+        self.accepted, self.drafted = prior_alpha * prior_weight, prior_weight
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.drafted
+
+    def next_k(self) -> int:
+        return max(1, best_k(self.alpha, self.c, self.r, self.k_max)[0])
+
+    def update(self, k: int, n_accepted: int) -> None:
+        # NOTE: n_accepted counts drafts up to the first rejection, so it
+        # observes k trials only when all are accepted; otherwise n_accepted + 1.
+        self.accepted += n_accepted
+        self.drafted += k if n_accepted == k else n_accepted + 1
