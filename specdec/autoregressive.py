@@ -34,12 +34,24 @@ class DecodeResult:
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens accepted
     accepted_histogram: list[int] = field(default_factory=list)  # [n] = rounds with n drafts accepted
-    k_per_round: list[int] = field(default_factory=list)  # drafts asked for in each round
+    k_per_round: list[int] = field(default_factory=list)  # drafts proposed in each round
+    accepted_per_round: list[int] = field(default_factory=list)  # of which accepted
 
     @property
     def acceptance_rate(self) -> float:
         """Accepted / proposed draft tokens (nan when nothing was drafted)."""
         return self.accepted / self.drafted if self.drafted else math.nan
+
+    @property
+    def alpha(self) -> float:
+        """Estimated chance that one draft token is accepted (the paper's alpha).
+
+        Only drafts that were actually judged count: a round rejecting at
+        position i judged i+1 drafts, and the ones after it were dropped
+        unjudged. accepted/drafted counts those as failures and understates alpha.
+        """
+        judged = sum(n + (n < k) for k, n in zip(self.k_per_round, self.accepted_per_round))
+        return self.accepted / judged if judged else math.nan
 
     @property
     def tokens_per_target_call(self) -> float:

@@ -159,6 +159,7 @@ def speculative_sample(
             result.accepted_histogram[n_accepted] += 1
             k_policy.update(k, n_accepted)
         result.k_per_round.append(k)
+        result.accepted_per_round.append(n_accepted)
 
     result.draft_calls = drafter.calls
     return result

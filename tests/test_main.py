@@ -1,0 +1,133 @@
+"""main.py end to end on tiny checkpoints: local folders and a loopback Hub."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, tiny_model, write_checkpoint
+from test_samplers import perturbed
+
+sys.path.insert(0, str(ROOT))
+import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target = tiny_model(seed=1)
+    write_checkpoint(root / "target", target)
+    write_checkpoint(root / "draft", perturbed(target, 0.05, seed=4))
+    return root
+
+
+def run_main(capsys, *argv):
+    code = main.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_race_prints_both_decoders_and_a_summary(checkpoints, capsys):
+    code, out, err = run_main(
+        capsys, "--target_model_size", str(checkpoints / "target"), "--draft", str(checkpoints / "draft"),
+        "--prompt", "the cat in the hat", "--n_tokens_to_generate", "24", "--K", "3",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "── autoregressive" in out and "── speculative" in out and "── summary" in out
+    assert out.split("identical text at temperature 0")[1].split()[0] == "yes"
+    assert "\033[" not in out  # captured stdout is not a terminal: no colour codes
+    for key in ("speedup", "acceptance rate", "tokens per target pass", "predicted speedup", "drafting"):
+        assert key in out
+
+
+def test_json_output(checkpoints, capsys):
+    code, out, err = run_main(
+        capsys, "--target_model_size", str(checkpoints / "target"), "--draft", str(checkpoints / "draft"),
+        "--prompt", "in the", "--n_tokens_to_generate", "20", "--json", "--repeats", "2",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    ar, spec = report["autoregressive"], report["speculative"]
+    assert ar["tokens"] == spec["tokens"] and len(ar["tokens"]) == 20
+    assert report["summary"]["texts_identical"] is True
+    assert len(spec["seconds_all_repeats"]) == 2
+    assert spec["accepted"] <= spec["drafted"] and sum(spec["accepted_histogram"]) <= spec["rounds"]
+    assert report["costs"]["r"][0] == 1.0
+
+
+@pytest.mark.parametrize("draft", ["ngram", "early_exit:1"])
+def test_model_free_drafters(checkpoints, capsys, draft):
+    code, out, err = run_main(
+        capsys, "--target_model_size", str(checkpoints / "target"), "--draft", draft,
+        "--prompt", "the the the the", "--n_tokens_to_generate", "16", "--K", "adaptive", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["summary"]["texts_identical"] is True
+    assert report["speculative"]["drafted"] > 0
+
+
+def test_sampling_with_auto_k_runs_one_decoder(checkpoints, capsys):
+    code, out, err = run_main(
+        capsys, "--target_model_size", str(checkpoints / "target"), "--draft", str(checkpoints / "draft"),
+        "--n_tokens_to_generate", "12", "--temperature", "0.9", "--top_k", "50", "--top_p", "0.95",
+        "--K", "auto", "--only", "speculative", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    assert "autoregressive" not in report and len(report["speculative"]["tokens"]) == 12
+
+
+def test_download_through_a_loopback_hub(fake_hub, tmp_path, capsys):
+    target = tiny_model(seed=1)
+    fake_hub.add_checkpoint("org/tiny-target", write_checkpoint(tmp_path / "t", target))
+    fake_hub.add_checkpoint("org/tiny-draft", write_checkpoint(tmp_path / "d", perturbed(target, 0.05, seed=4)))
+    models = tmp_path / "models"
+    code, out, err = run_main(
+        capsys, "--target_model_size", "org/tiny-target", "--draft", "org/tiny-draft", "--models_dir", str(models),
+        "--n_tokens_to_generate", "8", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert (models / "org--tiny-target" / "model.safetensors").is_file()
+    assert json.loads(out)["summary"]["texts_identical"] is True
+
+
+def test_errors_are_one_line(checkpoints, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    target = str(checkpoints / "target")
+    cases = [
+        (["--target_model_size", "999M"], "unknown model"),
+        (["--target_model_size", target, "--draft", "124M", "--models_dir", str(tmp_path)], "HF_HUB_OFFLINE"),
+        (["--target_model_size", target, "--draft", "ngram", "--n_tokens_to_generate", "500"], "context window"),
+        (["--target_model_size", target, "--draft", "early_exit:7"], "early exit"),
+    ]
+    for argv, message in cases:
+        code, out, err = run_main(capsys, *argv)
+        assert code == 1
+        assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--K", "0"], "--K must be at least 1"),
+        (["--K", "lots"], "--K must be an integer"),
+        (["--temperature", "hot"], "invalid float"),
+        (["--n_tokens_to_generate", "-3"], "n_tokens_to_generate"),
+        (["--bogus"], "unrecognized arguments"),
+        (["--only", "neither"], "invalid choice"),
+    ],
+)
+def test_bad_flags_exit_nonzero_with_one_line(argv, message):
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), *argv], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_nonsensical_sampling_settings_are_clear_errors(checkpoints, capsys):
+    target = str(checkpoints / "target")
+    for argv, message in [(["--temperature", "-1"], "temperature"), (["--top_p", "0"], "top_p")]:
+        code, out, err = run_main(capsys, "--target_model_size", target, "--draft", "ngram", *argv)
+        assert code == 1 and message in err
