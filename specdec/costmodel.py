@@ -59,29 +59,30 @@ def best_k(alpha: float, c: float, r=None, k_max: int = 8) -> tuple[int, float]:
 class CostModelK:
     """A K policy for speculative_sample (`--K auto`): before each round, pick the k
     with the best predicted speedup for the measured costs and the acceptance
-    rate seen so far.
+    rate seen recently.
 
-    The running acceptance rate starts from `prior_alpha`, weighted as
-    `prior_weight` draft tokens, so the first rounds do not swing on one
-    rejection. k never drops below 1: with no drafting there would be nothing to
-    learn the acceptance rate from.
+    The acceptance estimate is a decaying average over judged drafts (memory of
+    about 1 / (1 - decay) rounds), so it follows the text: a repetitive stretch
+    earns long drafts, a hard one short drafts. It starts from `prior_alpha`,
+    weighted as `prior_weight` drafts. k never drops below 1: with no drafting
+    there would be nothing left to learn the acceptance rate from.
     """
 
-    def __init__(self, c: float, r=None, k_max: int = 8, prior_alpha: float = 0.6, prior_weight: float = 8.0):
-        if not 0 <= prior_alpha <= 1 or c < 0 or k_max < 1:
-            raise ValueError("CostModelK needs 0 <= prior_alpha <= 1, c >= 0 and k_max >= 1")
-        self.c, self.r, self.k_max = c, r, k_max
-        self.accepted, self.drafted = prior_alpha * prior_weight, prior_weight
+    def __init__(self, c: float, r=None, k_max: int = 8, prior_alpha: float = 0.6, prior_weight: float = 8.0, decay: float = 0.9):
+        if not (0 <= prior_alpha <= 1 and c >= 0 and k_max >= 1 and 0 < decay <= 1):
+            raise ValueError("CostModelK needs 0 <= prior_alpha <= 1, c >= 0, k_max >= 1 and 0 < decay <= 1")
+        self.c, self.r, self.k_max, self.decay = c, r, k_max, decay
+        self.accepted, self.judged = prior_alpha * prior_weight, prior_weight
 
     @property
     def alpha(self) -> float:
-        return self.accepted / self.drafted
+        return self.accepted / self.judged
 
     def next_k(self) -> int:
         return max(1, best_k(self.alpha, self.c, self.r, self.k_max)[0])
 
     def update(self, k: int, n_accepted: int) -> None:
-        # NOTE: n_accepted counts drafts up to the first rejection, so it
-        # observes k trials only when all are accepted; otherwise n_accepted + 1.
-        self.accepted += n_accepted
-        self.drafted += k if n_accepted == k else n_accepted + 1
+        # NOTE: a round judges drafts only up to its first rejection: k of them
+        # if all were accepted, otherwise n_accepted + 1.
+        self.accepted = self.decay * self.accepted + n_accepted
+        self.judged = self.decay * self.judged + (k if n_accepted == k else n_accepted + 1)
