@@ -75,5 +75,6 @@ def test_measure_costs_and_race_explain():
     assert explained["measured_speedup"] == pytest.approx(result.speedup)
     assert 0 <= explained["alpha"] <= 1 and explained["alpha"] >= explained["acceptance_rate"]
     assert math.isfinite(explained["predicted_speedup"])
-    # n-gram drafting costs no model step
-    assert measure_costs(target, "ngram", [1, 2, 1, 2], m_max=3, repeats=2).c < 0.5
+    # The n-gram drafter has no model step; its cost is the lookup itself.
+    ngram = measure_costs(target, "ngram", [1, 2, 1, 2], m_max=3, repeats=2)
+    assert len(ngram.r) == 3 and ngram.draft_step > 0
