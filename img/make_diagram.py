@@ -28,7 +28,7 @@ from xml.sax.saxutils import escape
 
 OUT = Path(__file__).resolve().parent / "speculative_round.svg"
 
-WIDTH, HEIGHT = 900, 470
+WIDTH = 900  # the height follows from the layout, see the end
 SANS = "Helvetica, Arial, 'DejaVu Sans', sans-serif"
 MONO = "Menlo, Consolas, 'DejaVu Sans Mono', monospace"
 
@@ -104,17 +104,15 @@ def badge(cx, cy, ok):
 # --------------------------------------------------------------------------
 # Canvas, arrow heads, legend
 # --------------------------------------------------------------------------
-add(f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
-    f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">')
 add("<title>One speculative decoding round with K = 4: draft, verify, "
     "accept/reject</title>")
 add("<defs>")
-for colour in {MUTED, DRAFT[0], TARGET[0], CORRECT[0], BONUS[0]}:
+for colour in (MUTED, DRAFT[0], TARGET[0], CORRECT[0], BONUS[0]):
     add(f'<marker id="head-{colour[1:]}" viewBox="0 0 10 10" refX="9" '
         f'refY="5" markerWidth="7" markerHeight="7" orient="auto">'
         f'<path d="M0,0 L10,5 L0,10 z" fill="{colour}"/></marker>')
 add("</defs>")
-add(f'<rect width="{WIDTH}" height="{HEIGHT}" fill="#ffffff"/>')
+add('<rect width="100%" height="100%" fill="#ffffff"/>')
 
 legend = [(DRAFT, "draft proposal"), (ACCEPT, "accepted draft"),
           (CORRECT, "target-sampled (corrected)"), (BONUS, "bonus (from p₄)"),
@@ -150,12 +148,12 @@ lines(COL[5] - 40, Y1 + 10, ["4 sequential", "small-model passes"],
 # --------------------------------------------------------------------------
 # Row 2: one target forward pass over K + 1 tokens
 # --------------------------------------------------------------------------
-P_Y, P_H = 146, 38          # output rows p_0..p_4
-IN_Y = 214                  # input tokens
-lines(20, P_Y + 10, ["Target (large model):", "ONE forward pass", 
-                     "over K+1 = 5 tokens"], size=14, step=17, weight="bold")
-lines(20, P_Y + 66, ["output row i verifies", "draft i (next position)"],
-      fill=MUTED)
+P_Y, P_H = 164, 38          # output rows p_0..p_4
+IN_Y = 232                  # input tokens
+text(20, P_Y - 12, "Target (large model): ONE forward pass over K+1 = 5 "
+     "tokens", size=14, weight="bold")
+lines(20, P_Y + 14, ["output row i", "verifies draft i,", "the token at the",
+                     "next position"], fill=MUTED)
 inputs = ['" fox"'] + DRAFTS
 for i, tok in enumerate(inputs):
     cx = COL[i]
@@ -180,13 +178,13 @@ lines(COL[5], IN_Y + BOX_H + 14,
 # --------------------------------------------------------------------------
 # Row 3: accept / reject left to right, then correct
 # --------------------------------------------------------------------------
-Y3 = 300
+Y3 = 318
 text(20, Y3 + 12, "Accept / reject", size=14, weight="bold")
 lines(20, Y3 + 32, ["left to right, r ~ U(0,1):", "accept draft i if",
                     "r ≤ pᵢ(x)/qᵢ(x)"], fill=MUTED)
-verdicts = [(ACCEPT, True, "accepted", f"r ≤ p₀(x)/q₀(x)"),
-            (ACCEPT, True, "accepted", f"r ≤ p₁(x)/q₁(x)"),
-            (REJECT, False, "rejected", f"r > p₂(x)/q₂(x)"),
+verdicts = [(ACCEPT, True, "accepted", "r ≤ p₀(x)/q₀(x)"),
+            (ACCEPT, True, "accepted", "r ≤ p₁(x)/q₁(x)"),
+            (REJECT, False, "rejected", "r > p₂(x)/q₂(x)"),
             (DISCARD, None, "discarded", "")]
 for i, (colours, ok, word, why) in enumerate(verdicts):
     cx = COL[i + 1]
@@ -223,6 +221,9 @@ text(20, R_Y + 38, "p = target distribution, q = draft distribution "
      "(Leviathan et al. notation; Chen et al. swap the letters)",
      size=11, fill=MUTED, italic=True)
 
+HEIGHT = R_Y + 48
+parts.insert(0, f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
+                f'height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}">')
 add("</svg>")
 
 if __name__ == "__main__":
