@@ -1,0 +1,115 @@
+"""The benchmark script runs end to end and reports every section, with sane values.
+
+A smoke test on tiny shapes (`--quick`, the hidden sizes tiny and tiny2): it
+checks the structure and sanity of the JSON report, never timing thresholds
+(a benchmark is a script, not a timed test). `check_report` is also run on a
+deliberately corrupted report, to show it can fail.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+
+import specdec.bench as bench
+
+ALL = "decode,verify,floor,nocache,predict,ngram,overhead,io"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    returned = bench.main(["--quick", "--sizes", "tiny,tiny2", "--only", ALL, "--json", str(path)])
+    written = json.loads(path.read_text())
+    assert written["settings"] == json.loads(json.dumps(returned["settings"]))
+    return written
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def check_report(r: dict) -> None:
+    """Everything the benchmark must report, and values that make sense."""
+    for section in ALL.split(","):
+        assert section in r, f"section {section} missing from the report"
+    assert r["environment"]["numpy"]
+
+    for size in ("tiny", "tiny2"):
+        for ctx in ("32", "256", "1000"):
+            s = r["decode"][size][ctx]
+            assert positive(s["median_ms"]) and s["min_ms"] <= s["median_ms"] <= s["max_ms"]
+            assert positive(r["nocache"][size][ctx]["median_ms"])
+
+        v = r["verify"][size]
+        assert v["m"] == list(range(1, 10)) and len(v["r"]) == 9
+        assert v["r"][0] == 1.0, "r(1) is t_1 / t_1"
+        assert all(positive(x) for x in v["r"])
+
+        f = r["floor"][size]
+        assert positive(f["matmul_floor"]["median_ms"]) and positive(f["bandwidth_bound_ms"])
+        assert positive(f["step_over_floor"]) and f["bytes"]["weights"] > 0
+    assert positive(r["floor"]["bandwidth"]["GBps"])
+
+    assert set(r["predict"]) == {"tiny->tiny2", "tiny->1558M"}
+    for pair in r["predict"].values():
+        assert 0 < pair["c"] and len(pair["rows"]) == len(bench.ALPHAS)
+        for row in pair["rows"]:
+            assert 0 <= row["best_k"] <= bench.K_MAX and 1 <= row["best_k_r1"] <= bench.K_MAX
+            assert positive(row["speedup"]) and positive(row["speedup_r1"])
+            assert all(positive(s) for s in row["speedup_by_k"].values())
+    assert r["predict"]["tiny->1558M"]["target_source"].startswith("extrapolated")
+
+    runs = r["ngram"]["runs"]
+    assert {"autoregressive", "ngram K=2", "ngram K=4", "ngram K=8", "ngram adaptive K"} <= set(runs)
+    assert any(name.startswith("early_exit:") for name in runs)
+    for name, run in runs.items():
+        assert run["identical_to_autoregressive"] is True, f"{name}: greedy tokens differ from autoregressive"
+        assert positive(run["tokens_per_target_call"]) and positive(run["speedup"])
+
+    o = r["overhead"]
+    assert 0 <= o["overhead_fraction"] < 1 and o["runs"][0]["rounds"] > 0
+
+    io = r["io"]
+    assert positive(io["open_ms"]["median_ms"]) and positive(io["load_folder_ms"]["median_ms"])
+    assert io["file_bytes_sum"] == sum(io["file_bytes"].values()) > 0
+    assert io["memory"]["tokens"] == 20 and io["memory"]["peak_kb"] >= io["memory"]["baseline_kb"] > 0
+
+
+def test_report_has_every_section_with_sane_values(report):
+    check_report(report)
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda r: r.pop("verify"),
+        lambda r: r["verify"]["tiny"]["r"].__setitem__(0, 1.2),
+        lambda r: r["ngram"]["runs"]["ngram K=4"].__setitem__("identical_to_autoregressive", False),
+        lambda r: r["predict"]["tiny->tiny2"]["rows"][0].__setitem__("speedup", None),  # NaN is written as null
+    ],
+)
+def test_check_report_catches_a_broken_report(report, corrupt):
+    broken = copy.deepcopy(report)
+    corrupt(broken)
+    with pytest.raises((AssertionError, KeyError)):
+        check_report(broken)
+
+
+def test_safetensors_writer_round_trips(tmp_path):
+    """The benchmark's streaming writer produces files the library reads back exactly."""
+    from specdec.checkpoint import load_folder, read_safetensors
+    from specdec.gpt2 import GPT2, random_weights
+
+    h = bench.TEST_SIZES["tiny"]
+    model = GPT2(h, random_weights(h, seed=3))
+    bench.write_checkpoint(tmp_path, model)
+    with open(tmp_path / "model.safetensors", "rb") as f:
+        assert (8 + int.from_bytes(f.read(8), "little")) % 8 == 0, "data must start 8-byte aligned"
+    tensors = read_safetensors(tmp_path / "model.safetensors")
+    assert (tensors["h.0.attn.c_attn.weight"] == model.weights.blocks[0].attn_c_attn.weight).all()
+    loaded = load_folder(tmp_path, with_tokenizer=False)
+    assert (loaded([1, 2, 3]) == model([1, 2, 3])).all()
