@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import re
 import time
@@ -339,9 +340,28 @@ def _to_float32(raw: np.ndarray, dtype_name: str) -> np.ndarray:
     if dtype_name == "F32":
         return raw
     if dtype_name == "F16":
-        return raw.astype(np.float32)
-    # BF16 is the top half of a float32: shift the 16 bits back into place.
-    return (raw.astype(np.uint32) << 16).view(np.float32)
+        converted = raw.astype(np.float32)
+    else:  # BF16 is the top half of a float32: shift the 16 bits back into place.
+        converted = (raw.astype(np.uint32) << 16).view(np.float32)
+    release_pages(raw)
+    return converted
+
+
+def release_pages(array: np.ndarray) -> None:
+    """Tell the kernel this process no longer needs the file pages behind a
+    memory-mapped array it has copied from.
+
+    Pages read through a mapping count in the process's resident memory for as
+    long as they stay mapped. Without this, loading (which copies the linear
+    weights into a transposed layout) would briefly hold every weight twice. The
+    array stays valid: touching it again just reads the file (or page cache).
+    """
+    mm = getattr(array, "_mmap", None)  # set on np.memmap and its views
+    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = array.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data
+    first_page = start // mmap.PAGESIZE * mmap.PAGESIZE
+    mm.madvise(mmap.MADV_DONTNEED, first_page, start + array.nbytes - first_page)
 
 
 # ---------------------------------------------------------------------------
@@ -421,7 +441,10 @@ def weights_from_tensors(tensors: dict[str, np.ndarray], hparams: HParams, sourc
             return named[f"h.{i}.{suffix}"]
 
         def linear(name):  # stored transposed for speed: a one-time copy (see gpt2.Linear)
-            return Linear.from_checkpoint(w(f"{name}.weight"), w(f"{name}.bias"))
+            weight = w(f"{name}.weight")
+            lin = Linear.from_checkpoint(weight, w(f"{name}.bias"))
+            release_pages(weight)  # the copy is what we keep: do not hold the file's pages too
+            return lin
 
         return Block(
             ln_1_weight=w("ln_1.weight"), ln_1_bias=w("ln_1.bias"),

@@ -137,7 +137,15 @@ class NgramDrafter:
         self.calls = 0
 
     def lookup(self, ids: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the tail of ids."""
+        """Up to k tokens that followed the latest earlier occurrence of the tail of ids.
+
+        The copy may run past the end of the text into its own output, as in
+        LZ77: in a loop of period P the latest match starts P tokens back, and
+        copying on continues the loop for all k tokens instead of stopping after P.
+
+        >>> NgramDrafter(10).lookup([7, 1, 2, 1, 2], 5)  # tail [1, 2] last seen at 1, period 2
+        [1, 2, 1, 2, 1]
+        """
         text = np.asarray(ids)
         for n in range(min(self.n_max, len(ids) - 1), self.n_min - 1, -1):
             tail = text[-n:]
@@ -145,8 +153,12 @@ class NgramDrafter:
             windows = np.lib.stride_tricks.sliding_window_view(text[:-1], n)  # [len-n, n]
             hits = np.flatnonzero((windows == tail).all(axis=1))
             if len(hits):
-                follow = hits[-1] + n  # the most recent match
-                return [int(t) for t in text[follow : follow + k]]
+                follow = int(hits[-1]) + n  # the token after the most recent match
+                out: list[int] = []
+                for i in range(k):
+                    j = follow + i
+                    out.append(int(text[j]) if j < len(text) else out[j - len(text)])
+                return out
         return []
 
     def propose(self, ids: list[int], k: int, params: SamplingParams, rng: np.random.Generator):

@@ -62,6 +62,7 @@ class HParams:
 # about 3 MB, so one chunk stays in a core's L2 cache while every token uses it.
 CHUNK_BYTES = 3 << 20
 SMALL_BYTES = 1 << 16  # below this a matrix sits in L1/L2 anyway: plain x @ W
+MAX_CHUNKED_ROWS = 16  # measured crossover (specdec.bench): above ~16 tokens, plain x @ W wins
 
 
 class Linear:
@@ -127,29 +128,48 @@ class Weights:
 class KVCache:
     """Keys and values of every layer for the tokens processed so far.
 
-    Allocated once for `capacity` positions and indexed by position, like
-    llama2.c's run state. `length` is the number of valid positions; the forward
-    pass writes new keys/values at [length, length + n_seq) and then advances it.
+    Indexed by position, like llama2.c's run state: `length` is the number of
+    valid positions; the forward pass writes new keys/values at
+    [length, length + n_seq) and then advances it.
 
-    Rolling back is just `cache.length = n`: the entries past n are stale and get
-    overwritten by the next forward call. Speculative decoding does this after
-    every round to drop the rejected draft tokens.
+    Rolling back is just `cache.length = n` (see `rollback`): the entries past n
+    are stale and get overwritten by the next forward call. Speculative decoding
+    does this after every round to drop the rejected draft tokens.
+
+    Storage grows geometrically up to `capacity` (default n_ctx), so a short
+    generation does not hold memory for the whole context. (np.zeros is not
+    reliably lazy: with transparent huge pages, one write can make a whole
+    large array resident.)
     """
 
-    def __init__(self, hparams: HParams, capacity: int | None = None):
-        capacity = hparams.n_ctx if capacity is None else capacity
-        if not 1 <= capacity <= hparams.n_ctx:
-            raise ValueError(f"cache capacity must be in 1..{hparams.n_ctx}, got {capacity}")
-        shape = (hparams.n_layer, hparams.n_head, capacity, hparams.d_head)
-        # np.zeros maps untouched pages lazily, so a short generation does not
-        # pay for the whole context in resident memory.
-        self.k = np.zeros(shape, dtype=F32)  # [n_layer, n_head, capacity, d_head]
-        self.v = np.zeros(shape, dtype=F32)  # [n_layer, n_head, capacity, d_head]
+    def __init__(self, hparams: HParams, capacity: int | None = None, reserve: int = 64):
+        self.capacity = hparams.n_ctx if capacity is None else capacity
+        if not 1 <= self.capacity <= hparams.n_ctx:
+            raise ValueError(f"cache capacity must be in 1..{hparams.n_ctx}, got {self.capacity}")
+        self.hparams = hparams
         self.length = 0
+        self.k = self.v = None  # each [n_layer, n_head, allocated positions, d_head]
+        self._allocate(min(reserve, self.capacity))
 
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
+    def _allocate(self, n_positions: int) -> None:
+        h = self.hparams
+        shape = (h.n_layer, h.n_head, n_positions, h.d_head)
+        k, v = np.zeros(shape, dtype=F32), np.zeros(shape, dtype=F32)
+        if self.k is not None:  # keep what is cached
+            k[:, :, : self.length] = self.k[:, :, : self.length]
+            v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v = k, v
+
+    def reserve(self, n_positions: int) -> None:
+        """Make room for n_positions in all, doubling the storage as needed."""
+        if n_positions > self.capacity:
+            raise ValueError(
+                f"{n_positions} positions exceed the cache capacity of {self.capacity} "
+                f"(the model's context is {self.hparams.n_ctx})"
+            )
+        allocated = self.k.shape[2]
+        if n_positions > allocated:
+            self._allocate(min(self.capacity, max(n_positions, 2 * allocated)))
 
     def rollback(self, length: int) -> None:
         """Forget every position from `length` on (O(1): nothing is copied)."""
@@ -195,11 +215,14 @@ def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
     call. Instead we hand np.matmul a stack of matrix-vector products, chunk by
     chunk: NumPy loops over them in C with the chunk outermost, so each ~3 MB
     chunk comes from RAM once and is re-read from L2 cache for the other
-    tokens. That makes a 5-token call about 2x a 1-token call instead of 3.5x.
+    tokens. That makes a 5-token call about 2x a 1-token call instead of 3.5x
+    (measurements and the variants that did not help: README, "Performance").
     """
     n_seq = x.shape[0]
-    if n_seq == 1 or lin.w_t.nbytes < SMALL_BYTES:
-        y = x @ lin.w_t.T  # one matrix-vector product (or a tiny matrix, cache-resident anyway)
+    if n_seq == 1 or n_seq > MAX_CHUNKED_ROWS or lin.w_t.nbytes < SMALL_BYTES:
+        # One token: a matrix-vector product. Many tokens (a prompt): the
+        # matrix-matrix kernel's repacking pays off. A tiny matrix: cached anyway.
+        y = x @ lin.w_t.T
     else:
         n_chunks, _, chunk, n_in = lin.w_chunks.shape
         # [n_chunks, 1, chunk, n_in] @ [1, n_seq, n_in, 1] -> [n_chunks, n_seq, chunk, 1]
@@ -228,12 +251,11 @@ def attention(
     """
     n_seq, d_head = q.shape[1], q.shape[2]
     n_kv = k.shape[1]
-    scores = q @ k.transpose(0, 2, 1)  # [n_head, n_seq, n_kv]
-    scores *= F32(1.0 / np.sqrt(d_head))
+    scores = (q * F32(1.0 / np.sqrt(d_head))) @ k.transpose(0, 2, 1)  # [n_head, n_seq, n_kv]
     if n_seq > 1:
-        # future[i, j] is True where key j lies after query i's position.
+        # mask[i, j] = -inf where key j lies after query i's position, else 0.
         future = np.arange(n_kv)[None, :] > (n_past + np.arange(n_seq))[:, None]  # [n_seq, n_kv]
-        scores[:, future] = -np.inf
+        scores += np.where(future, F32(-np.inf), F32(0))  # broadcast over heads
     return softmax(scores) @ v  # [n_head, n_seq, n_kv] @ [n_head, n_kv, d_head]
 
 
@@ -297,11 +319,7 @@ def forward(
         raise ValueError(f"n_layer must be in 1..{hparams.n_layer}, got {n_layer}")
     if n_seq < 1:
         raise ValueError("forward needs at least one new token")
-    if n_past + n_seq > cache.capacity:
-        raise ValueError(
-            f"{n_past} cached + {n_seq} new tokens exceed the cache capacity of "
-            f"{cache.capacity} positions (the model's context is {hparams.n_ctx})"
-        )
+    cache.reserve(n_past + n_seq)
     tokens = np.asarray(tokens)
     if tokens.min() < 0 or tokens.max() >= hparams.n_vocab:
         raise ValueError(f"token ids must lie in 0..{hparams.n_vocab - 1}")

@@ -62,6 +62,14 @@ def test_cached_chunks_equal_cache_free(model, chunks):
     np.testing.assert_allclose(np.concatenate(rows), full, atol=ATOL, rtol=0)
 
 
+def test_cache_growth_keeps_what_is_cached(model):
+    tokens = np.random.default_rng(4).integers(0, model.n_vocab, size=40)
+    cache = KVCache(model.hparams, reserve=1)  # grows 1 -> 2 -> 4 -> ... -> 64
+    rows = [model.forward(tokens[i : i + 3], cache) for i in range(0, 39, 3)] + [model.forward(tokens[39:], cache)]
+    assert cache.k.shape[2] >= 40 and cache.length == 40
+    np.testing.assert_allclose(np.concatenate(rows), model(tokens), atol=ATOL, rtol=0)
+
+
 def test_rollback_then_continue_equals_fresh_run(model):
     rng = np.random.default_rng(2)
     prefix = rng.integers(0, model.n_vocab, size=8)

@@ -357,9 +357,12 @@ def test_ngram_lookup():
     d = NgramDrafter(n_vocab=50, n_max=3)
     assert d.lookup([1, 2, 3, 9, 1, 2, 3], 4) == [9, 1, 2, 3]
     assert d.lookup([5, 2, 3, 7, 1, 2, 3], 2) == [7, 1]  # the 3-gram [1,2,3] has no earlier match; [2,3] does
-    assert d.lookup([4, 1, 8, 1, 8, 1], 3) == [8, 1]  # most recent match of [1, 8, 1]... is at 1: follows 8, 1
+    assert d.lookup([4, 1, 8, 1, 8, 1], 3) == [8, 1, 8]  # [1,8,1] last seen at 1; the copy runs into itself
+    assert d.lookup([7, 7, 7, 7], 5) == [7, 7, 7, 7, 7]
+    assert d.lookup([6, 1, 2, 9, 1, 2], 5) == [9, 1, 2, 9, 1]
     assert d.lookup([1, 2, 3], 4) == []
     assert d.lookup([7], 4) == []
+    assert NgramDrafter(50, n_max=1).lookup([5, 3, 5, 4, 5], 2) == [4, 5]  # most recent 1-gram match
 
 
 def test_early_exit_drafter_restores_the_shared_cache(target):
