@@ -60,6 +60,7 @@ import numpy as np
 
 from . import costmodel
 from .autoregressive import autoregressive_sample
+from .checkpoint import save_folder
 from .gpt2 import GPT2, F32, HParams, KVCache, Linear, linear, random_weights
 from .speculative import AdaptiveK, speculative_sample
 
@@ -613,57 +614,19 @@ def section_overhead(bench: Bench) -> None:
 # ---------------------------------------------------------------------------
 
 
-def hub_tensors(model: GPT2) -> Iterable[tuple[str, np.ndarray]]:
-    """(name, array) under the Hub's key names (no "transformer." prefix), checkpoint layout."""
-    w = model.weights
-    yield "wte.weight", w.wte  # [n_vocab, n_embd]
-    yield "wpe.weight", w.wpe  # [n_ctx, n_embd]
-    for i, b in enumerate(w.blocks):
-        yield f"h.{i}.ln_1.weight", b.ln_1_weight
-        yield f"h.{i}.ln_1.bias", b.ln_1_bias
-        for name, lin in (("attn.c_attn", b.attn_c_attn), ("attn.c_proj", b.attn_c_proj),
-                          ("mlp.c_fc", b.mlp_c_fc), ("mlp.c_proj", b.mlp_c_proj)):  # fmt: skip
-            yield f"h.{i}.{name}.weight", lin.weight  # [n_in, n_out]: Conv1D layout, as on the Hub
-            yield f"h.{i}.{name}.bias", lin.b
-        yield f"h.{i}.ln_2.weight", b.ln_2_weight
-        yield f"h.{i}.ln_2.bias", b.ln_2_bias
-    yield "ln_f.weight", w.ln_f_weight
-    yield "ln_f.bias", w.ln_f_bias
-
-
-def write_safetensors(path: Path, tensors: Callable[[], Iterable[tuple[str, np.ndarray]]]) -> int:
-    """Write F32 tensors as safetensors, streaming: one tensor in memory at a time.
-
-    Layout: 8-byte little-endian header length N, N bytes of JSON
-    {name: {"dtype", "shape", "data_offsets": [begin, end]}} padded with spaces
-    so the data starts 8-byte aligned, then the raw little-endian data.
-    `tensors` is called twice: once for the header's shapes, once for the data.
-    Returns the file size.
-    """
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
-    for name, a in tensors():
-        n_bytes = int(np.prod(a.shape, dtype=np.int64)) * 4
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + n_bytes]}
-        offset += n_bytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for name, a in tensors():
-            f.write(np.ascontiguousarray(a, dtype="<f4").data)  # a copy only if a is a transposed view
-    return path.stat().st_size
-
-
-def write_checkpoint(folder: Path, model: GPT2) -> int:
-    """config.json + model.safetensors, as the Hub has them; returns the safetensors size."""
-    folder.mkdir(parents=True, exist_ok=True)
-    h = model.hparams
-    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
-              "vocab_size": h.n_vocab, "n_positions": h.n_ctx, "n_embd": h.n_embd, "n_head": h.n_head,
-              "n_layer": h.n_layer, "layer_norm_epsilon": h.layer_norm_epsilon}  # fmt: skip
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
-    return write_safetensors(folder / "model.safetensors", lambda: hub_tensors(model))
+def write_random_checkpoints(root: Path, sizes: list[str], tokenizer_dir: Path, seed: int) -> None:
+    """GPT-2-shaped checkpoints with random weights and the real tokenizer, for an
+    offline end-to-end run of main.py (its text is noise; its timings are real)."""
+    for name in ("vocab.json", "merges.txt"):
+        if not (tokenizer_dir / name).is_file():
+            raise SystemExit(f"{tokenizer_dir / name} not found: pass --tokenizer DIR holding GPT-2's vocab.json and merges.txt")
+    for i, size in enumerate(sizes):
+        folder = root / size
+        model = GPT2(ALL_SIZES[size], random_weights(ALL_SIZES[size], seed=seed + i), name=size)
+        n_bytes = save_folder(model, folder)
+        for name in ("vocab.json", "merges.txt"):
+            shutil.copyfile(tokenizer_dir / name, folder / name)
+        print(f"wrote {folder}: {n_bytes / 1e6:.0f} MB of random {size}-shaped weights + the GPT-2 tokenizer")
 
 
 def proc_status_kb(field_name: str) -> int | None:
@@ -700,7 +663,7 @@ def section_io(bench: Bench) -> None:
     try:
         files = {}
         for size in dict.fromkeys([draft_size, target_size]):
-            t = timed(lambda: files.__setitem__(size, write_checkpoint(tmp / size, bench.model(size))))
+            t = timed(lambda: files.__setitem__(size, save_folder(bench.model(size), tmp / size)))
             bench.say(f"(wrote {size}: {files[size] / 1e6:.0f} MB in {t:.1f} s to {tmp / size})")
         path = tmp / target_size / "model.safetensors"
         n_repeats = max(3, bench.args.nocache_repeats)
@@ -799,6 +762,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pairs", type=_pairs, help="draft:target pairs to predict (default 124M:355M,124M:1558M)")
     p.add_argument("--ngram-tokens", type=int, help="tokens generated in the ngram section (default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of the benchmark's random inputs (default 0)")
+    p.add_argument("--write-checkpoints", metavar="DIR",
+                   help="instead of timing: write random-weight checkpoints of --sizes into DIR/<size>/ in the Hub's "
+                        "layout, with the tokenizer files from --tokenizer, so main.py --models_dir DIR runs offline")  # fmt: skip
+    p.add_argument("--tokenizer", metavar="DIR", default="../shared/gpt2-tokenizer",
+                   help="folder with GPT-2's vocab.json and merges.txt, for --write-checkpoints (default: %(default)s)")
     p.add_argument("--bandwidth-mb", type=int, help=argparse.SUPPRESS)
     p.add_argument("--rss-child", nargs=2, metavar=("DRAFT_DIR", "TARGET_DIR"), help=argparse.SUPPRESS)
     p.add_argument("--rss-tokens", type=int, default=20, help=argparse.SUPPRESS)
@@ -831,6 +799,9 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.rss_child:
         rss_child(*args.rss_child, args.rss_tokens)
+        return {}
+    if args.write_checkpoints:
+        write_random_checkpoints(Path(args.write_checkpoints), args.sizes, Path(args.tokenizer), args.seed)
         return {}
     out = sys.stderr if args.json == "-" else sys.stdout  # keep stdout clean for the JSON
     bench = Bench(args, out, np.random.default_rng(args.seed))

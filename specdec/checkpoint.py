@@ -496,3 +496,79 @@ def load_folder(folder: str | os.PathLike, name: str | None = None, with_tokeniz
                 f"vocab_size={hparams.n_vocab}"
             )
     return GPT2(hparams, weights, tokenizer, name=name or folder.name)
+
+
+# ---------------------------------------------------------------------------
+# Writing checkpoints: for tests, the benchmark and offline demo models.
+# ---------------------------------------------------------------------------
+
+
+def checkpoint_tensors(model: GPT2, prefix: str = "", with_mask_buffers: bool = False):
+    """(name, array) pairs under the Hub's key names, in the checkpoint's layout.
+
+    with_mask_buffers adds the h.N.attn.bias causal-mask buffers that the real
+    openai-community/gpt2 file carries (and the loader must ignore).
+    """
+    w, h = model.weights, model.hparams
+    yield f"{prefix}wte.weight", w.wte  # [n_vocab, n_embd]
+    yield f"{prefix}wpe.weight", w.wpe  # [n_ctx, n_embd]
+    for i, b in enumerate(w.blocks):
+        p = f"{prefix}h.{i}."
+        yield p + "ln_1.weight", b.ln_1_weight
+        yield p + "ln_1.bias", b.ln_1_bias
+        for name, lin in (("attn.c_attn", b.attn_c_attn), ("attn.c_proj", b.attn_c_proj),
+                          ("mlp.c_fc", b.mlp_c_fc), ("mlp.c_proj", b.mlp_c_proj)):  # fmt: skip
+            yield p + name + ".weight", lin.weight  # [n_in, n_out], GPT-2's Conv1D layout
+            yield p + name + ".bias", lin.b
+        yield p + "ln_2.weight", b.ln_2_weight
+        yield p + "ln_2.bias", b.ln_2_bias
+        if with_mask_buffers:
+            yield p + "attn.bias", np.tril(np.ones((1, 1, h.n_ctx, h.n_ctx), np.float32))
+    yield f"{prefix}ln_f.weight", w.ln_f_weight
+    yield f"{prefix}ln_f.bias", w.ln_f_bias
+
+
+def _encode(array: np.ndarray, dtype_name: str) -> np.ndarray:
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if dtype_name == "BF16":  # keep the top 16 bits (truncation; fine for test files)
+        return (array.view(np.uint32) >> 16).astype("<u2")
+    return array.astype(_DTYPES[dtype_name], copy=False)
+
+
+def write_safetensors(path: str | os.PathLike, tensors, dtype: str = "F32") -> int:
+    """Write tensors as safetensors; returns the file size.
+
+    tensors: a dict, or a function returning (name, array) pairs (called twice,
+    once for the header and once for the data, so only one tensor is in memory
+    at a time). dtype: "F32", "F16" or "BF16" for every tensor.
+    """
+    pairs = tensors.items if isinstance(tensors, dict) else tensors
+    itemsize = _DTYPES[dtype].itemsize
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, array in pairs():
+        n_bytes = int(np.prod(array.shape, dtype=np.int64)) * itemsize
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + n_bytes]}
+        offset += n_bytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for _, array in pairs():
+            f.write(_encode(array, dtype).data)
+    return Path(path).stat().st_size
+
+
+def save_folder(model: GPT2, folder: str | os.PathLike, dtype: str = "F32", prefix: str = "", with_mask_buffers: bool = False) -> int:
+    """Write config.json and model.safetensors as the Hub has them (no tokenizer
+    files); returns the safetensors file's size."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    h = model.hparams
+    config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
+        "vocab_size": h.n_vocab, "n_positions": h.n_ctx, "n_embd": h.n_embd, "n_head": h.n_head,
+        "n_layer": h.n_layer, "layer_norm_epsilon": h.layer_norm_epsilon,
+    }  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return write_safetensors(folder / "model.safetensors", lambda: checkpoint_tensors(model, prefix, with_mask_buffers), dtype)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specdec.checkpoint import checkpoint_tensors, save_folder, write_safetensors  # noqa: F401 (re-exported)
 from specdec.gpt2 import GPT2, HParams, random_weights
 from specdec.tokenizer import byte_decoder
 
@@ -33,46 +34,9 @@ TINY_HPARAMS = HParams(n_vocab=TINY_N_VOCAB, n_ctx=64, n_embd=32, n_head=4, n_la
 # Writing checkpoints (the library only reads them).
 # ---------------------------------------------------------------------------
 
-_ST_DTYPE = {"F32": "<f4", "F16": "<f2"}
-
-
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "F32", pad_header: bool = True) -> None:
-    """Write tensors in the safetensors layout: u64 header length, JSON header, raw data."""
-    header, chunks, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, array in tensors.items():
-        array = np.asarray(array, dtype=np.float32)
-        if dtype == "BF16":  # round-to-nearest-even is not needed for a test: truncate
-            raw = (array.view(np.uint32) >> 16).astype("<u2").tobytes()
-        else:
-            raw = array.astype(_ST_DTYPE[dtype]).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(raw)]}
-        chunks.append(raw)
-        offset += len(raw)
-    blob = json.dumps(header).encode()
-    if pad_header:
-        blob += b" " * (-len(blob) % 8)
-    path.write_bytes(len(blob).to_bytes(8, "little") + blob + b"".join(chunks))
-
-
 def hub_tensors(model: GPT2, prefix: str = "", with_buffers: bool = True) -> dict[str, np.ndarray]:
     """A model's weights under the Hub's key names (openai-community/gpt2 layout)."""
-    w, h = model.weights, model.hparams
-    out = {f"{prefix}wte.weight": w.wte, f"{prefix}wpe.weight": w.wpe}
-    for i, b in enumerate(w.blocks):
-        p = f"{prefix}h.{i}."
-        out.update({
-            p + "ln_1.weight": b.ln_1_weight, p + "ln_1.bias": b.ln_1_bias,
-            p + "attn.c_attn.weight": b.attn_c_attn.weight, p + "attn.c_attn.bias": b.attn_c_attn.b,
-            p + "attn.c_proj.weight": b.attn_c_proj.weight, p + "attn.c_proj.bias": b.attn_c_proj.b,
-            p + "ln_2.weight": b.ln_2_weight, p + "ln_2.bias": b.ln_2_bias,
-            p + "mlp.c_fc.weight": b.mlp_c_fc.weight, p + "mlp.c_fc.bias": b.mlp_c_fc.b,
-            p + "mlp.c_proj.weight": b.mlp_c_proj.weight, p + "mlp.c_proj.bias": b.mlp_c_proj.b,
-        })  # fmt: skip
-        if with_buffers:  # the real gpt2 file carries the causal-mask buffer
-            out[p + "attn.bias"] = np.tril(np.ones((1, 1, h.n_ctx, h.n_ctx), np.float32))
-    out[f"{prefix}ln_f.weight"] = w.ln_f_weight
-    out[f"{prefix}ln_f.bias"] = w.ln_f_bias
-    return out
+    return dict(checkpoint_tensors(model, prefix, with_mask_buffers=with_buffers))
 
 
 def tiny_vocab() -> dict[str, int]:
@@ -93,16 +57,8 @@ def tiny_model(seed: int = 0, hparams: HParams = TINY_HPARAMS, scale: float = 0.
 
 
 def write_checkpoint(folder: Path, model: GPT2, dtype: str = "F32", prefix: str = "") -> Path:
-    """Write a model as the four Hub files in `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    h = model.hparams
-    config = {
-        "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": h.n_vocab, "n_positions": h.n_ctx, "n_embd": h.n_embd, "n_head": h.n_head,
-        "n_layer": h.n_layer, "layer_norm_epsilon": h.layer_norm_epsilon,
-    }  # fmt: skip
-    (folder / "config.json").write_text(json.dumps(config))
-    write_safetensors(folder / "model.safetensors", hub_tensors(model, prefix), dtype)
+    """Write a model as the four Hub files in `folder` (with the attn.bias buffers, as the Hub's gpt2 has)."""
+    save_folder(model, folder, dtype, prefix, with_mask_buffers=True)
     (folder / "vocab.json").write_text(json.dumps(tiny_vocab()))
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(TINY_MERGES) + "\n")
     return folder

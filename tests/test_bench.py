@@ -97,19 +97,3 @@ def test_check_report_catches_a_broken_report(report, corrupt):
     corrupt(broken)
     with pytest.raises((AssertionError, KeyError)):
         check_report(broken)
-
-
-def test_safetensors_writer_round_trips(tmp_path):
-    """The benchmark's streaming writer produces files the library reads back exactly."""
-    from specdec.checkpoint import load_folder, read_safetensors
-    from specdec.gpt2 import GPT2, random_weights
-
-    h = bench.TEST_SIZES["tiny"]
-    model = GPT2(h, random_weights(h, seed=3))
-    bench.write_checkpoint(tmp_path, model)
-    with open(tmp_path / "model.safetensors", "rb") as f:
-        assert (8 + int.from_bytes(f.read(8), "little")) % 8 == 0, "data must start 8-byte aligned"
-    tensors = read_safetensors(tmp_path / "model.safetensors")
-    assert (tensors["h.0.attn.c_attn.weight"] == model.weights.blocks[0].attn_c_attn.weight).all()
-    loaded = load_folder(tmp_path, with_tokenizer=False)
-    assert (loaded([1, 2, 3]) == model([1, 2, 3])).all()

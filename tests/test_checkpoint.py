@@ -18,7 +18,7 @@ from specdec.checkpoint import (
     resolve_model,
 )
 
-from conftest import hub_tensors, tiny_model, write_checkpoint, write_safetensors
+from conftest import hub_tensors, save_folder, tiny_model, write_checkpoint, write_safetensors
 
 REPO = "tiny-org/tiny-gpt2"
 
@@ -322,3 +322,15 @@ def test_refused_connection_says_what_to_do(tmp_path, monkeypatch):
         load_model("124M", tmp_path, progress=False)
     assert "could not download" in str(e.value) and "by hand" in str(e.value)
     assert isinstance(e.value.__cause__, requests.ConnectionError)
+
+
+def test_safetensors_writer_round_trips(tmp_path):
+    """The streaming writer produces files the library reads back exactly."""
+    model = tiny_model(seed=3)
+    save_folder(model, tmp_path)
+    with open(tmp_path / "model.safetensors", "rb") as f:
+        assert (8 + int.from_bytes(f.read(8), "little")) % 8 == 0, "data must start 8-byte aligned"
+    tensors = read_safetensors(tmp_path / "model.safetensors")
+    assert (tensors["h.0.attn.c_attn.weight"] == model.weights.blocks[0].attn_c_attn.weight).all()
+    loaded = load_folder(tmp_path, with_tokenizer=False)
+    assert (loaded([1, 2, 3]) == model([1, 2, 3])).all()
