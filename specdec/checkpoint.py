@@ -118,6 +118,10 @@ def _progress_bar(total: int | None, initial: int, desc: str):
     return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
 
 
+class _Transient(Exception):
+    """A failure worth retrying: a 5xx or 429 answer, or a download that stopped short."""
+
+
 def _expected_size_and_sha256(
     session: requests.Session, url: str, headers: dict
 ) -> tuple[int | None, str | None]:
@@ -129,15 +133,16 @@ def _expected_size_and_sha256(
     40 hex digits, which is not a sha256 and is not used).
     """
     r = session.head(url, headers=headers, allow_redirects=False, timeout=30)
-    if r.status_code >= 400:
-        return _raise_for_status(r, url)
+    _check_status(r, url)
     size = r.headers.get("X-Linked-Size") or (r.headers.get("Content-Length") if r.status_code == 200 else None)
     etag = (r.headers.get("X-Linked-Etag") or r.headers.get("ETag") or "").strip()
     etag = etag.removeprefix("W/").strip('"').lower()
     return (int(size) if size else None), (etag if _SHA256.match(etag) else None)
 
 
-def _raise_for_status(r: requests.Response, url: str):
+def _check_status(r: requests.Response, url: str) -> None:
+    if r.status_code >= 500 or r.status_code == 429:
+        raise _Transient(f"HTTP {r.status_code} from {url}")
     if r.status_code == 404:
         raise DownloadError(
             f"{url} does not exist (HTTP 404): check the model name, or set HF_ENDPOINT to a "
@@ -148,7 +153,8 @@ def _raise_for_status(r: requests.Response, url: str):
             f"{url} refused access (HTTP {r.status_code}): for a gated or private repo set HF_TOKEN "
             f"to a token that can read it"
         )
-    raise DownloadError(f"{url} answered HTTP {r.status_code}")
+    if r.status_code >= 400:
+        raise DownloadError(f"{url} answered HTTP {r.status_code}")
 
 
 def _sha256_of(path: Path) -> str:
@@ -176,9 +182,12 @@ def download_file(
     """
     dest = Path(dest)
     partial = dest.with_name(dest.name + ".incomplete")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    # identity: sizes and Range offsets must count the file's bytes, not gzip's
+    # (huggingface_hub asks for the same).
+    headers = {"Accept-Encoding": "identity"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     session = requests.Session()
-    last_error: Exception | None = None
     for attempt in range(retries + 1):
         if attempt:
             time.sleep(retry_delay * 2 ** (attempt - 1))
@@ -186,21 +195,16 @@ def download_file(
             size, sha256 = _expected_size_and_sha256(session, url, headers)
             _fetch_into(session, url, partial, headers, size, progress, dest.name)
             break
-        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as e:
-            last_error = e  # transient: retry, resuming from what arrived
-        except _ServerError as e:
-            last_error = e
-    else:
-        raise DownloadError(
-            f"could not download {url} after {retries + 1} attempts ({_one_line(last_error)}). "
-            f"Check the network, set HF_ENDPOINT to a reachable mirror, or place "
-            f"{', '.join(CHECKPOINT_FILES)} in {dest.parent} by hand"
-        ) from last_error
+        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError, _Transient) as e:
+            # Transient: retry, resuming from what arrived; but without DNS, retrying will not help.
+            if attempt == retries or _is_name_resolution_error(e):
+                raise DownloadError(
+                    f"could not download {url} ({_one_line(e)}). Check the network, set HF_ENDPOINT "
+                    f"to a reachable mirror, or place {', '.join(CHECKPOINT_FILES)} in {dest.parent} by hand"
+                ) from e
 
-    got = partial.stat().st_size
-    if size is not None and got != size:
-        partial.unlink()
-        raise DownloadError(f"{url}: got {got} bytes, expected {size}; the partial file was removed, run again")
+    if size is not None and partial.stat().st_size != size:  # a server contradicting itself
+        raise DownloadError(f"{url}: the server's answers disagree about the file's size; run again later")
     if sha256 is not None and _sha256_of(partial) != sha256:
         partial.unlink()
         raise DownloadError(
@@ -210,16 +214,25 @@ def download_file(
     return dest
 
 
-class _ServerError(Exception):
-    """A 5xx answer: worth retrying."""
+def _is_name_resolution_error(error: Exception) -> bool:
+    text = repr(error)
+    return "NameResolutionError" in text or "Name or service not known" in text or "nodename nor servname" in text
 
 
-def _one_line(error: Exception | None) -> str:
-    text = str(error) if error else "unknown error"
-    return text.splitlines()[0][:200] if text else type(error).__name__
+def _one_line(error: Exception) -> str:
+    """A short description of a requests/urllib3 error, whose str() can run to several lines."""
+    if _is_name_resolution_error(error):
+        return "the host name could not be resolved: no network, or no DNS"
+    if isinstance(error, requests.ConnectionError) and "Connection refused" in repr(error):
+        return "connection refused"
+    if isinstance(error, requests.exceptions.ChunkedEncodingError):
+        return "the connection broke mid-file; what arrived is kept and the next run resumes"
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _fetch_into(session, url, partial: Path, headers, size, progress: bool, desc: str) -> None:
+    """Append what is missing to `partial`; raise _Transient if it stays short."""
     have = partial.stat().st_size if partial.exists() else 0
     if size is not None and have > size:
         partial.unlink()  # longer than the real file: not ours to resume
@@ -230,12 +243,9 @@ def _fetch_into(session, url, partial: Path, headers, size, progress: bool, desc
     if have:
         request_headers["Range"] = f"bytes={have}-"
     with session.get(url, headers=request_headers, stream=True, timeout=30) as r:
-        if r.status_code == 416:  # nothing left past `have`: the size check decides
+        if r.status_code == 416:  # nothing past `have`: the size checks decide
             return
-        if r.status_code >= 500:
-            raise _ServerError(f"HTTP {r.status_code}")
-        if r.status_code >= 400:
-            _raise_for_status(r, url)
+        _check_status(r, url)
         if have and r.status_code != 206:
             have = 0  # the server ignored the Range header: start over
         total = size
@@ -246,6 +256,13 @@ def _fetch_into(session, url, partial: Path, headers, size, progress: bool, desc
             for chunk in r.iter_content(chunk_size=1 << 16):
                 f.write(chunk)
                 bar.update(len(chunk))
+    got = partial.stat().st_size
+    if total is not None and got < total:
+        # Some urllib3 versions end a dropped stream quietly: keep what came, resume.
+        raise _Transient(f"the connection closed after {got} of {total} bytes")
+    if total is not None and got > total:
+        partial.unlink()
+        raise _Transient(f"received {got} bytes, more than the expected {total}")
 
 
 class _NoBar:
@@ -314,26 +331,53 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
     data_start = 8 + header_len
     data_size = file_size - data_start
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,)) if data_size else np.empty(0, np.uint8)
-    tensors = {}
-    for name, info in header.items():
-        try:
-            dtype_name, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-        except (TypeError, KeyError, ValueError) as e:
-            raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry {info!r}") from e
-        if dtype_name not in _DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype_name}; only F32, F16 and BF16 are supported")
-        dtype = _DTYPES[dtype_name]
-        n_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if not (0 <= begin <= end <= data_size) or end - begin != n_bytes:
+    entries = sorted((_check_entry(path, name, info) for name, info in header.items()), key=lambda e: e[3])
+    # The data section must be tiled exactly: each tensor starts where the last
+    # ended, and the last ends at the end of the file. This rules out
+    # truncation, overlap (two names reading the same bytes) and gaps.
+    for name, _, _, begin, stop in entries:
+        if stop > data_size:
             raise CheckpointError(
-                f"{path}: tensor {name!r} claims bytes {begin}..{end} for shape {shape} {dtype_name}, "
-                f"but the data section has {data_size} bytes; the file is truncated or corrupt, "
-                f"delete it and download again"
+                f"{path}: tensor {name!r} needs bytes {begin}..{stop} but the data section has {data_size}; "
+                f"the file is truncated or corrupt, delete it and download again"
             )
-        raw = data[begin:end].view(dtype).reshape(shape)
-        tensors[name] = _to_float32(raw, dtype_name)
-    return tensors
+    end = 0
+    for name, _, _, begin, stop in entries:
+        if begin != end:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} (bytes {begin}..{stop}) overlaps another tensor or leaves a gap "
+                f"before it; the file is corrupt, delete it and download again"
+            )
+        end = stop
+    if end != data_size:
+        raise CheckpointError(f"{path}: {data_size - end} bytes after the last tensor; the file is corrupt, delete it and download again")
+
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,)) if data_size else np.empty(0, np.uint8)
+    return {name: _to_float32(data[begin:stop].view(_DTYPES[dtype]).reshape(shape), dtype) for name, dtype, shape, begin, stop in entries}
+
+
+def _check_entry(path: Path, name: str, info) -> tuple[str, str, tuple[int, ...], int, int]:
+    """One header entry as (name, dtype, shape, begin, end), or a CheckpointError."""
+    try:
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        ok = (
+            isinstance(dtype, str) and isinstance(shape, list) and isinstance(offsets, list) and len(offsets) == 2
+            and all(type(d) is int and d >= 0 for d in shape) and all(type(o) is int and o >= 0 for o in offsets)
+        )  # fmt: skip
+    except (TypeError, KeyError):
+        ok = False
+    if not ok:
+        raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry {info!r}; the file is corrupt")
+    if dtype not in _DTYPES:
+        raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype}; only F32, F16 and BF16 are supported")
+    begin, end = offsets
+    n_bytes = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype].itemsize
+    if end - begin != n_bytes:
+        raise CheckpointError(
+            f"{path}: tensor {name!r} claims bytes {begin}..{end} for shape {shape} {dtype}; "
+            f"the file is corrupt, delete it and download again"
+        )
+    return name, dtype, tuple(shape), begin, end
 
 
 def _to_float32(raw: np.ndarray, dtype_name: str) -> np.ndarray:
@@ -357,11 +401,14 @@ def release_pages(array: np.ndarray) -> None:
     array stays valid: touching it again just reads the file (or page cache).
     """
     mm = getattr(array, "_mmap", None)  # set on np.memmap and its views
-    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+    if mm is None or array.nbytes == 0 or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
         return
     start = array.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data
     first_page = start // mmap.PAGESIZE * mmap.PAGESIZE
-    mm.madvise(mmap.MADV_DONTNEED, first_page, start + array.nbytes - first_page)
+    try:
+        mm.madvise(mmap.MADV_DONTNEED, first_page, start + array.nbytes - first_page)
+    except (OSError, ValueError):
+        pass  # only advice: memory use is higher, nothing else changes
 
 
 # ---------------------------------------------------------------------------
@@ -378,6 +425,8 @@ def read_hparams(config_path: Path) -> HParams:
         config = json.loads(Path(config_path).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{config_path}: cannot read it as JSON ({e})") from e
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path}: expected a JSON object of GPT-2 hyperparameters")
     activation = config.get("activation_function", "gelu_new")
     if activation != "gelu_new":
         raise CheckpointError(f"{config_path}: activation_function {activation!r}; GPT-2 uses 'gelu_new'")
@@ -391,7 +440,9 @@ def read_hparams(config_path: Path) -> HParams:
             n_layer=config["n_layer"],
             layer_norm_epsilon=float(config.get("layer_norm_epsilon", 1e-5)),
         )
-    except (KeyError, ValueError) as e:
+    except KeyError as e:
+        raise CheckpointError(f"{config_path}: {e.args[0]!r} is missing; is this a GPT-2 config.json?") from e
+    except (TypeError, ValueError) as e:
         raise CheckpointError(f"{config_path}: not a usable GPT-2 config ({e})") from e
     if n_inner not in (None, 4 * hparams.n_embd):
         raise CheckpointError(f"{config_path}: n_inner={n_inner}; only the standard 4*n_embd MLP is supported")

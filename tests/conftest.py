@@ -85,6 +85,8 @@ class FakeHub:
         drop_after[path] = n   the next GET of `path` sends n bytes, then hangs up
         bad_sha256.add(path)   advertise a wrong sha256 for `path`
         truncate[path] = n     serve only the first n bytes but claim the full size
+        fail[path] = n         answer the next n requests for `path` with HTTP 503
+        status[path] = code    answer every request for `path` with this status (401, 403, ...)
     """
 
     def __init__(self):
@@ -92,7 +94,10 @@ class FakeHub:
         self.drop_after: dict[str, int] = {}
         self.bad_sha256: set[str] = set()
         self.truncate: dict[str, int] = {}
+        self.fail: dict[str, int] = {}
+        self.status: dict[str, int] = {}
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range)
+        self.accept_encodings: list[str | None] = []
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -113,6 +118,14 @@ class FakeHub:
                     parts = self.path.lstrip("/").split("/resolve/main/")
                     key = "/".join(parts) if len(parts) == 2 else ""
                     lfs = key.endswith(".safetensors")
+                hub.accept_encodings.append(self.headers.get("Accept-Encoding"))
+                if hub.fail.get(key, 0) > 0 or key in hub.status:
+                    if key not in hub.status:
+                        hub.fail[key] -= 1
+                    self.send_response(hub.status.get(key, 503))
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 content = hub.files.get(key)
                 if content is None:
                     self.send_response(404)
