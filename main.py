@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import codecs
 import json
-import math
 import os
 import sys
 import time
 
 from specdec import CheckpointError, DownloadError, load_model
 from specdec.checkpoint import MODEL_REPOS
-from specdec.harness import race
+from specdec.harness import jsonable, race
 
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
 
@@ -65,8 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--K must be an integer >= 1, 'auto' or 'adaptive', not {args.K!r}")
         if args.K < 1:
             p.error(f"--K must be at least 1 (it is the number of draft tokens per round), got {args.K}")
-    if args.n_tokens_to_generate < 0:
-        p.error("--n_tokens_to_generate must be >= 0")
+    if args.n_tokens_to_generate < 1:
+        p.error("--n_tokens_to_generate must be >= 1")
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
     if not 1 <= args.k_max <= 32:
@@ -111,6 +110,9 @@ def main(argv=None) -> int:
     except (ValueError, CheckpointError, DownloadError) as e:
         print(f"main.py: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a models_dir that cannot be created or written, a full disk
+        print(f"main.py: error: {e.strerror or e}: {e.filename or ''} (check --models_dir)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
@@ -121,11 +123,17 @@ def run(args) -> int:
     say = (lambda *a, **k: None) if quiet else print
 
     target, target_load = load(args.target_model_size, args.models_dir, quiet)
-    draft_kind = args.draft.partition(":")[0]
-    if draft_kind == "ngram":
-        draft, draft_label, draft_load = f"ngram:{args.ngram_max}", f"n-gram lookup (n <= {args.ngram_max})", 0.0
+    draft_kind, _, draft_arg = args.draft.partition(":")
+    draft_load = 0.0
+    if args.only == "autoregressive":
+        draft, draft_label = None, "none (--only autoregressive)"
+    elif draft_kind == "ngram":
+        n_max = int(draft_arg) if draft_arg.isdigit() else args.ngram_max
+        draft, draft_label = f"ngram:{n_max}", f"n-gram lookup (n <= {n_max})"
     elif draft_kind == "early_exit":
-        draft, draft_label, draft_load = args.draft, f"the target's first {args.draft.partition(':')[2]} layers", 0.0
+        draft, draft_label = args.draft, f"the target's first {draft_arg} layers"
+    elif args.draft == args.target_model_size:
+        draft, draft_label = target, f"{args.draft} (the target itself)"
     else:
         draft, draft_load = load(args.draft, args.models_dir, quiet)
         draft_label = f"{args.draft} ({draft.n_layer} layers, {draft.n_embd} wide)"
@@ -152,7 +160,6 @@ def run(args) -> int:
         if quiet:
             return
         if sampler not in printers:
-            printers.setdefault("_order", []).append(sampler)
             section(sampler, args, draft_label)
             if sampler == "speculative" and colour:
                 print("legend: " + "  ".join(f"{COLOURS[k]}{v}{RESET}" for k, v in LEGEND.items()))
@@ -171,7 +178,7 @@ def run(args) -> int:
             printers[name].finish()
     report = build_report(args, result, target, tokenizer, prompt_ids, target_load, draft_load)
     if quiet:
-        print(json.dumps(report, indent=2, default=_json_default))
+        print(json.dumps(jsonable(report), indent=2, allow_nan=False))
     else:
         print_report(report, args)
     return 0
@@ -220,21 +227,15 @@ def build_report(args, result, target, tokenizer, prompt_ids, target_load, draft
             report[name].update({
                 "rounds": r.rounds, "drafted": r.drafted, "accepted": r.accepted,
                 "acceptance_rate": r.acceptance_rate, "alpha": r.alpha,
-                "accepted_histogram": r.accepted_histogram, "mean_k": (r.drafted / sum(1 for k in r.k_per_round if k)) if r.drafted else 0,
+                "accepted_histogram": r.accepted_histogram, "mean_k": r.mean_k,
                 "draft_seconds": run.draft_seconds, "verify_seconds": run.verify_seconds,
                 "sampler_seconds": run.seconds - run.draft_seconds - run.verify_seconds,
             })  # fmt: skip
     report["costs"] = {"target_step_seconds": result.costs.target_step, "draft_step_seconds": result.costs.draft_step,
                        "c": result.costs.c, "r": result.costs.r}  # fmt: skip
-    if result.ar and result.spec:
+    if result.spec:
         report["summary"] = {"speedup": result.speedup, "texts_identical": result.texts_identical, **result.explain()}
     return report
-
-
-def _json_default(x):
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    return str(x)
 
 
 def print_report(report: dict, args) -> None:
@@ -260,8 +261,9 @@ def print_report(report: dict, args) -> None:
         print(f"target step {costs['target_step_seconds'] * 1e3:.1f} ms; draft step {costs['draft_step_seconds'] * 1e3:.1f} ms")
         return
     spec = report["speculative"]
-    rows = [
-        ("speedup (autoregressive time / speculative time)", f"{summary['speedup']:.2f}x"),
+    both = "autoregressive" in report
+    rows = [("speedup (autoregressive time / speculative time)", f"{summary['speedup']:.2f}x")] if both else []
+    rows += [
         ("acceptance rate (accepted / drafted)", f"{spec['acceptance_rate']:.2f}  ({spec['accepted']} of {spec['drafted']})"),
         ("alpha (accepted / drafts actually judged)", f"{summary['alpha']:.2f}"),
         ("tokens per target pass", f"{spec['tokens_per_target_call']:.2f}  ({spec['target_calls']} passes incl. prompt, {spec['rounds']} rounds)"),
@@ -272,13 +274,14 @@ def print_report(report: dict, args) -> None:
     if "predicted_speedup" in summary:
         k = round(summary["mean_k"])
         rows += [
-            (f"target pass over K+1={k + 1} tokens vs 1 token", f"{summary['verify_cost_ratio']:.2f}x"),
+            ("mean drafts per round, k", f"{summary['mean_k']:.2f}"),
+            (f"target pass over k+1={k + 1} tokens vs 1 token", f"{summary['verify_cost_ratio']:.2f}x"),
             (f"expected tokens per round (1-a^{k + 1})/(1-a)", f"{summary['tokens_per_round_expected']:.2f}  (measured {summary['tokens_per_round']:.2f})"),
             ("predicted speedup from these measurements", f"{summary['predicted_speedup']:.2f}x"),
             ("  ...if verifying cost one step (GPU-like)", f"{summary['predicted_speedup_if_r_were_1']:.2f}x"),
             ("best K for these costs and alpha", "none: plain decoding wins" if summary["best_k"] == 0 else f"{summary['best_k']} (predicted {summary['best_k_speedup']:.2f}x)"),
         ]
-    if args.temperature == 0:
+    if args.temperature == 0 and both:
         rows.append(("identical text at temperature 0", "yes" if summary["texts_identical"] else "NO (this is a bug)"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

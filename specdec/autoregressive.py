@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from .costmodel import drafts_judged
 from .gpt2 import GPT2
 from .sampling import SamplingParams, draw, greedy, probabilities
 
@@ -44,14 +45,16 @@ class DecodeResult:
 
     @property
     def alpha(self) -> float:
-        """Estimated chance that one draft token is accepted (the paper's alpha).
-
-        Only drafts that were actually judged count: a round rejecting at
-        position i judged i+1 drafts, and the ones after it were dropped
-        unjudged. accepted/drafted counts those as failures and understates alpha.
-        """
-        judged = sum(n + (n < k) for k, n in zip(self.k_per_round, self.accepted_per_round))
+        """Estimated chance that one draft token is accepted (the paper's alpha):
+        accepted / drafts actually judged (see costmodel.drafts_judged)."""
+        judged = sum(drafts_judged(k, n) for k, n in zip(self.k_per_round, self.accepted_per_round) if k > 0)
         return self.accepted / judged if judged else math.nan
+
+    @property
+    def mean_k(self) -> float:
+        """Drafts proposed per round, over rounds that drafted at all (0 if none did)."""
+        drafting = [k for k in self.k_per_round if k > 0]
+        return sum(drafting) / len(drafting) if drafting else 0.0
 
     @property
     def tokens_per_target_call(self) -> float:

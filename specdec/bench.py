@@ -61,6 +61,7 @@ import numpy as np
 from . import costmodel
 from .autoregressive import autoregressive_sample
 from .checkpoint import save_folder
+from .harness import jsonable
 from .gpt2 import GPT2, F32, HParams, KVCache, Linear, linear, random_weights
 from .speculative import AdaptiveK, speculative_sample
 
@@ -826,26 +827,13 @@ def main(argv=None) -> dict:
     bench.results["total_seconds"] = time.perf_counter() - t_start
     bench.say(f"\ntotal {bench.results['total_seconds']:.0f} s")
     if args.json:
-        text = json.dumps(_finite(bench.results), indent=1, allow_nan=False)
+        text = json.dumps(jsonable(bench.results), indent=1, allow_nan=False)
         if args.json == "-":
             print(text)
         else:
             Path(args.json).write_text(text + "\n")
             bench.say(f"wrote {args.json}")
     return bench.results
-
-
-def _finite(value):
-    """The results as plain JSON: NumPy scalars to Python ones, NaN (e.g. no drafts) to null."""
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if isinstance(value, (np.integer, np.floating, np.bool_)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 if __name__ == "__main__":

@@ -18,6 +18,17 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 
+def drafts_judged(k: int, n_accepted: int) -> int:
+    """Drafts a round actually tested: up to and including the first rejection.
+
+    A round that accepts all k judged k; one that rejects at position n judged
+    n + 1, and the drafts after it were dropped unjudged. Estimating alpha as
+    accepted / judged (not accepted / drafted) is what matches the i.i.d. model
+    behind expected_tokens_per_round.
+    """
+    return k if n_accepted == k else n_accepted + 1
+
+
 def expected_tokens_per_round(alpha: float, k: int) -> float:
     """E[tokens emitted per round] = (1 - alpha^(k+1)) / (1 - alpha)  (Leviathan et al., eq. 1).
 
@@ -82,7 +93,5 @@ class CostModelK:
         return max(1, best_k(self.alpha, self.c, self.r, self.k_max)[0])
 
     def update(self, k: int, n_accepted: int) -> None:
-        # NOTE: a round judges drafts only up to its first rejection: k of them
-        # if all were accepted, otherwise n_accepted + 1.
         self.accepted = self.decay * self.accepted + n_accepted
-        self.judged = self.decay * self.judged + (k if n_accepted == k else n_accepted + 1)
+        self.judged = self.decay * self.judged + drafts_judged(k, n_accepted)

@@ -182,14 +182,10 @@ def make_drafter(draft, target: GPT2):
         return ModelDrafter(draft)  # even draft is target works: it gets its own cache
     if isinstance(draft, str):
         kind, _, arg = draft.partition(":")
-        try:
-            if kind == "ngram":
-                return NgramDrafter(target.n_vocab, n_max=int(arg) if arg else 3)
-            if kind == "early_exit" and arg:
-                return EarlyExitDrafter(target, int(arg))
-        except ValueError as e:
-            if "invalid literal" not in str(e):
-                raise
+        if kind == "ngram" and (arg == "" or arg.isdigit()):
+            return NgramDrafter(target.n_vocab, n_max=int(arg) if arg else 3)
+        if kind == "early_exit" and arg.isdigit():
+            return EarlyExitDrafter(target, int(arg))
         raise ValueError(f"unknown drafter {draft!r}: use a GPT2 model, 'ngram', 'ngram:N' or 'early_exit:L'")
     if hasattr(draft, "propose") and hasattr(draft, "rollback"):
         return draft

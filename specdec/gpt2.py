@@ -116,7 +116,7 @@ class Weights:
     blocks: list[Block]  # n_layer of them
     ln_f_weight: np.ndarray  # [n_embd]
     ln_f_bias: np.ndarray  # [n_embd]
-    lm_head: Linear = None  # wte itself as a bias-free Linear: [n_embd] -> [n_vocab]
+    lm_head: Linear | None = None  # wte itself as a bias-free Linear: [n_embd] -> [n_vocab]
 
     def __post_init__(self):
         # wte is [n_vocab, n_embd], which is already the transposed layout

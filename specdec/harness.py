@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .autoregressive import DecodeResult, autoregressive_sample
+from .autoregressive import DecodeResult, autoregressive_sample, check_request
 from .costmodel import CostModelK, best_k, expected_tokens_per_round, predicted_speedup
 from .drafters import EarlyExitDrafter, ModelDrafter, make_drafter
 from .gpt2 import GPT2
+from .sampling import SamplingParams
 from .speculative import AdaptiveK, speculative_sample
 
 
@@ -76,8 +77,13 @@ def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repea
     target_pass(1)  # warm-up
     per_m = [_median_time(lambda m=m: target_pass(m), repeats) for m in range(1, m_max + 1)]
 
-    drafter = make_drafter(draft, target)
-    if isinstance(drafter, ModelDrafter):
+    drafter = make_drafter(draft, target) if draft is not None else None
+    if drafter is None:  # autoregressive only: nothing to draft
+
+        def draft_step():
+            pass
+
+    elif isinstance(drafter, ModelDrafter):
         draft_cache = drafter.model.new_cache()
         if len(context) > 1:
             drafter.model.forward(context[:-1], draft_cache, last_only=True)
@@ -96,18 +102,11 @@ def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repea
     else:  # proposal without a model (n-gram lookup): time the proposal itself
 
         def draft_step():
-            drafter.propose(context, 1, _GREEDY, None)
+            drafter.propose(context, 1, SamplingParams(0.0), None)
 
     draft_step()
     draft_time = _median_time(draft_step, repeats)
     return Costs(target_step=per_m[0], draft_step=draft_time, r=[t / per_m[0] for t in per_m])
-
-
-class _Greedy:
-    greedy = True
-
-
-_GREEDY = _Greedy()
 
 
 # ---------------------------------------------------------------------------
@@ -203,8 +202,7 @@ class RaceResult:
             return {}
         res, c, r = spec.result, self.costs.c, self.costs.r
         alpha = res.alpha
-        drafting_rounds = [k for k in res.k_per_round if k > 0]
-        k_mean = statistics.mean(drafting_rounds) if drafting_rounds else 0.0
+        k_mean = res.mean_k
         out = {
             "alpha": alpha,
             "acceptance_rate": res.acceptance_rate,
@@ -248,11 +246,19 @@ def race(
     cost model picks k each round from measured costs and the acceptance rate
     so far). on_token(sampler_name, token, kind) streams the first repeat.
     Every repeat uses the same seed, so repeats produce the same tokens and
-    differ only in time.
+    differ only in time. Streamed text is printed inside the timed runs; both
+    decoders pay for it, and for GPT-2-sized models it is negligible.
     """
-    prompt = [int(t) for t in prompt_ids]
+    # Check the whole request before spending time on measurements.
+    SamplingParams(temperature, top_k, top_p)
+    prompt = check_request(target, prompt_ids, n_tokens)
+    if run_speculative:
+        make_drafter(draft, target)
+        if not (K in ("auto", "adaptive") or (isinstance(K, int) and not isinstance(K, bool) and K >= 1)):
+            raise ValueError(f"K must be an integer >= 1, 'auto' or 'adaptive', got {K!r}")
     out = RaceResult(K=K)
-    out.costs = measure_costs(target, draft, prompt, m_max=k_max + 1, repeats=3)
+    m_max = max(k_max, K if isinstance(K, int) else 0) + 1  # up to the widest verification pass
+    out.costs = measure_costs(target, draft if run_speculative else None, prompt, m_max=m_max, repeats=3)
 
     def k_policy():
         if K == "auto":
@@ -286,3 +292,17 @@ def race(
                 seconds = time.perf_counter() - start
             out.speculative.append(Run(result, seconds, drafting.seconds, verifying.seconds))
     return out
+
+
+def jsonable(value):
+    """Results as plain JSON values: NumPy scalars to Python ones, nan and inf
+    (e.g. an acceptance rate with nothing drafted) to null."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -9,6 +9,7 @@ because speculative sampling needs the probabilities themselves.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,12 +32,14 @@ class SamplingParams:
 
     def __post_init__(self):
         t = self.temperature
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if self.top_k is not None and (not isinstance(self.top_k, (int, np.integer)) or self.top_k < 1):
-            raise ValueError(f"top_k must be a positive integer or None, got {self.top_k!r}")
-        if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1):
+            raise ValueError(f"top_k must be a positive integer or None, got {k!r}")
+        p = self.top_p
+        if p is not None and (isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 < p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] or None, got {p!r}")
 
     @property
     def greedy(self) -> bool:
@@ -49,11 +52,14 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     Filtered tokens get probability exactly 0, and every row sums to 1.
     """
     assert not params.greedy, "greedy decoding takes the argmax of the logits, not probabilities"
-    z = logits / np.float32(params.temperature)  # [n_rows, n_vocab]
+    # Shift by the max before dividing: the largest z is then exactly 0, and a
+    # tiny temperature can only push the others towards -inf, never to nan.
+    with np.errstate(over="ignore"):
+        z = (logits - logits.max(axis=-1, keepdims=True)) / np.float32(params.temperature)  # [n_rows, n_vocab]
     if params.top_k is not None and params.top_k < z.shape[-1]:
         kth = np.partition(z, -params.top_k, axis=-1)[:, -params.top_k, None]  # [n_rows, 1]
         z = np.where(z < kth, np.float32(-np.inf), z)
-    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p = np.exp(z)
     p /= p.sum(axis=-1, keepdims=True)
     if params.top_p is not None and params.top_p < 1:
         p = _top_p(p, params.top_p)
@@ -84,7 +90,9 @@ def draw(p: np.ndarray, rng: np.random.Generator) -> int:
     between tokens; a token with probability 0 can never be returned.
     """
     cdf = np.cumsum(p, dtype=np.float64)
-    return int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    token = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    assert token < len(p), "probabilities must be finite and sum to more than 0"
+    return token
 
 
 def point_mass(token: int, n_vocab: int) -> np.ndarray:

@@ -109,6 +109,7 @@ def speculative_sample(
         )
     rng = make_rng(seed, rng)
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
+    draft_calls_before = drafter.calls  # a drafter object may be reused across runs
 
     result = DecodeResult(accepted_histogram=[0] * (k_policy.k_max + 1))
     cache = getattr(drafter, "target_cache", None) or target.new_cache()
@@ -161,7 +162,7 @@ def speculative_sample(
         result.k_per_round.append(k)
         result.accepted_per_round.append(n_accepted)
 
-    result.draft_calls = drafter.calls
+    result.draft_calls = drafter.calls - draft_calls_before
     return result
 
 

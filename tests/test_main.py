@@ -47,7 +47,7 @@ def test_json_output(checkpoints, capsys):
         "--prompt", "in the", "--n_tokens_to_generate", "20", "--json", "--repeats", "2",
     )  # fmt: skip
     assert code == 0, err
-    report = json.loads(out)
+    report = strict_json(out)
     ar, spec = report["autoregressive"], report["speculative"]
     assert ar["tokens"] == spec["tokens"] and len(ar["tokens"]) == 20
     assert report["summary"]["texts_identical"] is True
@@ -100,7 +100,10 @@ def test_errors_are_one_line(checkpoints, capsys, tmp_path, monkeypatch):
         (["--target_model_size", "999M"], "unknown model"),
         (["--target_model_size", target, "--draft", "124M", "--models_dir", str(tmp_path)], "HF_HUB_OFFLINE"),
         (["--target_model_size", target, "--draft", "ngram", "--n_tokens_to_generate", "500"], "context window"),
-        (["--target_model_size", target, "--draft", "early_exit:7"], "early exit"),
+        (["--target_model_size", target, "--draft", "early_exit:7", "--n_tokens_to_generate", "5"], "early exit"),
+        (["--target_model_size", target, "--draft", "ngram", "--prompt", "the " * 40], "shorten the prompt"),
+        (["--target_model_size", target, "--draft", "ngram", "--temperature", "-1"], "temperature"),
+        (["--target_model_size", target, "--draft", "ngram", "--top_p", "0"], "top_p"),
     ]
     for argv, message in cases:
         code, out, err = run_main(capsys, *argv)
@@ -114,7 +117,7 @@ def test_errors_are_one_line(checkpoints, capsys, tmp_path, monkeypatch):
         (["--K", "0"], "--K must be at least 1"),
         (["--K", "lots"], "--K must be an integer"),
         (["--temperature", "hot"], "invalid float"),
-        (["--n_tokens_to_generate", "-3"], "n_tokens_to_generate"),
+        (["--n_tokens_to_generate", "0"], "n_tokens_to_generate must be >= 1"),
         (["--bogus"], "unrecognized arguments"),
         (["--only", "neither"], "invalid choice"),
     ],
@@ -126,8 +129,31 @@ def test_bad_flags_exit_nonzero_with_one_line(argv, message):
     assert "Traceback" not in proc.stderr
 
 
-def test_nonsensical_sampling_settings_are_clear_errors(checkpoints, capsys):
+def test_unwritable_models_dir(capsys, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    code, out, err = run_main(capsys, "--target_model_size", "124M", "--models_dir", "/dev/null/models")
+    assert code == 1 and "check --models_dir" in err and len(err.strip().splitlines()) == 1
+
+
+def strict_json(text):
+    """json.loads that refuses NaN and Infinity, which are not JSON."""
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in JSON output"))
+
+
+def test_json_is_strict_when_nothing_is_drafted(checkpoints, capsys):
+    # One token: no round drafts, so the acceptance rate is undefined (null, not NaN).
+    code, out, err = run_main(capsys, "--target_model_size", str(checkpoints / "target"), "--draft", "ngram:5",
+                              "--prompt", "xyz", "--n_tokens_to_generate", "1", "--json")  # fmt: skip
+    assert code == 0, err
+    report = strict_json(out)
+    assert report["speculative"]["acceptance_rate"] is None and report["speculative"]["drafted"] == 0
+    assert report["settings"]["draft"] == "ngram:5"
+
+
+def test_wide_k_and_self_draft(checkpoints, capsys):
     target = str(checkpoints / "target")
-    for argv, message in [(["--temperature", "-1"], "temperature"), (["--top_p", "0"], "top_p")]:
-        code, out, err = run_main(capsys, "--target_model_size", target, "--draft", "ngram", *argv)
-        assert code == 1 and message in err
+    code, out, err = run_main(capsys, "--target_model_size", target, "--draft", target, "--K", "12",
+                              "--prompt", "in the", "--n_tokens_to_generate", "20")  # fmt: skip
+    assert code == 0, err
+    assert "nan" not in out and "(the target itself)" in out
+    assert "K=12" in out and "target pass over k+1=" in out
