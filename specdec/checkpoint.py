@@ -93,6 +93,8 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike = "models") -
         return models_dir / name, MODEL_REPOS[name]
     if Path(name).is_dir():
         return Path(name), None
+    if name.startswith(("/", "./", "../", "~")) or "\\" in name:
+        raise ValueError(f"{name} is not a folder: a local model needs a folder holding {', '.join(CHECKPOINT_FILES)}")
     if _REPO_ID.match(name) and ".." not in name:
         folder = models_dir / name.replace("/", "--")
         # The pattern already excludes separators and "..", but check the

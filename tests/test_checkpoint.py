@@ -39,10 +39,16 @@ def test_short_names_map_to_hub_repos(tmp_path):
     assert resolve_model("owner/name", tmp_path) == (tmp_path / "owner--name", "owner/name")
 
 
-@pytest.mark.parametrize("bad", ["125M", "gpt-2", "../etc", "a/../../b", "owner/../x", "/abs/path/missing"])
+@pytest.mark.parametrize("bad", ["125M", "gpt-2", "a/../../b", "owner/../x", "owner/name/extra"])
 def test_unknown_names_say_what_is_accepted(tmp_path, bad):
-    with pytest.raises(ValueError, match="unknown model|outside"):
+    with pytest.raises(ValueError, match="unknown model"):
         resolve_model(bad, tmp_path)
+
+
+@pytest.mark.parametrize("path", ["../etc", "/abs/path/missing", "./models/mine", "~/gpt2"])
+def test_missing_local_folders_are_not_taken_for_repo_ids(tmp_path, path):
+    with pytest.raises(ValueError, match="is not a folder"):
+        resolve_model(path, tmp_path)
 
 
 def test_hub_settings_follow_huggingface_hub(monkeypatch):

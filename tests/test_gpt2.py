@@ -161,3 +161,38 @@ def test_bad_inputs_are_clear_errors(model):
         HParams(n_vocab=10, n_ctx=8, n_embd=30, n_head=4, n_layer=1)
     with pytest.raises(AssertionError):
         KVCache(TINY_HPARAMS).rollback(1)
+
+
+def test_chunked_multi_token_linear_matches_plain_matmul(monkeypatch):
+    """The stacked matrix-vector path (2..16 tokens), with several chunks and leftover rows."""
+    import specdec.gpt2 as gpt2
+
+    monkeypatch.setattr(gpt2, "CHUNK_BYTES", 4096)  # 48 inputs x 4 bytes: 21 rows per chunk
+    monkeypatch.setattr(gpt2, "SMALL_BYTES", 0)
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((48, 1000), dtype=np.float32)
+    b = rng.standard_normal(1000, dtype=np.float32)
+    lin = gpt2.Linear.from_checkpoint(w, b)
+    n_chunks, _, chunk, _ = lin.w_chunks.shape
+    assert n_chunks > 1 and lin.n_main < 1000, "the test must exercise chunks and leftover rows"
+    for n_seq in range(1, 20):
+        x = rng.standard_normal((n_seq, 48), dtype=np.float32)
+        y = gpt2.linear(x, lin)
+        assert y.dtype == np.float32 and y.shape == (n_seq, 1000)
+        np.testing.assert_allclose(y, x.astype(np.float64) @ w + b, atol=1e-4, rtol=1e-5)
+
+
+def test_cache_equivalence_through_the_chunked_path(monkeypatch):
+    """The KV-cache equivalence again, with every matrix taking the chunked path."""
+    import specdec.gpt2 as gpt2
+
+    monkeypatch.setattr(gpt2, "CHUNK_BYTES", 2048)
+    monkeypatch.setattr(gpt2, "SMALL_BYTES", 0)
+    model = tiny_model(seed=8)  # built after the patch: its Linears are chunked
+    assert model.weights.blocks[0].mlp_c_fc.w_chunks.shape[0] > 1
+    tokens = np.random.default_rng(9).integers(0, model.n_vocab, size=17)
+    cache, rows = model.new_cache(), []
+    for start, stop in ((0, 5), (5, 6), (6, 14), (14, 17)):
+        rows.append(model.forward(tokens[start:stop], cache))
+    monkeypatch.setattr(gpt2, "MAX_CHUNKED_ROWS", 0)  # reference: plain matmul everywhere
+    np.testing.assert_allclose(np.concatenate(rows), model(tokens), atol=ATOL, rtol=0)

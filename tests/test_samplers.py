@@ -25,7 +25,8 @@ from conftest import tiny_model
 
 SMALL = HParams(n_vocab=6, n_ctx=16, n_embd=16, n_head=2, n_layer=1)
 PROMPT = [1, 2]
-N_SAMPLES = 8_000  # per correct sampler: chi2 about 1 df-sized sd from its mean
+N_SAMPLES_MAIN = 25_000  # the headline exactness test
+N_SAMPLES = 8_000  # each further correct-sampler check
 N_BROKEN = 2_000  # enough: every broken variant lands at 3-30x the threshold
 
 
@@ -149,7 +150,7 @@ def test_speculative_sampling_matches_the_target_distribution(small_target, smal
     def run(rng):
         return speculative_sample(small_target, small_draft, PROMPT, 3, K=2, temperature=1.0, rng=rng)
 
-    samples = sample_many(run)
+    samples = sample_many(run, n_samples=N_SAMPLES_MAIN)
     ok, stat, df = chi_square_passes(samples, exact_t1)
     assert ok, f"correct sampler failed: chi2={stat:.1f} df={df}"
 
@@ -270,35 +271,52 @@ def test_draft_equal_to_target_accepts_everything(target):
 # --- caches, counters, edge cases ---------------------------------------------------------
 
 
-def test_caches_hold_exactly_the_accepted_text_after_each_round(target):
+def assert_cache_holds(model, cache, text, n_layer=None):
+    """cache equals a fresh cache built from text[:cache.length] (the first n_layer layers)."""
+    n = cache.length
+    fresh = model.new_cache()
+    model.forward(text[:n], fresh)
+    layers = slice(None, n_layer)
+    np.testing.assert_allclose(cache.k[layers, :, :n], fresh.k[layers, :, :n], atol=2e-5)
+    np.testing.assert_allclose(cache.v[layers, :, :n], fresh.v[layers, :, :n], atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["model", "early_exit"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_caches_hold_exactly_the_accepted_text_after_each_round(target, kind, temperature):
+    """After every round: the target's cache holds all of the text but its newest
+    token, and the draft's holds a prefix of the text (never a rejected token)."""
     draft_model = perturbed(target, 0.05, seed=4)
-    drafter = ModelDrafter(draft_model)
-    seen_caches = []
-    real_forward = target.forward
+    drafter = ModelDrafter(draft_model) if kind == "model" else EarlyExitDrafter(target, n_layer=1)
+    prompt, emitted, checks = [5, 6, 7], [], []
+    target_caches = []
+    real_forward, real_rollback = target.forward, drafter.rollback
 
     def recording_forward(tokens, cache, *args, **kwargs):
-        seen_caches.append(cache)
+        target_caches.append(cache)
         return real_forward(tokens, cache, *args, **kwargs)
 
-    prompt = [5, 6, 7]
-    for n_tokens, temperature in ((25, 0.0), (25, 1.0)):
-        seen_caches.clear()
-        target.forward = recording_forward
-        try:
-            out = speculative_sample(target, drafter, prompt, n_tokens, K=4, temperature=temperature, seed=3)
-        finally:
-            del target.forward
-        assert 0 < out.accepted < out.drafted, "the test needs both accepted and rejected drafts"
-        text = prompt + out.tokens
-        target_cache = seen_caches[-1]
-        assert target_cache.length == len(text) - 1  # all but the newest token
-        for model, cache in ((target, target_cache), (draft_model, drafter.cache)):
-            n = cache.length
-            assert len(text) - 1 - 1 <= n <= len(text) - 1
-            fresh = model.new_cache()
-            model.forward(text[:n], fresh)
-            np.testing.assert_allclose(cache.k[:, :, :n], fresh.k[:, :, :n], atol=2e-5)
-            np.testing.assert_allclose(cache.v[:, :, :n], fresh.v[:, :, :n], atol=2e-5)
+    def checking_rollback(n):  # called by the sampler once per round, after the target's rollback
+        real_rollback(n)
+        checks.append(n)
+        if len(checks) == 1:
+            return  # the reset before the first round
+        text = prompt + emitted
+        target_cache = target_caches[-1]
+        assert n == len(text) - 1 == target_cache.length
+        assert_cache_holds(target, target_cache, text)
+        if kind == "model":
+            assert len(text) - 2 <= drafter.cache.length <= len(text) - 1
+            assert_cache_holds(draft_model, drafter.cache, text)
+
+    target.forward, drafter.rollback = recording_forward, checking_rollback
+    try:
+        out = speculative_sample(target, drafter, prompt, 25, K=4, temperature=temperature, seed=3,
+                                 on_token=lambda token, kind: emitted.append(token))  # fmt: skip
+    finally:
+        del target.forward
+    assert len(checks) == out.rounds + 1  # every round, plus the reset at the start
+    assert 0 < out.accepted < out.drafted, "the test needs both accepted and rejected drafts"
 
 
 def test_counters_are_consistent(target):
@@ -321,6 +339,30 @@ def test_short_generations(target, n_tokens, K):
     assert all(k <= n_tokens - 1 for k in out.k_per_round)
     if n_tokens == 0:
         assert out.target_calls == 0 and out.draft_calls == 0
+
+
+def test_tiny_temperature_is_greedy_and_numpy_scalars_are_accepted(target):
+    greedy_tokens = autoregressive_sample(target, [1, 2, 3], 8).tokens
+    assert autoregressive_sample(target, [1, 2, 3], 8, temperature=1e-40, seed=0).tokens == greedy_tokens
+    assert speculative_sample(target, target, [1, 2, 3], 8, temperature=1e-40, seed=0).tokens == greedy_tokens
+    out = speculative_sample(target, target, [1, 2, 3], 8, K=np.int64(3), temperature=np.float32(0.7),
+                             top_k=np.int32(20), top_p=np.float32(0.9), seed=0)  # fmt: skip
+    assert len(out.tokens) == 8
+
+
+def test_a_draft_with_a_shorter_context_stops_drafting_at_its_end(target):
+    short = HParams(**{**vars(target.hparams), "n_ctx": 24})
+    draft = GPT2(short, target.weights)  # same weights; only the first 24 positions
+    prompt = list(range(1, 19))
+    out = speculative_sample(target, draft, prompt, 30, K=4)
+    assert out.tokens == autoregressive_sample(target, prompt, 30).tokens
+    # Every round kept its verification within the draft's 24 positions:
+    # k <= n_ctx - len(text), so drafting shrinks to nothing near the end.
+    length = len(prompt)
+    for k, n_accepted in zip(out.k_per_round, out.accepted_per_round):
+        assert k <= max(0, 24 - length)
+        length += n_accepted + 1
+    assert max(out.k_per_round) == 4 and out.k_per_round[-1] == 0
 
 
 def test_running_into_the_context_window(target):
