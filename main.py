@@ -27,7 +27,11 @@ DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
 # ANSI colours for the speculative trace, by how each token was produced.
 COLOURS = {"draft": "\033[32m", "target": "\033[33m", "bonus": "\033[36m"}
 RESET = "\033[0m"
-LEGEND = {"draft": "accepted draft token", "target": "sampled by the target (corrected)", "bonus": "bonus token (all drafts accepted)"}
+LEGEND = {
+    "draft": "accepted draft token",
+    "target": "sampled by the target (corrected)",
+    "bonus": "bonus token (all drafts accepted)",
+}
 
 
 class Parser(argparse.ArgumentParser):
@@ -38,21 +42,53 @@ class Parser(argparse.ArgumentParser):
 def parse_args(argv=None) -> argparse.Namespace:
     names = ", ".join(MODEL_REPOS)
     p = Parser(prog="main.py", description="Race plain autoregressive decoding against speculative decoding on GPT-2.")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text to continue (default: %(default)r); empty starts from <|endoftext|>")
-    p.add_argument("--n_tokens_to_generate", type=int, default=40, metavar="N", help="new tokens per decoder (default: %(default)s)")
-    p.add_argument("--target_model_size", default="355M", metavar="MODEL", help=f"the model whose output we want: {names}, a Hub repo id or a local folder (default: %(default)s)")
+    p.add_argument(
+        "--prompt",
+        default=DEFAULT_PROMPT,
+        help="text to continue (default: %(default)r); empty starts from <|endoftext|>",
+    )
+    p.add_argument(
+        "--n_tokens_to_generate",
+        type=int,
+        default=40,
+        metavar="N",
+        help="new tokens per decoder (default: %(default)s)",
+    )
+    p.add_argument(
+        "--target_model_size",
+        default="355M",
+        metavar="MODEL",
+        help=f"the model whose output we want: {names}, a Hub repo id or a local folder (default: %(default)s)",
+    )
     p.add_argument("--draft_model_size", "--draft", dest="draft", default="124M", metavar="DRAFT",
                    help="the drafter: a model name as above, 'ngram' (prompt lookup, no model) or 'early_exit:L' (the target's first L layers) (default: %(default)s)")  # fmt: skip
-    p.add_argument("--ngram_max", type=int, default=3, help="longest suffix the n-gram drafter matches (default: %(default)s)")
-    p.add_argument("--K", default="4", help="draft tokens per round: an integer >= 1, 'auto' (chosen from measured costs and the running acceptance rate) or 'adaptive' (grow on full acceptance, shrink on rejection) (default: %(default)s)")
-    p.add_argument("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
+    p.add_argument(
+        "--ngram_max", type=int, default=3, help="longest suffix the n-gram drafter matches (default: %(default)s)"
+    )
+    p.add_argument(
+        "--K",
+        default="4",
+        help="draft tokens per round: an integer >= 1, 'auto' (chosen from measured costs and the running acceptance rate) or 'adaptive' (grow on full acceptance, shrink on rejection) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)"
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy decoding (default: %(default)s)")
     p.add_argument("--top_k", type=int, default=None, help="keep only the k most likely tokens")
-    p.add_argument("--top_p", type=float, default=None, help="keep the smallest set of tokens with this much probability, in (0, 1]")
+    p.add_argument(
+        "--top_p",
+        type=float,
+        default=None,
+        help="keep the smallest set of tokens with this much probability, in (0, 1]",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: %(default)s)")
-    p.add_argument("--models_dir", default="models", help="where checkpoints are downloaded and looked for (default: %(default)s)")
+    p.add_argument(
+        "--models_dir", default="models", help="where checkpoints are downloaded and looked for (default: %(default)s)"
+    )
     p.add_argument("--only", choices=["autoregressive", "speculative"], help="run just one of the two decoders")
-    p.add_argument("--repeats", type=int, default=1, help="timed runs per decoder; the median is reported (default: %(default)s)")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="timed runs per decoder; the median is reported (default: %(default)s)"
+    )
     p.add_argument("--no_warmup", action="store_true", help="skip the short untimed warm-up run")
     p.add_argument("--json", action="store_true", help="print the measurements as one JSON object instead of text")
     args = p.parse_args(argv)
@@ -148,7 +184,9 @@ def run(args) -> int:
         sampling += f", top-k {args.top_k}"
     if args.top_p:
         sampling += f", top-p {args.top_p}"
-    say(f"target: {args.target_model_size} ({target.n_layer} layers, {target.n_embd} wide), loaded in {target_load:.2f} s")
+    say(
+        f"target: {args.target_model_size} ({target.n_layer} layers, {target.n_embd} wide), loaded in {target_load:.2f} s"
+    )
     say(f"draft:  {draft_label}" + (f", loaded in {draft_load:.2f} s" if draft_load else ""))
     say(f"prompt: {args.prompt!r} ({len(prompt_ids)} tokens)")
     say(f"{args.n_tokens_to_generate} new tokens, K={args.K}, {sampling}, seed {args.seed}, repeats {args.repeats}")
@@ -186,8 +224,13 @@ def run(args) -> int:
 
 def check_same_tokenizer(target, draft, args) -> None:
     probe = "Tokenizers must agree: 123 ünïcode <|endoftext|>"
-    if target.tokenizer and draft.tokenizer and (
-        target.tokenizer.encode(probe, allowed_special="all") != draft.tokenizer.encode(probe, allowed_special="all")
+    if (
+        target.tokenizer
+        and draft.tokenizer
+        and (
+            target.tokenizer.encode(probe, allowed_special="all")
+            != draft.tokenizer.encode(probe, allowed_special="all")
+        )
     ):
         raise ValueError(
             f"the draft {args.draft} and target {args.target_model_size} tokenize text differently; "
@@ -196,7 +239,11 @@ def check_same_tokenizer(target, draft, args) -> None:
 
 
 def section(sampler: str, args, draft_label: str) -> None:
-    title = f"autoregressive ({args.target_model_size} alone)" if sampler == "autoregressive" else f"speculative (draft: {draft_label}, K={args.K})"
+    title = (
+        f"autoregressive ({args.target_model_size} alone)"
+        if sampler == "autoregressive"
+        else f"speculative (draft: {draft_label}, K={args.K})"
+    )
     print(f"\n── {title} " + "─" * max(3, 70 - len(title)))
 
 
@@ -258,28 +305,47 @@ def print_report(report: dict, args) -> None:
     summary = report.get("summary")
     print("\n── summary " + "─" * 62)
     if summary is None:
-        print(f"target step {costs['target_step_seconds'] * 1e3:.1f} ms; draft step {costs['draft_step_seconds'] * 1e3:.1f} ms")
+        print(
+            f"target step {costs['target_step_seconds'] * 1e3:.1f} ms; draft step {costs['draft_step_seconds'] * 1e3:.1f} ms"
+        )
         return
     spec = report["speculative"]
     both = "autoregressive" in report
     rows = [("speedup (autoregressive time / speculative time)", f"{summary['speedup']:.2f}x")] if both else []
     rows += [
-        ("acceptance rate (accepted / drafted)", f"{spec['acceptance_rate']:.2f}  ({spec['accepted']} of {spec['drafted']})"),
+        (
+            "acceptance rate (accepted / drafted)",
+            f"{spec['acceptance_rate']:.2f}  ({spec['accepted']} of {spec['drafted']})",
+        ),
         ("alpha (accepted / drafts actually judged)", f"{summary['alpha']:.2f}"),
-        ("tokens per target pass", f"{spec['tokens_per_target_call']:.2f}  ({spec['target_calls']} passes incl. prompt, {spec['rounds']} rounds)"),
+        (
+            "tokens per target pass",
+            f"{spec['tokens_per_target_call']:.2f}  ({spec['target_calls']} passes incl. prompt, {spec['rounds']} rounds)",
+        ),
         ("accepted drafts per round (0..K histogram)", str(spec["accepted_histogram"])),
         ("draft / target passes", f"{spec['draft_calls']} / {spec['target_calls']}"),
-        ("cost of a draft step, c = draft / target", f"{costs['c']:.3f}  ({costs['draft_step_seconds'] * 1e3:.1f} ms vs {costs['target_step_seconds'] * 1e3:.1f} ms)"),
+        (
+            "cost of a draft step, c = draft / target",
+            f"{costs['c']:.3f}  ({costs['draft_step_seconds'] * 1e3:.1f} ms vs {costs['target_step_seconds'] * 1e3:.1f} ms)",
+        ),
     ]
     if "predicted_speedup" in summary:
         k = round(summary["mean_k"])
         rows += [
             ("mean drafts per round, k", f"{summary['mean_k']:.2f}"),
             (f"target pass over k+1={k + 1} tokens vs 1 token", f"{summary['verify_cost_ratio']:.2f}x"),
-            (f"expected tokens per round (1-a^{k + 1})/(1-a)", f"{summary['tokens_per_round_expected']:.2f}  (measured {summary['tokens_per_round']:.2f})"),
+            (
+                f"expected tokens per round (1-a^{k + 1})/(1-a)",
+                f"{summary['tokens_per_round_expected']:.2f}  (measured {summary['tokens_per_round']:.2f})",
+            ),
             ("predicted speedup from these measurements", f"{summary['predicted_speedup']:.2f}x"),
             ("  ...if verifying cost one step (GPU-like)", f"{summary['predicted_speedup_if_r_were_1']:.2f}x"),
-            ("best K for these costs and alpha", "none: plain decoding wins" if summary["best_k"] == 0 else f"{summary['best_k']} (predicted {summary['best_k_speedup']:.2f}x)"),
+            (
+                "best K for these costs and alpha",
+                "none: plain decoding wins"
+                if summary["best_k"] == 0
+                else f"{summary['best_k']} (predicted {summary['best_k_speedup']:.2f}x)",
+            ),
         ]
     if args.temperature == 0 and both:
         rows.append(("identical text at temperature 0", "yes" if summary["texts_identical"] else "NO (this is a bug)"))

@@ -1,11 +1,11 @@
 """specdec: speculative decoding on GPT-2, in NumPy.
 
-    import specdec
-    target = specdec.load_model("355M")
-    draft = specdec.load_model("124M")
-    ids = target.tokenizer.encode("Alan Turing theorized that computers")
-    out = specdec.speculative_sample(target, draft, ids, n_tokens=40, K=4)
-    print(target.tokenizer.decode(out.tokens), out.acceptance_rate)
+import specdec
+target = specdec.load_model("355M")
+draft = specdec.load_model("124M")
+ids = target.tokenizer.encode("Alan Turing theorized that computers")
+out = specdec.speculative_sample(target, draft, ids, n_tokens=40, K=4)
+print(target.tokenizer.decode(out.tokens), out.acceptance_rate)
 """
 
 from .autoregressive import DecodeResult, autoregressive_sample

@@ -170,7 +170,9 @@ def environment() -> dict:
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "env_vars": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OPENBLAS_", "OMP_", "MKL_", "GOTO"))},
+        "env_vars": {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith(("OPENBLAS_", "OMP_", "MKL_", "GOTO"))
+        },
     }
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]  # NumPy >= 2.0
@@ -258,7 +260,9 @@ class Bench:
 
     def model(self, size: str) -> GPT2:
         if size not in self.models:
-            t = timed(lambda: self.models.__setitem__(size, GPT2(ALL_SIZES[size], random_weights(ALL_SIZES[size]), name=size)))
+            t = timed(
+                lambda: self.models.__setitem__(size, GPT2(ALL_SIZES[size], random_weights(ALL_SIZES[size]), name=size))
+            )
             print(f"(built {size}-shaped random weights in {t:.1f} s)", file=self.out)
         return self.models[size]
 
@@ -426,7 +430,9 @@ def section_nocache(bench: Bench) -> None:
         seqs = {ctx: bench.rng.integers(0, model.n_vocab, ctx) for ctx in contexts}
         # What a cache-free implementation does for every new token: run all ctx
         # tokens from scratch; only the last row's logits are needed.
-        calls = {ctx: (lambda s=seqs[ctx]: model.forward(s, model.new_cache(len(s)), last_only=True)) for ctx in contexts}
+        calls = {
+            ctx: (lambda s=seqs[ctx]: model.forward(s, model.new_cache(len(s)), last_only=True)) for ctx in contexts
+        }
         times = interleaved(calls, bench.args.nocache_repeats, bench.rng)
         res = {}
         for ctx in contexts:
@@ -620,7 +626,9 @@ def write_random_checkpoints(root: Path, sizes: list[str], tokenizer_dir: Path, 
     offline end-to-end run of main.py (its text is noise; its timings are real)."""
     for name in ("vocab.json", "merges.txt"):
         if not (tokenizer_dir / name).is_file():
-            raise SystemExit(f"{tokenizer_dir / name} not found: pass --tokenizer DIR holding GPT-2's vocab.json and merges.txt")
+            raise SystemExit(
+                f"{tokenizer_dir / name} not found: pass --tokenizer DIR holding GPT-2's vocab.json and merges.txt"
+            )
     for i, size in enumerate(sizes):
         folder = root / size
         model = GPT2(ALL_SIZES[size], random_weights(ALL_SIZES[size], seed=seed + i), name=size)
@@ -752,22 +760,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m specdec.bench", description=paragraphs[0],
                                 epilog="\n\n".join(x for x in paragraphs if x.startswith(("Commands", "Sections"))),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--sizes", type=_csv(str, ALL_SIZES, SIZES), help="model shapes to time, from 124M, 355M, 774M, 1558M (default 124M,355M)")
-    p.add_argument("--only", type=_csv(str, SECTIONS), help=f"sections to run, from {','.join(SECTIONS)} (default all but io)")
+    p.add_argument(
+        "--sizes",
+        type=_csv(str, ALL_SIZES, SIZES),
+        help="model shapes to time, from 124M, 355M, 774M, 1558M (default 124M,355M)",
+    )
+    p.add_argument(
+        "--only", type=_csv(str, SECTIONS), help=f"sections to run, from {','.join(SECTIONS)} (default all but io)"
+    )
     p.add_argument("--repeats", type=int, help="timed repeats per measurement (default 30; 3 with --quick)")
     p.add_argument("--json", metavar="PATH", help="write all measurements as one JSON object to PATH ('-' for stdout)")
     p.add_argument("--quick", action="store_true", help="a fast smoke run: tiny shapes, few repeats")
     p.add_argument("--contexts", type=_csv(int), default=[32, 256, 1000], help="decode contexts (default 32,256,1000)")
     p.add_argument("--nocache-contexts", type=_csv(int), help="no-cache sequence lengths (default: --contexts)")
-    p.add_argument("--nocache-repeats", type=int, help="repeats of the slow no-cache passes (default 3; 1 with --quick)")
+    p.add_argument(
+        "--nocache-repeats", type=int, help="repeats of the slow no-cache passes (default 3; 1 with --quick)"
+    )
     p.add_argument("--pairs", type=_pairs, help="draft:target pairs to predict (default 124M:355M,124M:1558M)")
     p.add_argument("--ngram-tokens", type=int, help="tokens generated in the ngram section (default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of the benchmark's random inputs (default 0)")
     p.add_argument("--write-checkpoints", metavar="DIR",
                    help="instead of timing: write random-weight checkpoints of --sizes into DIR/<size>/ in the Hub's "
                         "layout, with the tokenizer files from --tokenizer, so main.py --models_dir DIR runs offline")  # fmt: skip
-    p.add_argument("--tokenizer", metavar="DIR", default="../shared/gpt2-tokenizer",
-                   help="folder with GPT-2's vocab.json and merges.txt, for --write-checkpoints (default: %(default)s)")
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        default="../shared/gpt2-tokenizer",
+        help="folder with GPT-2's vocab.json and merges.txt, for --write-checkpoints (default: %(default)s)",
+    )
     p.add_argument("--bandwidth-mb", type=int, help=argparse.SUPPRESS)
     p.add_argument("--rss-child", nargs=2, metavar=("DRAFT_DIR", "TARGET_DIR"), help=argparse.SUPPRESS)
     p.add_argument("--rss-tokens", type=int, default=20, help=argparse.SUPPRESS)

@@ -124,9 +124,7 @@ class _Transient(Exception):
     """A failure worth retrying: a 5xx or 429 answer, or a download that stopped short."""
 
 
-def _expected_size_and_sha256(
-    session: requests.Session, url: str, headers: dict
-) -> tuple[int | None, str | None]:
+def _expected_size_and_sha256(session: requests.Session, url: str, headers: dict) -> tuple[int | None, str | None]:
     """Ask the server, without following redirects, what the file should be.
 
     For files stored with git LFS the Hub answers /resolve/ with a redirect
@@ -147,8 +145,7 @@ def _check_status(r: requests.Response, url: str) -> None:
         raise _Transient(f"HTTP {r.status_code} from {url}")
     if r.status_code == 404:
         raise DownloadError(
-            f"{url} does not exist (HTTP 404): check the model name, or set HF_ENDPOINT to a "
-            f"mirror that has it"
+            f"{url} does not exist (HTTP 404): check the model name, or set HF_ENDPOINT to a mirror that has it"
         )
     if r.status_code in (401, 403):
         raise DownloadError(
@@ -284,7 +281,9 @@ def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress
     if not missing:
         return folder
     if repo is None:
-        raise CheckpointError(f"{folder} is missing {', '.join(missing)}; a model folder needs {', '.join(CHECKPOINT_FILES)}")
+        raise CheckpointError(
+            f"{folder} is missing {', '.join(missing)}; a model folder needs {', '.join(CHECKPOINT_FILES)}"
+        )
     if settings.offline:
         raise DownloadError(
             f"{folder} is missing {', '.join(missing)} and HF_HUB_OFFLINE is set, so nothing can be "
@@ -326,7 +325,9 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         try:
             header = json.loads(f.read(header_len))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{path}: the header is not valid JSON ({e}); delete the file and download again") from e
+            raise CheckpointError(
+                f"{path}: the header is not valid JSON ({e}); delete the file and download again"
+            ) from e
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: the header is not a JSON object")
     header.pop("__metadata__", None)
@@ -352,10 +353,19 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
             )
         end = stop
     if end != data_size:
-        raise CheckpointError(f"{path}: {data_size - end} bytes after the last tensor; the file is corrupt, delete it and download again")
+        raise CheckpointError(
+            f"{path}: {data_size - end} bytes after the last tensor; the file is corrupt, delete it and download again"
+        )
 
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,)) if data_size else np.empty(0, np.uint8)
-    return {name: _to_float32(data[begin:stop].view(_DTYPES[dtype]).reshape(shape), dtype) for name, dtype, shape, begin, stop in entries}
+    data = (
+        np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,))
+        if data_size
+        else np.empty(0, np.uint8)
+    )
+    return {
+        name: _to_float32(data[begin:stop].view(_DTYPES[dtype]).reshape(shape), dtype)
+        for name, dtype, shape, begin, stop in entries
+    }
 
 
 def _check_entry(path: Path, name: str, info) -> tuple[str, str, tuple[int, ...], int, int]:
@@ -481,13 +491,19 @@ def weights_from_tensors(tensors: dict[str, np.ndarray], hparams: HParams, sourc
     expected = expected_shapes(hparams)
     missing = [name for name in expected if name not in named]
     if missing:
-        raise CheckpointError(f"{source}: tensor {missing[0]!r} is missing ({len(missing)} missing in all); is this a GPT-2 checkpoint matching its config.json?")
+        raise CheckpointError(
+            f"{source}: tensor {missing[0]!r} is missing ({len(missing)} missing in all); is this a GPT-2 checkpoint matching its config.json?"
+        )
     unexpected = sorted(set(named) - set(expected))
     if unexpected:
-        raise CheckpointError(f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} in all); config.json says n_layer={hparams.n_layer}")
+        raise CheckpointError(
+            f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} in all); config.json says n_layer={hparams.n_layer}"
+        )
     for name, shape in expected.items():
         if tuple(named[name].shape) != shape:
-            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(named[name].shape)}, config.json implies {shape}")
+            raise CheckpointError(
+                f"{source}: tensor {name!r} has shape {tuple(named[name].shape)}, config.json implies {shape}"
+            )
 
     def block(i: int) -> Block:
         def w(suffix):
@@ -612,7 +628,9 @@ def write_safetensors(path: str | os.PathLike, tensors, dtype: str = "F32") -> i
     return Path(path).stat().st_size
 
 
-def save_folder(model: GPT2, folder: str | os.PathLike, dtype: str = "F32", prefix: str = "", with_mask_buffers: bool = False) -> int:
+def save_folder(
+    model: GPT2, folder: str | os.PathLike, dtype: str = "F32", prefix: str = "", with_mask_buffers: bool = False
+) -> int:
     """Write config.json and model.safetensors as the Hub has them (no tokenizer
     files); returns the safetensors file's size."""
     folder = Path(folder)
@@ -624,4 +642,6 @@ def save_folder(model: GPT2, folder: str | os.PathLike, dtype: str = "F32", pref
         "n_layer": h.n_layer, "layer_norm_epsilon": h.layer_norm_epsilon,
     }  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config, indent=1))
-    return write_safetensors(folder / "model.safetensors", lambda: checkpoint_tensors(model, prefix, with_mask_buffers), dtype)
+    return write_safetensors(
+        folder / "model.safetensors", lambda: checkpoint_tensors(model, prefix, with_mask_buffers), dtype
+    )

@@ -79,7 +79,9 @@ class CostModelK:
     there would be nothing left to learn the acceptance rate from.
     """
 
-    def __init__(self, c: float, r=None, k_max: int = 8, prior_alpha: float = 0.6, prior_weight: float = 8.0, decay: float = 0.9):
+    def __init__(
+        self, c: float, r=None, k_max: int = 8, prior_alpha: float = 0.6, prior_weight: float = 8.0, decay: float = 0.9
+    ):
         if not (0 <= prior_alpha <= 1 and c >= 0 and k_max >= 1 and 0 < decay <= 1):
             raise ValueError("CostModelK needs 0 <= prior_alpha <= 1, c >= 0, k_max >= 1 and 0 < decay <= 1")
         self.c, self.r, self.k_max, self.decay = c, r, k_max, decay

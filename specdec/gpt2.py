@@ -238,9 +238,7 @@ def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
     return y  # [n_seq, n_out]
 
 
-def attention(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, n_past: int
-) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_past: int) -> np.ndarray:
     """Causal attention of n_seq new queries over n_kv = n_past + n_seq positions.
 
     q: [n_head, n_seq, d_head]; k, v: [n_head, n_kv, d_head] -> [n_head, n_seq, d_head]
@@ -260,9 +258,7 @@ def attention(
     return softmax(scores) @ v  # [n_head, n_seq, n_kv] @ [n_head, n_kv, d_head]
 
 
-def transformer_block(
-    x: np.ndarray, block: Block, hparams: HParams, cache: KVCache, layer: int
-) -> np.ndarray:
+def transformer_block(x: np.ndarray, block: Block, hparams: HParams, cache: KVCache, layer: int) -> np.ndarray:
     """One pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).  [n_seq, n_embd]
 
     Writes this layer's new keys and values into the cache at positions

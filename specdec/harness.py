@@ -286,9 +286,14 @@ def race(
         if run_speculative:
             callback = (lambda t, kind: stream("speculative", t, kind)) if stream else None
             drafter = make_drafter(draft, target)
-            with _Stopwatch(drafter, "propose") as drafting, _Stopwatch(target, "forward", skip_while=drafting) as verifying:
+            with (
+                _Stopwatch(drafter, "propose") as drafting,
+                _Stopwatch(target, "forward", skip_while=drafting) as verifying,
+            ):
                 start = time.perf_counter()
-                result = speculative_sample(target, drafter, prompt, n_tokens, K=k_policy(), seed=seed, on_token=callback, **settings)
+                result = speculative_sample(
+                    target, drafter, prompt, n_tokens, K=k_policy(), seed=seed, on_token=callback, **settings
+                )
                 seconds = time.perf_counter() - start
             out.speculative.append(Run(result, seconds, drafting.seconds, verifying.seconds))
     return out

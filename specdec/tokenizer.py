@@ -37,7 +37,9 @@ def byte_decoder() -> dict[str, int]:
     174..255) stand for themselves; the other 68 are given the characters 256,
     257, ... in byte order.  E.g. "Ġ" (U+0120) -> 32, "!" -> 33.
     """
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     decoder = {chr(b): b for b in printable}
     extra = 0
     for b in range(256):
@@ -78,7 +80,9 @@ def _load_tokenizer(vocab_path: str, merges_path: str) -> tiktoken.Encoding:
     for line_no, line in enumerate(merge_lines):
         merged = line.replace(" ", "", 1)
         if vocab.get(merged) != 256 + line_no:
-            raise ValueError(f"{merges_path}: merge {line_no} ({line!r}) does not create token id {256 + line_no} in {vocab_path}")
+            raise ValueError(
+                f"{merges_path}: merge {line_no} ({line!r}) does not create token id {256 + line_no} in {vocab_path}"
+            )
 
     special = {ENDOFTEXT: eot_id} if eot_id is not None else {}
     return tiktoken.Encoding(

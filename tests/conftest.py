@@ -34,6 +34,7 @@ TINY_HPARAMS = HParams(n_vocab=TINY_N_VOCAB, n_ctx=64, n_embd=32, n_head=4, n_la
 # Writing checkpoints (the library only reads them).
 # ---------------------------------------------------------------------------
 
+
 def hub_tensors(model: GPT2, prefix: str = "", with_buffers: bool = True) -> dict[str, np.ndarray]:
     """A model's weights under the Hub's key names (openai-community/gpt2 layout)."""
     return dict(checkpoint_tensors(model, prefix, with_mask_buffers=with_buffers))
@@ -113,7 +114,7 @@ class FakeHub:
             def _answer(self, head: bool):
                 hub.requests.append((self.command, self.path, self.headers.get("Range")))
                 if self.path.startswith("/cdn/"):
-                    key, lfs = self.path[len("/cdn/"):], False
+                    key, lfs = self.path[len("/cdn/") :], False
                 else:
                     parts = self.path.lstrip("/").split("/resolve/main/")
                     key = "/".join(parts) if len(parts) == 2 else ""

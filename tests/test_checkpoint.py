@@ -55,7 +55,10 @@ def test_hub_settings_follow_huggingface_hub(monkeypatch):
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     s = HubSettings.from_env()
-    assert s.url("openai-community/gpt2", "config.json") == "https://huggingface.co/openai-community/gpt2/resolve/main/config.json"
+    assert (
+        s.url("openai-community/gpt2", "config.json")
+        == "https://huggingface.co/openai-community/gpt2/resolve/main/config.json"
+    )
     assert not s.offline
     monkeypatch.setenv("HF_ENDPOINT", "http://mirror.example/")
     monkeypatch.setenv("HF_HUB_OFFLINE", "yes")
@@ -186,7 +189,13 @@ def test_overlapping_tensors(st_file):
 
 @pytest.mark.parametrize(
     "bad",
-    [{"data_offsets": ["0", "128"]}, {"data_offsets": [0.0, 128.0]}, {"shape": [-1, 32]}, {"dtype": ["F32"]}, {"data_offsets": [0]}],
+    [
+        {"data_offsets": ["0", "128"]},
+        {"data_offsets": [0.0, 128.0]},
+        {"shape": [-1, 32]},
+        {"dtype": ["F32"]},
+        {"data_offsets": [0]},
+    ],
 )
 def test_malformed_entries(st_file, bad):
     _rewrite_header(st_file, lambda h: h["ln_f.bias"].update(bad))
@@ -334,7 +343,9 @@ def test_truncated_download_is_never_renamed_into_place(served, tmp_path):
     dest = tmp_path / "out" / "model.safetensors"
     dest.parent.mkdir()
     with pytest.raises(DownloadError, match="could not download .*(connection broke mid-file|closed after 100000 of)"):
-        download_file(f"{hub.url}/{key.replace('/model', '/resolve/main/model')}", dest, retries=2, retry_delay=0, progress=False)
+        download_file(
+            f"{hub.url}/{key.replace('/model', '/resolve/main/model')}", dest, retries=2, retry_delay=0, progress=False
+        )
     assert not dest.exists()
     # What arrived (whole 64 kB reads of it) is kept for the next run to resume from.
     assert 0 < (dest.parent / "model.safetensors.incomplete").stat().st_size <= 100_000

@@ -34,12 +34,15 @@ def perturbed(model: GPT2, noise: float, seed: int) -> GPT2:
     """A draft that resembles the target: its weights plus Gaussian noise."""
     rng = np.random.default_rng(seed)
     w = model.weights
+
     def noisy(a):
         return a + np.float32(noise) * rng.standard_normal(a.shape, dtype=np.float32)
 
     blocks = []
     for b in w.blocks:
-        fields = {name: Linear(noisy(v.w_t), noisy(v.b)) if isinstance(v, Linear) else noisy(v) for name, v in vars(b).items()}
+        fields = {
+            name: Linear(noisy(v.w_t), noisy(v.b)) if isinstance(v, Linear) else noisy(v) for name, v in vars(b).items()
+        }
         blocks.append(Block(**fields))
     weights = Weights(noisy(w.wte), w.wpe, blocks, w.ln_f_weight, w.ln_f_bias)
     return GPT2(model.hparams, weights, name=f"{model.name}+noise")
