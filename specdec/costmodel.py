@@ -30,7 +30,7 @@ def drafts_judged(k: int, n_accepted: int) -> int:
 
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
-    """E[tokens emitted per round] = (1 - alpha^(k+1)) / (1 - alpha)  (Leviathan et al., eq. 1).
+    """E[tokens emitted per round] = (1 - alpha^(k+1)) / (1 - alpha)  (Leviathan et al., section 3, eq. 1).
 
     A round emits the accepted drafts plus one target token: 1 + alpha + ... + alpha^k.
     """
@@ -54,14 +54,14 @@ def verify_cost(m: int, r: Callable[[int], float] | Sequence[float] | None = Non
 
 
 def predicted_speedup(alpha: float, k: int, c: float, r=None) -> float:
-    """Expected wall-time speedup over autoregressive decoding (Leviathan et al., Theorem 3.8
-    when r = 1): tokens per round divided by the round's cost in target steps."""
+    """Expected wall-time speedup over autoregressive decoding (Leviathan et al., section 3,
+    "Walltime Improvement", when r = 1): tokens per round divided by the round's cost in target steps."""
     return expected_tokens_per_round(alpha, k) / round_cost(k, c, r)
 
 
 def best_k(alpha: float, c: float, r=None, k_max: int = 8) -> tuple[int, float]:
     """The k in 1..k_max with the highest predicted speedup (the paper's optimal gamma,
-    section 3.4), and that speedup. Returns (0, 1.0) when no k beats plain decoding."""
+    section 3, "Choosing gamma"), and that speedup. Returns (0, 1.0) when no k beats plain decoding."""
     best = max(range(1, k_max + 1), key=lambda k: predicted_speedup(alpha, k, c, r))
     speedup = predicted_speedup(alpha, best, c, r)
     return (best, speedup) if speedup > 1 else (0, 1.0)

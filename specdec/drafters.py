@@ -10,7 +10,7 @@ Three drafters share that small interface:
     NgramDrafter     no model: copy what followed the last earlier occurrence of
                      the current suffix (prompt lookup decoding)
 
-Interface, as used by speculative.py:
+Interface, as used by speculative.py (the whole of it):
     propose(ids, k, params, rng) -> (tokens, q)
         ids is the whole text so far (prompt + generated); its last token is
         not yet in any KV cache. tokens: at most k ints (possibly none);
@@ -18,7 +18,9 @@ Interface, as used by speculative.py:
         was drawn from (None under greedy decoding, which never reads it).
     rollback(n)
         drop any cached state beyond the first n tokens of the text.
-    calls: forward passes made so far (0 for the n-gram drafter).
+    n_vocab   the vocabulary size, checked against the target's
+    n_ctx     the longest text the drafter can handle, or None for no limit
+    calls     forward passes made so far (0 for the n-gram drafter)
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ class ModelDrafter:
     """A draft GPT-2: k autoregressive steps, each drawn from its filtered distribution.
 
     NOTE: the token is drawn from exactly the q that the acceptance test later
-    reads (same temperature, top-k and top-p as the target). Filtering only one
-    side, or drawing from an unfiltered q, breaks exactness.
+    reads; testing against any other q (say, an unfiltered one) breaks
+    exactness. Filtering q like the target (temperature, top-k, top-p) is not
+    needed for exactness, but it makes q closer to p and raises acceptance.
     """
 
     def __init__(self, model: GPT2):
@@ -187,6 +190,9 @@ def make_drafter(draft, target: GPT2):
         if kind == "early_exit" and arg.isdigit():
             return EarlyExitDrafter(target, int(arg))
         raise ValueError(f"unknown drafter {draft!r}: use a GPT2 model, 'ngram', 'ngram:N' or 'early_exit:L'")
-    if hasattr(draft, "propose") and hasattr(draft, "rollback"):
+    if all(hasattr(draft, name) for name in ("propose", "rollback", "n_vocab", "n_ctx", "calls")):
         return draft
-    raise TypeError(f"draft must be a GPT2, a drafter, 'ngram' or 'early_exit:L', not {type(draft).__name__}")
+    raise TypeError(
+        f"draft must be a GPT2, 'ngram', 'early_exit:L' or a drafter (propose, rollback, n_vocab, n_ctx, "
+        f"calls: see specdec/drafters.py), not {type(draft).__name__}"
+    )

@@ -212,11 +212,11 @@ def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
     Decoding is memory-bound: each weight matrix is read from RAM once per
     forward call, and for one token that read is the whole cost (OpenBLAS's
     matrix-vector kernel, split over both cores). For 2..9 tokens, OpenBLAS's
-    matrix-matrix kernel first repacks all of W, costing about 3.5x a 1-token
+    matrix-matrix kernel first repacks all of W, costing about 3.6x a 1-token
     call. Instead we hand np.matmul a stack of matrix-vector products, chunk by
     chunk: NumPy loops over them in C with the chunk outermost, so each ~3 MB
     chunk comes from RAM once and is re-read from L2 cache for the other
-    tokens. That makes a 5-token call about 2x a 1-token call instead of 3.5x
+    tokens. That makes a 5-token call about 2x a 1-token call instead of 3.6x
     (measurements and the variants that did not help: README, "Performance").
     """
     n_seq = x.shape[0]

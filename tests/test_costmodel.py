@@ -29,7 +29,7 @@ def test_expected_tokens_match_simulated_rounds():
 
 
 def test_speedup_reduces_to_the_papers_formula_when_verifying_costs_one_step():
-    # Leviathan et al., Theorem 3.8: (1 - a^(g+1)) / ((1 - a)(g c + 1))
+    # Leviathan et al., section 3 (walltime improvement): (1 - a^(g+1)) / ((1 - a)(g c + 1))
     for alpha, gamma, c in [(0.8, 4, 0.05), (0.6, 2, 0.3), (0.9, 7, 0.1)]:
         paper = (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
         assert predicted_speedup(alpha, gamma, c) == pytest.approx(paper)

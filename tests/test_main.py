@@ -157,3 +157,8 @@ def test_wide_k_and_self_draft(checkpoints, capsys):
     assert code == 0, err
     assert "nan" not in out and "(the target itself)" in out
     assert "K=12" in out and "target pass over k+1=" in out
+
+
+def test_first_difference_names_the_position():
+    report = {"autoregressive": {"tokens": [1, 2, 3, 4]}, "speculative": {"tokens": [1, 2, 9, 4]}}
+    assert "from new token 2" in main.first_difference(report)

@@ -165,7 +165,7 @@ def test_speculative_sampling_matches_the_target_distribution(small_target, smal
 
 
 def test_acceptance_rate_matches_theory(small_target, small_draft):
-    """P(accept the first draft) = sum_x min(p(x), q(x)) (Leviathan et al., Definition 3.1)."""
+    """P(accept the first draft) = sum_x min(p(x), q(x)) (Leviathan et al., section 3, "Calculating alpha")."""
     params = SamplingParams(1.0)
     p = probabilities(small_target(PROMPT)[-1:], params)[0]
     q = probabilities(small_draft(PROMPT)[-1:], params)[0]
@@ -447,3 +447,19 @@ def test_vocabulary_mismatch_is_refused(target):
     other = GPT2(SMALL, random_weights(SMALL))
     with pytest.raises(ValueError, match="share a vocabulary"):
         speculative_sample(target, other, [1, 2], 5)
+
+
+def test_custom_drafters_need_the_whole_interface(target):
+    class OnlyPropose:
+        def propose(self, ids, k, params, rng):
+            return [], None
+
+        def rollback(self, n):
+            pass
+
+    with pytest.raises(TypeError, match="n_vocab, n_ctx"):
+        speculative_sample(target, OnlyPropose(), [1, 2], 4)
+    custom = OnlyPropose()
+    custom.n_vocab, custom.n_ctx, custom.calls = target.n_vocab, None, 0
+    out = speculative_sample(target, custom, [1, 2], 4)  # proposes nothing: plain target steps
+    assert out.tokens == autoregressive_sample(target, [1, 2], 4).tokens and out.drafted == 0
