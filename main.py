@@ -357,7 +357,9 @@ def print_report(report: dict, args) -> None:
             ),
         ]
     if args.temperature == 0 and both:
-        rows.append(("identical text at temperature 0", "yes" if summary["texts_identical"] else first_difference(report)))
+        rows.append(
+            ("identical text at temperature 0", "yes" if summary["texts_identical"] else first_difference(report))
+        )
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")

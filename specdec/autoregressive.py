@@ -31,12 +31,33 @@ class DecodeResult:
     tokens: list[int] = field(default_factory=list)  # the new token ids, prompt excluded
     target_calls: int = 0  # target forward passes, the prompt's prefill included
     draft_calls: int = 0  # draft forward passes (0 without a draft model)
-    rounds: int = 0  # speculative rounds (draft + one verification pass each)
-    drafted: int = 0  # draft tokens proposed
-    accepted: int = 0  # draft tokens accepted
-    accepted_histogram: list[int] = field(default_factory=list)  # [n] = rounds with n drafts accepted
-    k_per_round: list[int] = field(default_factory=list)  # drafts proposed in each round
+    k_per_round: list[int] = field(default_factory=list)  # drafts proposed in each speculative round
     accepted_per_round: list[int] = field(default_factory=list)  # of which accepted
+    k_max: int = 0  # the most drafts a round could ask for (sizes the histogram)
+
+    # Everything below is derived from the per-round record above.
+
+    @property
+    def rounds(self) -> int:
+        """Speculative rounds (drafting, then one verification pass each)."""
+        return len(self.k_per_round)
+
+    @property
+    def drafted(self) -> int:
+        return sum(self.k_per_round)
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.accepted_per_round)
+
+    @property
+    def accepted_histogram(self) -> list[int]:
+        """[n] = rounds that drafted and accepted n of their drafts, n = 0..k_max ([] without drafting)."""
+        histogram = [0] * (self.k_max + 1) if self.k_max else []
+        for k, n in zip(self.k_per_round, self.accepted_per_round):
+            if k > 0:
+                histogram[n] += 1
+        return histogram
 
     @property
     def acceptance_rate(self) -> float:

@@ -114,10 +114,11 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike = "models") -
 # ---------------------------------------------------------------------------
 
 
-def _progress_bar(total: int | None, initial: int, desc: str):
+def _progress_bar(total: int | None, initial: int, desc: str, show: bool):
     from tqdm import tqdm  # imported here so that importing specdec stays light
 
-    return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
+    return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                leave=False, disable=not show)  # fmt: skip
 
 
 class _Transient(Exception):
@@ -251,7 +252,7 @@ def _fetch_into(session, url, partial: Path, headers, size, progress: bool, desc
         if total is None and r.headers.get("Content-Length"):
             total = have + int(r.headers["Content-Length"])
         mode = "ab" if have else "wb"
-        with open(partial, mode) as f, _progress_bar(total, have, desc) if progress else _NoBar() as bar:
+        with open(partial, mode) as f, _progress_bar(total, have, desc, progress) as bar:
             for chunk in r.iter_content(chunk_size=1 << 16):
                 f.write(chunk)
                 bar.update(len(chunk))
@@ -262,17 +263,6 @@ def _fetch_into(session, url, partial: Path, headers, size, progress: bool, desc
     if total is not None and got > total:
         partial.unlink()
         raise _Transient(f"received {got} bytes, more than the expected {total}")
-
-
-class _NoBar:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def update(self, n):
-        pass
 
 
 def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress: bool = True) -> Path:

@@ -25,7 +25,7 @@ from .costmodel import CostModelK, best_k, expected_tokens_per_round, predicted_
 from .drafters import EarlyExitDrafter, ModelDrafter, make_drafter
 from .gpt2 import GPT2
 from .sampling import SamplingParams
-from .speculative import AdaptiveK, speculative_sample
+from .speculative import AdaptiveK, FixedK, speculative_sample
 
 
 # ---------------------------------------------------------------------------
@@ -254,8 +254,8 @@ def race(
     prompt = check_request(target, prompt_ids, n_tokens)
     if run_speculative:
         make_drafter(draft, target)
-        if not (K in ("auto", "adaptive") or (isinstance(K, int) and not isinstance(K, bool) and K >= 1)):
-            raise ValueError(f"K must be an integer >= 1, 'auto' or 'adaptive', got {K!r}")
+        if K not in ("auto", "adaptive"):
+            FixedK(K)  # the sampler's own check of an integer K
     out = RaceResult(K=K)
     m_max = max(k_max, K if isinstance(K, int) else 0) + 1  # up to the widest verification pass
     out.costs = measure_costs(target, draft if run_speculative else None, prompt, m_max=m_max, repeats=3)

@@ -111,7 +111,7 @@ def speculative_sample(
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
     draft_calls_before = drafter.calls  # a drafter object may be reused across runs
 
-    result = DecodeResult(accepted_histogram=[0] * (k_policy.k_max + 1))
+    result = DecodeResult(k_max=k_policy.k_max)
     cache = getattr(drafter, "target_cache", None) or target.new_cache()
     cache.rollback(0)
     drafter.rollback(0)
@@ -153,14 +153,10 @@ def speculative_sample(
         cache.rollback(len(ids) - 1)
         drafter.rollback(len(ids) - 1)
 
-        result.rounds += 1
-        if k > 0:
-            result.drafted += k
-            result.accepted += n_accepted
-            result.accepted_histogram[n_accepted] += 1
-            k_policy.update(k, n_accepted)
         result.k_per_round.append(k)
         result.accepted_per_round.append(n_accepted)
+        if k > 0:
+            k_policy.update(k, n_accepted)
 
     result.draft_calls = drafter.calls - draft_calls_before
     return result

@@ -235,20 +235,22 @@ def test_missing_tensor(tmp_path):
         load_folder(folder)
 
 
-def test_wrong_shape_against_config(tmp_path):
+def checkpoint_with_config(tmp_path, **changes):
+    """A tiny checkpoint whose config.json disagrees with its weights."""
     folder = write_checkpoint(tmp_path / "m", tiny_model())
     config = json.loads((folder / "config.json").read_text())
-    config["n_embd"] = 48  # the weights are 32 wide
-    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+def test_wrong_shape_against_config(tmp_path):
+    folder = checkpoint_with_config(tmp_path, n_embd=48)  # the weights are 32 wide
     with pytest.raises(CheckpointError, match="shape"):
         load_folder(folder)
 
 
 def test_extra_layers_are_an_error(tmp_path):
-    folder = write_checkpoint(tmp_path / "m", tiny_model())
-    config = json.loads((folder / "config.json").read_text())
-    config["n_layer"] = 1
-    (folder / "config.json").write_text(json.dumps(config))
+    folder = checkpoint_with_config(tmp_path, n_layer=1)  # the file has 2 layers
     with pytest.raises(CheckpointError, match="unexpected tensor 'h.1"):
         load_folder(folder)
 
