@@ -395,7 +395,7 @@ def test_refused_connection_says_what_to_do(tmp_path, monkeypatch):
         port = s.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    import specdec.checkpoint as ck
+    import specdec.hub as ck
 
     monkeypatch.setattr(ck.time, "sleep", lambda s: None)  # no backoff waits in the test
     with pytest.raises(DownloadError, match="HF_ENDPOINT") as e:

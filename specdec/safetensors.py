@@ -1,0 +1,180 @@
+"""The safetensors format, read with np.memmap and written for tests and demo models.
+
+safetensors format (https://huggingface.co/docs/safetensors): 8 bytes of
+little-endian u64 N, then N bytes of JSON mapping each tensor name to
+{"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the byte
+after the header), optionally a "__metadata__" entry, then the raw data.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+
+_MAX_HEADER_BYTES = 100_000_000  # the reference implementation's own limit
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, corrupt or not a GPT-2."""
+
+
+_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every tensor in a safetensors file as a float32 array.
+
+    F32 tensors are read-only views into one np.memmap of the file: opening a
+    1.4 GB checkpoint costs a header parse, and pages are read from disk (or
+    shared from the page cache) only when used. F16 and BF16 are converted to
+    float32, which does copy.
+    """
+    path = Path(path)
+    file_size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{path}: {file_size} bytes is too short for a safetensors file")
+        header_len = int.from_bytes(prefix, "little")
+        if header_len > min(_MAX_HEADER_BYTES, file_size - 8):
+            raise CheckpointError(
+                f"{path}: header length {header_len} does not fit in a {file_size}-byte file; "
+                f"the file is truncated or not safetensors, delete it and download again"
+            )
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(
+                f"{path}: the header is not valid JSON ({e}); delete the file and download again"
+            ) from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the header is not a JSON object")
+    header.pop("__metadata__", None)
+
+    data_start = 8 + header_len
+    data_size = file_size - data_start
+    entries = sorted((_check_entry(path, name, info) for name, info in header.items()), key=lambda e: e[3])
+    # The data section must be tiled exactly: each tensor starts where the last
+    # ended, and the last ends at the end of the file. This rules out
+    # truncation, overlap (two names reading the same bytes) and gaps.
+    for name, _, _, begin, stop in entries:
+        if stop > data_size:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} needs bytes {begin}..{stop} but the data section has {data_size}; "
+                f"the file is truncated or corrupt, delete it and download again"
+            )
+    end = 0
+    for name, _, _, begin, stop in entries:
+        if begin != end:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} (bytes {begin}..{stop}) overlaps another tensor or leaves a gap "
+                f"before it; the file is corrupt, delete it and download again"
+            )
+        end = stop
+    if end != data_size:
+        raise CheckpointError(
+            f"{path}: {data_size - end} bytes after the last tensor; the file is corrupt, delete it and download again"
+        )
+
+    data = (
+        np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,))
+        if data_size
+        else np.empty(0, np.uint8)
+    )
+    return {
+        name: _to_float32(data[begin:stop].view(_DTYPES[dtype]).reshape(shape), dtype)
+        for name, dtype, shape, begin, stop in entries
+    }
+
+
+def _check_entry(path: Path, name: str, info) -> tuple[str, str, tuple[int, ...], int, int]:
+    """One header entry as (name, dtype, shape, begin, end), or a CheckpointError."""
+    try:
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        ok = (
+            isinstance(dtype, str) and isinstance(shape, list) and isinstance(offsets, list) and len(offsets) == 2
+            and all(type(d) is int and d >= 0 for d in shape) and all(type(o) is int and o >= 0 for o in offsets)
+        )  # fmt: skip
+    except (TypeError, KeyError):
+        ok = False
+    if not ok:
+        raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry {info!r}; the file is corrupt")
+    if dtype not in _DTYPES:
+        raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype}; only F32, F16 and BF16 are supported")
+    begin, end = offsets
+    n_bytes = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype].itemsize
+    if end - begin != n_bytes:
+        raise CheckpointError(
+            f"{path}: tensor {name!r} claims bytes {begin}..{end} for shape {shape} {dtype}; "
+            f"the file is corrupt, delete it and download again"
+        )
+    return name, dtype, tuple(shape), begin, end
+
+
+def _to_float32(raw: np.ndarray, dtype_name: str) -> np.ndarray:
+    if dtype_name == "F32":
+        return raw
+    if dtype_name == "F16":
+        converted = raw.astype(np.float32)
+    else:  # BF16 is the top half of a float32: shift the 16 bits back into place.
+        converted = (raw.astype(np.uint32) << 16).view(np.float32)
+    release_pages(raw)
+    return converted
+
+
+def release_pages(array: np.ndarray) -> None:
+    """Tell the kernel this process no longer needs the file pages behind a
+    memory-mapped array it has copied from.
+
+    Pages read through a mapping count in the process's resident memory for as
+    long as they stay mapped. Without this, loading (which copies the linear
+    weights into a transposed layout) would briefly hold every weight twice. The
+    array stays valid: touching it again just reads the file (or page cache).
+    """
+    mm = getattr(array, "_mmap", None)  # set on np.memmap and its views
+    if mm is None or array.nbytes == 0 or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = array.ctypes.data - np.frombuffer(mm, np.uint8).ctypes.data
+    first_page = start // mmap.PAGESIZE * mmap.PAGESIZE
+    try:
+        mm.madvise(mmap.MADV_DONTNEED, first_page, start + array.nbytes - first_page)
+    except (OSError, ValueError):
+        pass  # only advice: memory use is higher, nothing else changes
+
+
+# Writing: for tests, the benchmark and offline demo models.
+
+
+def _encode(array: np.ndarray, dtype_name: str) -> np.ndarray:
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if dtype_name == "BF16":  # keep the top 16 bits (truncation; fine for test files)
+        return (array.view(np.uint32) >> 16).astype("<u2")
+    return array.astype(_DTYPES[dtype_name], copy=False)
+
+
+def write_safetensors(path: str | os.PathLike, tensors, dtype: str = "F32") -> int:
+    """Write tensors as safetensors; returns the file size.
+
+    tensors: a dict, or a function returning (name, array) pairs (called twice,
+    once for the header and once for the data, so only one tensor is in memory
+    at a time). dtype: "F32", "F16" or "BF16" for every tensor.
+    """
+    pairs = tensors.items if isinstance(tensors, dict) else tensors
+    itemsize = _DTYPES[dtype].itemsize
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, array in pairs():
+        n_bytes = int(np.prod(array.shape, dtype=np.int64)) * itemsize
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + n_bytes]}
+        offset += n_bytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little"))
+        f.write(blob)
+        for _, array in pairs():
+            f.write(_encode(array, dtype).data)
+    return Path(path).stat().st_size
