@@ -7,7 +7,9 @@ lives in checkpoint.py; nothing here does I/O.
 What it adds over a minimal NumPy GPT-2 (such as picoGPT): a KV cache that is
 explicit data with O(1) rollback, a forward pass over *several* new tokens at
 once against that cache (the batched verification pass of speculative decoding),
-logits only for the rows a caller asks for, and float32 kept end to end.
+new tokens that form a *tree* rather than a chain (`parents`, `tree_mask`), with
+the accepted path compacted back into place (`KVCache.keep`), logits only for
+the rows a caller asks for, and float32 kept end to end.
 
 Shape notation used in comments throughout:
     n_seq    tokens in the current forward call (the "new" tokens)
@@ -176,6 +178,40 @@ class KVCache:
         assert 0 <= length <= self.length, f"cannot roll back to {length} from {self.length}"
         self.length = length
 
+    def keep(self, start: int, rows) -> None:
+        """Keep, of the positions from `start` on, only `rows`, moved to start, start + 1, ...
+
+        After a tree round the cache holds one entry per tree node, in the flat
+        order of the verification pass: the accepted path's keys and values lie
+        scattered among rejected siblings. `rows` lists the path's offsets from
+        `start` (increasing: a parent precedes its children); they are copied to
+        contiguous positions, so the next round's queries see exactly the
+        accepted text at positions start .. start + len(rows) - 1.
+
+        NOTE: a key's position is baked in only through the position embedding
+        added to the token *before* the first layer, and the tree already gave
+        each node position start + depth. So a node at depth d, moved to
+        start + d, carries exactly the keys/values a plain pass over the
+        accepted text would have written there: a copy, no recomputation.
+
+        For example keep(10, [0, 2, 5]) moves positions 10, 12, 15 to 10, 11, 12
+        and sets the length to 13. The leading rows already in place (rows[j] == j)
+        are not copied: a chain round (rows = 0, 1, .., m-1) is a zero-copy
+        rollback, as before trees.
+        """
+        rows = np.asarray(rows, dtype=np.intp)
+        m = len(rows)
+        assert m == 0 or (rows[0] >= 0 and np.all(np.diff(rows) > 0)), f"rows must increase from 0 or more: {rows}"
+        assert start + (rows[-1] + 1 if m else 0) <= self.length, f"rows {rows} past the cache end {self.length}"
+        moved = np.flatnonzero(rows != np.arange(m))  # rows[j] != j from the first moved one on
+        if len(moved):
+            j = int(moved[0])
+            # NOTE: fancy indexing on the right makes a copy first, so sources and
+            # destinations may overlap (they do: rows[j] > j for every moved row).
+            self.k[:, :, start + j : start + m] = self.k[:, :, start + rows[j:]]
+            self.v[:, :, start + j : start + m] = self.v[:, :, start + rows[j:]]
+        self.length = start + m
+
 
 # ---------------------------------------------------------------------------
 # The building blocks, smallest first.
@@ -238,32 +274,71 @@ def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
     return y  # [n_seq, n_out]
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_past: int) -> np.ndarray:
-    """Causal attention of n_seq new queries over n_kv = n_past + n_seq positions.
+def tree_mask(parents) -> np.ndarray:
+    """Which new tokens each new token may attend to: [n_seq] parents -> [n_seq, n_seq] bool.
+
+    parents[i] is the index of token i's parent among the new tokens, or -1 when
+    its parent is the last cached position; a parent comes before its children.
+    mask[i, j] is True when j is i itself or one of its ancestors, so each node
+    sees exactly its own root-to-node path, never a sibling or a cousin. Every
+    node also sees all cached positions (not part of this array). A chain,
+    parents = [-1, 0, 1, ...], gives the usual lower-triangular causal mask.
+
+    >>> tree_mask([-1, 0, 0, 1]).astype(int)  # a root, two children, one grandchild
+    array([[1, 0, 0, 0],
+           [1, 1, 0, 0],
+           [1, 0, 1, 0],
+           [1, 1, 0, 1]])
+
+    A node's depth (0 for a child of the cache) is its row sum minus one.
+    """
+    parents = np.asarray(parents)
+    n_seq = len(parents)
+    if parents.ndim != 1 or not np.issubdtype(parents.dtype, np.integer) or n_seq == 0:
+        raise ValueError(f"parents must be a non-empty 1-D list of ints, got {parents!r}")
+    bad = np.flatnonzero((parents < -1) | (parents >= np.arange(n_seq)))
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(
+            f"parents[{i}] = {parents[i]}: each parent must be -1 (the cache) or an earlier new token's index "
+            f"(list the tree's nodes parents first)"
+        )
+    mask = np.zeros((n_seq, n_seq), dtype=bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            mask[i] = mask[parent]  # everything the parent sees ...
+        mask[i, i] = True  # ... and itself
+    return mask
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """Masked attention of n_seq new queries over n_kv = n_past + n_seq positions.
 
     q: [n_head, n_seq, d_head]; k, v: [n_head, n_kv, d_head] -> [n_head, n_seq, d_head]
+    bias: [n_seq, n_kv], 0 where query i may attend to key j and -inf where not
+    (None for a single new token, which may attend to everything).
 
-    NOTE: new token i sits at position n_past + i. It may attend to every cached
-    position and to new tokens 0..i, never to new tokens after it. This mask is
-    what makes one forward over [last token, d_0 .. d_(K-1)] give, in row i, the
-    same logits as feeding those tokens one at a time.
+    NOTE: in a chain, new token i sits at position n_past + i and may attend to
+    every cached position and to new tokens 0..i, never to new tokens after it.
+    This mask is what makes one forward over [last token, d_0 .. d_(K-1)] give,
+    in row i, the same logits as feeding those tokens one at a time. A tree
+    replaces the new-token part with `tree_mask` (see `forward`).
     """
-    n_seq, d_head = q.shape[1], q.shape[2]
-    n_kv = k.shape[1]
+    d_head = q.shape[2]
     scores = (q * F32(1.0 / np.sqrt(d_head))) @ k.transpose(0, 2, 1)  # [n_head, n_seq, n_kv]
-    if n_seq > 1:
-        # mask[i, j] = -inf where key j lies after query i's position, else 0.
-        future = np.arange(n_kv)[None, :] > (n_past + np.arange(n_seq))[:, None]  # [n_seq, n_kv]
-        scores += np.where(future, F32(-np.inf), F32(0))  # broadcast over heads
+    if bias is not None:
+        scores += bias  # broadcast over heads
     return softmax(scores) @ v  # [n_head, n_seq, n_kv] @ [n_head, n_kv, d_head]
 
 
-def transformer_block(x: np.ndarray, block: Block, hparams: HParams, cache: KVCache, layer: int) -> np.ndarray:
+def transformer_block(
+    x: np.ndarray, block: Block, hparams: HParams, cache: KVCache, layer: int, bias: np.ndarray | None
+) -> np.ndarray:
     """One pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).  [n_seq, n_embd]
 
     Writes this layer's new keys and values into the cache at positions
     [cache.length, cache.length + n_seq); the caller advances cache.length once
-    after all layers.
+    after all layers. bias: the attention mask, see `attention`.
     """
     n_seq, n_embd = x.shape
     n_head, d_head = hparams.n_head, hparams.d_head
@@ -281,7 +356,7 @@ def transformer_block(x: np.ndarray, block: Block, hparams: HParams, cache: KVCa
     cache.v[layer, :, n_past:n_kv] = v_new
     k = cache.k[layer, :, :n_kv]  # [n_head, n_kv, d_head]
     v = cache.v[layer, :, :n_kv]  # [n_head, n_kv, d_head]
-    a = attention(q, k, v, n_past)  # [n_head, n_seq, d_head]
+    a = attention(q, k, v, bias)  # [n_head, n_seq, d_head]
     a = a.transpose(1, 0, 2).reshape(n_seq, n_embd)  # merge heads: [n_seq, n_embd]
     x = x + linear(a, block.attn_c_proj)
 
@@ -298,6 +373,7 @@ def forward(
     cache: KVCache,
     last_only: bool = False,
     n_layer: int | None = None,
+    parents=None,
 ) -> np.ndarray:
     """Run n_seq new tokens through GPT-2 after the cache's n_past tokens.
 
@@ -308,6 +384,12 @@ def forward(
     `n_layer` runs only the first n_layer blocks before ln_f and the LM head: the
     early-exit draft of self-speculative decoding. It writes keys/values for
     those layers only, so its caller must roll the cache back before a full pass.
+
+    `parents` ([n_seq] ints, see `tree_mask`) makes the new tokens a tree: node i
+    attends to the cache, its ancestors and itself, and sits at position
+    n_past + depth(i). None is a chain, parents = [-1, 0, 1, ...]. The cache then
+    holds one entry per node in this flat order; `KVCache.keep` compacts the
+    accepted path afterwards.
     """
     n_seq = len(tokens)
     n_past = cache.length
@@ -321,9 +403,23 @@ def forward(
     if tokens.min() < 0 or tokens.max() >= hparams.n_vocab:
         raise ValueError(f"token ids must lie in 0..{hparams.n_vocab - 1}")
 
-    x = weights.wte[tokens] + weights.wpe[n_past : n_past + n_seq]  # [n_seq, n_embd]
+    if parents is None:  # a chain: token i at position n_past + i sees new tokens 0..i
+        visible = np.tri(n_seq, dtype=bool)  # [n_seq, n_seq] lower triangle
+        positions = n_past + np.arange(n_seq)  # [n_seq]
+    else:
+        if len(parents) != n_seq:
+            raise ValueError(f"parents has {len(parents)} entries for {n_seq} tokens: give one per token")
+        visible = tree_mask(parents)  # [n_seq, n_seq]
+        # NOTE: a node's position is n_past + its depth, not n_past + its index in the flat batch.
+        positions = n_past + visible.sum(axis=1) - 1  # [n_seq]
+    bias = None
+    if n_seq > 1:  # 0 where query i may attend to key j, -inf elsewhere; all cached keys are visible
+        seen = np.concatenate([np.ones((n_seq, n_past), dtype=bool), visible], axis=1)  # [n_seq, n_kv]
+        bias = np.where(seen, F32(0), F32(-np.inf))
+
+    x = weights.wte[tokens] + weights.wpe[positions]  # [n_seq, n_embd]
     for layer in range(n_layer):
-        x = transformer_block(x, weights.blocks[layer], hparams, cache, layer)
+        x = transformer_block(x, weights.blocks[layer], hparams, cache, layer, bias)
     cache.length = n_past + n_seq
 
     if last_only:
@@ -362,9 +458,9 @@ class GPT2:
     def new_cache(self, capacity: int | None = None) -> KVCache:
         return KVCache(self.hparams, capacity)
 
-    def forward(self, tokens, cache: KVCache, last_only: bool = False, n_layer: int | None = None):
-        """See `forward` above: appends `tokens` to `cache` and returns their logits."""
-        return forward(self.weights, self.hparams, tokens, cache, last_only, n_layer)
+    def forward(self, tokens, cache: KVCache, last_only: bool = False, n_layer: int | None = None, parents=None):
+        """See `forward` above: appends `tokens` (a chain, or a tree given `parents`) to `cache`; returns logits."""
+        return forward(self.weights, self.hparams, tokens, cache, last_only, n_layer, parents)
 
     def __call__(self, tokens) -> np.ndarray:
         """[n_seq] token ids -> [n_seq, n_vocab] float32 logits, no cache kept."""
