@@ -1,0 +1,235 @@
+"""EAGLE: a one-block draft that extrapolates the target's features, forward and backward.
+
+Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty"
+(arXiv 2401.15077), section 4. Drafting happens at the level of features (the
+target's final hidden state after ln_f, what its LM head reads), not tokens.
+The draft reads the feature sequence f_0, f_1, ... paired with the token that
+each one produced, shifted by one, because a feature alone is uncertain about
+which token was actually sampled from it:
+
+    u_j = fc([f_j ; wte[x_(j+1)]])            [n, 2*n_embd] -> [n, n_embd]
+    y_j = GPT2Block(u)_j                      one block, causal attention: y_j sees u_0 .. u_j
+    y_j ~ f_(j+1)                             the predicted next feature
+    logits_j = y_j @ wte.T                    the target's own frozen LM head -> x_(j+2)
+
+Drafting runs this autoregressively: the drafted token and the predicted
+feature are paired and fed back, with the block's own KV cache. Training is
+teacher-forced on the target's true features, with EAGLE's loss
+    L = SmoothL1(y, f_next) + 0.1 * CE(y @ wte.T, target's token distribution).
+
+The block is GPT-2's own (pre-LayerNorm, causal multi-head attention, GELU
+MLP), weights named as in a GPT-2 checkpoint, so drafting reuses
+gpt2.transformer_block with a one-layer KV cache. Training needs what gpt2.py
+does not have: every intermediate kept, and the backward pass of each piece.
+They are written here, each next to its forward.
+
+Differences from the paper, and why: the block is GPT-2's (the target's
+architecture) instead of LLaMA's, so it has no rotary positions and no position
+embedding of its own: position reaches it through the features and the causal
+mask. The paper's uniform noise on training features (its "feature
+uncertainty" augmentation) is left out.
+
+Shape notation: B sequences of T positions, n_embd (e) the target's width,
+n_head heads of d_head, n = B*T rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .gpt2 import _GELU_A, _GELU_C, Block, HParams, KVCache, Linear, gelu, softmax, transformer_block
+from .gpt2 import linear as gpt2_linear
+from .heads import DraftVocab, head_cross_entropy, smooth_l1
+
+F32 = np.float32
+CE_WEIGHT = 0.1  # EAGLE's weight of the token loss next to the feature loss
+
+LINEARS = {  # name: (n_in, n_out) in units of n_embd
+    "fc": (2, 1),
+    "attn.c_attn": (1, 3),
+    "attn.c_proj": (1, 1),
+    "mlp.c_fc": (1, 4),
+    "mlp.c_proj": (4, 1),
+}
+
+
+def init_params(n_embd: int, rng: np.random.Generator, std: float = 0.02) -> dict[str, np.ndarray]:
+    """GPT-2's initialisation: weights ~ N(0, 0.02^2), biases 0, LayerNorm gains 1."""
+    p = {}
+    for name, (a, b) in LINEARS.items():
+        p[name + ".weight"] = (rng.standard_normal((a * n_embd, b * n_embd)) * std).astype(F32)  # [n_in, n_out]
+        p[name + ".bias"] = np.zeros(b * n_embd, F32)
+    for ln in ("ln_1", "ln_2"):
+        p[ln + ".weight"] = np.ones(n_embd, F32)
+        p[ln + ".bias"] = np.zeros(n_embd, F32)
+    return p
+
+
+# ---------------------------------------------------------------------------
+# The pieces, each forward next to its backward. x: [..., n_in]
+# ---------------------------------------------------------------------------
+
+
+def linear(x, params, name):
+    return x @ params[name + ".weight"] + params[name + ".bias"]  # [..., n_in] -> [..., n_out]
+
+
+def linear_backward(dy, x, params, name, grads):
+    """y = x W + b:  dW = x.T dy (over all rows), db = sum_rows dy, dx = dy W.T."""
+    grads[name + ".weight"] += x.reshape(-1, x.shape[-1]).T @ dy.reshape(-1, dy.shape[-1])
+    grads[name + ".bias"] += dy.reshape(-1, dy.shape[-1]).sum(axis=0)
+    return dy @ params[name + ".weight"].T
+
+
+def layer_norm(x, params, name, eps):
+    """y = g * xhat + b, xhat = (x - mean) / sqrt(var + eps). Returns (y, (xhat, rstd))."""
+    mu = x.mean(axis=-1, keepdims=True)
+    rstd = F32(1) / np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + F32(eps))  # [..., 1]
+    xhat = (x - mu) * rstd
+    return xhat * params[name + ".weight"] + params[name + ".bias"], (xhat, rstd)
+
+
+def layer_norm_backward(dy, params, name, saved, grads):
+    """dxhat = dy g;  dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))  (means over the row)."""
+    xhat, rstd = saved
+    grads[name + ".weight"] += (dy * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)
+    grads[name + ".bias"] += dy.reshape(-1, dy.shape[-1]).sum(axis=0)
+    dxhat = dy * params[name + ".weight"]
+    return rstd * (dxhat - dxhat.mean(axis=-1, keepdims=True) - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True))
+
+
+def gelu_backward(dy, x):
+    """d/dx of 0.5 x (1 + tanh(u)), u = c (x + a x^3):  0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)."""
+    t = np.tanh(_GELU_C * (x + _GELU_A * x * x * x))
+    du_dx = _GELU_C * (F32(1) + F32(3) * _GELU_A * x * x)
+    return dy * (F32(0.5) * (F32(1) + t) + F32(0.5) * x * (F32(1) - t * t) * du_dx)
+
+
+def causal_attention(q, k, v):
+    """q, k, v: [B, n_head, T, d_head] -> [B, n_head, T, d_head]; position i attends to 0..i.
+
+    Returns (out, P) with P [B, n_head, T, T] the attention weights (for the backward).
+    """
+    T, d_head = q.shape[-2], q.shape[-1]
+    s = (q @ k.swapaxes(-1, -2)) * F32(1 / np.sqrt(d_head))  # [B, n_head, T, T]
+    future = np.triu(np.ones((T, T), bool), 1)
+    P = softmax(np.where(future, F32(-np.inf), s))
+    return P @ v, P
+
+
+def causal_attention_backward(do, q, k, v, P):
+    """Through out = P v, P = softmax(s), s = q k.T / sqrt(d):
+    dP = do v.T;  dv = P.T do;  ds = P (dP - sum_j dP P);  dq = ds k / sqrt(d);  dk = ds.T q / sqrt(d).
+    (Masked entries have P = 0, so ds = 0 there: the mask needs no gradient of its own.)
+    """
+    scale = F32(1 / np.sqrt(q.shape[-1]))
+    dP = do @ v.swapaxes(-1, -2)  # [B, n_head, T, T]
+    dv = P.swapaxes(-1, -2) @ do
+    ds = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
+    return (ds @ k) * scale, (ds.swapaxes(-1, -2) @ q) * scale, dv
+
+
+# ---------------------------------------------------------------------------
+# The whole draft: forward (keeping what the backward needs) and backward.
+# ---------------------------------------------------------------------------
+
+
+def forward(params, f, emb, n_head: int, eps: float):
+    """Teacher-forced draft over B sequences: f, emb [B, T, n_embd] -> y [B, T, n_embd].
+
+    f[:, j] is the target's feature f_j; emb[:, j] the embedding of x_(j+1).
+    Returns (y, saved) with saved holding every intermediate the backward reads.
+    """
+    B, T, e = f.shape
+    d_head = e // n_head
+    a = np.concatenate([f, emb], axis=-1)  # [B, T, 2e]
+    u = linear(a, params, "fc")  # [B, T, e]
+    h1, ln1 = layer_norm(u, params, "ln_1", eps)
+    qkv = linear(h1, params, "attn.c_attn")  # [B, T, 3e]
+    q, k, v = qkv.reshape(B, T, 3, n_head, d_head).transpose(2, 0, 3, 1, 4)  # each [B, n_head, T, d_head]
+    o, P = causal_attention(q, k, v)
+    o = o.transpose(0, 2, 1, 3).reshape(B, T, e)  # merge heads
+    x = u + linear(o, params, "attn.c_proj")  # [B, T, e]
+    h2, ln2 = layer_norm(x, params, "ln_2", eps)
+    m = linear(h2, params, "mlp.c_fc")  # [B, T, 4e]
+    g = gelu(m)
+    y = x + linear(g, params, "mlp.c_proj")  # [B, T, e]
+    return y, (a, h1, ln1, q, k, v, P, o, h2, ln2, m, g)
+
+
+def backward(dy, params, saved, n_head: int):
+    """Gradients of every parameter given dL/dy [B, T, n_embd]; the inputs are frozen data."""
+    a, h1, ln1, q, k, v, P, o, h2, ln2, m, g = saved
+    B, T, e = dy.shape
+    grads = {name: np.zeros_like(w) for name, w in params.items()}
+    # y = x + c_proj(gelu(c_fc(ln_2(x))))
+    dg = linear_backward(dy, g, params, "mlp.c_proj", grads)
+    dm = gelu_backward(dg, m)
+    dh2 = linear_backward(dm, h2, params, "mlp.c_fc", grads)
+    dx = dy + layer_norm_backward(dh2, params, "ln_2", ln2, grads)
+    # x = u + c_proj(attention(split(c_attn(ln_1(u)))))
+    do = linear_backward(dx, o, params, "attn.c_proj", grads)
+    do = do.reshape(B, T, n_head, e // n_head).transpose(0, 2, 1, 3)  # split heads
+    dq, dk, dv = causal_attention_backward(do, q, k, v, P)
+    dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, 3 * e)  # inverse of the split
+    dh1 = linear_backward(dqkv, h1, params, "attn.c_attn", grads)
+    du = dx + layer_norm_backward(dh1, params, "ln_1", ln1, grads)
+    linear_backward(du, a, params, "fc", grads)
+    return grads
+
+
+def loss_and_grads(params, f, emb, f_next, p_next, vocab: DraftVocab, n_head: int, eps: float):
+    """EAGLE's loss on one batch and its gradients.
+
+    f, emb, f_next: [B, T, n_embd] (f_next[:, j] = f_(j+1), the feature to predict);
+    p_next: [B*T, N] what the target puts on each token of the draft vocabulary
+    after f_(j+1) (its distribution, or one-hot tokens). Returns
+    (loss, (feature loss, token CE), grads, logits [B*T, N]).
+    """
+    B, T, e = f.shape
+    y, saved = forward(params, f, emb, n_head, eps)
+    l_feat, dy_feat = smooth_l1(y, f_next)
+    ce, dy_ce, logits = head_cross_entropy(y.reshape(B * T, e), p_next, vocab)
+    dy = dy_feat + F32(CE_WEIGHT) * dy_ce.reshape(B, T, e)
+    return l_feat + CE_WEIGHT * ce, (l_feat, ce), backward(dy, params, saved, n_head), logits
+
+
+# ---------------------------------------------------------------------------
+# Drafting: the same block through gpt2.transformer_block, with its own KV cache.
+# ---------------------------------------------------------------------------
+
+
+class EagleModel:
+    """Trained EAGLE weights ready to draft: fc, a GPT-2 Block, and a one-layer KV cache per run."""
+
+    def __init__(self, params: dict[str, np.ndarray], n_embd: int, n_head: int, n_ctx: int, eps: float):
+        self.hparams = HParams(n_vocab=1, n_ctx=n_ctx, n_embd=n_embd, n_head=n_head, n_layer=1, layer_norm_epsilon=eps)
+        self.fc = Linear.from_checkpoint(params["fc.weight"], params["fc.bias"])
+
+        def lin(name):
+            return Linear.from_checkpoint(params[name + ".weight"], params[name + ".bias"])
+
+        self.block = Block(
+            ln_1_weight=params["ln_1.weight"],
+            ln_1_bias=params["ln_1.bias"],
+            attn_c_attn=lin("attn.c_attn"),
+            attn_c_proj=lin("attn.c_proj"),
+            ln_2_weight=params["ln_2.weight"],
+            ln_2_bias=params["ln_2.bias"],
+            mlp_c_fc=lin("mlp.c_fc"),
+            mlp_c_proj=lin("mlp.c_proj"),
+        )
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.hparams)
+
+    def step(self, f: np.ndarray, emb: np.ndarray, cache: KVCache) -> np.ndarray:
+        """Append n pairs (f_j, emb of x_(j+1)) to the cache; return their predicted next features.
+
+        f, emb: [n, n_embd] -> [n, n_embd]
+        """
+        u = gpt2_linear(np.concatenate([f, emb], axis=-1), self.fc)  # [n, 2e] -> [n, e]
+        cache.reserve(cache.length + len(u))
+        y = transformer_block(u, self.block, self.hparams, cache, 0)
+        cache.length += len(u)
+        return y
