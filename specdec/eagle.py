@@ -223,13 +223,21 @@ class EagleModel:
     def new_cache(self) -> KVCache:
         return KVCache(self.hparams)
 
-    def step(self, f: np.ndarray, emb: np.ndarray, cache: KVCache) -> np.ndarray:
+    def step(self, f: np.ndarray, emb: np.ndarray, cache: KVCache, visible: np.ndarray | None = None) -> np.ndarray:
         """Append n pairs (f_j, emb of x_(j+1)) to the cache; return their predicted next features.
 
-        f, emb: [n, n_embd] -> [n, n_embd]
+        f, emb: [n, n_embd] -> [n, n_embd]. visible: [n, n] which new pairs each
+        new pair may attend to (gpt2.tree_mask of a tree's parents); None is a chain.
+        Every cached pair is visible to all.
         """
+        n, n_past = len(f), cache.length
         u = gpt2_linear(np.concatenate([f, emb], axis=-1), self.fc)  # [n, 2e] -> [n, e]
-        cache.reserve(cache.length + len(u))
-        y = transformer_block(u, self.block, self.hparams, cache, 0)
-        cache.length += len(u)
+        cache.reserve(n_past + n)
+        bias = None
+        if n > 1:  # 0 where pair i may attend to key j, -inf elsewhere: [n, n_past + n]
+            visible = np.tri(n, dtype=bool) if visible is None else visible
+            seen = np.concatenate([np.ones((n, n_past), dtype=bool), visible], axis=1)
+            bias = np.where(seen, F32(0), F32(-np.inf))
+        y = transformer_block(u, self.block, self.hparams, cache, 0, bias)
+        cache.length = n_past + n
         return y
