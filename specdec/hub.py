@@ -9,20 +9,37 @@ meanings huggingface_hub gives them:
     HF_ENDPOINT     base URL of the Hub or a mirror (default https://huggingface.co)
     HF_HUB_OFFLINE  1/ON/YES/TRUE: never touch the network; use local files only
     HF_TOKEN        sent as a bearer token, for gated or private repos
+    HF_HUB_DOWNLOAD_TIMEOUT  seconds to wait for the server to answer (default 10)
+
+What the downloader guarantees: a file under its real name in `models/` is
+complete, came from a Hub-like server (one that names the commit it served),
+matches the size and sha256 the Hub gives, and parses (JSON, merges, the
+safetensors header). Bytes go to a partial file, `<file>.incomplete`, written by
+one process at a time under a per-file lock; other processes wait and then use
+the finished file. A verified file is never written again.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import json
+import logging
 import os
 import re
+import shutil
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from .safetensors import CheckpointError
+from .safetensors import CheckpointError, index_safetensors
+
+log = logging.getLogger(__name__)  # retries are reported as warnings (stderr unless configured)
 
 # Short names for the released checkpoints, and the Hub repository of each.
 MODEL_REPOS = {
@@ -35,8 +52,14 @@ MODEL_REPOS = {
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# The Hub's rule for a repo id: owner/name, each of letters, digits, "_", "." and
+# "-", not starting or ending with "." or "-", at most 96 characters, and with
+# no "--" or ".." anywhere ("--" is what joins owner and name in a folder name,
+# so "a--b/c" and "a/b--c" would otherwise share models/a--b--c).
+_REPO_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_REPO_ID = re.compile(f"{_REPO_PART}/{_REPO_PART}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
 
 
 class DownloadError(RuntimeError):
@@ -53,13 +76,20 @@ class HubSettings:
     endpoint: str = DEFAULT_ENDPOINT
     offline: bool = False
     token: str | None = None
+    timeout: float = 10.0  # seconds to connect, and seconds of silence allowed mid-answer
+    retries: int = 3  # after the first try: at most 4 tries, about 4 * 2 * timeout + 7 s in all
+    retry_delay: float = 1.0  # doubled after each retry
 
     @classmethod
     def from_env(cls) -> "HubSettings":
         """The one place that reads the environment, as huggingface_hub does."""
         endpoint = os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
         offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-        return cls(endpoint.rstrip("/"), offline, os.environ.get("HF_TOKEN") or None)
+        try:
+            timeout = float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or 10.0)
+        except ValueError:
+            raise ValueError("HF_HUB_DOWNLOAD_TIMEOUT must be a number of seconds") from None
+        return cls(endpoint.rstrip("/"), offline, os.environ.get("HF_TOKEN") or None, timeout)
 
     def url(self, repo: str, filename: str) -> str:
         return f"{self.endpoint}/{repo}/resolve/main/{filename}"
@@ -74,18 +104,13 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike = "models") -
     name = str(name_or_path)
     models_dir = Path(models_dir)
     if name in MODEL_REPOS:
-        return models_dir / name, MODEL_REPOS[name]
+        return _download_folder(models_dir, name), MODEL_REPOS[name]
     if Path(name).is_dir():
         return Path(name), None
     if name.startswith(("/", "./", "../", "~")) or "\\" in name:
         raise ValueError(f"{name} is not a folder: a local model needs a folder holding {', '.join(CHECKPOINT_FILES)}")
-    if _REPO_ID.match(name) and ".." not in name:
-        folder = models_dir / name.replace("/", "--")
-        # The pattern already excludes separators and "..", but check the
-        # result too: a name must never place files outside models_dir.
-        if models_dir.resolve() not in folder.resolve().parents:
-            raise ValueError(f"model name {name!r} would place files outside {models_dir}")
-        return folder, name
+    if _REPO_ID.fullmatch(name) and ".." not in name and "--" not in name:
+        return _download_folder(models_dir, name.replace("/", "--"), name), name
     known = ", ".join(MODEL_REPOS)
     raise ValueError(
         f"unknown model {name!r}: use one of {known}, a Hub repo id such as "
@@ -93,8 +118,25 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike = "models") -
     )
 
 
+def _download_folder(models_dir: Path, folder_name: str, name: str | None = None) -> Path:
+    """models_dir/folder_name, refused if it is a link or would lie outside models_dir.
+
+    The downloader writes there, so it must be a plain folder of models_dir: a
+    symbolic link there could make a download land anywhere.
+    """
+    folder = models_dir / folder_name
+    if folder.is_symlink():
+        raise ValueError(
+            f"{folder} is a symbolic link; the downloader only writes into plain folders. Load the folder it points "
+            f"to by its path instead (load_model('{os.path.realpath(folder)}')), or set models_dir to its parent"
+        )
+    if models_dir.resolve() not in folder.resolve().parents:  # the patterns exclude this; check the result too
+        raise ValueError(f"model name {name or folder_name!r} would place files outside {models_dir}")
+    return folder
+
+
 # ---------------------------------------------------------------------------
-# Download: streaming, resumable, checked.
+# Download: one process per file, checked before it gets its real name.
 # ---------------------------------------------------------------------------
 
 
@@ -109,20 +151,58 @@ class _Transient(Exception):
     """A failure worth retrying: a 5xx or 429 answer, or a download that stopped short."""
 
 
-def _expected_size_and_sha256(session: requests.Session, url: str, headers: dict) -> tuple[int | None, str | None]:
-    """Ask the server, without following redirects, what the file should be.
+_RETRYABLE = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError, _Transient)
+
+
+@dataclass(frozen=True)
+class _Remote:
+    """What the server says the file is (from a HEAD that does not follow the LFS redirect)."""
+
+    size: int | None  # X-Linked-Size for LFS files, else Content-Length
+    sha256: str | None  # LFS files: X-Linked-Etag is the sha256 of the content
+    git_sha1: str | None  # other files: the ETag is the git blob hash of the content
+    etag: str  # as sent, for If-Range
+    commit: str  # X-Repo-Commit: the revision served
+
+
+def _remote_file(session: requests.Session, url: str, headers: dict, timeout: float) -> _Remote:
+    """Ask the server what the file should be, refusing answers that are not the Hub's.
 
     For files stored with git LFS the Hub answers /resolve/ with a redirect
     whose X-Linked-Size and X-Linked-Etag give the size and the sha256; small
-    files are served directly with Content-Length and an ETag (a git blob hash,
-    40 hex digits, which is not a sha256 and is not used).
+    files are served directly with Content-Length and an ETag. Every answer
+    carries X-Repo-Commit: a captive portal or a misconfigured proxy that
+    answers 200 with a web page does not, and is refused here, as
+    huggingface_hub refuses it. Same-host redirects (a renamed repo) are
+    followed; a loop ends after 5.
     """
-    r = session.head(url, headers=headers, allow_redirects=False, timeout=30)
-    _check_status(r, url)
+    for _ in range(5):
+        r = session.head(url, headers=headers, allow_redirects=False, timeout=(timeout, timeout))
+        _check_status(r, url)
+        location = r.headers.get("Location")
+        if r.is_redirect and location and "X-Linked-Etag" not in r.headers and not urlsplit(location).netloc:
+            url = urljoin(url, location)
+            continue
+        break
+    else:
+        raise DownloadError(f"{url}: the server keeps redirecting (a loop); check HF_ENDPOINT or try again later")
+    commit = r.headers.get("X-Repo-Commit")
+    raw_etag = r.headers.get("X-Linked-Etag") or r.headers.get("ETag")
+    if not commit or not raw_etag:
+        raise DownloadError(
+            f"{url} was answered by something that is not a Hugging Face Hub (no X-Repo-Commit or ETag header): "
+            f"a captive portal, proxy or wrong HF_ENDPOINT? Fix the network or HF_ENDPOINT and run again"
+        )
     size = r.headers.get("X-Linked-Size") or (r.headers.get("Content-Length") if r.status_code == 200 else None)
-    etag = (r.headers.get("X-Linked-Etag") or r.headers.get("ETag") or "").strip()
-    etag = etag.removeprefix("W/").strip('"').lower()
-    return (int(size) if size else None), (etag if _SHA256.match(etag) else None)
+    etag = raw_etag.strip().removeprefix("W/").strip('"').lower()
+    lfs = "X-Linked-Etag" in r.headers
+    return _Remote(
+        size=int(size) if size and size.isdigit() else None,
+        sha256=etag if lfs and _SHA256.fullmatch(etag) else None,
+        git_sha1=etag if not lfs and _GIT_SHA1.fullmatch(etag) else None,
+        etag=raw_etag.strip(),
+        commit=commit,
+    )
 
 
 def _check_status(r: requests.Response, url: str) -> None:
@@ -137,16 +217,76 @@ def _check_status(r: requests.Response, url: str) -> None:
             f"{url} refused access (HTTP {r.status_code}): for a gated or private repo set HF_TOKEN "
             f"to a token that can read it"
         )
-    if r.status_code >= 400:
+    if r.status_code >= 400 and r.status_code != 416:
         raise DownloadError(f"{url} answered HTTP {r.status_code}")
 
 
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
+def _digest_of(path: Path, digest, prefix: bytes = b"") -> str:
+    digest.update(prefix)
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+@contextmanager
+def _file_lock(path: Path, what: str):
+    """Hold an exclusive lock on `path` (created if needed) for the with-block.
+
+    fcntl.flock on POSIX, msvcrt.locking on Windows: both are released by the
+    operating system if the process dies, so a crash never leaves a stale lock.
+    The lock file stays (deleting it would let two processes lock two files).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        if not _try_lock(fd):
+            log.warning("waiting for another process that is downloading %s", what)
+            while not _try_lock(fd, block=True):
+                time.sleep(0.1)
+        yield
+    finally:
+        _unlock(fd)
+        os.close(fd)
+
+
+if sys.platform == "win32":
+    import msvcrt
+
+    def _try_lock(fd: int, block: bool = False) -> bool:
+        os.lseek(fd, 0, os.SEEK_SET)
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # LK_LOCK gives up after 10 s: poll instead
+            return True
+        except OSError:
+            return False
+
+    def _unlock(fd: int) -> None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        try:
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        except OSError:
+            pass
+else:
+    import fcntl
+
+    def _try_lock(fd: int, block: bool = False) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def _unlock(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _open_partial(partial: Path, append: bool):
+    """The partial file for writing, never through a symbolic link planted under its name."""
+    if partial.is_symlink():
+        partial.unlink()  # removes the link only; what it points to is untouched
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    flags |= os.O_APPEND if append else os.O_TRUNC
+    return os.fdopen(os.open(partial, flags, 0o644), "ab" if append else "wb")
 
 
 def download_file(
@@ -156,46 +296,98 @@ def download_file(
     retries: int = 3,
     retry_delay: float = 1.0,
     progress: bool = True,
+    timeout: float = 10.0,
+    validate=None,
 ) -> Path:
-    """Fetch `url` into `dest`, resuming a partial download, checking size and sha256.
+    """Fetch `url` into `dest`, checking size, hash and (with `validate`) content.
 
-    Bytes go to `dest` + ".incomplete", which is renamed to `dest` only once
-    complete and verified, so a file under its real name is always whole. After
-    an interruption the next attempt (or the next run) continues with a Range
-    request from where the partial file ends.
+    One process at a time downloads a given file: the others wait on its lock
+    and then find `dest` complete and use it. Bytes go to `dest` + ".incomplete",
+    which becomes `dest` only when it is whole, matches the server's hash, and
+    `validate(path)` (if given) has not raised: so a file under its real name is
+    always right, and is never written again. Files with a sha256 (the LFS
+    weights) resume after an interruption, in this run or the next, with a
+    Range request guarded by If-Range; the sha256 then checks the whole. Small
+    files have only a git hash, so they always start from zero.
     """
     dest = Path(dest)
-    partial = dest.with_name(dest.name + ".incomplete")
+    locks = dest.parent / ".locks"  # as huggingface_hub keeps them: one small file per download, never removed
+    locks.mkdir(exist_ok=True)
+    with _file_lock(locks / f"{dest.name}.lock", str(dest)):
+        if dest.is_file():
+            return dest  # another process finished it while we waited
+        partial = dest.with_name(dest.name + ".incomplete")
+        try:
+            _download_locked(url, dest, partial, token, retries, retry_delay, progress, timeout, validate)
+        except BaseException:
+            if partial.is_file() and not partial.is_symlink() and partial.stat().st_size == 0:
+                partial.unlink()  # nothing worth resuming
+            raise
+    return dest
+
+
+def _download_locked(url, dest: Path, partial: Path, token, retries, retry_delay, progress, timeout, validate) -> None:
     # identity: sizes and Range offsets must count the file's bytes, not gzip's
     # (huggingface_hub asks for the same).
     headers = {"Accept-Encoding": "identity"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     session = requests.Session()
+    session.max_redirects = 5
+    remote = None
     for attempt in range(retries + 1):
         if attempt:
-            time.sleep(retry_delay * 2 ** (attempt - 1))
+            delay = retry_delay * 2 ** (attempt - 1)
+            log.warning("%s: %s; retrying in %g s (try %d of %d)", dest.name, _one_line(error), delay,
+                        attempt + 1, retries + 1)  # fmt: skip
+            time.sleep(delay)
         try:
-            size, sha256 = _expected_size_and_sha256(session, url, headers)
-            _fetch_into(session, url, partial, headers, size, progress, dest.name)
+            remote = _remote_file(session, url, headers, timeout)
+            _fetch_into(session, url, partial, headers, remote, progress, dest.name, timeout)
             break
-        except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError, _Transient) as e:
+        except requests.TooManyRedirects as e:
+            raise DownloadError(f"{url}: the server keeps redirecting (a loop); check HF_ENDPOINT or try again later") from e
+        except _RETRYABLE as e:
             # Transient: retry, resuming from what arrived; but without DNS, retrying will not help.
+            error = e
             if attempt == retries or _is_name_resolution_error(e):
+                keep = partial.is_file() and _resumable(remote)
+                if not keep:
+                    partial.unlink(missing_ok=True)
                 raise DownloadError(
-                    f"could not download {url} ({_one_line(e)}). Check the network, set HF_ENDPOINT "
-                    f"to a reachable mirror, or place {', '.join(CHECKPOINT_FILES)} in {dest.parent} by hand"
+                    f"could not download {url} ({_one_line(e)}) after {attempt + 1} tries. Check the network, set "
+                    f"HF_ENDPOINT to a reachable mirror, or place {', '.join(CHECKPOINT_FILES)} in {dest.parent} "
+                    f"by hand" + ("; what arrived is kept and the next run resumes" if keep else "")
                 ) from e
-
-    if size is not None and partial.stat().st_size != size:  # a server contradicting itself
-        raise DownloadError(f"{url}: the server's answers disagree about the file's size; run again later")
-    if sha256 is not None and _sha256_of(partial) != sha256:
-        partial.unlink()
-        raise DownloadError(
-            f"{url}: sha256 does not match the server's ({sha256}); the corrupt download was removed, run again"
-        )
+    _verify(url, partial, remote, validate)
     os.replace(partial, dest)
-    return dest
+
+
+def _resumable(remote: _Remote | None) -> bool:
+    """Only a partial whose whole will be checked by a sha256 is worth keeping."""
+    return remote is not None and remote.sha256 is not None
+
+
+def _verify(url: str, partial: Path, remote: _Remote, validate) -> None:
+    """Raise DownloadError (removing the partial) unless it is exactly the file the server described."""
+    got = partial.stat().st_size
+    problem = None
+    if remote.size is not None and got != remote.size:
+        problem = f"received {got} bytes, the server announced {remote.size}"
+    elif remote.sha256 is not None and _digest_of(partial, hashlib.sha256()) != remote.sha256:
+        problem = f"the sha256 does not match the server's ({remote.sha256})"
+    elif remote.git_sha1 is not None and _digest_of(partial, hashlib.sha1(), b"blob %d\0" % got) != remote.git_sha1:
+        problem = f"the git hash does not match the server's ETag ({remote.git_sha1})"
+    elif validate is not None:
+        try:
+            validate(partial)
+        except (CheckpointError, ValueError) as e:
+            with open(partial, "rb") as f:
+                html = f.read(512).lstrip().lower().startswith((b"<!doctype html", b"<html"))
+            problem = ("the server sent a web page instead (a captive portal or proxy?)" if html else str(e))
+    if problem:
+        partial.unlink()
+        raise DownloadError(f"{url}: {problem}; nothing was kept. Check the network or HF_ENDPOINT and run again")
 
 
 def _is_name_resolution_error(error: Exception) -> bool:
@@ -209,37 +401,56 @@ def _one_line(error: Exception) -> str:
         return "the host name could not be resolved: no network, or no DNS"
     if isinstance(error, requests.ConnectionError) and "Connection refused" in repr(error):
         return "connection refused"
+    if isinstance(error, requests.Timeout):
+        return "the server did not answer in time"
     if isinstance(error, requests.exceptions.ChunkedEncodingError):
-        return "the connection broke mid-file; what arrived is kept and the next run resumes"
+        return "the connection broke mid-file"
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _fetch_into(session, url, partial: Path, headers, size, progress: bool, desc: str) -> None:
-    """Append what is missing to `partial`; raise _Transient if it stays short."""
-    have = partial.stat().st_size if partial.exists() else 0
-    if size is not None and have > size:
-        partial.unlink()  # longer than the real file: not ours to resume
-        have = 0
+def _fetch_into(session, url, partial: Path, headers, remote: _Remote, progress: bool, desc: str, timeout) -> None:
+    """Write what is missing into `partial`; raise _Transient if it stays short."""
+    size = remote.size
+    have = partial.stat().st_size if partial.is_file() and not partial.is_symlink() else 0
+    if not _resumable(remote) or (size is not None and have > size):
+        have = 0  # no sha256 to check a spliced file with, or longer than the real file: start over
     if size is not None and have == size:
         return
-    request_headers = dict(headers)
-    if have:
-        request_headers["Range"] = f"bytes={have}-"
-    with session.get(url, headers=request_headers, stream=True, timeout=30) as r:
-        if r.status_code == 416:  # nothing past `have`: the size checks decide
-            return
-        _check_status(r, url)
-        if have and r.status_code != 206:
-            have = 0  # the server ignored the Range header: start over
-        total = size
-        if total is None and r.headers.get("Content-Length"):
-            total = have + int(r.headers["Content-Length"])
-        mode = "ab" if have else "wb"
-        with open(partial, mode) as f, _progress_bar(total, have, desc, progress) as bar:
-            for chunk in r.iter_content(chunk_size=1 << 16):
-                f.write(chunk)
-                bar.update(len(chunk))
+    for _ in range(2):
+        request_headers = dict(headers)
+        if have:
+            # If-Range: a file that changed since the partial began comes back whole (200), not spliced.
+            request_headers.update(Range=f"bytes={have}-", **{"If-Range": remote.etag})
+        with session.get(url, headers=request_headers, stream=True, timeout=(timeout, timeout)) as r:
+            if r.status_code == 416 and have:
+                have = 0  # the server refuses the range: drop the partial and start from zero, once
+                continue
+            _check_status(r, url)
+            if r.status_code == 416:
+                raise DownloadError(f"{url} answered HTTP 416 to a request without a Range")
+            if have and r.status_code != 206:
+                have = 0  # the server ignored the Range header (or the file changed): start over
+            total = size
+            if total is None and r.headers.get("Content-Length", "").isdigit():
+                total = have + int(r.headers["Content-Length"])
+            _check_free_space(partial, desc, (total or 0) - have)
+            try:
+                with _open_partial(partial, append=bool(have)) as f, _progress_bar(total, have, desc, progress) as bar:
+                    for chunk in r.iter_content(chunk_size=1 << 16):
+                        f.write(chunk)
+                        bar.update(len(chunk))
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                got = partial.stat().st_size
+                partial.unlink(missing_ok=True)
+                raise DownloadError(
+                    f"the disk filled up while downloading {desc} into {partial.parent} ({got} of "
+                    f"{_human(total) if total else 'an unknown number of'} bytes); the partial file was removed. "
+                    f"Free some space or choose another models folder"
+                ) from e
+        break
     got = partial.stat().st_size
     if total is not None and got < total:
         # Some urllib3 versions end a dropped stream quietly: keep what came, resume.
@@ -247,6 +458,54 @@ def _fetch_into(session, url, partial: Path, headers, size, progress: bool, desc
     if total is not None and got > total:
         partial.unlink()
         raise _Transient(f"received {got} bytes, more than the expected {total}")
+
+
+def _human(n: int) -> str:
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def _check_free_space(partial: Path, desc: str, needed: int) -> None:
+    free = shutil.disk_usage(partial.parent).free
+    if needed > free:
+        raise DownloadError(
+            f"{desc} needs {_human(needed)} but only {_human(free)} is free in {partial.parent}: "
+            f"free some space or choose another models folder"
+        )
+
+
+# ---------------------------------------------------------------------------
+# What each of the four files must look like before it gets its real name.
+# ---------------------------------------------------------------------------
+
+
+def check_download(path: Path, filename: str) -> None:
+    """Raise ValueError unless `path` parses as the checkpoint file `filename`.
+
+    Cheap format checks only (the loader does the full ones): enough to refuse
+    an HTML page, a truncated body or a file of another kind.
+    """
+    if filename == "model.safetensors":
+        index_safetensors(path)
+        return
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{filename} is not UTF-8 text") from e
+    if filename.endswith(".json"):
+        try:
+            value = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"{filename} is not valid JSON ({e})") from e
+        if not isinstance(value, dict):
+            raise ValueError(f"{filename} is not a JSON object")
+    elif filename == "merges.txt":
+        for line_no, line in enumerate(text.splitlines(), 1):
+            if line and not line.startswith("#version") and len(line.split(" ")) != 2:
+                raise ValueError(f"merges.txt line {line_no} is not two tokens separated by a space: {line[:80]!r}")
 
 
 def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress: bool = True) -> Path:
@@ -265,5 +524,9 @@ def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress
         )
     folder.mkdir(parents=True, exist_ok=True)
     for filename in missing:
-        download_file(settings.url(repo, filename), folder / filename, token=settings.token, progress=progress)
+        download_file(
+            settings.url(repo, filename), folder / filename, token=settings.token, retries=settings.retries,
+            retry_delay=settings.retry_delay, progress=progress, timeout=settings.timeout,
+            validate=lambda path, name=filename: check_download(path, name),
+        )  # fmt: skip
     return folder

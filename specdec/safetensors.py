@@ -9,13 +9,18 @@ after the header), optionally a "__metadata__" entry, then the raw data.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 
 _MAX_HEADER_BYTES = 100_000_000  # the reference implementation's own limit
+_MAX_DEPTH = 8  # {name: {"shape": [...]}} is 3 deep
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_OPEN, _CLOSE = np.frombuffer(b"{[", np.uint8), np.frombuffer(b"}]", np.uint8)
 
 
 class CheckpointError(ValueError):
@@ -34,6 +39,30 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     float32, which does copy.
     """
     path = Path(path)
+    entries, data_start, data_size = index_safetensors(path)
+    data = (
+        np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,))
+        if data_size
+        else np.empty(0, np.uint8)
+    )
+    tensors = {}
+    for name, dtype, shape, begin, stop in entries:
+        try:
+            raw = data[begin:stop].view(_DTYPES[dtype]).reshape(shape)
+        except (ValueError, OverflowError) as e:  # e.g. shape [0, 2**62]: no bytes, but no such array either
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {list(shape)}, which NumPy cannot hold ({e})")
+        tensors[name] = _to_float32(raw, dtype)
+    return tensors
+
+
+def index_safetensors(path: str | os.PathLike) -> tuple[list[tuple[str, str, tuple[int, ...], int, int]], int, int]:
+    """Check a safetensors file's header against its size, reading no tensor data.
+
+    Returns ([(name, dtype, shape, begin, end)] sorted by begin, data_start,
+    data_size); raises CheckpointError naming the file (and the tensor) for
+    anything that is not a well-formed file.
+    """
+    path = Path(path)
     file_size = path.stat().st_size
     with open(path, "rb") as f:
         prefix = f.read(8)
@@ -45,12 +74,15 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
                 f"{path}: header length {header_len} does not fit in a {file_size}-byte file; "
                 f"the file is truncated or not safetensors, delete it and download again"
             )
-        try:
-            header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(
-                f"{path}: the header is not valid JSON ({e}); delete the file and download again"
-            ) from e
+        raw_header = f.read(header_len)
+    # NOTE: json.loads recurses once per nesting level: a header of 100,000
+    # brackets would raise RecursionError. A real header nests 3 deep.
+    if _nesting_depth(raw_header) > _MAX_DEPTH:
+        raise CheckpointError(f"{path}: the header nests deeper than {_MAX_DEPTH}; the file is corrupt, delete it")
+    try:
+        header = json.loads(raw_header)
+    except ValueError as e:  # not UTF-8, not JSON, or an integer of more than 4300 digits
+        raise CheckpointError(f"{path}: the header is not valid JSON ({e}); delete the file and download again") from e
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: the header is not a JSON object")
     header.pop("__metadata__", None)
@@ -79,16 +111,14 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise CheckpointError(
             f"{path}: {data_size - end} bytes after the last tensor; the file is corrupt, delete it and download again"
         )
+    return entries, data_start, data_size
 
-    data = (
-        np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,))
-        if data_size
-        else np.empty(0, np.uint8)
-    )
-    return {
-        name: _to_float32(data[begin:stop].view(_DTYPES[dtype]).reshape(shape), dtype)
-        for name, dtype, shape, begin, stop in entries
-    }
+
+def _nesting_depth(raw: bytes) -> int:
+    """How deep brackets nest in JSON text, without parsing it (brackets inside strings do not count)."""
+    skeleton = np.frombuffer(_JSON_STRING.sub(b'""', raw), np.uint8)
+    step = np.isin(skeleton, _OPEN).astype(np.int64) - np.isin(skeleton, _CLOSE)
+    return int(np.cumsum(step).max(initial=0))
 
 
 def _check_entry(path: Path, name: str, info) -> tuple[str, str, tuple[int, ...], int, int]:
@@ -102,14 +132,15 @@ def _check_entry(path: Path, name: str, info) -> tuple[str, str, tuple[int, ...]
     except (TypeError, KeyError):
         ok = False
     if not ok:
-        raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry {info!r}; the file is corrupt")
+        raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry {info!r:.200}; the file is corrupt")
     if dtype not in _DTYPES:
-        raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype}; only F32, F16 and BF16 are supported")
+        raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype:.20}; only F32, F16 and BF16 are supported")
     begin, end = offsets
-    n_bytes = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype].itemsize
+    # Python ints: NumPy's int64 product of [2**32, 2**32] would wrap to 0 and pass.
+    n_bytes = math.prod(shape) * _DTYPES[dtype].itemsize
     if end - begin != n_bytes:
         raise CheckpointError(
-            f"{path}: tensor {name!r} claims bytes {begin}..{end} for shape {shape} {dtype}; "
+            f"{path}: tensor {name!r} claims bytes {begin}..{end} for shape {shape} {dtype} ({n_bytes} bytes); "
             f"the file is corrupt, delete it and download again"
         )
     return name, dtype, tuple(shape), begin, end
@@ -167,7 +198,7 @@ def write_safetensors(path: str | os.PathLike, tensors, dtype: str = "F32") -> i
     itemsize = _DTYPES[dtype].itemsize
     header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, array in pairs():
-        n_bytes = int(np.prod(array.shape, dtype=np.int64)) * itemsize
+        n_bytes = math.prod(array.shape) * itemsize
         header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + n_bytes]}
         offset += n_bytes
     blob = json.dumps(header, separators=(",", ":")).encode()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 
 from specdec.checkpoint import checkpoint_tensors, save_folder, write_safetensors  # noqa: F401 (re-exported)
 from specdec.gpt2 import GPT2, HParams, random_weights
+from specdec.hub import HubSettings
 from specdec.tokenizer import byte_decoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,25 +82,46 @@ class FakeHub:
 
     model.safetensors is treated as an LFS file: /resolve/ redirects (302) to a
     /cdn/ URL and carries X-Linked-Size and X-Linked-Etag (the sha256), as the
-    Hub does. Other files are served directly with a 40-hex-digit ETag.
+    Hub does. Other files are served directly with their git blob hash as the
+    ETag. Every /resolve/ answer carries X-Repo-Commit. Range requests are
+    honoured, with If-Range.
 
-    Knobs for failure tests:
-        drop_after[path] = n   the next GET of `path` sends n bytes, then hangs up
-        bad_sha256.add(path)   advertise a wrong sha256 for `path`
-        truncate[path] = n     serve only the first n bytes but claim the full size
-        fail[path] = n         answer the next n requests for `path` with HTTP 503
-        status[path] = code    answer every request for `path` with this status (401, 403, ...)
+    Knobs for failure tests (keys are "owner/name/file"):
+        drop_after[key] = n    the next GET of `key` sends n bytes, then hangs up
+        bad_sha256.add(key)    advertise a wrong sha256 for `key`
+        truncate[key] = n      serve only the first n bytes but claim the full size
+        fail[key] = n          answer the next n requests for `key` with HTTP 503
+        status[key] = code     answer every request for `key` with this status (401, 403, ...)
+        delay = s              sleep s seconds before each 4 kB of a body (a slow server)
+        ignore_range.add(key)  answer Range requests with the whole file (200)
+        refuse_range.add(key)  answer every Range request with 416
+        extra_length[key] = n  announce n more bytes in Content-Length than are sent
+        portal = True          answer everything 200 with an HTML page and no Hub headers
+        redirect_loop.add(key) /resolve/ for `key` redirects to itself, forever
+        cdn_base = url         where LFS redirects point (another host name: a cross-host redirect)
+        hang.add(key)          accept requests for `key` and never answer
     """
 
     def __init__(self):
         self.files: dict[str, bytes] = {}  # "owner/name/file" -> content
+        self.commit = "c0ffee" * 6 + "c0ff"
         self.drop_after: dict[str, int] = {}
         self.bad_sha256: set[str] = set()
         self.truncate: dict[str, int] = {}
         self.fail: dict[str, int] = {}
         self.status: dict[str, int] = {}
+        self.delay = 0.0
+        self.ignore_range: set[str] = set()
+        self.refuse_range: set[str] = set()
+        self.extra_length: dict[str, int] = {}
+        self.portal = False
+        self.redirect_loop: set[str] = set()
+        self.cdn_base = ""
+        self.hang: set[str] = set()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range)
         self.accept_encodings: list[str | None] = []
+        self.authorizations: list[tuple[str, str | None]] = []  # (Host, Authorization)
+        self._closing = threading.Event()
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -111,56 +134,69 @@ class FakeHub:
             def do_GET(self):
                 self._answer(head=False)
 
+            def _empty(self, code: int, **headers):
+                self.send_response(code)
+                for name, value in headers.items():
+                    self.send_header(name.replace("_", "-"), value)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def _answer(self, head: bool):
                 hub.requests.append((self.command, self.path, self.headers.get("Range")))
-                if self.path.startswith("/cdn/"):
-                    key, lfs = self.path[len("/cdn/") :], False
+                hub.accept_encodings.append(self.headers.get("Accept-Encoding"))
+                hub.authorizations.append((self.headers.get("Host"), self.headers.get("Authorization")))
+                if hub.portal:
+                    page = b"<!DOCTYPE html><html><body>Please log in to the hotel wifi</body></html>"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    if not head:
+                        self.wfile.write(page)
+                    return
+                cdn = self.path.startswith("/cdn/")
+                if cdn:
+                    key = self.path[len("/cdn/") :]
                 else:
                     parts = self.path.lstrip("/").split("/resolve/main/")
                     key = "/".join(parts) if len(parts) == 2 else ""
-                    lfs = key.endswith(".safetensors")
-                hub.accept_encodings.append(self.headers.get("Accept-Encoding"))
+                if key in hub.hang:
+                    hub._closing.wait(30)
+                    return
+                if key in hub.redirect_loop:
+                    return self._empty(302, Location=self.path, X_Repo_Commit=hub.commit)
                 if hub.fail.get(key, 0) > 0 or key in hub.status:
                     if key not in hub.status:
                         hub.fail[key] -= 1
-                    self.send_response(hub.status.get(key, 503))
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
+                    return self._empty(hub.status.get(key, 503))
                 content = hub.files.get(key)
                 if content is None:
-                    self.send_response(404)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
+                    return self._empty(404)
                 sha = hashlib.sha256(content).hexdigest()
                 if key in hub.bad_sha256:
                     sha = "0" * 64
-                if lfs:  # the Hub redirects LFS files to its CDN
-                    self.send_response(302)
-                    self.send_header("Location", f"/cdn/{key}")
-                    self.send_header("X-Linked-Size", str(len(content)))
-                    self.send_header("X-Linked-Etag", f'"{sha}"')
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
+                if not cdn and key.endswith(".safetensors"):  # the Hub redirects LFS files to its CDN
+                    return self._empty(
+                        302, Location=f"{hub.cdn_base}/cdn/{key}", X_Repo_Commit=hub.commit,
+                        X_Linked_Size=str(len(content)), X_Linked_Etag=f'"{sha}"',
+                    )  # fmt: skip
+                etag = f'"{sha}"' if cdn else '"' + git_blob_sha1(content) + '"'
                 start = 0
                 rng = self.headers.get("Range")
-                if rng:
+                if_range = self.headers.get("If-Range")
+                if rng and key not in hub.ignore_range and (if_range is None or if_range == etag):
                     start = int(rng.removeprefix("bytes=").split("-")[0])
-                    if start >= len(content):
-                        self.send_response(416)
-                        self.send_header("Content-Length", "0")
-                        self.end_headers()
-                        return
+                    if start >= len(content) or key in hub.refuse_range:
+                        return self._empty(416, Content_Range=f"bytes */{len(content)}")
                     self.send_response(206)
                     self.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")
                 else:
                     self.send_response(200)
                 body = content[start:]
-                self.send_header("Content-Length", str(len(body)))
-                if not self.path.startswith("/cdn/"):
-                    self.send_header("ETag", '"' + hashlib.sha1(content).hexdigest() + '"')
+                self.send_header("Content-Length", str(len(body) + hub.extra_length.get(key, 0)))
+                self.send_header("ETag", etag)
+                if not cdn:
+                    self.send_header("X-Repo-Commit", hub.commit)
                 self.end_headers()
                 if head:
                     return
@@ -168,25 +204,46 @@ class FakeHub:
                     body = body[: max(0, hub.truncate[key] - start)]
                 if key in hub.drop_after:
                     body = body[: hub.drop_after.pop(key)]
-                    self.wfile.write(body)
-                    self.wfile.flush()
                     self.close_connection = True
-                    return
-                self.wfile.write(body)
+                for i in range(0, len(body), 4096):
+                    if hub.delay:
+                        time.sleep(hub.delay)
+                    self.wfile.write(body[i : i + 4096])
+                self.wfile.flush()
+                if key in hub.extra_length:
+                    self.close_connection = True
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     def add_checkpoint(self, repo: str, folder: Path) -> None:
         for f in folder.iterdir():
             self.files[f"{repo}/{f.name}"] = f.read_bytes()
 
+    def settings(self, **changes) -> HubSettings:
+        """Settings for this server, with short waits so that failure tests stay fast."""
+        return HubSettings(**{"endpoint": self.url, "timeout": 2.0, "retry_delay": 0.0, **changes})
+
+    def gets(self, filename: str) -> int:
+        """How many GETs fetched a file's bytes (the /cdn/ URL for LFS files)."""
+        return sum(
+            1 for method, path, _ in self.requests
+            if method == "GET" and path.endswith("/" + filename) and (path.startswith("/cdn/") or "safetensors" not in path)
+        )  # fmt: skip
+
     def close(self):
+        self._closing.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+def git_blob_sha1(content: bytes) -> str:
+    """The hash git gives a file, which the Hub sends as the ETag of a non-LFS file."""
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
 
 
 @pytest.fixture
