@@ -185,7 +185,7 @@ def _remote_file(session: requests.Session, url: str, headers: dict, timeout: fl
             continue
         break
     else:
-        raise DownloadError(f"{url}: the server keeps redirecting (a loop); check HF_ENDPOINT or try again later")
+        raise DownloadError(_redirect_loop(url))
     commit = r.headers.get("X-Repo-Commit")
     raw_etag = r.headers.get("X-Linked-Etag") or r.headers.get("ETag")
     if not commit or not raw_etag:
@@ -334,6 +334,24 @@ def _download_locked(url, dest: Path, partial: Path, token, retries, retry_delay
         headers["Authorization"] = f"Bearer {token}"
     session = requests.Session()
     session.max_redirects = 5
+    resumed = partial.is_file() and not partial.is_symlink() and partial.stat().st_size > 0
+    remote = _fetch_with_retries(session, url, dest, partial, headers, retries, retry_delay, progress, timeout)
+    problem = _problem(partial, remote, validate)
+    if problem and resumed and remote.sha256 is not None:
+        # A partial left by an earlier run was of another revision (or damaged): once more, from zero.
+        log.warning("%s: %s after resuming an earlier partial download; downloading it again from zero",
+                    dest.name, problem)  # fmt: skip
+        partial.unlink()
+        remote = _fetch_with_retries(session, url, dest, partial, headers, retries, retry_delay, progress, timeout)
+        problem = _problem(partial, remote, validate)
+    if problem:
+        partial.unlink()
+        raise DownloadError(f"{url}: {problem}; nothing was kept. Check the network or HF_ENDPOINT and run again")
+    os.replace(partial, dest)
+
+
+def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_delay, progress, timeout) -> _Remote:
+    """Ask for the file's description and bytes, retrying transient failures with a warning per retry."""
     remote = None
     for attempt in range(retries + 1):
         if attempt:
@@ -344,9 +362,9 @@ def _download_locked(url, dest: Path, partial: Path, token, retries, retry_delay
         try:
             remote = _remote_file(session, url, headers, timeout)
             _fetch_into(session, url, partial, headers, remote, progress, dest.name, timeout)
-            break
+            return remote
         except requests.TooManyRedirects as e:
-            raise DownloadError(f"{url}: the server keeps redirecting (a loop); check HF_ENDPOINT or try again later") from e
+            raise DownloadError(_redirect_loop(url)) from e
         except _RETRYABLE as e:
             # Transient: retry, resuming from what arrived; but without DNS, retrying will not help.
             error = e
@@ -359,8 +377,11 @@ def _download_locked(url, dest: Path, partial: Path, token, retries, retry_delay
                     f"HF_ENDPOINT to a reachable mirror, or place {', '.join(CHECKPOINT_FILES)} in {dest.parent} "
                     f"by hand" + ("; what arrived is kept and the next run resumes" if keep else "")
                 ) from e
-    _verify(url, partial, remote, validate)
-    os.replace(partial, dest)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _redirect_loop(url: str) -> str:
+    return f"{url}: the server keeps redirecting (a loop); check HF_ENDPOINT or try again later"
 
 
 def _resumable(remote: _Remote | None) -> bool:
@@ -368,26 +389,23 @@ def _resumable(remote: _Remote | None) -> bool:
     return remote is not None and remote.sha256 is not None
 
 
-def _verify(url: str, partial: Path, remote: _Remote, validate) -> None:
-    """Raise DownloadError (removing the partial) unless it is exactly the file the server described."""
+def _problem(partial: Path, remote: _Remote, validate) -> str | None:
+    """Why `partial` is not exactly the file the server described, or None."""
     got = partial.stat().st_size
-    problem = None
     if remote.size is not None and got != remote.size:
-        problem = f"received {got} bytes, the server announced {remote.size}"
-    elif remote.sha256 is not None and _digest_of(partial, hashlib.sha256()) != remote.sha256:
-        problem = f"the sha256 does not match the server's ({remote.sha256})"
-    elif remote.git_sha1 is not None and _digest_of(partial, hashlib.sha1(), b"blob %d\0" % got) != remote.git_sha1:
-        problem = f"the git hash does not match the server's ETag ({remote.git_sha1})"
-    elif validate is not None:
+        return f"received {got} bytes, the server announced {remote.size}"
+    if remote.sha256 is not None and _digest_of(partial, hashlib.sha256()) != remote.sha256:
+        return f"the sha256 does not match the server's ({remote.sha256})"
+    if remote.git_sha1 is not None and _digest_of(partial, hashlib.sha1(), b"blob %d\0" % got) != remote.git_sha1:
+        return f"the git hash does not match the server's ETag ({remote.git_sha1})"
+    if validate is not None:
         try:
             validate(partial)
-        except (CheckpointError, ValueError) as e:
+        except ValueError as e:  # CheckpointError is a ValueError
             with open(partial, "rb") as f:
                 html = f.read(512).lstrip().lower().startswith((b"<!doctype html", b"<html"))
-            problem = ("the server sent a web page instead (a captive portal or proxy?)" if html else str(e))
-    if problem:
-        partial.unlink()
-        raise DownloadError(f"{url}: {problem}; nothing was kept. Check the network or HF_ENDPOINT and run again")
+            return "the server sent a web page instead (a captive portal or proxy?)" if html else str(e)
+    return None
 
 
 def _is_name_resolution_error(error: Exception) -> bool:

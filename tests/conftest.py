@@ -88,7 +88,7 @@ class FakeHub:
 
     Knobs for failure tests (keys are "owner/name/file"):
         drop_after[key] = n    the next GET of `key` sends n bytes, then hangs up
-        bad_sha256.add(key)    advertise a wrong sha256 for `key`
+        bad_sha256.add(key)    advertise a wrong hash for `key` (sha256, or git hash for a small file)
         truncate[key] = n      serve only the first n bytes but claim the full size
         fail[key] = n          answer the next n requests for `key` with HTTP 503
         status[key] = code     answer every request for `key` with this status (401, 403, ...)
@@ -181,6 +181,8 @@ class FakeHub:
                         X_Linked_Size=str(len(content)), X_Linked_Etag=f'"{sha}"',
                     )  # fmt: skip
                 etag = f'"{sha}"' if cdn else '"' + git_blob_sha1(content) + '"'
+                if key in hub.bad_sha256 and not cdn:
+                    etag = '"' + "0" * 40 + '"'
                 start = 0
                 rng = self.headers.get("Range")
                 if_range = self.headers.get("If-Range")

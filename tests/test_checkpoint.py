@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -19,7 +21,7 @@ from specdec.checkpoint import (
     resolve_model,
 )
 
-from conftest import hub_tensors, save_folder, tiny_model, write_checkpoint, write_safetensors
+from conftest import ROOT, hub_tensors, save_folder, tiny_model, write_checkpoint, write_safetensors
 
 REPO = "tiny-org/tiny-gpt2"
 
@@ -415,3 +417,181 @@ def test_safetensors_writer_round_trips(tmp_path):
     assert (tensors["h.0.attn.c_attn.weight"] == model.weights.blocks[0].attn_c_attn.weight).all()
     loaded = load_folder(tmp_path, with_tokenizer=False)
     assert (loaded([1, 2, 3]) == model([1, 2, 3])).all()
+
+
+# --- downloads that never leave a wrong file behind --------------------------------------
+
+FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")
+FOLDER = "tiny-org--tiny-gpt2"
+
+_CHILD = """
+import sys
+from specdec.checkpoint import load_model
+print("ready", flush=True)
+sys.stdin.readline()  # start together
+model = load_model(sys.argv[1], sys.argv[2], progress=False)
+print(model.n_layer)
+"""
+
+
+def test_concurrent_processes_download_each_file_once(served):
+    """Three processes load the same model from a slow server: one GET per file, all succeed, same bytes."""
+    hub, _, models_dir = served
+    hub.delay = 0.02  # 178 kB of weights take about a second: the processes overlap
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "PYTHONPATH": str(ROOT)}
+    env.pop("HF_HUB_OFFLINE", None)
+    children = [
+        subprocess.Popen([sys.executable, "-c", _CHILD, REPO, str(models_dir)], env=env, cwd=ROOT,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        for _ in range(3)
+    ]
+    assert [child.stdout.readline() for child in children] == ["ready\n"] * 3
+    for child in children:
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    outputs = [child.communicate(timeout=60) for child in children]
+    assert [child.returncode for child in children] == [0, 0, 0], outputs
+    assert all(out.strip() == "2" for out, _ in outputs)
+    assert any("waiting for another process" in err for _, err in outputs), "the processes did not overlap"
+    assert {f: hub.gets(f) for f in FILES} == {f: 1 for f in FILES}
+    for f in FILES:
+        assert (models_dir / FOLDER / f).read_bytes() == hub.files[f"{REPO}/{f}"]
+    assert not list((models_dir / FOLDER).glob("*.incomplete"))
+
+
+def test_a_waiting_process_reuses_the_finished_file(served, tmp_path):
+    """While one process holds a file's lock, another waits, then uses its file without a request."""
+    hub, _, _ = served
+    dest = tmp_path / "out" / "config.json"
+    dest.parent.mkdir()
+    (dest.parent / ".locks").mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(dest.parent / ".locks" / "config.json.lock"), str(dest)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "locked"
+    url = f"{hub.url}/{REPO}/resolve/main/config.json"
+    assert download_file(url, dest, progress=False) == dest  # blocks until the holder has written dest
+    holder.wait(timeout=10)
+    assert dest.read_text() == "written by the lock holder"
+    assert hub.requests == []
+
+
+_HOLD_LOCK = """
+import fcntl, sys, time
+with open(sys.argv[1], "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    print("locked", flush=True)
+    time.sleep(0.5)
+    open(sys.argv[2], "w").write("written by the lock holder")
+"""
+
+
+def test_a_verified_file_is_never_written_again(served):
+    hub, model, models_dir = served
+    load_model(REPO, models_dir, progress=False)
+    before = {f: (models_dir / FOLDER / f).stat().st_mtime_ns for f in FILES}
+    n = len(hub.requests)
+    download_file(f"{hub.url}/{REPO}/resolve/main/model.safetensors", models_dir / FOLDER / "model.safetensors")
+    assert len(hub.requests) == n
+    assert {f: (models_dir / FOLDER / f).stat().st_mtime_ns for f in FILES} == before
+
+
+def test_small_files_are_never_spliced_onto_an_old_partial(served):
+    """A partial config.json from an older revision is not resumed: the file starts from zero."""
+    hub, _, models_dir = served
+    folder = models_dir / FOLDER
+    folder.mkdir(parents=True)
+    old = hub.files[f"{REPO}/config.json"].replace(b'"layer_norm_epsilon": 1e-05', b'"layer_norm_epsilon": 0.1')
+    (folder / "config.json.incomplete").write_bytes(old[:50])
+    load_model(REPO, models_dir, progress=False)
+    assert (folder / "config.json").read_bytes() == hub.files[f"{REPO}/config.json"]
+    assert not any(r for (_, p, r) in hub.requests if p.endswith("config.json"))
+
+
+def test_a_weights_partial_of_another_revision_is_restarted_from_zero(served, caplog):
+    """A partial model.safetensors that is not a prefix of today's file: resumed, the sha256 fails, then
+    the file is fetched whole once more (If-Range guards the same splice within a run)."""
+    hub, model, models_dir = served
+    key = f"{REPO}/model.safetensors"
+    folder = models_dir / FOLDER
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors.incomplete").write_bytes(b"\0" * 1000)
+    assert_same_model(load_model(REPO, models_dir, progress=False), model)
+    assert (folder / "model.safetensors").read_bytes() == hub.files[key]
+    cdn = [(r, h) for (m, p, r), (_, h) in zip(hub.requests, hub.authorizations) if p.startswith("/cdn/")]
+    assert [r for r, _ in cdn] == ["bytes=1000-", None]
+    assert "downloading it again from zero" in caplog.text
+
+
+def test_the_server_git_hash_is_checked_for_small_files(served):
+    hub, _, models_dir = served
+    hub.bad_sha256.add(f"{REPO}/vocab.json")
+    with pytest.raises(DownloadError, match="vocab.json: the git hash does not match"):
+        load_model(REPO, models_dir, progress=False)
+    assert not (models_dir / FOLDER / "vocab.json").exists()
+
+
+def test_a_captive_portal_is_refused_and_nothing_is_stored(served):
+    """Every request answered 200 with an HTML page: nothing is kept; once the network is fixed, all loads."""
+    hub, model, models_dir = served
+    hub.portal = True
+    with pytest.raises(DownloadError, match="not a Hugging Face Hub.*captive portal"):
+        load_model(REPO, models_dir, progress=False)
+    assert not [p for p in (models_dir / FOLDER).iterdir() if not p.name.startswith(".")]
+    hub.portal = False
+    assert_same_model(load_model(REPO, models_dir, progress=False), model)
+
+
+@pytest.mark.parametrize("filename", FILES)
+def test_a_file_that_fails_validation_never_gets_its_name(served, filename):
+    """The Hub itself serves an HTML page under a checkpoint's name (hashes and all): refused."""
+    hub, _, models_dir = served
+    hub.files[f"{REPO}/{filename}"] = b"<!DOCTYPE html><html>Bad gateway</html>\n"
+    with pytest.raises(DownloadError, match=f"{filename}: the server sent a web page instead.*nothing was kept"):
+        load_model(REPO, models_dir, progress=False)
+    assert not (models_dir / FOLDER / filename).exists()
+    assert not (models_dir / FOLDER / f"{filename}.incomplete").exists()
+
+
+@pytest.mark.parametrize(
+    "filename,content,message",
+    [
+        ("config.json", b"[1, 2]", "not a JSON object"),
+        ("vocab.json", b'{"a": 1', "not valid JSON"),
+        ("merges.txt", b"#version: 0.2\nab\n", "line 2 is not two tokens"),
+        ("model.safetensors", b"\x10" + b"\0" * 7 + b"{}", "header length"),
+    ],
+)
+def test_malformed_downloads_are_refused(served, filename, content, message):
+    hub, _, models_dir = served
+    hub.files[f"{REPO}/{filename}"] = content
+    with pytest.raises(DownloadError, match=message):
+        load_model(REPO, models_dir, progress=False)
+    assert not (models_dir / FOLDER / filename).exists()
+
+
+def test_a_planted_symlink_partial_is_not_followed(served, tmp_path):
+    hub, model, models_dir = served
+    folder = models_dir / FOLDER
+    folder.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    for f in FILES:
+        (folder / f"{f}.incomplete").symlink_to(victim)
+    assert_same_model(load_model(REPO, models_dir, progress=False), model)
+    assert victim.read_text() == "precious"
+    assert (folder / "vocab.json").read_bytes() == hub.files[f"{REPO}/vocab.json"]
+
+
+@pytest.mark.parametrize("bad", ["a--b/c", "a/b--c", "a/b\n", "a/b.", "-a/b", "a/..b", "a/" + "b" * 97])
+def test_repo_ids_follow_the_hub_rules(tmp_path, bad):
+    with pytest.raises(ValueError, match="unknown model"):
+        resolve_model(bad, tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_repo_ids_map_to_distinct_folders(tmp_path):
+    assert resolve_model("a-b/c", tmp_path)[0] == tmp_path / "a-b--c"
+    assert resolve_model("a/b-c", tmp_path)[0] == tmp_path / "a--b-c"
+    assert resolve_model("a.b/c_d.e", tmp_path)[0] == tmp_path / "a.b--c_d.e"
