@@ -1,0 +1,395 @@
+"""The prompt suite: how well each drafter does on each kind of text.
+
+What it adds over the library: measurements on a fixed, committed set of
+prompts (specdec/prompts.json) in five categories: copying from the prompt,
+code, free continuation, lists and templates, dialogue. It is a CPU-sized take
+on Spec-Bench (Xia et al., arXiv 2401.07851), which showed that a drafter's
+speedup depends strongly on the kind of text.
+
+Two measurements:
+
+    python -m specdec.suite --target 355M --drafts 124M,ngram,early_exit:12
+        per category and drafter: speedup (autoregressive time / speculative
+        time), tau (tokens per verification round, the bonus or corrected token
+        included; 1 for plain decoding) and alpha (accepted / judged drafts).
+
+    python -m specdec.suite --alpha-table
+        the acceptance rate alpha of every draft -> target pair of the GPT-2
+        family found on disk (distilgpt2, 124M, 355M, 774M, 1558M) at
+        temperatures 0, 0.7 and 1, as a markdown table. Real weights only: it
+        never downloads.
+
+How the alpha table measures alpha. Leviathan et al. (arXiv 2211.17192,
+section 3.1) define a position's acceptance as beta = sum_x min(p(x), q(x))
+for the target's and draft's distributions p and q there, and alpha = E[beta].
+So no speculative run is needed: the target writes a continuation of each
+prompt (at the table's temperature), then one forward pass of each model over
+prompt + continuation gives p and q at every generated position, and alpha is
+the mean of beta over them. At temperature 0, beta is 1 where the two argmaxes
+agree and 0 elsewhere. This is exact in expectation and has far less variance
+than counting accepted drafts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Callable, TextIO
+
+import numpy as np
+
+from .autoregressive import autoregressive_sample
+from .costmodel import drafts_judged
+from .gpt2 import GPT2, HParams
+from .sampling import SamplingParams, probabilities
+from .speculative import speculative_sample
+
+# The released GPT-2 family, smallest first (distilgpt2 has 6 layers of 124M's width).
+GPT2_FAMILY = ("distilgpt2", "124M", "355M", "774M", "1558M")
+TEMPERATURES = (0.0, 0.7, 1.0)
+
+
+def load_prompts(path: str | Path | None = None) -> dict[str, list[str]]:
+    """{category: [prompt, ...]} from the committed suite (or a JSON file of the same layout)."""
+    if path is None:
+        text = resources.files("specdec").joinpath("prompts.json").read_text(encoding="utf-8")
+    else:
+        text = Path(path).read_text(encoding="utf-8")
+    data = json.loads(text)
+    try:
+        suite = {name: list(cat["prompts"]) for name, cat in data["categories"].items()}
+    except (KeyError, TypeError, AttributeError):
+        raise ValueError(f"{path or 'prompts.json'}: expected {{'categories': {{name: {{'prompts': [...]}}}}}}") from None
+    if not suite or not all(suite.values()) or not all(isinstance(p, str) and p for ps in suite.values() for p in ps):
+        raise ValueError(f"{path or 'prompts.json'}: every category needs at least one non-empty prompt")
+    return suite
+
+
+def encode(model: GPT2, text: str) -> list[int]:
+    if model.tokenizer is None:
+        raise ValueError(f"{model.name} has no tokenizer: the suite's prompts are text")
+    return model.tokenizer.encode(text, allowed_special="all")
+
+
+# ---------------------------------------------------------------------------
+# Speedup, tau and alpha per category and drafter.
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """Sums over the prompts of one category, for one drafter."""
+
+    ar_seconds: float = 0.0
+    spec_seconds: float = 0.0
+    tokens: int = 0
+    rounds: int = 0
+    accepted: int = 0
+    judged: int = 0
+    prompts: int = 0
+
+    def add(self, ar_seconds: float, spec_seconds: float, result) -> None:
+        self.ar_seconds += ar_seconds
+        self.spec_seconds += spec_seconds
+        self.tokens += len(result.tokens)
+        self.rounds += len(result.k_per_round)
+        self.accepted += sum(result.accepted_per_round)
+        self.judged += sum(drafts_judged(k, n) for k, n in zip(result.k_per_round, result.accepted_per_round) if k)
+        self.prompts += 1
+
+    def row(self) -> dict:
+        ratio = lambda a, b: a / b if b else math.nan  # noqa: E731
+        return {"speedup": ratio(self.ar_seconds, self.spec_seconds), "tau": ratio(self.tokens, self.rounds),
+                "alpha": ratio(self.accepted, self.judged), "prompts": self.prompts, "tokens": self.tokens,
+                "ar_seconds": self.ar_seconds, "spec_seconds": self.spec_seconds}  # fmt: skip
+
+
+def _median_seconds(fn: Callable[[], object], repeats: int):
+    """(median wall time over repeats, the last call's return value)."""
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def run_suite(
+    target: GPT2,
+    drafts: dict[str, object],
+    prompts: dict[str, list[str]],
+    n_tokens: int = 48,
+    K: int = 4,
+    temperature: float = 0.0,
+    seed: int = 0,
+    repeats: int = 1,
+    say: Callable[[str], None] = lambda line: None,
+) -> dict[str, dict[str, dict]]:
+    """{drafter label: {category: row, ..., "all": row}}; a row has speedup, tau, alpha.
+
+    drafts: label -> what speculative_sample takes as `draft` (a GPT2, "ngram",
+    "early_exit:L", a drafter object). Every prompt is decoded once
+    autoregressively and once per drafter with the same seed; times are medians
+    over `repeats`. Speedups are ratios of summed times within a category.
+    """
+    settings = dict(temperature=temperature, seed=seed)
+    ids = {cat: [encode(target, p) for p in ps] for cat, ps in prompts.items()}
+    first = next(iter(ids.values()))[0]
+    autoregressive_sample(target, first, 4, **settings)  # warm-up: page in weights, start BLAS threads
+    for draft in drafts.values():
+        speculative_sample(target, draft, first, 4, K=K, **settings)
+
+    tallies = {label: {cat: Tally() for cat in [*prompts, "all"]} for label in drafts}
+    for cat, prompt_ids in ids.items():
+        for i, prompt in enumerate(prompt_ids):
+            say(f"  {cat} {i + 1}/{len(prompt_ids)}: {len(prompt)} prompt tokens")
+            ar_seconds, _ = _median_seconds(lambda: autoregressive_sample(target, prompt, n_tokens, **settings), repeats)
+            for label, draft in drafts.items():
+                spec_seconds, result = _median_seconds(
+                    lambda: speculative_sample(target, draft, prompt, n_tokens, K=K, **settings), repeats
+                )
+                for key in (cat, "all"):
+                    tallies[label][key].add(ar_seconds, spec_seconds, result)
+    return {label: {cat: t.row() for cat, t in by_cat.items()} for label, by_cat in tallies.items()}
+
+
+def suite_table(results: dict[str, dict[str, dict]], out: TextIO) -> None:
+    """Markdown: one row per category, speedup / tau / alpha for each drafter."""
+    labels = list(results)
+    cats = list(next(iter(results.values())))
+    out.write("| category | " + " | ".join(f"{x} speedup | {x} tau | {x} alpha" for x in labels) + " |\n")
+    out.write("|---" * (1 + 3 * len(labels)) + "|\n")
+    for cat in cats:
+        cells = []
+        for label in labels:
+            row = results[label][cat]
+            cells += [f"{row['speedup']:.2f}x", f"{row['tau']:.2f}", _num(row["alpha"])]
+        out.write(f"| {cat} | " + " | ".join(cells) + " |\n")
+
+
+def _num(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.2f}"
+
+
+# ---------------------------------------------------------------------------
+# The alpha table of the GPT-2 family.
+# ---------------------------------------------------------------------------
+
+
+def beta(p_logits: np.ndarray, q_logits: np.ndarray, temperature: float) -> np.ndarray:
+    """[n, n_vocab] target and draft logits -> [n] acceptance beta = sum_x min(p(x), q(x)) per row.
+
+    At temperature 0 both distributions are point masses on their argmax, so
+    beta is 1 where the argmaxes agree and 0 where they differ.
+    """
+    if temperature == 0:
+        return (p_logits.argmax(axis=-1) == q_logits.argmax(axis=-1)).astype(np.float64)
+    params = SamplingParams(temperature)
+    p, q = probabilities(p_logits, params), probabilities(q_logits, params)
+    return np.minimum(p, q).sum(axis=-1, dtype=np.float64)
+
+
+@dataclass
+class TargetRows:
+    """The target's side of the alpha table, for one temperature: each prompt's
+    text (prompt + the target's continuation) and the target's logits at the
+    positions that predicted the continuation."""
+
+    texts: list[list[int]] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)  # row r of prompt j's logits predicts texts[j][starts[j] + r + 1]
+    logits: list[np.ndarray] = field(default_factory=list)  # [n_tokens, n_vocab] each
+
+
+def target_rows(target: GPT2, prompts: list[list[int]], n_tokens: int, temperature: float, seed: int) -> TargetRows:
+    rows = TargetRows()
+    for j, prompt in enumerate(prompts):
+        new = autoregressive_sample(target, prompt, n_tokens, temperature=temperature, seed=seed + j).tokens
+        text = prompt + new
+        start = len(prompt) - 1  # the row of the prompt's last token predicts the first new token
+        rows.texts.append(text)
+        rows.starts.append(start)
+        rows.logits.append(target(text[:-1])[start:])  # [n_tokens, n_vocab]
+    return rows
+
+
+def pair_alpha(draft: GPT2, rows: TargetRows, temperature: float) -> float:
+    """Mean beta over every generated position of every prompt."""
+    betas = [beta(p, draft(text[:-1])[start:], temperature) for text, start, p in zip(rows.texts, rows.starts, rows.logits)]
+    return float(np.concatenate(betas).mean())
+
+
+def n_params(h: HParams) -> int:
+    """Parameters of a GPT-2 of these shapes (blocks: 12 n_embd^2 each; embeddings), to order models by size."""
+    return h.n_layer * 12 * h.n_embd**2 + (h.n_vocab + h.n_ctx) * h.n_embd
+
+
+def alpha_table(
+    load: Callable[[str], GPT2],
+    names: list[str],
+    prompts: dict[str, list[str]],
+    temperatures=TEMPERATURES,
+    n_tokens: int = 32,
+    seed: int = 0,
+    say: Callable[[str], None] = lambda line: None,
+) -> list[dict]:
+    """[{"draft", "target", "alpha": {T: alpha}}] for every pair of `names`
+    (smallest first), the smaller model drafting for the larger. Models are
+    loaded by `load(name)` one target at a time (plus one draft), so memory
+    holds two models at most."""
+    table = []
+    for t_index, target_name in enumerate(names[1:], start=1):
+        target = load(target_name)
+        texts = [encode(target, p) for ps in prompts.values() for p in ps]
+        rows = {}
+        for T in temperatures:
+            say(f"  {target_name}: writing {len(texts)} continuations of {n_tokens} tokens at T={T}")
+            rows[T] = target_rows(target, texts, n_tokens, T, seed)
+        for draft_name in names[:t_index]:
+            draft = load(draft_name)
+            if draft.n_vocab != target.n_vocab:
+                raise ValueError(f"{draft_name} and {target_name} have different vocabularies")
+            say(f"  {draft_name} -> {target_name}")
+            table.append({"draft": draft_name, "target": target_name,
+                          "alpha": {T: pair_alpha(draft, rows[T], T) for T in temperatures}})  # fmt: skip
+            del draft
+        del target
+    return table
+
+
+def alpha_markdown(table: list[dict], out: TextIO) -> None:
+    temperatures = list(table[0]["alpha"]) if table else list(TEMPERATURES)
+    out.write("| draft -> target | " + " | ".join(f"T = {T:g}" for T in temperatures) + " |\n")
+    out.write("|---" * (1 + len(temperatures)) + "|\n")
+    for row in table:
+        cells = [f"{row['alpha'][T]:.3f}" for T in temperatures]
+        out.write(f"| {row['draft']} -> {row['target']} | " + " | ".join(cells) + " |\n")
+
+
+def model_hparams(name: str, models_dir: str | Path) -> HParams:
+    """A model's shapes from its config.json, without loading the weights."""
+    from .checkpoint import read_hparams, resolve_model
+
+    return read_hparams(resolve_model(name, models_dir)[0] / "config.json")
+
+
+def present_models(models_dir: str | Path, names=GPT2_FAMILY) -> list[str]:
+    """The names among `names` whose checkpoint files are all in models_dir (no download)."""
+    from .checkpoint import CHECKPOINT_FILES, resolve_model
+
+    present = []
+    for name in names:
+        folder, _ = resolve_model(name, models_dir)
+        if all((folder / f).is_file() for f in CHECKPOINT_FILES):
+            present.append(name)
+    return present
+
+
+# ---------------------------------------------------------------------------
+# The command line.
+# ---------------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    paragraphs = __doc__.split("\n\n")
+    p = argparse.ArgumentParser(prog="python -m specdec.suite", description=paragraphs[0],
+                                epilog="\n\n".join(paragraphs[2:4]), formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--alpha-table", action="store_true", help="measure alpha of every draft/target pair on disk")
+    p.add_argument("--models", help="--alpha-table: comma-separated names or folders (default: the GPT-2 family "
+                   "members present in --models-dir)")  # fmt: skip
+    p.add_argument("--models-dir", default="models", help="where checkpoints are looked for (default: %(default)s)")
+    p.add_argument("--target", default="355M", help="suite: the target model (default: %(default)s)")
+    p.add_argument("--drafts", default="124M,ngram,early_exit:12",
+                   help="suite: comma-separated drafters, model names or folders, 'ngram', 'ngram:N', "
+                        "'early_exit:L' (default: %(default)s)")  # fmt: skip
+    p.add_argument("--prompts", help="a JSON prompt suite in prompts.json's layout (default: the committed one)")
+    p.add_argument("--categories", help="comma-separated categories to run (default: all)")
+    p.add_argument("--n-tokens", type=int, help="new tokens per prompt (default 48; 32 for --alpha-table)")
+    p.add_argument("--K", type=int, default=4, help="suite: draft tokens per round (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, help="suite: sampling temperature (default: 0)")
+    p.add_argument("--temperatures", default="0,0.7,1", help="--alpha-table: temperatures (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=1, help="suite: timed runs per prompt, median kept (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
+    p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON to PATH")
+    args = p.parse_args(argv)
+    if args.n_tokens is None:
+        args.n_tokens = 32 if args.alpha_table else 48
+    if args.n_tokens < 1 or args.K < 1 or args.repeats < 1:
+        p.error("--n-tokens, --K and --repeats must be at least 1")
+    try:
+        args.temperatures = [float(t) for t in args.temperatures.split(",")]
+        for T in [*args.temperatures, args.temperature]:
+            SamplingParams(T)
+    except ValueError:
+        p.error("temperatures must be numbers >= 0, e.g. --temperatures 0,0.7,1")
+    try:
+        args.suite = load_prompts(args.prompts)
+    except (OSError, ValueError) as e:
+        p.error(str(e))
+    if args.categories:
+        wanted = args.categories.split(",")
+        unknown = [c for c in wanted if c not in args.suite]
+        if unknown:
+            p.error(f"unknown categories {', '.join(unknown)}: the suite has {', '.join(args.suite)}")
+        args.suite = {c: args.suite[c] for c in wanted}
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from .checkpoint import CheckpointError, DownloadError, load_model
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def load(name: str) -> GPT2:
+        return load_model(name, args.models_dir, progress=True)
+
+    try:
+        if args.alpha_table:
+            names = args.models.split(",") if args.models else present_models(args.models_dir)
+            missing = [name for name in names if not present_models(args.models_dir, [name])]
+            if missing:
+                say(f"python -m specdec.suite: error: not on disk: {', '.join(missing)} (the alpha table never "
+                    f"downloads; looked in {args.models_dir})")  # fmt: skip
+                return 1
+            names = sorted(names, key=lambda name: n_params(model_hparams(name, args.models_dir)))
+            if len(names) < 2:
+                say(f"--alpha-table needs at least two models on disk; found {names or 'none'} in {args.models_dir}. "
+                    f"It measures the real GPT-2 family: download them first, e.g. python main.py "
+                    f"--target_model_size 355M --draft 124M --models_dir {args.models_dir}")  # fmt: skip
+                return 1
+            say(f"alpha table: {', '.join(names)}; {sum(map(len, args.suite.values()))} prompts, "
+                f"{args.n_tokens} tokens each, T = {', '.join(map(str, args.temperatures))}")  # fmt: skip
+            table = alpha_table(load, names, args.suite, args.temperatures, args.n_tokens, args.seed, say)
+            alpha_markdown(table, sys.stdout)
+            numbers = table
+        else:
+            target = load(args.target)
+            drafts = {}
+            for label in args.drafts.split(","):
+                model_free = label.split(":")[0] in ("ngram", "early_exit")
+                drafts[label] = label if model_free else target if label == args.target else load(label)
+            say(f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "
+                f"{args.n_tokens} tokens per prompt")  # fmt: skip
+            numbers = run_suite(target, drafts, args.suite, args.n_tokens, args.K, args.temperature, args.seed,
+                                args.repeats, say)  # fmt: skip
+            suite_table(numbers, sys.stdout)
+    except (ValueError, CheckpointError, DownloadError, OSError) as e:
+        say(f"python -m specdec.suite: error: {e}")
+        return 1
+    if args.json:
+        from .harness import jsonable
+
+        Path(args.json).write_text(json.dumps(jsonable(numbers), indent=1, allow_nan=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""specdec.suite: the committed prompt suite, the per-category benchmark and the alpha table,
+on tiny checkpoints with a tiny tokenizer (the real runs need real weights)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from conftest import SHARED_TOKENIZER, TINY_HPARAMS, tiny_model, write_checkpoint
+
+from specdec import suite
+from specdec.checkpoint import load_folder
+
+HPARAMS = dataclasses.replace(TINY_HPARAMS, n_ctx=512)  # the suite's prompts are a few hundred bytes
+CATEGORIES = {"copy", "code", "continuation", "lists", "dialogue"}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("suite")
+    small = dataclasses.replace(HPARAMS, n_layer=1)
+    return {
+        "big": write_checkpoint(root / "big", tiny_model(seed=0, hparams=HPARAMS)),
+        "small": write_checkpoint(root / "small", tiny_model(seed=1, hparams=small)),
+        "twin": write_checkpoint(root / "twin", tiny_model(seed=0, hparams=HPARAMS)),  # the same weights as big
+    }
+
+
+def one_per_category(n: int = 1) -> dict[str, list[str]]:
+    return {cat: prompts[:n] for cat, prompts in suite.load_prompts().items()}
+
+
+def test_the_committed_suite():
+    prompts = suite.load_prompts()
+    assert set(prompts) == CATEGORIES
+    assert all(len(ps) >= 4 for ps in prompts.values())
+    assert len({p for ps in prompts.values() for p in ps}) == sum(map(len, prompts.values()))  # no duplicates
+    if (SHARED_TOKENIZER / "vocab.json").is_file():  # with GPT-2's tokenizer: every prompt leaves room to generate
+        from specdec.tokenizer import load_tokenizer
+
+        enc = load_tokenizer(SHARED_TOKENIZER / "vocab.json", SHARED_TOKENIZER / "merges.txt")
+        assert max(len(enc.encode(p)) for ps in prompts.values() for p in ps) < 128
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [("{}", "expected"), ('{"categories": {"a": {"prompts": []}}}', "at least one"), ("[1]", "expected")],
+)
+def test_a_bad_prompt_file_is_refused(tmp_path, content, message):
+    path = tmp_path / "p.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        suite.load_prompts(path)
+
+
+def test_beta_by_hand():
+    p = np.log(np.array([[0.5, 0.5, 0.0001], [0.9, 0.05, 0.05]], dtype=np.float32))
+    q = np.log(np.array([[0.5, 0.0001, 0.5], [0.2, 0.7, 0.1]], dtype=np.float32))
+    np.testing.assert_allclose(suite.beta(p, q, 1.0), [0.5, 0.2 + 0.05 + 0.05], atol=1e-3)
+    assert suite.beta(p, q, 0.0).tolist() == [1.0, 0.0]  # argmax 0 (a tie: the first) vs 0; 0 vs 1
+    assert suite.beta(p, p, 0.7) == pytest.approx([1.0, 1.0], abs=1e-6)
+
+
+def test_alpha_table_pairs_and_values(folders):
+    models = {name: load_folder(folder, name=name) for name, folder in folders.items()}
+    prompts = {"lists": suite.load_prompts()["lists"][:2]}
+    table = suite.alpha_table(models.__getitem__, ["small", "twin", "big"], prompts, (0.0, 1.0), n_tokens=6)
+    pairs = [(row["draft"], row["target"]) for row in table]
+    assert pairs == [("small", "twin"), ("small", "big"), ("twin", "big")]
+    alpha = {pair: row["alpha"] for pair, row in zip(pairs, table)}
+    assert alpha[("twin", "big")] == {0.0: 1.0, 1.0: pytest.approx(1.0, abs=1e-5)}  # identical weights agree
+    for T in (0.0, 1.0):
+        assert 0 <= alpha[("small", "big")][T] < 0.99  # an unrelated draft does not
+    assert alpha[("small", "big")][0.0] * 12 == pytest.approx(round(alpha[("small", "big")][0.0] * 12))  # k / 12
+
+
+def test_run_suite_rows(folders):
+    target, draft = load_folder(folders["big"]), load_folder(folders["small"])
+    drafts = {"small": draft, "self": target, "ngram": "ngram"}
+    out = suite.run_suite(target, drafts, one_per_category(), n_tokens=8, K=3)
+    assert set(out) == set(drafts)
+    for label, rows in out.items():
+        assert set(rows) == CATEGORIES | {"all"}
+        assert rows["all"]["tokens"] == 8 * len(CATEGORIES) and rows["all"]["prompts"] == len(CATEGORIES)
+        for row in rows.values():
+            assert 1 <= row["tau"] <= 4 and row["speedup"] > 0
+    assert out["self"]["all"]["alpha"] == 1.0 and out["self"]["all"]["tau"] == pytest.approx(8 / 2)  # 4 + 4 tokens
+    assert out["small"]["all"]["alpha"] < 1
+
+
+def test_suite_cli(folders, capsys, tmp_path):
+    path = tmp_path / "out.json"
+    argv = ["--target", str(folders["big"]), "--drafts", f"{folders['small']},ngram", "--n-tokens", "6",
+            "--categories", "lists,dialogue", "--json", str(path)]  # fmt: skip
+    assert suite.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| category | ") and len(lines) == 2 + 3  # header, rule, lists, dialogue, all
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| lists", "| dialogue", "| all"]
+    assert set(json.loads(path.read_text())) == {str(folders["small"]), "ngram"}
+
+
+def test_alpha_table_cli(folders, capsys, tmp_path):
+    argv = ["--alpha-table", "--models", f"{folders['big']},{folders['small']}", "--n-tokens", "4",
+            "--categories", "code", "--temperatures", "0,1"]  # fmt: skip
+    assert suite.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| draft -> target | T = 0 | T = 1 |"
+    assert lines[2].startswith(f"| {folders['small']} -> {folders['big']} |")  # smaller drafts for larger
+
+    assert suite.main(["--alpha-table", "--models-dir", str(tmp_path)]) == 1
+    assert "needs at least two models on disk" in capsys.readouterr().err
+    assert suite.main(["--alpha-table", "--models", f"{folders['big']},124M", "--models-dir", str(tmp_path)]) == 1
+    assert "not on disk: 124M" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--categories", "poetry"], "unknown categories poetry"), (["--temperatures", "0,x"], "temperatures"),
+     (["--n-tokens", "0"], "at least 1")],  # fmt: skip
+)
+def test_bad_flags(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        suite.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
