@@ -1,0 +1,147 @@
+"""The cost model for trees: expected tokens per target pass, and the node budget that pays.
+
+What this adds over costmodel.py (one chain, one acceptance rate alpha): a tree
+spends N draft nodes on several candidates per position, and one target pass
+over N + 1 tokens costs r(N + 1) steps, which on a CPU grows with N (r(5) is
+about 2, r(9) about 2.8 for GPT-2 124M here). Whether a wider tree pays
+depends on how often the second, third ... candidate is the one accepted.
+
+Acceptance by position (Sequoia, Chen et al., arXiv 2402.12374, section 3, makes
+the same "positional acceptance" assumption):
+    a[d, j]  the chance that, at depth d, the candidate of rank j (0 = tested
+             first) is accepted, given that the path reached its parent and
+             candidates 0 .. j-1 were rejected.
+A node of depth d and rank j is on the accepted path with probability
+    P(node) = P(parent) * (1 - a[d, 0]) * ... * (1 - a[d, j-1]) * a[d, j],   P(root) = 1,
+and since a round emits its accepted path plus one target token,
+    tau = E[tokens per target pass] = 1 + sum over nodes of P(node).
+For a chain, a[d, 0] = alpha for all d gives 1 + alpha + .. + alpha^k, the
+chain formula (costmodel.expected_tokens_per_round).
+
+Speed: a round drafts (cost `draft_cost(n)` in target steps) and verifies n + 1
+tokens (r(n + 1)), so the predicted speedup over plain decoding is
+    tau(n) / (draft_cost(n) + r(n + 1)).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from .costmodel import verify_cost
+from .verification import children_of
+
+
+class TreeAcceptance:
+    """Online estimate of a[d, j] from verified rounds: decaying counts per (depth, rank).
+
+    Starts from `prior` (a[d, j] = prior * 0.5**j: later candidates are usually
+    worse), weighted as `prior_weight` trials, and forgets with `decay` per
+    update, like costmodel.CostModelK, so it follows the text.
+    """
+
+    def __init__(self, max_depth: int = 16, max_rank: int = 16, prior: float = 0.6, prior_weight: float = 2.0,
+                 decay: float = 0.95):  # fmt: skip
+        if not (0 <= prior <= 1 and prior_weight > 0 and 0 < decay <= 1):
+            raise ValueError("TreeAcceptance needs 0 <= prior <= 1, prior_weight > 0 and 0 < decay <= 1")
+        self.decay = decay
+        self.trials = np.full((max_depth, max_rank), prior_weight)  # [depth, rank]
+        self.hits = self.trials * prior * 0.5 ** np.arange(max_rank)  # [depth, rank]
+
+    @property
+    def rates(self) -> np.ndarray:
+        """a[d, j], [max_depth, max_rank]."""
+        return self.hits / self.trials
+
+    def update(self, parents: list[int], path: list[int]) -> None:
+        """Count one verified tree: at every node the path reached, each child tested and whether it was accepted."""
+        self.trials *= self.decay
+        self.hits *= self.decay
+        children = children_of(parents)
+        max_depth, max_rank = self.trials.shape
+        for depth, node in enumerate([-1, *path][:max_depth]):
+            accepted = path[depth] if depth < len(path) else None
+            for rank, child in enumerate(children[node + 1][:max_rank]):
+                self.trials[depth, rank] += 1
+                if child == accepted:
+                    self.hits[depth, rank] += 1
+                    break
+
+    def node_probabilities(self, parents: list[int]) -> np.ndarray:
+        """P(node on the accepted path) for every node of a tree (the formula in the module docstring).  [n]"""
+        a = self.rates
+        children = children_of(parents)
+        reach = np.zeros(len(parents))
+        depth = np.zeros(len(parents), dtype=int)
+        for parent_row, kids in enumerate(children):  # parents come first, so P(parent) is known
+            parent = parent_row - 1
+            d = depth[parent] + 1 if parent >= 0 else 0
+            rest = reach[parent] if parent >= 0 else 1.0  # P(parent reached, earlier siblings rejected)
+            for rank, child in enumerate(kids):
+                rate = a[min(d, a.shape[0] - 1), min(rank, a.shape[1] - 1)]
+                reach[child], depth[child] = rest * rate, d
+                rest *= 1 - rate
+        return reach
+
+    def expected_tokens(self, parents: list[int]) -> float:
+        """tau for a given tree: 1 + sum of P(node)."""
+        return 1.0 + float(self.node_probabilities(parents).sum())
+
+    def best_trees(self, n_max: int) -> tuple[list[float], list[int]]:
+        """tau(n) and depth(n) of the best trees of n = 0 .. n_max nodes, grown greedily.
+
+        Start from the root; repeatedly add the candidate node with the highest
+        P(node): the next untried rank under a node already in the tree, or the
+        first child of one. (A greedy stand-in for Sequoia's dynamic program.)
+        """
+        a = self.rates
+        max_depth, max_rank = a.shape
+        taus, depths = [1.0], [0]
+        # Candidates: (-P(node), depth, rank, P(parent reached and ranks < rank rejected)).
+        heap = [(-a[0, 0], 0, 0, 1.0)]
+        tau, deepest = 1.0, 0
+        while len(taus) <= n_max and heap:
+            neg_p, d, j, rest = heapq.heappop(heap)
+            tau += -neg_p
+            deepest = max(deepest, d + 1)
+            taus.append(tau)
+            depths.append(deepest)
+            if j + 1 < max_rank:  # its next sibling
+                rest_after = rest * (1 - a[d, j])
+                heapq.heappush(heap, (-rest_after * a[d, j + 1], d, j + 1, rest_after))
+            if d + 1 < max_depth:  # its first child
+                heapq.heappush(heap, (neg_p * a[d + 1, 0], d + 1, 0, -neg_p))
+        return taus, depths
+
+
+def predicted_tree_speedup(tau: float, n: int, draft_cost: float, r=None) -> float:
+    """Tokens per round over the round's cost in target steps: tau / (draft_cost + r(n + 1))."""
+    return tau / (draft_cost + verify_cost(n + 1, r))
+
+
+class TreePolicy:
+    """`tree="auto"`: before each round, the node budget n in 1..n_max with the best predicted speedup.
+
+    c: a draft pass's cost in target steps (0 for the n-gram drafter); the
+    drafting cost of an n-node tree is taken as c per layer of the best n-node
+    tree. r: the measured verification curve (costmodel.verify_cost).
+    """
+
+    def __init__(self, c: float, r=None, n_max: int = 16, acceptance: TreeAcceptance | None = None):
+        if c < 0 or n_max < 1:
+            raise ValueError("TreePolicy needs c >= 0 and n_max >= 1")
+        self.c, self.r, self.n_max = c, r, n_max
+        self.acceptance = acceptance or TreeAcceptance()
+
+    def predictions(self) -> list[float]:
+        """Predicted speedup for n = 1 .. n_max nodes."""
+        taus, depths = self.acceptance.best_trees(self.n_max)
+        return [predicted_tree_speedup(taus[n], n, self.c * depths[n], self.r) for n in range(1, len(taus))]
+
+    def next_nodes(self) -> int:
+        speedups = self.predictions()
+        return 1 + int(np.argmax(speedups))
+
+    def update(self, parents: list[int], path: list[int]) -> None:
+        self.acceptance.update(parents, path)
