@@ -65,29 +65,66 @@ def _load_tokenizer(vocab_path: str, merges_path: str) -> tiktoken.Encoding:
     try:
         vocab = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
         merges = Path(merges_path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except FileNotFoundError as e:
+        raise ValueError(f"{e.filename} is missing: a GPT-2 tokenizer needs vocab.json and merges.txt") from e
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON
         raise ValueError(f"cannot read the tokenizer files {vocab_path}, {merges_path}: {e}") from e
+    eot_id, ranks = _check_vocab(vocab, vocab_path)
+    _check_merges(vocab, merges, vocab_path, merges_path)
+    special = {ENDOFTEXT: eot_id} if eot_id is not None else {}
+    try:
+        return tiktoken.Encoding(
+            name=f"gpt2-from-{Path(vocab_path).parent.name}",
+            pat_str=GPT2_PATTERN,
+            mergeable_ranks=ranks,
+            special_tokens=special,
+        )
+    except BaseException as e:  # noqa: B036 (tiktoken's Rust panics are BaseExceptions)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise ValueError(f"{vocab_path}: tiktoken refused this vocabulary ({type(e).__name__}: {e})") from None
 
-    decode = byte_decoder()
+
+def _check_vocab(vocab, vocab_path: str) -> tuple[int | None, dict[bytes, int]]:
+    """(id of <|endoftext|> or None, {token bytes: id}) after checking what tiktoken assumes.
+
+    NOTE: tiktoken trusts its input: a missing byte token or two tokens with
+    one id make it panic (a Rust abort that Python cannot report well), so
+    every assumption is checked here first, with a message naming the file.
+    """
+    if not isinstance(vocab, dict):
+        raise ValueError(f"{vocab_path}: expected a JSON object mapping tokens to ids, got a {type(vocab).__name__}")
+    bad = next(((t, i) for t, i in vocab.items() if type(i) is not int), None)
+    if bad:
+        raise ValueError(f"{vocab_path}: token {bad[0]!r:.40} has id {bad[1]!r:.40}; ids must be whole numbers")
+    ids = sorted(vocab.values())
+    if ids != list(range(len(ids))):
+        gap = next((n for n, i in enumerate(ids) if i != n), len(ids))
+        raise ValueError(
+            f"{vocab_path}: ids must be 0..{len(ids) - 1}, each used once; "
+            + (f"id {ids[gap]} is used twice" if gap and ids[gap] == ids[gap - 1] else f"id {gap} is missing")
+        )
+    vocab = dict(vocab)
     eot_id = vocab.pop(ENDOFTEXT, None)
+    decode = byte_decoder()
     try:
         ranks = {bytes(decode[ch] for ch in token): rank for token, rank in vocab.items()}
     except KeyError as e:
         raise ValueError(f"{vocab_path}: token with character {e} is not in GPT-2's byte alphabet") from e
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise ValueError(f"{vocab_path}: the token for byte {missing[0]} is missing ({len(missing)} of 256 missing)")
+    return eot_id, ranks
 
-    # Check that ids are merge ranks (see the module docstring).
+
+def _check_merges(vocab: dict, merges: list[str], vocab_path: str, merges_path: str) -> None:
+    """Check that ids are merge ranks (see the module docstring) and that each merge joins two tokens."""
     merge_lines = [line for line in merges if line and not line.startswith("#version")]
     for line_no, line in enumerate(merge_lines):
-        merged = line.replace(" ", "", 1)
-        if vocab.get(merged) != 256 + line_no:
+        parts = line.split(" ")
+        if len(parts) != 2 or parts[0] not in vocab or parts[1] not in vocab:
+            raise ValueError(f"{merges_path}: merge {line_no} ({line[:80]!r}) is not two tokens of {vocab_path}")
+        if vocab.get(parts[0] + parts[1]) != 256 + line_no:
             raise ValueError(
                 f"{merges_path}: merge {line_no} ({line!r}) does not create token id {256 + line_no} in {vocab_path}"
             )
-
-    special = {ENDOFTEXT: eot_id} if eot_id is not None else {}
-    return tiktoken.Encoding(
-        name=f"gpt2-from-{Path(vocab_path).parent.name}",
-        pat_str=GPT2_PATTERN,
-        mergeable_ranks=ranks,
-        special_tokens=special,
-    )

@@ -207,11 +207,14 @@ class FakeHub:
                 if key in hub.drop_after:
                     body = body[: hub.drop_after.pop(key)]
                     self.close_connection = True
-                for i in range(0, len(body), 4096):
-                    if hub.delay:
-                        time.sleep(hub.delay)
-                    self.wfile.write(body[i : i + 4096])
-                self.wfile.flush()
+                try:
+                    for i in range(0, len(body), 4096):
+                        if hub.delay:
+                            time.sleep(hub.delay)
+                        self.wfile.write(body[i : i + 4096])
+                    self.wfile.flush()
+                except ConnectionError:  # the client gave up (a test of exactly that)
+                    self.close_connection = True
                 if key in hub.extra_length:
                     self.close_connection = True
 

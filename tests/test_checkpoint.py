@@ -459,6 +459,7 @@ def test_concurrent_processes_download_each_file_once(served):
     assert not list((models_dir / FOLDER).glob("*.incomplete"))
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="the lock holder below uses fcntl")
 def test_a_waiting_process_reuses_the_finished_file(served, tmp_path):
     """While one process holds a file's lock, another waits, then uses its file without a request."""
     hub, _, _ = served
@@ -595,3 +596,176 @@ def test_repo_ids_map_to_distinct_folders(tmp_path):
     assert resolve_model("a-b/c", tmp_path)[0] == tmp_path / "a-b--c"
     assert resolve_model("a/b-c", tmp_path)[0] == tmp_path / "a--b-c"
     assert resolve_model("a.b/c_d.e", tmp_path)[0] == tmp_path / "a.b--c_d.e"
+
+
+# --- hostile safetensors headers: CheckpointError naming the file and tensor -----------------------
+
+
+def _write_header(path, header_bytes: bytes, data: bytes = b""):
+    path.write_bytes(len(header_bytes).to_bytes(8, "little") + header_bytes + data)
+
+
+@pytest.mark.parametrize(
+    "header,message",
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nests deeper than"),
+        (b'{"__metadata__": {"a": ' + b"[" * 50 + b"]" * 50 + b"}}", "nests deeper than"),
+        (b'{"t": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 0]}}', "not valid JSON"),
+        (b'{"t": {"dtype": "F32", "shape": [9223372036854775808], "data_offsets": [0, 4]}}', "'t' claims bytes"),
+        (b'{"t": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 0]}}', "'t' claims bytes"),
+        (b'{"t": {"dtype": "F32", "shape": [0, 4611686018427387904], "data_offsets": [0, 0]}}', "'t' has shape"),
+        (b'{"t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 18446744073709551620]}}', "'t'"),
+    ],
+)
+def test_hostile_headers_are_checkpoint_errors(tmp_path, header, message):
+    path = tmp_path / "model.safetensors"
+    _write_header(path, header)
+    with pytest.raises(CheckpointError, match=message) as e:
+        read_safetensors(path)
+    assert str(path) in str(e.value)
+
+
+def test_brackets_inside_names_do_not_count_as_nesting(tmp_path):
+    path = tmp_path / "model.safetensors"
+    _write_header(path, b'{"t[[[[[[[[[[[[[[\\"{{{{{{{{{{": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', b"\0" * 4)
+    assert list(read_safetensors(path)) == ['t[[[[[[[[[[[[[["{{{{{{{{{{']
+
+
+def test_non_finite_weights_are_refused_naming_the_tensor(tmp_path):
+    model = tiny_model()
+    folder = write_checkpoint(tmp_path / "m", model)
+    tensors = hub_tensors(model)
+    tensors["h.1.mlp.c_fc.weight"] = tensors["h.1.mlp.c_fc.weight"].copy()
+    tensors["h.1.mlp.c_fc.weight"][3, 7] = np.nan
+    write_safetensors(folder / "model.safetensors", tensors)
+    with pytest.raises(CheckpointError, match="'h.1.mlp.c_fc.weight' holds NaN or infinite values"):
+        load_folder(folder)
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"n_head": True}, "n_head must be a whole number"),
+        ({"n_layer": 2.0}, "n_layer must be a whole number"),
+        ({"n_embd": -32}, "n_embd must be a whole number"),
+        ({"vocab_size": 10**30}, "n_vocab must be a whole number"),
+        ({"layer_norm_epsilon": float("nan")}, "layer_norm_epsilon must be a number between 0 and 1"),
+        ({"layer_norm_epsilon": -1e-5}, "layer_norm_epsilon"),
+        ({"layer_norm_epsilon": "1e-5"}, "layer_norm_epsilon"),
+        ({"n_head": 5}, "divisible"),
+    ],
+)
+def test_config_values_are_checked(tmp_path, changes, message):
+    folder = checkpoint_with_config(tmp_path, **changes)
+    with pytest.raises(CheckpointError, match=message) as e:
+        load_folder(folder)
+    assert "config.json" in str(e.value)
+
+
+def test_damaged_text_files_say_how_to_get_a_fresh_copy(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", tiny_model())
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json: cannot read.*delete .*config.json and load it again"):
+        load_folder(folder)
+    folder = write_checkpoint(tmp_path / "m2", tiny_model())
+    (folder / "vocab.json").write_text("[]")
+    with pytest.raises(CheckpointError, match="vocab.json: expected a JSON object.*delete .*vocab.json"):
+        load_folder(folder)
+
+
+def test_a_folder_without_weights_is_a_checkpoint_error(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", tiny_model())
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="missing model.safetensors"):
+        load_folder(folder)
+
+
+@pytest.mark.parametrize("name,folder_name", [("124M", "124M"), ("owner/name", "owner--name")])
+def test_symlinked_model_folders_are_refused_for_every_kind_of_name(tmp_path, name, folder_name):
+    models_dir, elsewhere = tmp_path / "models", tmp_path / "elsewhere"
+    models_dir.mkdir()
+    elsewhere.mkdir()
+    (models_dir / folder_name).symlink_to(elsewhere)
+    with pytest.raises(ValueError, match="is a symbolic link.*load_model"):
+        resolve_model(name, models_dir)
+
+
+# --- servers that misbehave ---------------------------------------------------------------
+
+
+def test_a_redirect_loop_is_a_download_error_and_leaves_nothing(served):
+    hub, _, models_dir = served
+    hub.redirect_loop.add(f"{REPO}/config.json")
+    with pytest.raises(DownloadError, match="keeps redirecting"):
+        load_model(REPO, models_dir, progress=False, settings=hub.settings())
+    assert not [p for p in (models_dir / FOLDER).iterdir() if not p.name.startswith(".")]
+
+
+def test_a_redirect_loop_on_the_cdn_is_a_download_error(served):
+    hub, _, models_dir = served
+    hub.redirect_loop.add(f"{REPO}/model.safetensors")  # the /cdn/ URL redirects to itself
+    hub.cdn_base = hub.url
+    with pytest.raises(DownloadError, match="keeps redirecting"):
+        load_model(REPO, models_dir, progress=False, settings=hub.settings())
+    assert not (models_dir / FOLDER / "model.safetensors.incomplete").exists()
+
+
+def test_the_token_is_not_sent_to_another_host(served):
+    hub, model, models_dir = served
+    hub.cdn_base = f"http://localhost:{hub.port}"  # the same server under another host name
+    assert_same_model(load_model(REPO, models_dir, progress=False, settings=hub.settings(token="hf_secret")), model)
+    sent = {(host.split(":")[0], auth) for host, auth in hub.authorizations}
+    assert ("127.0.0.1", "Bearer hf_secret") in sent
+    assert ("localhost", None) in sent and ("localhost", "Bearer hf_secret") not in sent
+
+
+def test_a_server_that_ignores_range_still_gives_the_right_file(served):
+    hub, model, models_dir = served
+    key = f"{REPO}/model.safetensors"
+    hub.ignore_range.add(key)
+    hub.drop_after[key] = 100_000
+    assert_same_model(load_model(REPO, models_dir, progress=False, settings=hub.settings()), model)
+    assert (models_dir / FOLDER / "model.safetensors").read_bytes() == hub.files[key]
+
+
+def test_a_server_that_answers_416_is_restarted_from_zero_once(served):
+    hub, model, models_dir = served
+    key = f"{REPO}/model.safetensors"
+    folder = models_dir / FOLDER
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors.incomplete").write_bytes(hub.files[key][:1000])
+    hub.refuse_range.add(key)
+    assert_same_model(load_model(REPO, models_dir, progress=False, settings=hub.settings()), model)
+    assert [r for (_, p, r) in hub.requests if p.startswith("/cdn/")] == ["bytes=1000-", None]
+
+
+def test_a_lying_content_length_never_leaves_a_file(served):
+    hub, _, models_dir = served
+    hub.extra_length[f"{REPO}/config.json"] = 100  # announces 100 bytes it never sends
+    with pytest.raises(DownloadError, match="config.json"):
+        load_model(REPO, models_dir, progress=False, settings=hub.settings(retries=1))
+    assert not [p for p in (models_dir / FOLDER).iterdir() if not p.name.startswith(".")]
+
+
+def test_a_silent_server_is_retried_with_a_warning_per_retry_and_gives_up(served, caplog):
+    hub, _, models_dir = served
+    hub.hang.add(f"{REPO}/config.json")
+    start = time.monotonic()
+    with pytest.raises(DownloadError, match="did not answer in time.*after 3 tries"):
+        load_model(REPO, models_dir, progress=False, settings=hub.settings(timeout=0.2, retries=2))
+    assert time.monotonic() - start < 5
+    retries = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert len(retries) == 2 and "config.json: the server did not answer in time" in retries[0]
+
+
+def test_too_little_disk_space_is_said_before_downloading(served, monkeypatch):
+    hub, _, models_dir = served
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(DownloadError, match=r"model.safetensors needs 178.8 kB but only 1.0 kB is free") as e:
+        load_model(REPO, models_dir, progress=False, settings=hub.settings())
+    assert str(models_dir / FOLDER) in str(e.value)
+    assert not list((models_dir / FOLDER).glob("model.safetensors*"))
