@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import threads
+
 F32 = np.float32
 
 # NOTE: constants are float32 on purpose. Under NumPy 2, mixing a float32 array
@@ -60,11 +62,15 @@ class HParams:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
 
 
+# The kernel's constants, all measured on GPT-2 shapes (README, "Performance"):
 # Rows of a transposed weight matrix handled per gemv in a multi-token linear():
-# about 3 MB, so one chunk stays in a core's L2 cache while every token uses it.
-CHUNK_BYTES = 3 << 20
+# about 1.5 MB per core, so one chunk stays in that core's L2 cache while every token uses it.
+CHUNK_BYTES = 3 << 19
 SMALL_BYTES = 1 << 16  # below this a matrix sits in L1/L2 anyway: plain x @ W
-MAX_CHUNKED_ROWS = 16  # measured crossover (specdec.bench): above ~16 tokens, plain x @ W wins
+MAX_CHUNKED_ROWS = 16  # measured crossover: above ~16 tokens, plain x @ W (OpenBLAS's own threads) wins
+# Parts each weight matrix's rows are split into, one per core, multiplied on
+# specdec's own threads (threads.py); 1 = no split, OpenBLAS threads every product.
+SPLIT_PARTS = threads.default_workers()
 
 
 TRANSPOSE_ROWS = 16  # input rows per step of transposed_copy (measured best of 4..64 and 2-D tiles)
@@ -85,24 +91,44 @@ def transposed_copy(w: np.ndarray) -> np.ndarray:
     return w_t
 
 
+@dataclass(frozen=True)
+class RowPart:
+    """Rows [start, stop) of a transposed weight, also viewed as a stack of L2-sized chunks."""
+
+    start: int
+    stop: int
+    w_t: np.ndarray  # [stop - start, n_in], a view
+    chunks: np.ndarray  # [n_chunks, 1, chunk, n_in]: a view of the first n_chunks * chunk rows
+
+    @classmethod
+    def of(cls, w_t: np.ndarray, start: int, stop: int) -> "RowPart":
+        rows = w_t[start:stop]
+        n_rows, n_in = rows.shape
+        n_chunks = max(1, -(-rows.nbytes // CHUNK_BYTES))  # ceil
+        chunk = max(1, n_rows // n_chunks)
+        n_chunks = n_rows // chunk
+        return cls(start, stop, rows, rows[: n_chunks * chunk].reshape(n_chunks, 1, chunk, n_in))
+
+
 class Linear:
     """A projection y = x @ W + b, with W kept transposed for speed.
 
     GPT-2's checkpoint stores W as [n_in, n_out] (its Conv1D layout). We keep
     w_t = W.T as a contiguous [n_out, n_in] array, made once at load time,
-    because of how OpenBLAS treats a handful of rows (see `linear`).
+    because of how OpenBLAS treats a handful of rows (see `linear`), and split
+    its rows into SPLIT_PARTS parts, one per core (views, no copies).
     `weight` gives W back as the checkpoint has it (a view, no copy).
     """
 
     def __init__(self, w_t: np.ndarray, b: np.ndarray | None):
-        self.w_t = np.ascontiguousarray(w_t, dtype=F32)  # [n_out, n_in]
+        self.w_t = np.ascontiguousarray(w_t)  # [n_out, n_in], float32 (float64 for the exact-greedy option)
+        assert self.w_t.dtype in (np.float32, np.float64), f"weights must be float32 or float64, not {w_t.dtype}"
         self.b = b  # [n_out], or None for the bias-free LM head
-        n_out, n_in = self.w_t.shape
-        # Split the rows into n_chunks chunks of `chunk` rows (plus < n_chunks left over).
-        n_chunks = -(-n_out * n_in * 4 // CHUNK_BYTES)  # ceil
-        self.chunk = n_out // n_chunks
-        self.n_main = n_chunks * self.chunk
-        self.w_chunks = self.w_t[: self.n_main].reshape(n_chunks, 1, self.chunk, n_in)  # a view
+        n_out = self.w_t.shape[0]
+        n_parts = max(1, min(SPLIT_PARTS, n_out // 16)) if self.w_t.nbytes >= SMALL_BYTES else 1
+        # Part boundaries on multiples of 16 rows (whole cache lines of y), the last part takes the rest.
+        edges = [0, *(round(n_out * i / n_parts / 16) * 16 for i in range(1, n_parts)), n_out]
+        self.parts = [RowPart.of(self.w_t, a, b) for a, b in zip(edges, edges[1:])]
 
     @classmethod
     def from_checkpoint(cls, w: np.ndarray, b: np.ndarray | None) -> "Linear":
@@ -264,32 +290,50 @@ def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
     """[n_seq, n_in] @ [n_in, n_out] + [n_out] -> [n_seq, n_out]
 
     Decoding is memory-bound: each weight matrix is read from RAM once per
-    forward call, and for one token that read is the whole cost (OpenBLAS's
-    matrix-vector kernel, split over both cores). For 2..9 tokens, OpenBLAS's
-    matrix-matrix kernel first repacks all of W, costing about 3.6x a 1-token
-    call. Instead we hand np.matmul a stack of matrix-vector products, chunk by
-    chunk: NumPy loops over them in C with the chunk outermost, so each ~3 MB
-    chunk comes from RAM once and is re-read from L2 cache for the other
-    tokens. That makes a 5-token call about 2x a 1-token call instead of 3.6x
-    (measurements and the variants that did not help: README, "Performance").
+    forward call, and for one token that read is the whole cost. For 2..16
+    tokens, OpenBLAS's matrix-matrix kernel first repacks all of W, costing
+    about 3.6x a 1-token call; instead each core takes its part of W's rows
+    (`Linear.parts`, on specdec's own threads, threads.py) and hands np.matmul
+    a stack of matrix-vector products over L2-sized chunks of those rows
+    (`part_product`). Measurements and the variants that did not help: README,
+    "Performance".
     """
     n_seq = x.shape[0]
-    if n_seq == 1 or n_seq > MAX_CHUNKED_ROWS or lin.w_t.nbytes < SMALL_BYTES:
-        # One token: a matrix-vector product. Many tokens (a prompt): the
-        # matrix-matrix kernel's repacking pays off. A tiny matrix: cached anyway.
+    if n_seq > MAX_CHUNKED_ROWS or len(lin.parts) == 1 and (n_seq == 1 or lin.w_t.nbytes < SMALL_BYTES):
+        # Many tokens (a prompt): the matrix-matrix kernel's repacking pays off,
+        # with OpenBLAS's own threads. Unsplit, one token is OpenBLAS's matrix-vector
+        # product over both cores, and a tiny matrix is cached anyway.
         y = x @ lin.w_t.T
     else:
-        n_chunks, _, chunk, n_in = lin.w_chunks.shape
-        # [n_chunks, 1, chunk, n_in] @ [1, n_seq, n_in, 1] -> [n_chunks, n_seq, chunk, 1]
-        # NOTE: let matmul allocate this chunk-major output; an out= view with
-        # the token axis first makes NumPy reorder the loop and lose the cache reuse.
-        parts = np.matmul(lin.w_chunks, x[None, :, :, None])
-        y = parts.reshape(n_chunks, n_seq, chunk).transpose(1, 0, 2).reshape(n_seq, lin.n_main)
-        if lin.n_main < lin.w_t.shape[0]:  # the few rows left over after even chunks
-            y = np.concatenate([y, x @ lin.w_t[lin.n_main :].T], axis=1)
+        y = np.empty((n_seq, lin.w_t.shape[0]), dtype=np.result_type(x, lin.w_t))
+        jobs = [lambda part=part: part_product(x, part, y[:, part.start : part.stop]) for part in lin.parts]
+        threads.workers(len(jobs)).run(jobs)
     if lin.b is not None:
         y += lin.b
     return y  # [n_seq, n_out]
+
+
+def part_product(x: np.ndarray, part: RowPart, out: np.ndarray) -> None:
+    """out = x @ part.w_t.T: [n_seq, n_in] -> [n_seq, stop - start], into the caller's columns of y.
+
+    One token: one matrix-vector product. A few tokens: a stack of them, one per
+    (chunk, token); np.matmul loops over the stack in C with the chunk
+    outermost, so each chunk comes from RAM once and is re-read from L2 cache for
+    the other tokens.
+    """
+    n_seq = x.shape[0]
+    if n_seq == 1:
+        np.matmul(x, part.w_t.T, out=out)
+        return
+    n_chunks, _, chunk, _ = part.chunks.shape
+    n_main = n_chunks * chunk
+    # [n_chunks, 1, chunk, n_in] @ [1, n_seq, n_in, 1] -> [n_chunks, n_seq, chunk, 1]
+    # NOTE: let matmul allocate this chunk-major output; an out= view with
+    # the token axis first makes NumPy reorder the loop and lose the cache reuse.
+    stacked = np.matmul(part.chunks, x[None, :, :, None])
+    out[:, :n_main] = stacked.reshape(n_chunks, n_seq, chunk).transpose(1, 0, 2).reshape(n_seq, n_main)
+    if n_main < out.shape[1]:  # the few rows left over after even chunks
+        out[:, n_main:] = x @ part.w_t[n_main:].T
 
 
 def tree_mask(parents) -> np.ndarray:

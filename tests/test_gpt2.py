@@ -173,8 +173,9 @@ def test_chunked_multi_token_linear_matches_plain_matmul(monkeypatch):
     w = rng.standard_normal((48, 1000), dtype=np.float32)
     b = rng.standard_normal(1000, dtype=np.float32)
     lin = gpt2.Linear.from_checkpoint(w, b)
-    n_chunks, _, chunk, _ = lin.w_chunks.shape
-    assert n_chunks > 1 and lin.n_main < 1000, "the test must exercise chunks and leftover rows"
+    part = lin.parts[0]
+    n_chunks, _, chunk, _ = part.chunks.shape
+    assert n_chunks > 1 and n_chunks * chunk < part.stop - part.start, "the test must exercise chunks and leftover rows"
     for n_seq in range(1, 20):
         x = rng.standard_normal((n_seq, 48), dtype=np.float32)
         y = gpt2.linear(x, lin)
@@ -189,7 +190,7 @@ def test_cache_equivalence_through_the_chunked_path(monkeypatch):
     monkeypatch.setattr(gpt2, "CHUNK_BYTES", 2048)
     monkeypatch.setattr(gpt2, "SMALL_BYTES", 0)
     model = tiny_model(seed=8)  # built after the patch: its Linears are chunked
-    assert model.weights.blocks[0].mlp_c_fc.w_chunks.shape[0] > 1
+    assert model.weights.blocks[0].mlp_c_fc.parts[0].chunks.shape[0] > 1
     tokens = np.random.default_rng(9).integers(0, model.n_vocab, size=17)
     cache, rows = model.new_cache(), []
     for start, stop in ((0, 5), (5, 6), (6, 14), (14, 17)):

@@ -1,0 +1,151 @@
+"""Both cores for one weight matrix: OpenBLAS on one thread, and specdec's own workers.
+
+What it adds: `linear()` in gpt2.py splits the rows of each weight matrix into
+one part per core and multiplies the parts at the same time, each on its own
+thread with OpenBLAS told to use a single thread. NumPy releases the GIL
+inside matmul, so the parts really run in parallel.
+
+Why not leave the threading to OpenBLAS: for one token it splits a
+matrix-vector product over both cores well, but a verification pass over a few
+tokens is a stack of small products (see `linear`), and OpenBLAS then wakes and
+synchronises its threads for every product of the stack. Splitting once per
+matrix, above the stack, costs one hand-off per matrix instead, and each core
+keeps its own rows of W in its own L2 cache while every token uses them.
+
+OpenBLAS's thread count is switched to 1 only while a split product runs and is
+put back afterwards (through the C API of the OpenBLAS that NumPy's wheels
+bundle, found with ctypes as threadpoolctl finds it), so the rest of the
+process sees OpenBLAS as it was. Where OpenBLAS cannot be found (NumPy built
+against MKL or Accelerate, say), `default_workers()` is 1 and nothing here runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import threading
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+MAX_WORKERS = 8  # beyond this, splitting one matrix further gains nothing measurable
+
+
+class OpenBLAS:
+    """The thread count of the OpenBLAS library NumPy uses, read and set through its C API."""
+
+    # (get, set) symbol pairs: NumPy >= 2 wheels (scipy-openblas, 64-bit ints), older wheels, system builds.
+    _SYMBOLS = (
+        ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+        ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
+        ("openblas_get_num_threads64_", "openblas_set_num_threads64_"),
+        ("openblas_get_num_threads", "openblas_set_num_threads"),
+    )
+
+    def __init__(self, get: Callable[[], int], set_: Callable[[int], None], name: str):
+        self.get, self.set, self.name = get, set_, name
+
+    @classmethod
+    def find(cls) -> "OpenBLAS | None":
+        """NumPy's bundled OpenBLAS (numpy.libs/ or numpy/.dylibs/), or None."""
+        root = Path(np.__file__).parent
+        candidates = [*sorted((root.parent / "numpy.libs").glob("*openblas*")), *sorted((root / ".dylibs").glob("*openblas*"))]
+        for path in candidates:
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError:
+                continue
+            for get_name, set_name in cls._SYMBOLS:
+                get, set_ = getattr(lib, get_name, None), getattr(lib, set_name, None)
+                if get is not None and set_ is not None:
+                    get.restype, set_.argtypes, set_.restype = ctypes.c_int, [ctypes.c_int], None
+                    return cls(get, set_, f"{path.name}:{set_name}")
+        return None
+
+
+class Workers:
+    """n - 1 helper threads; `run(jobs)` runs jobs[0] on the calling thread and the rest on the helpers.
+
+    Jobs are functions of no arguments that write their results somewhere (each
+    into its own columns of one output array). A call from a second thread while
+    the helpers are busy runs its jobs one after another on that thread: correct,
+    just not parallel.
+    """
+
+    def __init__(self, n: int, blas: OpenBLAS | None):
+        self.n, self.blas = n, blas
+        self._lock = threading.Lock()
+        self._pid = None  # the process the helper threads belong to (they do not survive a fork)
+        self._inboxes: list[queue.SimpleQueue] = []
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def _start(self) -> None:
+        self._inboxes = [queue.SimpleQueue() for _ in range(self.n - 1)]
+        self._done = queue.SimpleQueue()
+        for inbox in self._inboxes:
+            threading.Thread(target=self._serve, args=(inbox, self._done), daemon=True, name="specdec-linear").start()
+        self._pid = os.getpid()
+
+    @staticmethod
+    def _serve(inbox: queue.SimpleQueue, done: queue.SimpleQueue) -> None:
+        while True:
+            job = inbox.get()
+            try:
+                job()
+                done.put(None)
+            except BaseException as e:  # handed to the caller, which re-raises it
+                done.put(e)
+
+    def run(self, jobs: list[Callable[[], None]]) -> None:
+        assert len(jobs) <= self.n, f"{len(jobs)} jobs for {self.n} workers"
+        if len(jobs) == 1 or not self._lock.acquire(blocking=False):
+            for job in jobs:
+                job()
+            return
+        try:
+            if self._pid != os.getpid():
+                self._start()
+            before = self.blas.get() if self.blas else 1
+            if before != 1:
+                self.blas.set(1)  # one OpenBLAS thread per part: our threads are the parallelism
+            try:
+                for inbox, job in zip(self._inboxes, jobs[1:]):
+                    inbox.put(job)
+                error = None
+                try:
+                    jobs[0]()
+                except BaseException as e:
+                    error = e
+                for _ in jobs[1:]:  # always collect every helper, even after an error
+                    error = self._done.get() or error
+            finally:
+                if before != 1:
+                    self.blas.set(before)
+            if error is not None:
+                raise error
+        finally:
+            self._lock.release()
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+BLAS = OpenBLAS.find()
+
+
+def default_workers() -> int:
+    """One part per usable core, when specdec can put OpenBLAS on one thread; else 1 (no split)."""
+    return min(usable_cpus(), MAX_WORKERS) if BLAS is not None else 1
+
+
+_workers: dict[int, Workers] = {}
+
+
+def workers(n: int) -> Workers:
+    """The shared pool of n workers (one per n; made on first use)."""
+    if n not in _workers:
+        _workers[n] = Workers(n, BLAS)
+    return _workers[n]
