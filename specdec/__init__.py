@@ -8,12 +8,15 @@ out = specdec.speculative_sample(target, draft, ids, n_tokens=40, K=4)
 print(target.tokenizer.decode(out.tokens), out.acceptance_rate)
 """
 
-from .autoregressive import DecodeResult, autoregressive_sample
+from .autoregressive import autoregressive_sample
+from .costmodel import AdaptiveK, CostModelK, FixedK
 from .checkpoint import CheckpointError, DownloadError, load_folder, load_model
 from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter
+from .interfaces import Drafter, KPolicy, Proposal
+from .result import DecodeResult
 from .gpt2 import GPT2, HParams, KVCache, random_weights
 from .sampling import SamplingParams
-from .speculative import AdaptiveK, speculative_sample
+from .speculative import speculative_sample
 from .tokenizer import load_tokenizer
 
 __all__ = [
@@ -22,6 +25,11 @@ __all__ = [
     "DecodeResult",
     "SamplingParams",
     "AdaptiveK",
+    "CostModelK",
+    "FixedK",
+    "Drafter",
+    "KPolicy",
+    "Proposal",
     "ModelDrafter",
     "NgramDrafter",
     "EarlyExitDrafter",

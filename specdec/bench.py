@@ -63,7 +63,8 @@ from .autoregressive import autoregressive_sample
 from .checkpoint import save_folder
 from .harness import jsonable
 from .gpt2 import GPT2, F32, HParams, KVCache, Linear, linear, random_weights
-from .speculative import AdaptiveK, speculative_sample
+from .costmodel import AdaptiveK
+from .speculative import speculative_sample
 
 # GPT-2's released shapes (config.json of openai-community/gpt2, -medium, -large, -xl).
 SIZES = {

@@ -1,6 +1,8 @@
-"""The cost model of speculative decoding (Leviathan et al., arXiv 2211.17192, section 3).
+"""The cost model of speculative decoding (Leviathan et al., arXiv 2211.17192, section 3),
+and the K policies that decide how many tokens to draft each round.
 
 Pure arithmetic, shared by the timing harness, the benchmark and `--K auto`.
+K policies (the KPolicy interface of interfaces.py): FixedK, AdaptiveK, CostModelK.
 
 Notation (times are in units of one 1-token target forward step):
     alpha  acceptance rate: the chance a draft token is accepted, taken as the
@@ -16,6 +18,8 @@ Notation (times are in units of one 1-token target forward step):
 from __future__ import annotations
 
 from typing import Callable, Sequence
+
+import numpy as np
 
 
 def drafts_judged(k: int, n_accepted: int) -> int:
@@ -65,6 +69,44 @@ def best_k(alpha: float, c: float, r=None, k_max: int = 8) -> tuple[int, float]:
     best = max(range(1, k_max + 1), key=lambda k: predicted_speedup(alpha, k, c, r))
     speedup = predicted_speedup(alpha, best, c, r)
     return (best, speedup) if speedup > 1 else (0, 1.0)
+
+
+class FixedK:
+    """The papers' setting: k drafts every round."""
+
+    def __init__(self, k: int):
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"K (draft tokens per round) must be an integer >= 1, got {k!r}")
+        self.k = self.k_max = int(k)
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, k: int, n_accepted: int) -> None:
+        pass
+
+
+class AdaptiveK:
+    """Grow K by one after a round whose drafts were all accepted; shrink it by one
+    after a rejection; always within [k_min, k_max]. A simple heuristic: long
+    runs of agreement (repetitive text, an easy stretch) earn longer drafts.
+
+        speculative_sample(target, draft, ids, 40, K=AdaptiveK(k_start=4, k_min=1, k_max=8))
+    """
+
+    def __init__(self, k_start: int = 4, k_min: int = 1, k_max: int = 8):
+        if not 1 <= k_min <= k_start <= k_max:
+            raise ValueError(f"adaptive K needs 1 <= k_min <= K <= k_max, got {k_min}, {k_start}, {k_max}")
+        self.k, self.k_min, self.k_max = k_start, k_min, k_max
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, k: int, n_accepted: int) -> None:
+        if n_accepted == k:
+            self.k = min(self.k_max, self.k + 1)
+        else:
+            self.k = max(self.k_min, self.k - 1)
 
 
 class CostModelK:

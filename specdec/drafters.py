@@ -1,37 +1,27 @@
 """Drafters: whatever proposes the next few tokens for the target to verify.
 
 Speculative sampling only needs, from a drafter, up to k proposed tokens and the
-distribution q each was drawn from (Leviathan et al., Algorithm 1, steps 1-2).
-Three drafters share that small interface:
+distribution q each was drawn from (Leviathan et al., Algorithm 1, step 1). The
+interface is `Drafter` in interfaces.py (begin / propose -> Proposal / commit);
+three drafters implement it:
 
     ModelDrafter     a smaller GPT-2 with its own KV cache (the papers' setting)
-    EarlyExitDrafter the target itself through its first L layers, reusing the
-                     target's KV cache (self-speculative decoding)
+    EarlyExitDrafter the target itself through its first L layers, writing into
+                     the target's KV cache (self-speculative decoding)
     NgramDrafter     no model: copy what followed the last earlier occurrence of
                      the current suffix (prompt lookup decoding)
-
-Interface, as used by speculative.py (the whole of it):
-    propose(ids, k, params, rng) -> (tokens, q)
-        ids is the whole text so far (prompt + generated); its last token is
-        not yet in any KV cache. tokens: at most k ints (possibly none);
-        q: [len(tokens), n_vocab] float32, row i the distribution tokens[i]
-        was drawn from (None under greedy decoding, which never reads it).
-    rollback(n)
-        drop any cached state beyond the first n tokens of the text.
-    n_vocab   the vocabulary size, checked against the target's
-    n_ctx     the longest text the drafter can handle, or None for no limit
-    calls     forward passes made so far (0 for the n-gram drafter)
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .gpt2 import GPT2
+from .gpt2 import GPT2, KVCache
+from .interfaces import Drafter, Proposal
 from .sampling import SamplingParams, draw, greedy, point_mass, probabilities
 
 
-def _draft_steps(step, new: list[int], k: int, params: SamplingParams, rng: np.random.Generator):
+def _draft_chain(step, new: list[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
     """k autoregressive draft steps. step(tokens) feeds tokens, returns the last row's logits."""
     tokens, q_rows = [], []
     for _ in range(k):
@@ -44,7 +34,7 @@ def _draft_steps(step, new: list[int], k: int, params: SamplingParams, rng: np.r
             q_rows.append(q)
         tokens.append(token)
         new = [token]
-    return tokens, (np.stack(q_rows) if q_rows else None)  # q: [k, n_vocab]
+    return Proposal.chain(tokens, np.stack(q_rows) if q_rows else None)  # q: [k, n_vocab]
 
 
 class ModelDrafter:
@@ -54,6 +44,8 @@ class ModelDrafter:
     reads; testing against any other q (say, an unfiltered one) breaks
     exactness. Filtering q like the target (temperature, top-k, top-p) is not
     needed for exactness, but it makes q closer to p and raises acceptance.
+
+        speculative_sample(target, ModelDrafter(load_model("124M")), ids, 40)
     """
 
     def __init__(self, model: GPT2):
@@ -63,17 +55,21 @@ class ModelDrafter:
         self.cache = model.new_cache()
         self.calls = 0
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, rng: np.random.Generator):
+    def begin(self, target: GPT2, cache: KVCache, prompt: list[int]) -> None:
+        self.cache.rollback(0)
+
+    def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
         # Catch up on the text the cache has not seen: the last emitted token, and
         # after a fully accepted round also the last draft token (never fed in).
         def step(new):
             self.calls += 1
             return self.model.forward(new, self.cache, last_only=True)[0]
 
-        return _draft_steps(step, ids[self.cache.length :], k, params, rng)
+        return _draft_chain(step, ids[self.cache.length :], k, params, rng)
 
-    def rollback(self, n: int) -> None:
-        self.cache.rollback(min(self.cache.length, n))
+    def commit(self, ids, features) -> None:
+        # Keep only accepted text: everything but ids[-1], which no cache has seen.
+        self.cache.rollback(min(self.cache.length, len(ids) - 1))
 
 
 class EarlyExitDrafter:
@@ -84,33 +80,38 @@ class EarlyExitDrafter:
     so the target's verification pass starts from the same place and rewrites
     those positions for all layers. No extra memory; a draft step costs about
     n_layer / target.n_layer of a target step plus the LM head.
+
+        speculative_sample(target, EarlyExitDrafter(target, n_layer=6), ids, 40)  # or draft="early_exit:6"
     """
 
     def __init__(self, target: GPT2, n_layer: int):
         if not 1 <= n_layer < target.n_layer:
             raise ValueError(f"early exit needs 1 <= L < {target.n_layer} (the target's layers), got L={n_layer}")
         self.model = target
-        # The target's KV cache for this run: speculative_sample uses this very
-        # object as its target cache instead of allocating its own.
-        self.target_cache = self.cache = target.new_cache()
         self.n_layer = n_layer
         self.n_vocab = target.n_vocab
         self.n_ctx = target.n_ctx
+        self.cache: KVCache | None = None  # the target's cache for the current run (set by begin)
         self.calls = 0
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, rng: np.random.Generator):
+    def begin(self, target: GPT2, cache: KVCache, prompt: list[int]) -> None:
+        if target is not self.model:
+            raise ValueError("this early-exit drafter was built on a different target model")
+        self.cache = cache
+
+    def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
         start = self.cache.length
 
         def step(new):
             self.calls += 1
             return self.model.forward(new, self.cache, last_only=True, n_layer=self.n_layer)[0]
 
-        proposal = _draft_steps(step, ids[start:], k, params, rng)
+        proposal = _draft_chain(step, ids[start:], k, params, rng)
         self.cache.rollback(start)  # the target verifies from here
         return proposal
 
-    def rollback(self, n: int) -> None:
-        pass  # the target's own rollback covers the shared cache
+    def commit(self, ids, features) -> None:
+        pass  # the target's own cache is the only state
 
 
 class NgramDrafter:
@@ -128,7 +129,7 @@ class NgramDrafter:
         i.e. from p with x removed, renormalised by 1 - p(x).
     The output is still exactly p: P(x) = p(x) (accepted), and for y != x,
     P(y) = (1 - p(x)) * p(y) / (1 - p(x)) = p(y). The same general code in
-    speculative.py handles it, with q given as one-hot rows.
+    verify.py handles it, with q given as one-hot rows.
     """
 
     def __init__(self, n_vocab: int, n_max: int = 3, n_min: int = 1):
@@ -164,23 +165,36 @@ class NgramDrafter:
                 return out
         return []
 
-    def propose(self, ids: list[int], k: int, params: SamplingParams, rng: np.random.Generator):
+    def begin(self, target: GPT2, cache: KVCache, prompt: list[int]) -> None:
+        pass  # stateless: the text itself is the table
+
+    def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
         tokens = self.lookup(ids, k)
         if params.greedy or not tokens:
-            return tokens, None
-        return tokens, np.stack([point_mass(t, self.n_vocab) for t in tokens])
+            return Proposal.chain(tokens)
+        return Proposal.chain(tokens, np.stack([point_mass(t, self.n_vocab) for t in tokens]))
 
-    def rollback(self, n: int) -> None:
-        pass  # stateless
+    def commit(self, ids, features) -> None:
+        pass
 
 
-def make_drafter(draft, target: GPT2):
-    """Turn what a caller passed as `draft` into a drafter.
+def make_drafter(draft, target: GPT2) -> Drafter:
+    """Turn what a caller passed as `draft` into a drafter for `target`.
 
     A GPT2 becomes a ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with
     n_max N (default 3); "early_exit:L" an EarlyExitDrafter over the target's
-    first L layers; anything with propose/rollback is used as it is.
+    first L layers; a Drafter (interfaces.py) is used as it is.
     """
+    drafter = _as_drafter(draft, target)
+    if drafter.n_vocab != target.n_vocab:
+        raise ValueError(
+            f"draft and target must share a vocabulary: the draft has {drafter.n_vocab} tokens, "
+            f"the target {target.n_vocab}; pick a draft from the target's family (GPT-2 models all have 50257)"
+        )
+    return drafter
+
+
+def _as_drafter(draft, target: GPT2) -> Drafter:
     if isinstance(draft, GPT2):
         return ModelDrafter(draft)  # even draft is target works: it gets its own cache
     if isinstance(draft, str):
@@ -190,9 +204,9 @@ def make_drafter(draft, target: GPT2):
         if kind == "early_exit" and arg.isdigit():
             return EarlyExitDrafter(target, int(arg))
         raise ValueError(f"unknown drafter {draft!r}: use a GPT2 model, 'ngram', 'ngram:N' or 'early_exit:L'")
-    if all(hasattr(draft, name) for name in ("propose", "rollback", "n_vocab", "n_ctx", "calls")):
+    if isinstance(draft, Drafter):
         return draft
     raise TypeError(
-        f"draft must be a GPT2, 'ngram', 'early_exit:L' or a drafter (propose, rollback, n_vocab, n_ctx, "
-        f"calls: see specdec/drafters.py), not {type(draft).__name__}"
+        f"draft must be a GPT2, 'ngram', 'early_exit:L' or a drafter (begin, propose, commit, n_vocab, n_ctx, "
+        f"calls: see specdec/interfaces.py), not {type(draft).__name__}"
     )

@@ -435,8 +435,9 @@ def forward(
     cache: KVCache,
     last_only: bool = False,
     n_layer: int | None = None,
+    return_hidden: bool = False,
     parents=None,
-) -> np.ndarray:
+):
     """Run n_seq new tokens through GPT-2 after the cache's n_past tokens.
 
     tokens: [n_seq] int.  Returns float32 logits, [n_seq, n_vocab], or [1, n_vocab]
@@ -452,6 +453,10 @@ def forward(
     n_past + depth(i). None is a chain, parents = [-1, 0, 1, ...]. The cache then
     holds one entry per node in this flat order; `KVCache.keep` compacts the
     accepted path afterwards.
+
+    `return_hidden` returns (logits, hidden) instead, hidden [n_seq, n_embd] being
+    the final hidden state after ln_f (what the LM head reads; what learned draft
+    heads read), for every new token even when `last_only` trims the logits.
     """
     n_seq = len(tokens)
     n_past = cache.length
@@ -484,10 +489,11 @@ def forward(
         x = transformer_block(x, weights.blocks[layer], hparams, cache, layer, bias)
     cache.length = n_past + n_seq
 
-    if last_only:
+    if last_only and not return_hidden:
         x = x[-1:]  # [1, n_embd]
     x = layer_norm(x, weights.ln_f_weight, weights.ln_f_bias, hparams.layer_norm_epsilon)
-    return linear(x, weights.lm_head)  # [n_seq, n_embd] @ [n_embd, n_vocab] -> [n_seq, n_vocab]
+    logits = linear(x[-1:] if last_only else x, weights.lm_head)  # [n_seq, n_embd] @ [n_embd, n_vocab]
+    return (logits, x) if return_hidden else logits  # logits: [n_seq (or 1), n_vocab]
 
 
 class GPT2:
@@ -520,9 +526,18 @@ class GPT2:
     def new_cache(self, capacity: int | None = None) -> KVCache:
         return KVCache(self.hparams, capacity)
 
-    def forward(self, tokens, cache: KVCache, last_only: bool = False, n_layer: int | None = None, parents=None):
-        """See `forward` above: appends `tokens` (a chain, or a tree given `parents`) to `cache`; returns logits."""
-        return forward(self.weights, self.hparams, tokens, cache, last_only, n_layer, parents)
+    def forward(
+        self,
+        tokens,
+        cache: KVCache,
+        last_only: bool = False,
+        n_layer: int | None = None,
+        return_hidden: bool = False,
+        parents=None,
+    ):
+        """See `forward` above: appends `tokens` (a chain, or a tree given `parents`) to `cache`;
+        returns logits, or (logits, hidden after ln_f) with `return_hidden`."""
+        return forward(self.weights, self.hparams, tokens, cache, last_only, n_layer, return_hidden, parents)
 
     def __call__(self, tokens) -> np.ndarray:
         """[n_seq] token ids -> [n_seq, n_vocab] float32 logits, no cache kept."""

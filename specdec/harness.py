@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .autoregressive import DecodeResult, autoregressive_sample, check_request
-from .costmodel import CostModelK, best_k, expected_tokens_per_round, predicted_speedup
-from .drafters import EarlyExitDrafter, ModelDrafter, make_drafter
+from .autoregressive import autoregressive_sample, check_request
+from .costmodel import AdaptiveK, CostModelK, FixedK, best_k, expected_tokens_per_round, predicted_speedup
+from .drafters import make_drafter
 from .gpt2 import GPT2
+from .result import DecodeResult
 from .sampling import SamplingParams
-from .speculative import AdaptiveK, FixedK, speculative_sample
+from .speculative import speculative_sample
 
 
 # ---------------------------------------------------------------------------
@@ -63,8 +64,13 @@ def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repea
     back afterwards, so every measurement sees the same context length.
     """
     cache = target.new_cache()
+    drafter = make_drafter(draft, target) if draft is not None else None
+    if drafter is not None:
+        drafter.begin(target, cache, context)
     if len(context) > 1:
-        target.forward(context[:-1], cache, last_only=True)
+        _, hidden = target.forward(context[:-1], cache, last_only=True, return_hidden=True)
+        if drafter is not None:
+            drafter.commit(context, hidden)
     n = cache.length
     m_max = max(1, min(m_max, target.n_ctx - n))
     cache.reserve(n + m_max)  # so no timed pass includes the cache's growth
@@ -77,32 +83,15 @@ def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repea
     target_pass(1)  # warm-up
     per_m = [_median_time(lambda m=m: target_pass(m), repeats) for m in range(1, m_max + 1)]
 
-    drafter = make_drafter(draft, target) if draft is not None else None
-    if drafter is None:  # autoregressive only: nothing to draft
+    # One draft step, whatever the drafter: propose one token after the context, then
+    # commit nothing new. A model drafter catches up on the context in the first
+    # (untimed) call, then feeds one token per call; the n-gram drafter times its lookup.
+    greedy, no_features = SamplingParams(0.0), np.zeros((0, target.n_embd), np.float32)
 
-        def draft_step():
-            pass
-
-    elif isinstance(drafter, ModelDrafter):
-        draft_cache = drafter.model.new_cache()
-        if len(context) > 1:
-            drafter.model.forward(context[:-1], draft_cache, last_only=True)
-        d = draft_cache.length
-
-        def draft_step():
-            drafter.model.forward(tokens[:1], draft_cache, last_only=True)
-            draft_cache.rollback(d)
-
-    elif isinstance(drafter, EarlyExitDrafter):
-
-        def draft_step():
-            target.forward(tokens[:1], cache, last_only=True, n_layer=drafter.n_layer)
-            cache.rollback(n)
-
-    else:  # proposal without a model (n-gram lookup): time the proposal itself
-
-        def draft_step():
-            drafter.propose(context, 1, SamplingParams(0.0), None)
+    def draft_step():
+        if drafter is not None:
+            drafter.propose(context, 1, greedy, None)
+            drafter.commit(context, no_features)
 
     draft_step()
     draft_time = _median_time(draft_step, repeats)

@@ -21,58 +21,24 @@ One round, with the text so far ending in a token t that no cache has seen yet:
      stop at the first rejection.
   4. At a rejection at i, emit one token from norm(max(0, p_i - q_i)); if all
      k were accepted, emit a bonus token from p_k.
-So every round emits between 1 and k+1 tokens for a single target pass.
-
-Why the output is exactly p: for any token y at position i,
-    P(emit y) = q(y) min(1, p(y)/q(y)) + P(reject) * norm(max(0, p - q))(y)
-              = min(q(y), p(y)) + (1 - sum_x min(p(x), q(x))) * max(0, p(y) - q(y)) / sum_x max(0, p(x) - q(x))
-and since sum_x max(0, p - q) = 1 - sum_x min(p, q), the second term is
-max(0, p(y) - q(y)); min(q, p) + max(0, p - q) = p(y). (Leviathan et al.,
-Appendix A.1; Chen et al., Theorem 1.)
+  5. Roll back: both caches keep exactly the accepted text.
+So every round emits between 1 and k+1 tokens for a single target pass. Steps
+3-4, and the proof that the output is exactly p, are in verify.py; what a
+drafter must provide is in interfaces.py.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .autoregressive import DecodeResult, TokenCallback, check_request, make_rng
+from .autoregressive import check_request, make_rng
+from .costmodel import FixedK
 from .drafters import make_drafter
 from .gpt2 import GPT2
-from .sampling import SamplingParams, draw, greedy, probabilities
-
-
-class AdaptiveK:
-    """Grow K by one after a round whose drafts were all accepted; shrink it by one
-    after a rejection; always within [k_min, k_max]. A simple heuristic: long
-    runs of agreement (repetitive text, an easy stretch) earn longer drafts.
-    """
-
-    def __init__(self, k_start: int = 4, k_min: int = 1, k_max: int = 8):
-        if not 1 <= k_min <= k_start <= k_max:
-            raise ValueError(f"adaptive K needs 1 <= k_min <= K <= k_max, got {k_min}, {k_start}, {k_max}")
-        self.k, self.k_min, self.k_max = k_start, k_min, k_max
-
-    def next_k(self) -> int:
-        return self.k
-
-    def update(self, k: int, n_accepted: int) -> None:
-        if n_accepted == k:
-            self.k = min(self.k_max, self.k + 1)
-        else:
-            self.k = max(self.k_min, self.k - 1)
-
-
-class FixedK:
-    def __init__(self, k: int):
-        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"K (draft tokens per round) must be an integer >= 1, got {k!r}")
-        self.k = self.k_max = int(k)
-
-    def next_k(self) -> int:
-        return self.k
-
-    def update(self, k: int, n_accepted: int) -> None:
-        pass
+from .interfaces import KPolicy, Proposal
+from .result import DecodeResult, TokenCallback
+from .sampling import SamplingParams
+from .verify import verify
 
 
 def speculative_sample(
@@ -88,111 +54,56 @@ def speculative_sample(
     rng: np.random.Generator | None = None,
     on_token: TokenCallback | None = None,
 ) -> DecodeResult:
-    """Generate n_tokens after prompt_ids with speculative sampling.
+    """Generate n_tokens after prompt_ids by speculative sampling: exactly the target's distribution.
 
-    draft: a smaller GPT2 of the same vocabulary, "ngram" / "ngram:N" (prompt
-    lookup), "early_exit:L" (the target's first L layers), or a drafter object
-    (see drafters.py). K: draft tokens per round, an int, or a policy with
-    next_k() / update(k, n_accepted) / k_max such as AdaptiveK.
-
-    At temperature 0 the result equals autoregressive_sample's greedy tokens;
-    above it, its distribution equals autoregressive sampling's.
+    draft: a GPT2 with the target's vocabulary, "ngram[:N]", "early_exit:L" or a Drafter (interfaces.py).
+    K: draft tokens per round, or a KPolicy such as AdaptiveK.  Example:
+        out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
-    k_policy = K if hasattr(K, "next_k") else FixedK(K)
+    k_policy = K if isinstance(K, KPolicy) else FixedK(K)
     prompt = check_request(target, prompt_ids, n_tokens)
     drafter = make_drafter(draft, target)
-    if drafter.n_vocab != target.n_vocab:
-        raise ValueError(
-            f"draft and target must share a vocabulary: the draft has {drafter.n_vocab} tokens, "
-            f"the target {target.n_vocab}; pick a draft from the target's family (GPT-2 models all have 50257)"
-        )
     rng = make_rng(seed, rng)
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
-    draft_calls_before = drafter.calls  # a drafter object may be reused across runs
+    result, draft_calls_before = DecodeResult(k_max=k_policy.k_max), drafter.calls  # a drafter may be reused
 
-    result = DecodeResult(k_max=k_policy.k_max)
-    cache = getattr(drafter, "target_cache", None) or target.new_cache()
-    cache.rollback(0)
-    drafter.rollback(0)
+    cache = target.new_cache()
+    drafter.begin(target, cache, prompt)
     ids = list(prompt)  # the whole text; ids[-1] is never in a cache at a round's start
-    if n_tokens and len(prompt) > 1:
-        target.forward(prompt[:-1], cache, last_only=True)  # prefill; these logits are not needed
+    if n_tokens and len(prompt) > 1:  # prefill: the prompt but its last token (logits not needed)
+        _, hidden = target.forward(prompt[:-1], cache, last_only=True, return_hidden=True)
         result.target_calls += 1
-
-    def emit(token: int, kind: str) -> None:
-        ids.append(token)
-        result.tokens.append(token)
-        if on_token:
-            on_token(token, kind)
+        drafter.commit(ids, hidden)
 
     while len(result.tokens) < n_tokens:
-        # Draft fewer near the end: a round emits up to k+1 tokens, and the
-        # verification pass reaches position len(ids) - 1 + k < n_ctx.
+        # Draft fewer near the end: a round emits up to k+1 tokens and verifies up to position len(ids)-1+k.
         k = min(k_policy.next_k(), n_tokens - len(result.tokens) - 1, n_ctx - len(ids))
 
-        # Step 1 (Algorithm 1, "sample gamma guesses from M_q autoregressively").
-        drafts, q = drafter.propose(ids, k, params, rng) if k > 0 else ([], None)
-        k = len(drafts)  # a drafter may propose fewer (the n-gram drafter when nothing matches)
+        # Step 1 ("sample gamma guesses from M_q autoregressively"); fewer is fine (an n-gram miss).
+        proposal = drafter.propose(ids, k, params, rng) if k > 0 else Proposal.chain([])
 
-        # Step 2 ("run M_p in parallel"): one pass over the unseen token and the drafts.
-        # NOTE: logits row i verifies drafts[i]; row k is the bonus position.
-        logits = target.forward([ids[-1], *drafts], cache)  # [k+1, n_vocab]
+        # Step 2 ("run M_p in parallel"): one target pass over the unseen token and the drafts.
+        # NOTE: logits row i verifies proposal.tokens[i]; the last row is the bonus position.
+        logits, hidden = target.forward([ids[-1], *proposal.tokens], cache, return_hidden=True)  # [k+1, n_vocab]
         result.target_calls += 1
 
-        # Steps 3-4: accept a prefix of the drafts, then emit one token from the target.
-        if params.greedy:
-            n_accepted, last = _verify_greedy(drafts, logits)
-        else:
-            n_accepted, last = _verify_sampled(drafts, q, probabilities(logits, params), rng)
-        for token in drafts[:n_accepted]:
-            emit(token, "draft")
-        emit(last, "bonus" if n_accepted == k and k > 0 else "target")
+        # Steps 3-4 ("determine the number of accepted guesses n"; "adjust the distribution from M_p if needed").
+        path, last = verify(proposal, logits, params, rng)
+        kinds = ["draft"] * len(path) + ["bonus" if len(path) == len(proposal) > 0 else "target"]
+        for token, kind in zip([proposal.tokens[i] for i in path] + [last], kinds):
+            ids.append(token)
+            result.tokens.append(token)
+            if on_token:
+                on_token(token, kind)
 
-        # Both caches keep exactly the accepted text; its newest token is fed next round.
+        # Step 5: the target's cache keeps the accepted text but its newest token (fed next round);
+        # the drafter gets the target's hidden states at the positions kept.
         cache.rollback(len(ids) - 1)
-        drafter.rollback(len(ids) - 1)
-
-        result.k_per_round.append(k)
-        result.accepted_per_round.append(n_accepted)
-        if k > 0:
-            k_policy.update(k, n_accepted)
+        drafter.commit(ids, hidden[[0, *(i + 1 for i in path)]])
+        result.add_round(len(proposal), len(path))
+        if len(proposal):
+            k_policy.update(len(proposal), len(path))
 
     result.draft_calls = drafter.calls - draft_calls_before
     return result
-
-
-def _verify_greedy(drafts: list[int], logits: np.ndarray) -> tuple[int, int]:
-    """Temperature 0: keep drafts while each equals the target's argmax.
-
-    Returns (number accepted, the token to emit after them): the target's argmax
-    at the first mismatch, or at row k (the bonus) when all match. This is the
-    sampled rule with p and q both point masses on their argmax.
-    """
-    for i, x in enumerate(drafts):
-        best = greedy(logits[i])
-        if x != best:
-            return i, best
-    return len(drafts), greedy(logits[len(drafts)])
-
-
-def _verify_sampled(drafts: list[int], q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[int, int]:
-    """Rejection sampling over drafts (Algorithm 1, steps 3-4).
-
-    drafts: k tokens; q: [k, n_vocab] draft distributions they were drawn from;
-    p: [k+1, n_vocab] target distributions (already filtered like q).
-    """
-    for i, x in enumerate(drafts):
-        # Accept with probability min(1, p(x)/q(x)): r < p/q, written without
-        # the division. q[i, x] > 0 because x was drawn from q[i].
-        if rng.random() * q[i, x] < p[i, x]:
-            continue
-        # Rejected: draw from the residual max(0, p - q).
-        # NOTE: it must be renormalised; it sums to 1 - sum(min(p, q)), not 1.
-        residual = np.maximum(p[i] - q[i], 0)
-        mass = residual.sum()
-        if mass <= 0:  # p == q up to rounding: then the rejection itself had
-            return i, draw(p[i], rng)  # probability ~0, and p is the right answer
-        return i, draw(residual / mass, rng)
-    # NOTE: all k accepted: the target's row k is a free extra token (the bonus).
-    return len(drafts), draw(p[len(drafts)], rng)

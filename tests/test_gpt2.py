@@ -108,6 +108,19 @@ def test_last_only_returns_the_last_row(model):
     np.testing.assert_allclose(last[0], model(tokens)[-1], atol=ATOL, rtol=0)
 
 
+def test_return_hidden_gives_the_rows_the_lm_head_reads(model):
+    tokens = [3, 1, 4, 1, 5]
+    logits = model.forward(tokens, model.new_cache())
+    both, hidden = model.forward(tokens, model.new_cache(), return_hidden=True)
+    assert hidden.shape == (5, model.n_embd) and hidden.dtype == np.float32
+    np.testing.assert_array_equal(both, logits)
+    np.testing.assert_allclose(hidden @ model.weights.wte.T, logits, atol=ATOL)  # after ln_f: tied LM head
+    last, all_hidden = model.forward(tokens, model.new_cache(), last_only=True, return_hidden=True)
+    assert last.shape == (1, model.n_vocab) and all_hidden.shape == (5, model.n_embd)  # every row's hidden
+    np.testing.assert_allclose(last, logits[-1:], atol=ATOL)
+    np.testing.assert_allclose(all_hidden, hidden, atol=ATOL)
+
+
 def test_float32_end_to_end(model):
     cache = model.new_cache()
     logits = model.forward([1, 2, 3], cache)

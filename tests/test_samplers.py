@@ -13,8 +13,8 @@ import itertools
 import numpy as np
 import pytest
 
-import specdec.speculative as speculative
-from specdec import AdaptiveK, autoregressive_sample, speculative_sample
+import specdec.verify as verify
+from specdec import AdaptiveK, Proposal, autoregressive_sample, speculative_sample
 from specdec.drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter
 from specdec.gpt2 import GPT2, Block, HParams, Linear, Weights, random_weights
 from specdec.sampling import SamplingParams, draw, probabilities
@@ -159,7 +159,7 @@ def test_speculative_sampling_matches_the_target_distribution(small_target, smal
 
     # The same check must reject broken variants of the verification step.
     for broken in (verify_accept_on_argmax, verify_unnormalised_residual, verify_resample_target_on_reject):
-        monkeypatch.setattr(speculative, "_verify_sampled", broken)
+        monkeypatch.setattr(verify, "sampled_chain", broken)
         ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_BROKEN), exact_t1)
         assert not ok, f"{broken.__name__} passed the check (chi2={stat:.1f}, df={df})"
 
@@ -205,10 +205,10 @@ def test_filtered_sampling_matches_the_filtered_target(small_target, small_draft
     # BROKEN: the draft token is drawn from the filtered q, but the acceptance
     # test reads the unfiltered q (the "filtered on one side only" bug class).
     class OneSideFiltered(ModelDrafter):
-        def propose(self, ids, k, params, rng):
-            tokens, _ = super().propose(ids, k, params, rng)
+        def propose(self, ids, k, params, rng, nodes=None):
+            tokens = super().propose(ids, k, params, rng).tokens
             logits = self.model(list(ids) + tokens[:-1])[len(ids) - 1 :]  # [k, n_vocab]
-            return tokens, probabilities(logits, SamplingParams(params.temperature))
+            return Proposal.chain(tokens, probabilities(logits, SamplingParams(params.temperature)))
 
     def run_broken(rng):
         return speculative_sample(small_target, OneSideFiltered(small_draft), PROMPT, 3, K=2,
@@ -233,7 +233,7 @@ def test_other_drafters_keep_the_target_distribution(drafter, monkeypatch):
     assert run(np.random.default_rng(0)).drafted > 0
     ok, stat, df = chi_square_passes(sample_many(run), exact)
     assert ok, f"chi2={stat:.1f} df={df}"
-    monkeypatch.setattr(speculative, "_verify_sampled", verify_resample_target_on_reject)
+    monkeypatch.setattr(verify, "sampled_chain", verify_resample_target_on_reject)
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_BROKEN), exact)
     assert not ok, f"a broken sampler passed with {drafter} (chi2={stat:.1f})"
 
@@ -277,6 +277,8 @@ def test_draft_equal_to_target_accepts_everything(target):
 def assert_cache_holds(model, cache, text, n_layer=None):
     """cache equals a fresh cache built from text[:cache.length] (the first n_layer layers)."""
     n = cache.length
+    if n == 0:
+        return  # nothing cached: trivially a prefix
     fresh = model.new_cache()
     model.forward(text[:n], fresh)
     layers = slice(None, n_layer)
@@ -287,38 +289,40 @@ def assert_cache_holds(model, cache, text, n_layer=None):
 @pytest.mark.parametrize("kind", ["model", "early_exit"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_caches_hold_exactly_the_accepted_text_after_each_round(target, kind, temperature):
-    """After every round: the target's cache holds all of the text but its newest
-    token, and the draft's holds a prefix of the text (never a rejected token)."""
+    """At every commit (after the prefill and after every round): the target's cache
+    holds all of the text but its newest token, the draft's holds a prefix of the
+    text (never a rejected token), and the features are the target's hidden
+    states at the positions just kept, the last one being the row that gave ids[-1]."""
     draft_model = perturbed(target, 0.05, seed=4)
     drafter = ModelDrafter(draft_model) if kind == "model" else EarlyExitDrafter(target, n_layer=1)
     prompt, emitted, checks = [5, 6, 7], [], []
     target_caches = []
-    real_forward, real_rollback = target.forward, drafter.rollback
+    real_begin, real_commit = drafter.begin, drafter.commit
 
-    def recording_forward(tokens, cache, *args, **kwargs):
+    def recording_begin(target_model, cache, prompt_ids):
         target_caches.append(cache)
-        return real_forward(tokens, cache, *args, **kwargs)
+        real_begin(target_model, cache, prompt_ids)
 
-    def checking_rollback(n):  # called by the sampler once per round, after the target's rollback
-        real_rollback(n)
-        checks.append(n)
-        if len(checks) == 1:
-            return  # the reset before the first round
+    def checking_commit(ids, features):  # called by the sampler after every target pass
+        real_commit(ids, features)
         text = prompt + emitted
+        checks.append(len(features))
         target_cache = target_caches[-1]
-        assert n == len(text) - 1 == target_cache.length
+        assert list(ids) == text and len(text) - 1 == target_cache.length
         assert_cache_holds(target, target_cache, text)
         if kind == "model":
-            assert len(text) - 2 <= drafter.cache.length <= len(text) - 1
+            assert drafter.cache.length <= len(text) - 1
+            assert len(checks) == 1 or len(text) - 2 <= drafter.cache.length  # after a round: caught up but 1-2
             assert_cache_holds(draft_model, drafter.cache, text)
+        _, hidden = target.forward(text[:-1], target.new_cache(), return_hidden=True)  # [len-1, n_embd]
+        assert features.shape == (len(features), target.n_embd) and len(features) >= 1
+        np.testing.assert_allclose(features, hidden[-len(features) :], atol=2e-5)
 
-    target.forward, drafter.rollback = recording_forward, checking_rollback
-    try:
-        out = speculative_sample(target, drafter, prompt, 25, K=4, temperature=temperature, seed=3,
-                                 on_token=lambda token, kind: emitted.append(token))  # fmt: skip
-    finally:
-        del target.forward
-    assert len(checks) == out.rounds + 1  # every round, plus the reset at the start
+    drafter.begin, drafter.commit = recording_begin, checking_commit
+    out = speculative_sample(target, drafter, prompt, 25, K=4, temperature=temperature, seed=3,
+                             on_token=lambda token, kind: emitted.append(token))  # fmt: skip
+    assert len(checks) == out.rounds + 1  # every round, plus the prefill
+    assert checks[0] == len(prompt) - 1 and checks[1:] == [n + 1 for n in out.accepted_per_round]
     assert 0 < out.accepted < out.drafted, "the test needs both accepted and rejected drafts"
 
 
@@ -412,10 +416,14 @@ def test_ngram_lookup():
 
 def test_early_exit_drafter_restores_the_shared_cache(target):
     drafter = EarlyExitDrafter(target, n_layer=1)
-    target.forward([1, 2, 3], drafter.target_cache)
-    tokens, q = drafter.propose([1, 2, 3, 4], 3, SamplingParams(1.0), np.random.default_rng(0))
-    assert len(tokens) == 3 and q.shape == (3, target.n_vocab) and drafter.calls == 3
-    assert drafter.target_cache.length == 3
+    cache = target.new_cache()
+    drafter.begin(target, cache, [1, 2, 3, 4])
+    target.forward([1, 2, 3], cache)
+    proposal = drafter.propose([1, 2, 3, 4], 3, SamplingParams(1.0), np.random.default_rng(0))
+    assert len(proposal.tokens) == 3 and proposal.q.shape == (3, target.n_vocab) and drafter.calls == 3
+    assert proposal.parents == [-1, 0, 1] and cache.length == 3
+    with pytest.raises(ValueError, match="different target"):
+        drafter.begin(tiny_model(seed=5), cache, [1, 2])
 
 
 @pytest.mark.parametrize(
@@ -451,15 +459,30 @@ def test_vocabulary_mismatch_is_refused(target):
 
 def test_custom_drafters_need_the_whole_interface(target):
     class OnlyPropose:
-        def propose(self, ids, k, params, rng):
-            return [], None
-
-        def rollback(self, n):
+        def begin(self, target, cache, prompt):
             pass
 
-    with pytest.raises(TypeError, match="n_vocab, n_ctx"):
+        def propose(self, ids, k, params, rng, nodes=None):
+            return Proposal.chain([])
+
+        def commit(self, ids, features):
+            pass
+
+    with pytest.raises(TypeError, match="begin, propose, commit, n_vocab, n_ctx"):
         speculative_sample(target, OnlyPropose(), [1, 2], 4)
     custom = OnlyPropose()
     custom.n_vocab, custom.n_ctx, custom.calls = target.n_vocab, None, 0
     out = speculative_sample(target, custom, [1, 2], 4)  # proposes nothing: plain target steps
     assert out.tokens == autoregressive_sample(target, [1, 2], 4).tokens and out.drafted == 0
+
+
+def test_proposal_chain_and_tree_shapes():
+    chain = Proposal.chain([5, 6, 7], np.full((3, 10), 0.1, np.float32))
+    assert chain.parents == [-1, 0, 1] and chain.is_chain and len(chain) == 3
+    assert Proposal.chain([]).is_chain and Proposal.chain([]).q is None
+    tree = Proposal([5, 6, 7], [-1, -1, 0])  # two children of the text's last token; 7 follows 5
+    assert not tree.is_chain
+    with pytest.raises(AssertionError, match="parents must come first"):
+        Proposal([5, 6], [1, -1])
+    with pytest.raises(AssertionError, match="rows"):
+        Proposal.chain([5, 6], np.zeros((3, 10), np.float32))

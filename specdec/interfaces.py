@@ -1,0 +1,129 @@
+"""The two interfaces the speculative sampler is written against.
+
+    Drafter   proposes tokens (a chain, or a tree of candidates) with the
+              distribution q each was drawn from; drafters.py has three.
+    KPolicy   decides how many tokens to draft each round; costmodel.py has three.
+
+And the drafter's answer, a Proposal. The sampler (speculative.py) knows nothing
+else about a drafter: whatever proposes (a smaller model, a lookup in the text,
+the target's own first layers, heads reading the target's hidden states), the
+round reads the same.
+
+Shape notation: n = drafted tokens, n_vocab = vocabulary size, m = positions the
+target just wrote into its cache for good, n_embd = the target's width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .gpt2 import GPT2, KVCache
+    from .sampling import SamplingParams
+
+
+@dataclass
+class Proposal:
+    """What a drafter proposes: n tokens, each with its parent, and the q they were drawn from.
+
+    tokens[i] follows tokens[parents[i]], or the last token of the text when
+    parents[i] == -1; a parent always comes before its children. A chain, the
+    papers' case, has parents [-1, 0, 1, ..., n-2]; anything else is a tree.
+
+    q[i] ([n_vocab], float32) is the distribution tokens[i] was ACTUALLY drawn
+    from, given its path and its earlier siblings. The acceptance test reads
+    exactly these rows, so they must be the drawing distributions, not some
+    other estimate of them. None under greedy decoding (which never reads q).
+    """
+
+    tokens: list[int]  # [n] drafted token ids, parents before children
+    parents: list[int]  # [n] index of each token's parent in `tokens`; -1 = follows the text's last token
+    q: np.ndarray | None = None  # [n, n_vocab] float32, or None under greedy decoding
+
+    def __post_init__(self):
+        n = len(self.tokens)
+        assert len(self.parents) == n, f"{n} tokens but {len(self.parents)} parents"
+        assert all(-1 <= p < i for i, p in enumerate(self.parents)), f"parents must come first: {self.parents}"
+        assert self.q is None or self.q.shape[0] == n, f"q has {self.q.shape[0]} rows for {n} tokens"
+
+    @classmethod
+    def chain(cls, tokens: list[int], q: np.ndarray | None = None) -> "Proposal":
+        """A chain: each token follows the one before it.
+
+        >>> Proposal.chain([464, 3290]).parents
+        [-1, 0]
+        """
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), q)
+
+    @property
+    def is_chain(self) -> bool:
+        return list(self.parents) == list(range(-1, len(self.tokens) - 1))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Anything that proposes tokens for the target to verify.
+
+    The sampler calls, for one run:
+        begin(target, cache, prompt)      once, before anything else
+        commit(prompt, features)          after the prompt's prefill pass (when the prompt has 2+ tokens)
+        then every round:
+        propose(ids, k, params, rng)      -> Proposal
+        commit(ids, features)             after the verification pass
+
+    Example (a drafter that always proposes the token after the last one, mod n_vocab):
+
+        class Next:
+            n_vocab, n_ctx, calls = 50257, None, 0
+            def begin(self, target, cache, prompt): pass
+            def propose(self, ids, k, params, rng, nodes=None):
+                tokens = [(ids[-1] + 1 + i) % self.n_vocab for i in range(k)]
+                q = None if params.greedy else np.stack([point_mass(t, self.n_vocab) for t in tokens])
+                return Proposal.chain(tokens, q)
+            def commit(self, ids, features): pass
+
+        speculative_sample(target, Next(), ids, 20)
+    """
+
+    n_vocab: int  # must equal the target's
+    n_ctx: int | None  # the longest text the drafter can handle, None for no limit
+    calls: int  # draft forward passes so far (0 for a drafter without a model)
+
+    def begin(self, target: GPT2, cache: KVCache, prompt: list[int]) -> None:
+        """A new run: the target, the target's KV cache for this run (empty now; a
+        drafter may write into it, as early exit does, if it sets the length back),
+        and the prompt. Reset all per-run state here."""
+
+    def propose(
+        self, ids: list[int], k: int, params: SamplingParams, rng: np.random.Generator, nodes: int | None = None
+    ) -> Proposal:
+        """Propose what follows `ids` (the whole text so far; ids[-1] is in no cache yet).
+
+        A chain of at most k tokens when nodes is None; otherwise a tree of at most
+        `nodes` tokens and depth at most k (a drafter that cannot branch returns a
+        chain). Fewer, or none, is fine: the round then emits the target's token."""
+
+    def commit(self, ids: list[int], features: np.ndarray) -> None:
+        """After every target pass: ids is the whole text now; features [m, n_embd]
+        are the target's hidden states (after ln_f) at the m positions just written
+        for good into its cache; the last row is the one whose logits gave ids[-1].
+        Roll back or store state here."""
+
+
+@runtime_checkable
+class KPolicy(Protocol):
+    """How many tokens to draft each round."""
+
+    k_max: int  # the most next_k() will ever return (sizes the acceptance histogram)
+
+    def next_k(self) -> int:
+        """Drafts to ask for in the coming round (the sampler may ask for fewer near the end)."""
+
+    def update(self, k: int, n_accepted: int) -> None:
+        """What happened in a round that drafted k > 0 tokens: n_accepted of them were accepted."""
