@@ -65,6 +65,16 @@ class Proposal:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def pass_parents(self) -> list[int] | None:
+        """`parents` for the target's verification pass over [ids[-1], *tokens]: that
+        pass's row 0 is the text's last token, so node i sits at row i + 1 and a
+        parent -1 becomes row 0. None (the causal default) for a chain.
+
+        >>> Proposal([5, 6, 7], [-1, -1, 0]).pass_parents()
+        [-1, 0, 0, 1]
+        """
+        return None if self.is_chain else [-1, *(p + 1 for p in self.parents)]
+
 
 @runtime_checkable
 class Drafter(Protocol):

@@ -70,13 +70,13 @@ def speculative_sample(
 
     cache = target.new_cache()
     drafter.begin(target, cache, prompt)
-    ids = list(prompt)  # the whole text; ids[-1] is never in a cache at a round's start
     if n_tokens and len(prompt) > 1:  # prefill: the prompt but its last token (logits not needed)
         _, hidden = target.forward(prompt[:-1], cache, last_only=True, return_hidden=True)
         result.target_calls += 1
-        drafter.commit(ids, hidden)
+        drafter.commit(prompt, hidden)
 
     while len(result.tokens) < n_tokens:
+        ids = prompt + result.tokens  # the whole text so far; ids[-1] is in no cache yet
         # Draft fewer near the end: a round emits up to k+1 tokens and verifies up to position len(ids)-1+k.
         k = min(k_policy.next_k(), n_tokens - len(result.tokens) - 1, n_ctx - len(ids))
 
@@ -85,22 +85,23 @@ def speculative_sample(
 
         # Step 2 ("run M_p in parallel"): one target pass over the unseen token and the drafts.
         # NOTE: logits row i verifies proposal.tokens[i]; the last row is the bonus position.
-        logits, hidden = target.forward([ids[-1], *proposal.tokens], cache, return_hidden=True)  # [k+1, n_vocab]
+        tokens, parents = [ids[-1], *proposal.tokens], proposal.pass_parents()
+        logits, hidden = target.forward(tokens, cache, return_hidden=True, parents=parents)  # [k+1, n_vocab]
         result.target_calls += 1
 
         # Steps 3-4 ("determine the number of accepted guesses n"; "adjust the distribution from M_p if needed").
         path, last = verify(proposal, logits, params, rng)
         kinds = ["draft"] * len(path) + ["bonus" if len(path) == len(proposal) > 0 else "target"]
         for token, kind in zip([proposal.tokens[i] for i in path] + [last], kinds):
-            ids.append(token)
             result.tokens.append(token)
             if on_token:
                 on_token(token, kind)
 
-        # Step 5: the target's cache keeps the accepted text but its newest token (fed next round);
-        # the drafter gets the target's hidden states at the positions kept.
-        cache.rollback(len(ids) - 1)
-        drafter.commit(ids, hidden[[0, *(i + 1 for i in path)]])
+        # Step 5: the target's cache keeps row 0 (ids[-1]) and the accepted rows; `last` is fed next
+        # round. The drafter rolls back too, and gets the target's hidden states at the rows kept.
+        kept = [0, *(i + 1 for i in path)]
+        cache.keep(len(ids) - 1, kept)
+        drafter.commit(prompt + result.tokens, hidden[kept])
         result.add_round(len(proposal), len(path))
         if len(proposal):
             k_policy.update(len(proposal), len(path))
