@@ -259,7 +259,7 @@ def test_first_sibling_acceptance_rate_matches_theory():
 
 def test_chain_rule_is_the_tree_rule_on_a_chain():
     """On a chain, verify_sampled makes the chain rule's decisions with the same random draws."""
-    import specdec.speculative as speculative
+    from specdec.verify import sampled_chain
 
     world, rng = World(T1, seed=5), np.random.default_rng(6)
     for trial in range(300):
@@ -267,7 +267,7 @@ def test_chain_rule_is_the_tree_rule_on_a_chain():
         p = np.stack([world.row([], "p")] + [world.row(path, "p") for path in paths])
         seed = int(rng.integers(1 << 30))
         path, last = verify_sampled(tokens, parents, q, p, np.random.default_rng(seed))
-        n_accepted, chain_last = speculative._verify_sampled(tokens, q, p, np.random.default_rng(seed))
+        n_accepted, chain_last = sampled_chain(tokens, q, p, np.random.default_rng(seed))
         assert (path, last) == (list(range(n_accepted)), chain_last), trial
 
 
