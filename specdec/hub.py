@@ -464,8 +464,8 @@ def _fetch_into(session, url, partial: Path, headers, remote: _Remote, progress:
                 got = partial.stat().st_size
                 partial.unlink(missing_ok=True)
                 raise DownloadError(
-                    f"the disk filled up while downloading {desc} into {partial.parent} ({got} of "
-                    f"{_human(total) if total else 'an unknown number of'} bytes); the partial file was removed. "
+                    f"the disk filled up while downloading {desc} into {partial.parent} ({_human(got)} of "
+                    f"{_human(total) if total else 'an unknown size'}); the partial file was removed. "
                     f"Free some space or choose another models folder"
                 ) from e
         break

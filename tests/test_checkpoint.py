@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import requests
 
+from specdec.gpt2 import HParams
 from specdec.checkpoint import (
     CheckpointError,
     DownloadError,
@@ -769,3 +771,99 @@ def test_too_little_disk_space_is_said_before_downloading(served, monkeypatch):
         load_model(REPO, models_dir, progress=False, settings=hub.settings())
     assert str(models_dir / FOLDER) in str(e.value)
     assert not list((models_dir / FOLDER).glob("model.safetensors*"))
+
+
+# --- fuzzing: a mutated file loads or is a CheckpointError, nothing else -------------------------
+
+
+def _mutate(raw: bytes, header_len: int, rng: np.random.Generator) -> bytes:
+    """One random damage to a safetensors file, aimed mostly at the header where the parser works."""
+    data = bytearray(raw)
+    kind = rng.integers(6)
+    if kind == 0:  # flip bytes in the header
+        for _ in range(rng.integers(1, 4)):
+            data[8 + rng.integers(header_len)] = rng.integers(256)
+    elif kind == 1:  # a number in the header replaced by a hostile one
+        header = data[8 : 8 + header_len].decode("latin-1")
+        numbers = [m.span() for m in re.finditer(r"\d+", header)]
+        begin, end = numbers[rng.integers(len(numbers))]
+        hostile = rng.choice(["0", "-1", "1e3", "4294967296", "9223372036854775808", "18446744073709551616", "7"])
+        header = header[:begin] + hostile + header[end:]
+        blob = header.encode("latin-1")
+        data = bytearray(len(blob).to_bytes(8, "little") + blob + raw[8 + header_len :])
+    elif kind == 2:  # the header length itself
+        data[:8] = int(rng.integers(0, 2 * len(raw))).to_bytes(8, "little")
+    elif kind == 3:  # truncated
+        data = data[: rng.integers(len(data))]
+    elif kind == 4:  # bytes inserted or removed in the header
+        at = 8 + rng.integers(header_len)
+        data[at:at] = bytes(rng.integers(32, 127, rng.integers(1, 8), dtype=np.uint8)) if rng.random() < 0.5 else b""
+        if rng.random() < 0.5:
+            del data[at : at + rng.integers(1, 8)]
+    else:  # damage in the data: NaNs, infinities or harmless noise
+        at = 8 + header_len + rng.integers(len(raw) - 8 - header_len - 4)
+        data[at : at + 4] = rng.choice([b"\x00\x00\xc0\x7f", b"\x00\x00\x80\x7f", b"\x01\x02\x03\x04"])
+    return bytes(data)
+
+
+def test_fuzzed_safetensors_files_load_or_raise_checkpoint_error(tmp_path):
+    hparams = HParams(n_vocab=16, n_ctx=8, n_embd=8, n_head=2, n_layer=1)
+    folder = tmp_path / "m"
+    save_folder(tiny_model(hparams=hparams), folder)
+    raw = (folder / "model.safetensors").read_bytes()
+    header_len = int.from_bytes(raw[:8], "little")
+    rng = np.random.default_rng(0)
+    outcomes = {"loaded": 0, "CheckpointError": 0}
+    for _ in range(600):
+        (folder / "model.safetensors").write_bytes(_mutate(raw, header_len, rng))
+        try:
+            model = load_folder(folder, with_tokenizer=False)
+        except CheckpointError:
+            outcomes["CheckpointError"] += 1
+            continue
+        assert np.isfinite(model([1, 2, 3])).all()  # what loads also runs
+        outcomes["loaded"] += 1
+    # Both outcomes happen: the mutations reach past the first checks.
+    assert outcomes["loaded"] > 20 and outcomes["CheckpointError"] > 200, outcomes
+
+
+def test_a_disk_that_fills_up_mid_file_is_named_and_the_partial_removed(served, monkeypatch):
+    import errno
+
+    import specdec.hub as hub_module
+
+    hub, _, models_dir = served
+    real_open = hub_module._open_partial
+
+    class FillsUp:
+        def __init__(self, f):
+            self.f, self.written = f, 0
+
+        def write(self, chunk):
+            if self.written + len(chunk) > 20_000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.written += len(chunk)
+            return self.f.write(chunk)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(hub_module, "_open_partial", lambda partial, append: FillsUp(real_open(partial, append)))
+    with pytest.raises(DownloadError, match=r"disk filled up while downloading model.safetensors .*of 178.8 kB"):
+        load_model(REPO, models_dir, progress=False, settings=hub.settings())
+    assert not list((models_dir / FOLDER).glob("model.safetensors*"))
+
+
+def test_non_finite_logits_are_named_by_model():
+    from specdec.checkpoint import check_finite_logits
+
+    good = np.zeros((2, 5), np.float32)
+    assert check_finite_logits(good, "m") is good
+    for bad_value in (np.nan, np.inf, -np.inf):
+        bad = good.copy()
+        bad[1, 3] = bad_value
+        with pytest.raises(ValueError, match="model tiny-3 produced NaN or infinite logits"):
+            check_finite_logits(bad, "tiny-3")
