@@ -188,7 +188,8 @@ class KVCache:
     large array resident.)
     """
 
-    def __init__(self, hparams: HParams, capacity: int | None = None, reserve: int = 64):
+    def __init__(self, hparams: HParams, capacity: int | None = None, reserve: int = 64, dtype=F32):
+        self.dtype = np.dtype(dtype)  # the model's: float32, or float64 under GPT2.astype(np.float64)
         self.capacity = hparams.n_ctx if capacity is None else capacity
         if not 1 <= self.capacity <= hparams.n_ctx:
             raise ValueError(f"cache capacity must be in 1..{hparams.n_ctx}, got {self.capacity}")
@@ -200,7 +201,7 @@ class KVCache:
     def _allocate(self, n_positions: int) -> None:
         h = self.hparams
         shape = (h.n_layer, h.n_head, n_positions, h.d_head)
-        k, v = np.zeros(shape, dtype=F32), np.zeros(shape, dtype=F32)
+        k, v = np.zeros(shape, dtype=self.dtype), np.zeros(shape, dtype=self.dtype)
         if self.k is not None:  # keep what is cached
             k[:, :, : self.length] = self.k[:, :, : self.length]
             v[:, :, : self.length] = self.v[:, :, : self.length]
@@ -523,8 +524,38 @@ class GPT2:
     n_head = property(lambda self: self.hparams.n_head)
     n_layer = property(lambda self: self.hparams.n_layer)
 
+    @property
+    def dtype(self) -> np.dtype:
+        return self.weights.wte.dtype  # float32, or float64 after astype(np.float64)
+
     def new_cache(self, capacity: int | None = None) -> KVCache:
-        return KVCache(self.hparams, capacity)
+        return KVCache(self.hparams, capacity, dtype=self.dtype)
+
+    def astype(self, dtype) -> "GPT2":
+        """This model with every weight converted to `dtype` (np.float32 or np.float64): a copy.
+
+        float64 is the exact-greedy option. In float32, a (K+1)-token verification
+        pass and a 1-token step add the same numbers in different orders, so
+        their logits differ by about 1e-6 relative, and where the two best tokens
+        lie that close, greedy speculative decoding can pick differently from
+        greedy autoregressive decoding. In float64 the two agree wherever the top
+        two logits differ by more than about 1e-13, so in practice always.
+        It costs twice the memory and, decoding being memory-bound, about twice
+        the time per step (README, "Performance"). The draft can stay float32.
+        """
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise ValueError(f"a GPT2 computes in float32 or float64, not {dtype}")
+
+        def cast(value):
+            if isinstance(value, Linear):
+                return Linear(value.w_t.astype(dtype), None if value.b is None else value.b.astype(dtype))
+            return value.astype(dtype)
+
+        w = self.weights
+        blocks = [Block(**{name: cast(value) for name, value in vars(b).items()}) for b in w.blocks]
+        weights = Weights(cast(w.wte), cast(w.wpe), blocks, cast(w.ln_f_weight), cast(w.ln_f_bias))
+        return GPT2(self.hparams, weights, self.tokenizer, name=self.name)
 
     def forward(
         self,

@@ -116,3 +116,67 @@ def test_linear_from_several_threads_at_once(monkeypatch):
     for t in workers:
         t.join()
     assert errors == []
+
+
+# --- exact greedy: the float64 option ---------------------------------------------------------
+
+TIE_HPARAMS = gpt2.HParams(n_vocab=300, n_ctx=128, n_embd=32, n_head=4, n_layer=2)
+
+
+def near_tie_model(eps: float = 1e-5) -> gpt2.GPT2:
+    """A model whose two best tokens (10 and 11) are always within about 1e-5 of each other.
+
+    ln_f's bias points along v, and wte[10] = 3 v dominates every other logit;
+    wte[11] = wte[10] + eps * u with u orthogonal to v, so which of the two wins
+    is decided by eps * (h . u), a difference near float32's rounding of logits
+    around 30, and far above float64's.
+    """
+    w = gpt2.random_weights(TIE_HPARAMS, seed=0, scale=0.3)
+    rng = np.random.default_rng(100)
+    v = rng.standard_normal(32).astype(np.float32)
+    v /= np.linalg.norm(v)
+    u = rng.standard_normal(32).astype(np.float32)
+    u -= (u @ v) * v
+    u /= np.linalg.norm(u)
+    w.wte[10] = 3 * v
+    w.wte[11] = 3 * v + np.float32(eps) * u
+    w.ln_f_bias[:] = 10 * v
+    return gpt2.GPT2(TIE_HPARAMS, w)
+
+
+def test_float64_target_removes_the_float32_near_tie_caveat():
+    """In float32 the near-ties make greedy speculative differ from greedy autoregressive
+    (the caveat the README states); with the target in float64 they agree, every time."""
+    from specdec.autoregressive import autoregressive_sample
+    from specdec.speculative import speculative_sample
+
+    draft = near_tie_model()
+    target64 = draft.astype(np.float64)
+    prompts = [list(np.random.default_rng(seed).integers(0, 300, size=3)) for seed in range(4)]
+    differ32 = agree64 = 0
+    for prompt in prompts:
+        ar32 = autoregressive_sample(draft, prompt, 40).tokens
+        ar64 = autoregressive_sample(target64, prompt, 40).tokens
+        assert {10, 11} <= set(ar64), "both near-tied tokens must be chosen somewhere, or nothing is tested"
+        logits = target64(prompt + ar64[:-1])[len(prompt) - 1 :]  # the rows that chose ar64
+        assert np.all(np.abs(logits[:, 10] - logits[:, 11]) < 1e-4), "every step must be a near-tie"
+        for K in (1, 3, 5):
+            differ32 += speculative_sample(draft, draft, prompt, 40, K=K).tokens != ar32
+            agree64 += speculative_sample(target64, draft, prompt, 40, K=K).tokens == ar64
+    assert differ32 > 0, "float32 should show the caveat on these near-ties"
+    assert agree64 == 3 * len(prompts)
+
+
+def test_astype_float64():
+    model = near_tie_model()
+    model64 = model.astype(np.float64)
+    cache = model64.new_cache()
+    logits = model64.forward(np.array([1, 2, 3]), cache)
+    assert model64.dtype == np.float64 and logits.dtype == np.float64 and cache.k.dtype == np.float64
+    assert all(lin.w_t.dtype == np.float64 for b in model64.weights.blocks for lin in (b.attn_c_attn, b.mlp_c_proj))
+    np.testing.assert_allclose(logits, model(np.array([1, 2, 3])), rtol=1e-5, atol=1e-4)
+    assert model.dtype == np.float32 and model(np.array([1])).dtype == np.float32, "the original is untouched"
+    back = model64.astype(np.float32)
+    assert np.array_equal(back.weights.blocks[1].mlp_c_fc.w_t, model.weights.blocks[1].mlp_c_fc.w_t)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        model.astype(np.float16)
