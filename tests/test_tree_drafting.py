@@ -190,3 +190,37 @@ def test_tree_policy_follows_the_verification_cost():
     assert 1 < n < 8
     # A draft that costs something shrinks the tree.
     assert TreePolicy(c=0.5, r=measured, n_max=8, acceptance=acc).next_nodes() <= n
+
+
+# --- a GPT-2 as the tree's draft -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_layer", [None, 1])
+def test_model_tree_children_are_the_models_top_tokens(n_layer):
+    from conftest import tiny_model
+    from specdec.trees import model_tree
+
+    model = tiny_model(seed=2)
+    text = [3, 14, 15, 92, 65]
+    cache = model.new_cache()
+    model.forward(text[:3], cache)  # the cache has seen part of the text
+    (tokens, parents, q), calls = model_tree(model, cache, text[3:], 3, 9, 2, SamplingParams(0.0), None, n_layer)
+    assert cache.length == len(text) and q is None and len(tokens) == 9 and calls == 3
+    for node in [-1, *range(len(tokens))]:
+        kids = [tokens[i] for i, p in enumerate(parents) if p == node]
+        if kids:
+            path = [] if node < 0 else path_tokens(tokens, parents, node)
+            logits = model.forward(text + path, model.new_cache(), last_only=True, n_layer=n_layer)[0]
+            assert kids == list(np.argsort(-logits, kind="stable")[: len(kids)]), node
+
+
+def test_tree_policies():
+    from specdec.treecost import make_tree_policy
+
+    assert make_tree_policy(None, None, None).next_nodes() is None
+    assert make_tree_policy(6, None, None).next_nodes() == 6
+    for bad in (0, -2, "big", 2.5, True):
+        with pytest.raises(ValueError, match="tree must be"):
+            make_tree_policy(bad, None, None)
+    policy = TreePolicy(c=0.0)
+    assert make_tree_policy(policy, None, None) is policy
