@@ -162,7 +162,6 @@ class _Remote:
     sha256: str | None  # LFS files: X-Linked-Etag is the sha256 of the content
     git_sha1: str | None  # other files: the ETag is the git blob hash of the content
     etag: str  # as sent, for If-Range
-    commit: str  # X-Repo-Commit: the revision served
 
 
 def _remote_file(session: requests.Session, url: str, headers: dict, timeout: float) -> _Remote:
@@ -186,9 +185,8 @@ def _remote_file(session: requests.Session, url: str, headers: dict, timeout: fl
         break
     else:
         raise DownloadError(_redirect_loop(url))
-    commit = r.headers.get("X-Repo-Commit")
     raw_etag = r.headers.get("X-Linked-Etag") or r.headers.get("ETag")
-    if not commit or not raw_etag:
+    if not r.headers.get("X-Repo-Commit") or not raw_etag:
         raise DownloadError(
             f"{url} was answered by something that is not a Hugging Face Hub (no X-Repo-Commit or ETag header): "
             f"a captive portal, proxy or wrong HF_ENDPOINT? Fix the network or HF_ENDPOINT and run again"
@@ -201,7 +199,6 @@ def _remote_file(session: requests.Session, url: str, headers: dict, timeout: fl
         sha256=etag if lfs and _SHA256.fullmatch(etag) else None,
         git_sha1=etag if not lfs and _GIT_SHA1.fullmatch(etag) else None,
         etag=raw_etag.strip(),
-        commit=commit,
     )
 
 
