@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .eagle import EagleDrafter
 from .gpt2 import GPT2, KVCache
 from .interfaces import Drafter, Proposal
+from .medusa import MedusaDrafter
 from .sampling import SamplingParams, draw, greedy, point_mass, probabilities
 
 
@@ -203,7 +205,12 @@ def _as_drafter(draft, target: GPT2) -> Drafter:
             return NgramDrafter(target.n_vocab, n_max=int(arg) if arg else 3)
         if kind == "early_exit" and arg.isdigit():
             return EarlyExitDrafter(target, int(arg))
-        raise ValueError(f"unknown drafter {draft!r}: use a GPT2 model, 'ngram', 'ngram:N' or 'early_exit:L'")
+        if kind in ("medusa", "eagle") and arg:  # heads trained by `python -m specdec.train`, in folder arg
+            return (MedusaDrafter if kind == "medusa" else EagleDrafter).load(arg, target)
+        raise ValueError(
+            f"unknown drafter {draft!r}: use a GPT2 model, 'ngram', 'ngram:N', 'early_exit:L', "
+            f"'medusa:DIR' or 'eagle:DIR'"
+        )
     if isinstance(draft, Drafter):
         return draft
     raise TypeError(

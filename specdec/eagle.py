@@ -39,7 +39,10 @@ import numpy as np
 
 from .gpt2 import _GELU_A, _GELU_C, Block, HParams, KVCache, Linear, gelu, softmax, transformer_block
 from .gpt2 import linear as gpt2_linear
-from .heads import DraftVocab, head_cross_entropy, smooth_l1
+from .heads import DraftVocab, draft_argmax, draft_distribution, head_cross_entropy, load_heads, smooth_l1
+from .interfaces import Proposal
+from .sampling import draw
+from .trees import dynamic_tree
 
 F32 = np.float32
 CE_WEIGHT = 0.1  # EAGLE's weight of the token loss next to the feature loss
@@ -223,21 +226,105 @@ class EagleModel:
     def new_cache(self) -> KVCache:
         return KVCache(self.hparams)
 
-    def step(self, f: np.ndarray, emb: np.ndarray, cache: KVCache, visible: np.ndarray | None = None) -> np.ndarray:
+    def step(self, f: np.ndarray, emb: np.ndarray, cache: KVCache, seen: np.ndarray | None = None) -> np.ndarray:
         """Append n pairs (f_j, emb of x_(j+1)) to the cache; return their predicted next features.
 
-        f, emb: [n, n_embd] -> [n, n_embd]. visible: [n, n] which new pairs each
-        new pair may attend to (gpt2.tree_mask of a tree's parents); None is a chain.
-        Every cached pair is visible to all.
+        f, emb: [n, n_embd] -> [n, n_embd]. seen: [n, n_past + n] bool, which
+        positions each new pair may attend to (a tree's ancestors); None is a
+        chain after the whole cache.
         """
         n, n_past = len(f), cache.length
         u = gpt2_linear(np.concatenate([f, emb], axis=-1), self.fc)  # [n, 2e] -> [n, e]
         cache.reserve(n_past + n)
-        bias = None
-        if n > 1:  # 0 where pair i may attend to key j, -inf elsewhere: [n, n_past + n]
-            visible = np.tri(n, dtype=bool) if visible is None else visible
-            seen = np.concatenate([np.ones((n, n_past), dtype=bool), visible], axis=1)
-            bias = np.where(seen, F32(0), F32(-np.inf))
+        if seen is None and n > 1:
+            seen = np.concatenate([np.ones((n, n_past), dtype=bool), np.tri(n, dtype=bool)], axis=1)
+        bias = None if seen is None else np.where(seen, F32(0), F32(-np.inf))  # [n, n_past + n]
         y = transformer_block(u, self.block, self.hparams, cache, 0, bias)
         cache.length = n_past + n
         return y
+
+
+class EagleDrafter:
+    """Drafts with a trained EAGLE model: a chain, or an EAGLE-2 dynamic tree.
+
+    Its KV cache holds one entry per pair (f_t, x_(t+1)) of the committed text:
+    entry t pairs the target's feature at position t with the token after it.
+    NOTE: after every target pass `commit` feeds the pairs of EVERY newly
+    accepted position (the target's true features replace the draft's own
+    guesses, which are rolled back), and keeps the last output: the predicted
+    feature after ids[-1], whose logits give the first draft token.
+    Chain: draft token i+1 comes from the block's output on (predicted feature,
+    draft token i), one pair per step. Tree (nodes=...): EAGLE-2's dynamic
+    tree (trees.dynamic_tree), each new layer fed in one block pass with a tree mask.
+    """
+
+    def __init__(self, model: EagleModel, vocab: DraftVocab, wte: np.ndarray, width: int = 4):
+        self.model, self.vocab, self.wte, self.width = model, vocab, wte, width
+        self.n_vocab = vocab.n_vocab
+        self.n_ctx = model.hparams.n_ctx
+        self.calls = 0  # block passes
+        self.cache = model.new_cache()
+        self.root = None  # [n_embd] the predicted feature after ids[-1]
+
+    @classmethod
+    def load(cls, folder, target, **options) -> "EagleDrafter":
+        config, params, vocab = load_heads(folder, "eagle", target)
+        model = EagleModel(params, target.n_embd, config["n_head"], target.n_ctx, config["layer_norm_epsilon"])
+        return cls(model, vocab, target.weights.wte, **options)
+
+    def begin(self, target, cache, prompt) -> None:
+        self.cache.rollback(0)
+        self.root = None
+
+    def commit(self, ids, features) -> None:
+        m = len(features)
+        start = len(ids) - 1 - m  # the first position just written into the target's cache
+        self.cache.rollback(start)  # drop the draft's guesses beyond the committed pairs
+        self.calls += 1
+        y = self.model.step(np.asarray(features, F32), self.wte[ids[start + 1 : start + 1 + m]], self.cache)
+        self.root = y[-1]
+
+    def propose(self, ids, k, params, rng, nodes=None):
+        if self.root is None or k < 1:  # a one-token prompt: no features until the first pass
+            return Proposal.chain([])
+        if nodes is not None:
+            return self._tree(k, nodes, params, rng)
+        y, tokens, q_rows = self.root, [], []
+        for i in range(k):
+            logits = self.vocab.logits(y[None])  # [1, N]
+            if params.greedy:
+                tokens.append(draft_argmax(logits[0], self.vocab))
+            else:
+                q_rows.append(draft_distribution(logits, self.vocab, params)[0])
+                tokens.append(draw(q_rows[-1], rng))
+            if i + 1 < k:  # feed (predicted feature, drafted token); its output predicts the next one
+                self.calls += 1
+                y = self.model.step(y[None], self.wte[tokens[-1]][None], self.cache)[0]
+        return Proposal.chain(tokens, np.stack(q_rows) if q_rows else None)
+
+    def _tree(self, k, nodes, params, rng):
+        committed = self.cache.length
+        out, slot, rows = [], [], [self.vocab.full(self.vocab.logits(self.root[None]))[0]]
+
+        def step(tokens, parents):  # feed the nodes added since the last call, as one layer
+            new = range(len(out), len(tokens))
+            if len(new):
+                n = len(new)
+                seen = np.zeros((n, self.cache.length + n), dtype=bool)  # [n, n_past + n]
+                seen[:, :committed] = True  # the committed text
+                for row, node in enumerate(new):
+                    seen[row, self.cache.length + row] = True  # itself
+                    a = parents[node]
+                    while a >= 0:  # its ancestors, fed in earlier layers
+                        seen[row, committed + slot[a]] = True
+                        a = parents[a]
+                slot.extend(range(self.cache.length - committed, self.cache.length - committed + n))
+                f = np.stack([out[parents[i]] if parents[i] >= 0 else self.root for i in new])  # what drew each
+                self.calls += 1
+                y = self.model.step(f, self.wte[[tokens[i] for i in new]], self.cache, seen)  # [n, n_embd]
+                out.extend(y)
+                rows.extend(self.vocab.full(self.vocab.logits(y)))
+            return np.stack(rows)  # [len(tokens) + 1, n_vocab]
+
+        tokens, parents, q = dynamic_tree(step, k, nodes, self.width, params, rng)
+        return Proposal(tokens, parents, q)

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import read_safetensors, write_safetensors
+from .safetensors import read_safetensors, write_safetensors
 from .gpt2 import GPT2, softmax
+from .sampling import SamplingParams, greedy, probabilities
 
 F32 = np.float32
 
@@ -290,3 +291,18 @@ def load_heads(folder, kind: str, target: GPT2) -> tuple[dict, dict[str, np.ndar
     if len(vocab.ids) != config.get("draft_vocab"):
         raise HeadFileError(f"{folder}: {len(vocab.ids)} draft vocabulary ids, config says {config.get('draft_vocab')}")
     return config, tensors, vocab
+
+
+# ---------------------------------------------------------------------------
+# Drafting with heads: q over the full vocabulary, and dynamic trees.
+# ---------------------------------------------------------------------------
+
+
+def draft_distribution(logits: np.ndarray, vocab: DraftVocab, params: SamplingParams) -> np.ndarray:
+    """[n, N] draft-vocabulary logits -> [n, n_vocab] q, filtered like the target, 0 outside the draft vocabulary."""
+    return probabilities(vocab.full(logits), params)
+
+
+def draft_argmax(logits: np.ndarray, vocab: DraftVocab) -> int:
+    """The greedy draft token of one [N] row, as a full-vocabulary id (lowest id on ties)."""
+    return int(vocab.ids[greedy(logits)])

@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .heads import DraftVocab, head_cross_entropy
+from .heads import DraftVocab, draft_argmax, draft_distribution, head_cross_entropy, load_heads
+from .interfaces import Proposal
+from .sampling import draw
+from .trees import dynamic_tree
 
 F32 = np.float32
 DECAY = 0.8  # lambda_i = DECAY^(i+1), Medusa-1's per-head loss weight
@@ -74,30 +77,85 @@ def head_logits(params: dict[str, np.ndarray], h: np.ndarray, vocab: DraftVocab,
     return np.stack([vocab.logits(resblock(h, params["w"][i], params["b"][i])[0]) for i in heads])
 
 
-def loss_and_grads(params: dict[str, np.ndarray], h: np.ndarray, targets: list[np.ndarray], vocab: DraftVocab):
+def loss_and_grads(params: dict[str, np.ndarray], hs: list[np.ndarray], targets: list[np.ndarray], vocab: DraftVocab):
     """Medusa-1's loss, sum_i lambda_i CE_i, and its gradients.
 
-    h: [n, n_embd] target hidden states; targets[i]: [n_i, N] what head i should
-    put on each token (n_i <= n: head i reads rows 0..n_i-1, since near the end
-    of a sequence there is no token i+2 places ahead). Returns
-    (loss, per-head CE list, grads dict like params, per-head logits list).
+    hs[i]: [n_i, n_embd] the target hidden states head i reads; targets[i]:
+    [n_i, N] what it should put on each token (n_i differs between heads: near
+    the end of a sequence there is no token i+2 places ahead). Returns
+    (loss, per-head CE list, grads dict like params).
     """
-    n_heads = params["w"].shape[0]
     grads = {name: np.zeros_like(a) for name, a in params.items()}
-    total, per_head, logits = 0.0, [], []
-    for i in range(n_heads):
-        n_i = targets[i].shape[0]
-        if n_i == 0:
-            per_head.append(float("nan"))
-            logits.append(None)
-            continue
+    total, per_head = 0.0, []
+    for i, (h, p) in enumerate(zip(hs, targets)):
         weight = DECAY ** (i + 1)
-        hi = h[:n_i]
-        r, saved = resblock(hi, params["w"][i], params["b"][i])
-        ce, dr, z = head_cross_entropy(r, targets[i], vocab)  # dr: [n_i, n_embd]
-        dw, db, _ = resblock_backward(dr * F32(weight), hi, params["w"][i], saved)
-        grads["w"][i], grads["b"][i] = dw, db
+        r, saved = resblock(h, params["w"][i], params["b"][i])
+        ce, dr, _ = head_cross_entropy(r, p, vocab)  # dr: [n_i, n_embd]
+        grads["w"][i], grads["b"][i], _ = resblock_backward(dr * F32(weight), h, params["w"][i], saved)
         total += weight * ce
         per_head.append(ce)
-        logits.append(z)
-    return total, per_head, grads, logits
+    return total, per_head, grads
+
+
+# ---------------------------------------------------------------------------
+# Drafting: the Drafter interface (interfaces.py).
+# ---------------------------------------------------------------------------
+
+
+class MedusaDrafter:
+    """Drafts from trained Medusa heads: a chain (one token per head) or a tree.
+
+    NOTE: the heads read the hidden state of the row that produced ids[-1] (the
+    last accepted position of the verification pass, after ln_f), which
+    `commit` keeps. Head i then guesses the token i+1 places after ids[-1].
+
+    Chain: token i is head i's argmax (greedy) or a draw from head i's q. The
+    heads do not see each other's tokens, so q_i is the distribution token i
+    was drawn from whatever came before it, as the exact rule requires.
+    Tree (nodes=...): every node at depth d takes its children from head d
+    (Medusa's Cartesian product of per-head candidates), grown and pruned to
+    the node budget by path confidence (trees.dynamic_tree, `width` children
+    per expanded node): one head evaluation serves the whole tree.
+    """
+
+    def __init__(self, params: dict[str, np.ndarray], vocab: DraftVocab, width: int = 4):
+        self.params, self.vocab, self.width = params, vocab, width
+        self.n_heads = params["w"].shape[0]
+        self.n_vocab = vocab.n_vocab
+        self.n_ctx = None  # the heads add no context limit of their own
+        self.calls = 0  # head evaluations (one per round, all heads at once)
+        self.hidden = None  # [n_embd]: the target's hidden state at the row that produced ids[-1]
+
+    @classmethod
+    def load(cls, folder, target, **options) -> "MedusaDrafter":
+        _, params, vocab = load_heads(folder, "medusa", target)
+        return cls(params, vocab, **options)
+
+    def begin(self, target, cache, prompt) -> None:
+        self.hidden = None
+
+    def commit(self, ids, features) -> None:
+        self.hidden = np.asarray(features[-1], dtype=F32)  # the row whose logits gave ids[-1]
+
+    def propose(self, ids, k, params, rng, nodes=None):
+        depth = min(k, self.n_heads)
+        if self.hidden is None or depth < 1:  # a one-token prompt: no hidden state until the first pass
+            return Proposal.chain([])
+        self.calls += 1
+        logits = head_logits(self.params, self.hidden[None], self.vocab, heads=range(depth))[:, 0]  # [depth, N]
+        if nodes is None:
+            if params.greedy:
+                return Proposal.chain([draft_argmax(row, self.vocab) for row in logits])
+            q = draft_distribution(logits, self.vocab, params)  # [depth, n_vocab]
+            return Proposal.chain([draw(row, rng) for row in q], q)
+
+        rows = self.vocab.full(logits)  # [depth, n_vocab], -inf outside the draft vocabulary
+
+        def step(tokens, parents):  # row 0: head 0 (after the root); after a node at depth d: head d+1
+            level = [0]
+            for parent in parents:
+                level.append(level[parent + 1] + 1)
+            return rows[np.minimum(level, depth - 1)]  # nodes at the last depth are never expanded
+
+        tokens, parents, q = dynamic_tree(step, depth, nodes, self.width, params, rng)
+        return Proposal(tokens, parents, q)

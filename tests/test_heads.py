@@ -101,10 +101,10 @@ def test_medusa_gradients(restricted):
     rng = np.random.default_rng(3)
     vocab = vocab64(rng, [1, 4, 5, 6, 9, 12] if restricted else None)
     params = {"w": rng.standard_normal((3, E, E)) * 0.5, "b": rng.standard_normal((3, E)) * 0.5}  # not zero: SiLU bends
-    h = rng.standard_normal((7, E))
-    targets = [soft_targets(rng, 7 - i, vocab) for i in range(3)]  # head i has fewer rows, as near a sequence end
-    _, _, grads, _ = medusa.loss_and_grads(params, h, targets, vocab)
-    assert_grads_match(lambda: medusa.loss_and_grads(params, h, targets, vocab)[0], params, grads)
+    hs = [rng.standard_normal((7 - i, E)) for i in range(3)]  # head i has fewer rows, as near a sequence end
+    targets = [soft_targets(rng, 7 - i, vocab) for i in range(3)]
+    _, _, grads = medusa.loss_and_grads(params, hs, targets, vocab)
+    assert_grads_match(lambda: medusa.loss_and_grads(params, hs, targets, vocab)[0], params, grads)
 
 
 def test_medusa_resblock_input_gradient():

@@ -1,0 +1,128 @@
+"""What Medusa and EAGLE heads cost, on GPT-2-shaped random weights: draft cost c and training speed.
+
+    python -m specdec.headbench                    # 124M and 355M shapes (a few minutes)
+    python -m specdec.headbench --sizes 124M --repeats 5
+
+Prints, per model shape (speed only: random weights, so nothing here says how
+often drafts are accepted; acceptance is measured on trained models):
+  - the target's one-token decode step, the unit of the cost model;
+  - c, the cost of drafting relative to that step: Medusa (all heads at once,
+    once per round), an EAGLE draft step, an EAGLE commit of 3 accepted
+    positions; each over the full vocabulary and a restricted 8k one;
+  - training throughput (positions/s) of one step of batch 8 x 64, and the
+    self-distillation generation rate (one target decode step per position);
+  - an estimate of the wall-clock time to train heads on 1M positions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from . import eagle, medusa
+from .gpt2 import GPT2, HParams, random_weights
+from .heads import DraftVocab, target_distributions
+from .sampling import SamplingParams
+from .train import eagle_step, medusa_step
+
+SHAPES = {
+    "124M": HParams(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
+    "355M": HParams(n_vocab=50257, n_ctx=1024, n_embd=1024, n_head=16, n_layer=24),
+}
+RESTRICTED = 8192  # an 8k draft vocabulary (EAGLE-3 / FR-Spec use 32k for LLaMA-3's 128k)
+
+
+def timed(fn, repeats: int) -> float:
+    """Median seconds of fn() over `repeats` runs, after one warm-up run."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench_shape(name: str, h: HParams, repeats: int, context: int = 128) -> dict:
+    rng = np.random.default_rng(0)
+    target = GPT2(h, random_weights(h, seed=0), name=name)
+    ids = list(rng.integers(0, h.n_vocab, context + 1))
+    cache = target.new_cache()
+    _, hidden = target.forward(ids[:-1], cache, return_hidden=True)
+
+    def decode_step():
+        target.forward([ids[-1]], cache, last_only=True)
+        cache.rollback(context)
+
+    t_target = timed(decode_step, repeats)
+    out = {"target_step_ms": 1e3 * t_target}
+    params = SamplingParams(1.0)
+    for label, vocab in (("full", DraftVocab.of(target)), ("8k", DraftVocab.of(target, np.arange(RESTRICTED)))):
+        m = medusa.MedusaDrafter({"w": rng.standard_normal((4, h.n_embd, h.n_embd), np.float32) * 0.01,
+                                  "b": np.zeros((4, h.n_embd), np.float32)}, vocab)  # fmt: skip
+        m.commit(ids, hidden)
+        out[f"c_medusa4_{label}"] = timed(lambda: m.propose(ids, 4, params, rng), repeats) / t_target
+        model = eagle.EagleModel(eagle.init_params(h.n_embd, rng), h.n_embd, h.n_head, h.n_ctx, h.layer_norm_epsilon)
+        e = eagle.EagleDrafter(model, vocab, target.weights.wte)
+        e.commit(ids, hidden)  # the whole prompt's pairs
+        n = e.cache.length
+
+        def eagle_chain(k):
+            e.cache.rollback(n)
+            e.propose(ids, k, params, rng)
+
+        # A chain of k tokens costs k-1 block passes and k LM heads; the difference of two chains is one step.
+        five, one = timed(lambda: eagle_chain(5), repeats), timed(lambda: eagle_chain(1), repeats)
+        out[f"c_eagle_step_{label}"] = (five - one) / (4 * t_target)
+
+        def eagle_commit():
+            e.commit(ids, hidden[-3:])  # 3 newly accepted positions
+
+        out[f"c_eagle_commit3_{label}"] = timed(eagle_commit, repeats) / t_target
+
+        # Training: one step over 8 sequences of 64 positions.
+        tokens = rng.integers(0, h.n_vocab, (8, 64))
+        feats = rng.standard_normal((8, 64, h.n_embd), np.float32)
+        mp = medusa.init_params(4, h.n_embd)
+        t = timed(lambda: medusa_step(mp, target, vocab, tokens, feats, 4, "dist"), max(1, repeats // 3))
+        out[f"train_medusa4_{label}_pos_per_s"] = 8 * 64 / t
+        ep = eagle.init_params(h.n_embd, rng)
+        t = timed(lambda: eagle_step(ep, target, vocab, tokens, feats, "dist"), max(1, repeats // 3))
+        out[f"train_eagle_{label}_pos_per_s"] = 8 * 64 / t
+    t_dist = timed(lambda: target_distributions(feats.reshape(-1, h.n_embd), DraftVocab.of(target), target), 1)
+    out["label_softmax_share_ms_per_pos"] = 1e3 * t_dist / (8 * 64)
+    out["generate_pos_per_s"] = 1 / t_target
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdec.headbench", description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="124M,355M", help="comma-separated: 124M, 355M")
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args(argv)
+    for name in args.sizes.split(","):
+        if name not in SHAPES:
+            parser.error(f"unknown size {name!r}: choose from {', '.join(SHAPES)}")
+        r = bench_shape(name, SHAPES[name], args.repeats)
+        print(f"\n{name} shape (random weights): target decode step {r['target_step_ms']:.1f} ms")
+        print("  draft cost c (x target step)      full vocab   8k vocab")
+        for key, label in (("c_medusa4", "Medusa, 4 heads, per round"), ("c_eagle_step", "EAGLE, per draft step"),
+                           ("c_eagle_commit3", "EAGLE, commit 3 positions")):  # fmt: skip
+            print(f"  {label:<32} {r[key + '_full']:>10.3f} {r[key + '_8k']:>10.3f}")
+        print("  training (positions/s)            full vocab   8k vocab")
+        for key, label in (("train_medusa4", "Medusa, 4 heads"), ("train_eagle", "EAGLE")):
+            print(f"  {label:<32} {r[key + '_full_pos_per_s']:>10.0f} {r[key + '_8k_pos_per_s']:>10.0f}")
+        gen = r["generate_pos_per_s"]
+        print(f"  self-distillation: {gen:.0f} positions/s (one decode step each)")
+        for key, label in (("train_medusa4_full", "Medusa"), ("train_eagle_full", "EAGLE")):
+            train_rate = r[key + "_pos_per_s"]
+            hours = (1e6 / gen + 1e6 / train_rate) / 3600
+            print(f"  1M positions, 1 epoch, {label}: {hours:.1f} h (generation {1e6 / gen / 3600:.1f} h)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

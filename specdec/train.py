@@ -1,0 +1,394 @@
+"""Train Medusa or EAGLE draft heads for a GPT-2, in NumPy.
+
+    python -m specdec.train medusa --model 124M --tokens 20000 --out heads/medusa-124M
+    python -m specdec.train eagle  --model models/tiny --tokens 4000 --out heads/eagle-tiny --vocab-top 2000
+
+Then draft with them: speculative_sample(target, "medusa:DIR", ...), or
+`python main.py --draft medusa:DIR`.
+
+What it does, in order:
+1. Data by self-distillation (Medusa section 3.3.2; EAGLE trains on the target's
+   features too): the target generates its own training text, starting from
+   <|endoftext|>; each sequence starts with a few tokens sampled at T=1 (a prompt
+   the model itself finds likely), then continues greedily or sampled at T=1 (the
+   two decoding modes the heads will serve). While generating, the target's
+   hidden state after ln_f is kept at every position: those are the features
+   both heads read. No text corpus is read, so no held-out text is ever trained
+   on. Tokens and features are cached in DIR/data.npz.
+2. Labels: by default the target's own next-token DISTRIBUTION at each position
+   (softmax of its logits, T=1): a head is trained towards what the target would
+   draw, not one sampled token (`--labels tokens` uses the generated tokens).
+3. Training with hand-written gradients (medusa.py, eagle.py) and AdamW, a
+   cosine learning rate after a warm-up; DIR/checkpoint.* after every
+   `--save-every` steps, so `--resume` continues an interrupted run.
+4. Held-out evaluation: teacher-forced top-1 / top-5 accuracy per head on a
+   separately generated set (another seed), before and after training.
+5. DIR/heads.safetensors + DIR/heads.json (naming the model they belong to).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from . import eagle, medusa
+from .gpt2 import GPT2
+from .heads import (
+    AdamW,
+    DraftVocab,
+    cosine_lr,
+    model_fingerprint,
+    one_hot,
+    save_heads,
+    target_distributions,
+    top_tokens,
+)
+from .safetensors import read_safetensors, write_safetensors
+from .sampling import SamplingParams, draw, greedy, probabilities
+
+F32 = np.float32
+DEFAULT_LR = {"medusa": 1e-3, "eagle": 1e-3}
+
+
+# ---------------------------------------------------------------------------
+# 1. Self-distillation data.
+# ---------------------------------------------------------------------------
+
+
+def bos_token(target: GPT2) -> int:
+    """<|endoftext|>, which GPT-2 tokenizers put last: every sequence starts with it."""
+    return target.tokenizer.eot_token if target.tokenizer is not None else target.n_vocab - 1
+
+
+def self_distill(
+    target: GPT2,
+    n_tokens: int,
+    seq_len: int,
+    rng: np.random.Generator,
+    greedy_frac: float = 0.5,
+    prompt_len: int = 4,
+    progress: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Text the target writes itself, with its features.
+
+    Returns tokens [n_seq, seq_len] int64 and features [n_seq, seq_len, n_embd]
+    float32, features[s, t] being the target's hidden state (after ln_f) after
+    reading tokens[s, :t+1], the one whose logits chose tokens[s, t+1].
+    A fraction greedy_frac of the sequences continue greedily after their
+    sampled prompt of prompt_len tokens; the others keep sampling at T=1.
+    """
+    if seq_len > target.n_ctx:
+        raise ValueError(f"--seq-len {seq_len} exceeds the model's context of {target.n_ctx}")
+    n_seq = max(1, math.ceil(n_tokens / seq_len))
+    tokens = np.zeros((n_seq, seq_len), np.int64)
+    features = np.zeros((n_seq, seq_len, target.n_embd), F32)
+    sample = SamplingParams(temperature=1.0)
+    bar = tqdm(total=n_seq * seq_len, desc="self-distillation", unit="tok", disable=not progress, leave=False)
+    for s in range(n_seq):
+        greedy_run = rng.random() < greedy_frac
+        cache = target.new_cache(seq_len)
+        token = bos_token(target)
+        for t in range(seq_len):
+            tokens[s, t] = token
+            logits, hidden = target.forward([token], cache, return_hidden=True)
+            features[s, t] = hidden[0]
+            if greedy_run and t >= prompt_len:
+                token = greedy(logits[0])
+            else:
+                token = draw(probabilities(logits, sample)[0], rng)
+            bar.update()
+    bar.close()
+    return tokens, features
+
+
+def load_or_make_data(path: Path, target: GPT2, n_tokens: int, seq_len: int, seed: int, greedy_frac: float, progress):
+    """Self-distillation data, cached in `path` (reused when made for the same model and settings)."""
+    meta = {
+        "model_fingerprint": model_fingerprint(target),
+        "n_tokens": n_tokens,
+        "seq_len": seq_len,
+        "seed": seed,
+        "greedy_frac": greedy_frac,
+    }
+    if path.is_file():
+        with np.load(path) as data:
+            if json.loads(str(data["meta"])) == meta:
+                return data["tokens"], data["features"]
+    rng = np.random.default_rng(seed)
+    tokens, features = self_distill(target, n_tokens, seq_len, rng, greedy_frac, progress=progress)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, tokens=tokens, features=features, meta=json.dumps(meta))
+    tmp.replace(path)
+    return tokens, features
+
+
+# ---------------------------------------------------------------------------
+# 2-3. Batches, losses, one training step per kind.
+# ---------------------------------------------------------------------------
+
+
+def labels(target: GPT2, vocab: DraftVocab, tokens: np.ndarray, features: np.ndarray, kind: str) -> np.ndarray:
+    """What a head should put on each draft-vocabulary token at these positions.
+
+    tokens: [n] the token that followed each position; features: [n, n_embd] the
+    target's features there -> [n, N]: the target's distribution ("dist") or
+    point masses on the actual tokens ("tokens"), restricted to the draft vocabulary.
+    """
+    if kind == "dist":
+        return target_distributions(features, vocab, target)
+    p = one_hot(tokens, target.n_vocab)
+    return vocab.targets(p)
+
+
+def medusa_step(params, target, vocab, tokens, features, n_heads, label_kind):
+    """Medusa-1 loss on B sequences [B, T]: head i reads h_t and learns token t+i+2.
+
+    With T positions, head i has rows t = 0 .. T-i-3; its label is the target's
+    distribution at position t+i+1 (the one that chose x_(t+i+2)), or x_(t+i+2).
+    """
+    B, T, e = features.shape
+    hs, targets = [], []
+    for i in range(n_heads):
+        n = T - i - 2  # rows per sequence with a token i+2 places ahead
+        hs.append(features[:, :n].reshape(-1, e))  # h_t, t = 0 .. n-1
+        after = features[:, i + 1 : i + 1 + n].reshape(-1, e)  # the target's features that chose x_(t+i+2)
+        targets.append(labels(target, vocab, tokens[:, i + 2 :].reshape(-1), after, label_kind))
+    loss, per_head, grads = medusa.loss_and_grads(params, hs, targets, vocab)
+    return loss, {f"ce{i}": ce for i, ce in enumerate(per_head)}, grads
+
+
+def eagle_step(params, target, vocab, tokens, features, label_kind):
+    """EAGLE loss on B sequences [B, T]: pair (f_j, x_(j+1)) predicts f_(j+1) and x_(j+2), j = 0 .. T-3."""
+    B, T, e = features.shape
+    f, f_next = features[:, : T - 2], features[:, 1 : T - 1]  # [B, T-2, e]
+    emb = target.weights.wte[tokens[:, 1 : T - 1]]  # [B, T-2, e]
+    p = labels(target, vocab, tokens[:, 2:].reshape(-1), f_next.reshape(-1, e), label_kind)
+    n_head, eps = target.n_head, target.hparams.layer_norm_epsilon
+    loss, (l_feat, ce), grads, _ = eagle.loss_and_grads(params, f, emb, f_next, p, vocab, n_head, eps)
+    return loss, {"feat": l_feat, "ce": ce}, grads
+
+
+# ---------------------------------------------------------------------------
+# 4. Held-out teacher-forced accuracy.
+# ---------------------------------------------------------------------------
+
+
+def head_logits_for_eval(kind, params, target, vocab, tokens, features, n_heads):
+    """Per head: (logits [n, N], the true next tokens [n]) over every usable position, teacher-forced."""
+    B, T, e = features.shape
+    if kind == "medusa":
+        out = []
+        for i in range(n_heads):
+            n = T - i - 2
+            z = medusa.head_logits(params, features[:, :n].reshape(-1, e), vocab, heads=[i])[0]
+            out.append((z, tokens[:, i + 2 :].reshape(-1)))
+        return out
+    emb = target.weights.wte[tokens[:, 1 : T - 1]]  # [B, T-2, e]
+    y, _ = eagle.forward(params, features[:, : T - 2], emb, target.n_head, target.hparams.layer_norm_epsilon)
+    return [(vocab.logits(y.reshape(-1, e)), tokens[:, 2:].reshape(-1))]
+
+
+def accuracy(kind, params, target, vocab, tokens, features, n_heads) -> list[tuple[float, float]]:
+    """Teacher-forced (top-1, top-5) accuracy of each head on (tokens, features)."""
+    result = []
+    for z, truth in head_logits_for_eval(kind, params, target, vocab, tokens, features, n_heads):
+        top5 = vocab.ids[np.argsort(-z, axis=-1, kind="stable")[:, :5]]  # [n, 5] token ids, best first
+        result.append((float((top5[:, 0] == truth).mean()), float((top5 == truth[:, None]).any(axis=1).mean())))
+    return result
+
+
+def accuracy_table(before, after) -> str:
+    """Medusa's table format: one row per head, top-1 and top-5, untrained -> trained."""
+    lines = ["head   top-1 (untrained -> trained)   top-5 (untrained -> trained)"]
+    for i, ((b1, b5), (a1, a5)) in enumerate(zip(before, after)):
+        lines.append(f"{i:>4}   {b1:>10.3f} -> {a1:.3f}            {b5:>10.3f} -> {a5:.3f}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# The training run.
+# ---------------------------------------------------------------------------
+
+
+def train(
+    kind: str,
+    target: GPT2,
+    n_tokens: int,
+    out: str | Path,
+    n_heads: int = 4,
+    steps: int | None = None,
+    batch: int = 8,
+    seq_len: int = 64,
+    lr: float | None = None,
+    vocab_top: int | None = None,
+    label_kind: str = "dist",
+    greedy_frac: float = 0.5,
+    seed: int = 0,
+    resume: bool = False,
+    eval_tokens: int | None = None,
+    save_every: int = 100,
+    progress: bool = True,
+    log=print,
+) -> dict:
+    """Make data, train heads, evaluate them, save them in `out`; returns the saved config."""
+    if kind not in ("medusa", "eagle"):
+        raise ValueError(f"kind must be 'medusa' or 'eagle', got {kind!r}")
+    if n_tokens < 1 or batch < 1 or n_heads < 1 or save_every < 1:
+        raise ValueError("--tokens, --batch, --heads and --save-every must be positive")
+    if label_kind not in ("dist", "tokens"):
+        raise ValueError(f"--labels must be 'dist' or 'tokens', got {label_kind!r}")
+    seq_len = min(seq_len, target.n_ctx)
+    if seq_len < n_heads + 3:
+        raise ValueError(f"--seq-len {seq_len} is too short for {n_heads} heads (need at least {n_heads + 3})")
+    if vocab_top is not None and not 1 <= vocab_top <= target.n_vocab:
+        raise ValueError(f"--vocab-top must be in 1..{target.n_vocab}, got {vocab_top}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lr = DEFAULT_LR[kind] if lr is None else lr
+
+    t0 = time.perf_counter()
+    tokens, features = load_or_make_data(out / "data.npz", target, n_tokens, seq_len, seed, greedy_frac, progress)
+    eval_tokens = eval_tokens or max(4 * seq_len, n_tokens // 8)
+    ev_tokens, ev_features = load_or_make_data(
+        out / "eval.npz", target, eval_tokens, seq_len, seed + 1_000_003, greedy_frac, progress
+    )
+    data_s = time.perf_counter() - t0
+    n_seq = len(tokens)
+    steps = steps if steps is not None else max(1, 4 * n_seq // batch)  # about 4 epochs
+    ids = None if vocab_top is None or vocab_top >= target.n_vocab else top_tokens(tokens, vocab_top, target.n_vocab)
+    vocab = DraftVocab.of(target, ids)
+
+    rng = np.random.default_rng(seed)
+    if kind == "medusa":
+        params = medusa.init_params(n_heads, target.n_embd)
+    else:
+        params, n_heads = eagle.init_params(target.n_embd, rng), 1
+    opt = AdamW(params, lr=lr, weight_decay=0.0)
+    settings = {
+        "kind": kind, "model_fingerprint": model_fingerprint(target), "n_heads": n_heads, "vocab_top": vocab_top,
+        "labels": label_kind, "n_tokens": n_tokens, "seq_len": seq_len, "seed": seed, "batch": batch,
+    }  # fmt: skip
+    start = 0
+    if resume:
+        start = load_checkpoint(out, settings, opt)
+        log(f"resuming from step {start} of {steps}")
+
+    before = accuracy(kind, medusa.init_params(n_heads, target.n_embd) if kind == "medusa" else params,
+                      target, vocab, ev_tokens, ev_features, n_heads)  # fmt: skip
+    bar = tqdm(range(start, steps), desc=f"train {kind}", unit="step", disable=not progress, initial=start, total=steps)
+    t1 = time.perf_counter()
+    for step in bar:
+        order = np.random.default_rng([seed, step]).choice(n_seq, size=min(batch, n_seq), replace=False)
+        if kind == "medusa":
+            loss, parts, grads = medusa_step(params, target, vocab, tokens[order], features[order], n_heads, label_kind)
+        else:
+            loss, parts, grads = eagle_step(params, target, vocab, tokens[order], features[order], label_kind)
+        opt.step(grads, lr=cosine_lr(step, steps, lr, warmup=max(1, steps // 20)))
+        bar.set_postfix(loss=f"{loss:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
+        if (step + 1) % save_every == 0 or step + 1 == steps:
+            save_checkpoint(out, settings, opt, step + 1)
+    train_s = time.perf_counter() - t1
+    trained_rows = (steps - start) * min(batch, n_seq) * seq_len
+
+    after = accuracy(kind, params, target, vocab, ev_tokens, ev_features, n_heads)
+    config = {
+        "n_heads": n_heads,
+        "n_head": target.n_head,
+        "layer_norm_epsilon": target.hparams.layer_norm_epsilon,
+        "labels": label_kind,
+        "train_tokens": int(tokens.size),
+        "steps": steps,
+        "batch": batch,
+        "seq_len": seq_len,
+        "lr": lr,
+        "seed": seed,
+        "data_seconds": round(data_s, 2),
+        "train_seconds": round(train_s, 2),
+        "train_tokens_per_second": round(trained_rows / train_s, 1) if train_s > 0 else None,
+        "held_out": {"tokens": int(ev_tokens.size), "top1_top5_untrained": before, "top1_top5": after},
+    }
+    save_heads(out, kind, target, params, config, vocab)
+    log(accuracy_table(before, after))
+    log(f"saved {kind} heads for {target.name!r} in {out} ({train_s:.1f} s training, "
+        f"{config['train_tokens_per_second']} positions/s)")  # fmt: skip
+    return config
+
+
+def save_checkpoint(out: Path, settings: dict, opt: AdamW, step: int) -> None:
+    """Parameters and AdamW moments after `step` steps (temporary names, then renamed)."""
+    write_safetensors(out / "checkpoint.safetensors.tmp", {**opt.params, **opt.state()})
+    (out / "checkpoint.json.tmp").write_text(json.dumps({**settings, "step": step, "adam_t": opt.t}))
+    (out / "checkpoint.safetensors.tmp").replace(out / "checkpoint.safetensors")
+    (out / "checkpoint.json.tmp").replace(out / "checkpoint.json")
+
+
+def load_checkpoint(out: Path, settings: dict, opt: AdamW) -> int:
+    """Restore a checkpoint written with the same settings; returns the step to continue from."""
+    path = out / "checkpoint.json"
+    if not path.is_file():
+        raise ValueError(f"--resume: no checkpoint in {out}; run without --resume to start")
+    saved = json.loads(path.read_text())
+    differ = [k for k in settings if saved.get(k) != settings[k]]
+    if differ:
+        raise ValueError(
+            f"--resume: the checkpoint in {out} was made with other settings ({', '.join(differ)}); "
+            f"use the same options, or another --out to start over"
+        )
+    tensors = read_safetensors(out / "checkpoint.safetensors")
+    for name, w in opt.params.items():
+        w[...] = tensors[name]
+    opt.load_state(tensors, saved["adam_t"])
+    return int(saved["step"])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specdec.train", description="Train Medusa or EAGLE draft heads for a GPT-2, in NumPy."
+    )
+    parser.add_argument("kind", choices=["medusa", "eagle"])
+    parser.add_argument("--model", required=True, help="the target: a name (124M, ...), a Hub repo id or a folder")
+    parser.add_argument("--tokens", type=int, required=True, help="self-distilled training tokens to generate")
+    parser.add_argument("--out", required=True, help="folder for the heads (and data/checkpoint caches)")
+    parser.add_argument("--heads", type=int, default=4, help="Medusa heads (default 4)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: about 4 epochs)")
+    parser.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens per generated sequence (default 64)")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
+    parser.add_argument("--vocab-top", type=int, default=None, help="draft only the N most frequent tokens")
+    parser.add_argument("--labels", choices=["dist", "tokens"], default="dist",
+                        help="train towards the target's distributions (default) or its sampled tokens")  # fmt: skip
+    parser.add_argument("--greedy-frac", type=float, default=0.5, help="fraction of greedy sequences (default 0.5)")
+    parser.add_argument("--eval-tokens", type=int, default=None, help="held-out self-distilled tokens")
+    parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (default 100)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.*")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    try:
+        from .checkpoint import load_model
+
+        target = load_model(args.model, progress=not args.quiet)
+        train(
+            args.kind, target, args.tokens, args.out, n_heads=args.heads, steps=args.steps, batch=args.batch,
+            seq_len=args.seq_len, lr=args.lr, vocab_top=args.vocab_top, label_kind=args.labels,
+            greedy_frac=args.greedy_frac, seed=args.seed, resume=args.resume, eval_tokens=args.eval_tokens,
+            save_every=args.save_every, progress=not args.quiet,
+        )  # fmt: skip
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; continue with --resume (checkpoint in {args.out})", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

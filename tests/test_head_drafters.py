@@ -1,0 +1,211 @@
+"""Medusa and EAGLE as drafters: exact sampling, greedy equivalence, state across rounds, trees.
+
+The exactness tests use heads with random (not trained) weights on a 6-token
+model: exactness must not depend on how good the heads are, and random heads
+make q differ from p a lot, which is the hard case for the acceptance rule. A
+drafter that reports a q other than the one it drew from (the full-vocabulary
+softmax while it draws from the restricted one) is the broken control.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_samplers import SMALL, chi_square_passes, exact_continuations, sample_many
+
+from specdec import autoregressive_sample, medusa, speculative_sample
+from specdec.eagle import EagleDrafter, EagleModel
+from specdec.eagle import init_params as eagle_init
+from specdec.gpt2 import GPT2, random_weights
+from specdec.heads import DraftVocab
+from specdec.interfaces import Drafter, Proposal
+from specdec.medusa import MedusaDrafter
+from specdec.sampling import SamplingParams, probabilities
+from specdec.train import train
+from test_train import learnable_model
+
+PROMPT = [1, 2]
+
+
+def random_medusa(target: GPT2, n_heads=3, ids=None, seed=0) -> MedusaDrafter:
+    rng = np.random.default_rng(seed)
+    e = target.n_embd
+    params = {
+        "w": (rng.standard_normal((n_heads, e, e)) * 0.5).astype(np.float32),
+        "b": (rng.standard_normal((n_heads, e)) * 0.5).astype(np.float32),
+    }
+    return MedusaDrafter(params, DraftVocab.of(target, ids))
+
+
+def random_eagle(target: GPT2, ids=None, seed=0) -> EagleDrafter:
+    params = eagle_init(target.n_embd, np.random.default_rng(seed), std=0.5)
+    model = EagleModel(params, target.n_embd, target.n_head, target.n_ctx, target.hparams.layer_norm_epsilon)
+    return EagleDrafter(model, DraftVocab.of(target, ids), target.weights.wte)
+
+
+@pytest.fixture(scope="module")
+def small_target():
+    return GPT2(SMALL, random_weights(SMALL, seed=10, scale=0.6), name="small-target")
+
+
+@pytest.fixture(scope="module")
+def exact_t1(small_target):
+    return exact_continuations(small_target, PROMPT, 3, SamplingParams(1.0))
+
+
+def test_head_drafters_implement_the_drafter_protocol(small_target):
+    assert isinstance(random_medusa(small_target), Drafter)
+    assert isinstance(random_eagle(small_target), Drafter)
+
+
+class UnrestrictedQMedusa(MedusaDrafter):
+    """BROKEN: draws from the restricted q, but reports the full-vocabulary softmax of the same heads."""
+
+    def propose(self, ids, k, params, rng, nodes=None):
+        p = super().propose(ids, k, params, rng)
+        if not len(p):
+            return p
+        full = DraftVocab(np.arange(self.n_vocab), self.wte, self.n_vocab)
+        logits = medusa.head_logits(self.params, self.hidden[None], full, heads=range(len(p)))[:, 0]
+        return Proposal(p.tokens, p.parents, probabilities(logits, params))
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("ids", [None, [0, 2, 3, 5]], ids=["full", "restricted"])
+def test_sampling_with_head_drafters_keeps_the_target_distribution(small_target, exact_t1, kind, ids):
+    drafter = (random_medusa if kind == "medusa" else random_eagle)(small_target, ids=ids)
+
+    def run(rng):
+        return speculative_sample(small_target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng)
+
+    out = run(np.random.default_rng(0))
+    assert out.drafted > 0
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=6000), exact_t1)
+    assert ok, f"chi2={stat:.1f} df={df}"
+
+
+class LyingQ:
+    """BROKEN: proposes what the inner drafter drew, but reports q sharpened (q^2, renormalised)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.n_vocab, self.n_ctx = inner.n_vocab, inner.n_ctx
+
+    calls = property(lambda self: self.inner.calls)
+
+    def begin(self, target, cache, prompt):
+        self.inner.begin(target, cache, prompt)
+
+    def commit(self, ids, features):
+        self.inner.commit(ids, features)
+
+    def propose(self, ids, k, params, rng, nodes=None):
+        p = self.inner.propose(ids, k, params, rng, nodes)
+        if not len(p):
+            return p
+        q = p.q**2
+        return Proposal(p.tokens, p.parents, q / q.sum(axis=1, keepdims=True))
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_the_exactness_check_catches_a_drafter_that_misreports_q(small_target, exact_t1, kind):
+    drafter = LyingQ((random_medusa if kind == "medusa" else random_eagle)(small_target, ids=[0, 2, 3, 5]))
+
+    def run(rng):
+        return speculative_sample(small_target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng)
+
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=2000), exact_t1)
+    assert not ok, f"a drafter misreporting q passed (chi2={stat:.1f}, df={df})"
+
+
+def test_the_exactness_check_catches_a_restricted_drafter_reporting_the_unrestricted_q(small_target, exact_t1):
+    good = random_medusa(small_target, ids=[0, 2, 3, 5])
+    broken = UnrestrictedQMedusa(good.params, good.vocab)
+    broken.wte = small_target.weights.wte
+
+    def run(rng):
+        return speculative_sample(small_target, broken, PROMPT, 3, K=2, temperature=1.0, rng=rng)
+
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=2000), exact_t1)
+    assert not ok, f"reporting the unrestricted q passed (chi2={stat:.1f}, df={df})"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Heads trained briefly on the learnable model, so that drafts get accepted."""
+    target = learnable_model()
+    out = tmp_path_factory.mktemp("heads")
+    for kind in ("medusa", "eagle"):
+        train(kind, target, 2000, out / kind, n_heads=3, steps=150, seq_len=32, lr=1e-2, progress=False, log=print)
+    return target, out
+
+
+@pytest.mark.parametrize("spec", ["medusa", "eagle"])
+@pytest.mark.parametrize("restricted", [False, True])
+def test_greedy_speculative_with_heads_equals_greedy_autoregressive(trained, spec, restricted):
+    target, out = trained
+    drafter = (MedusaDrafter if spec == "medusa" else EagleDrafter).load(out / spec, target)
+    if restricted:  # the same heads, scoring only 20 tokens
+        drafter.vocab = DraftVocab.of(target, np.arange(0, 64, 3)[:20])
+    for prompt in ([63, 5, 9], [63], [63, 40, 41, 42, 43]):
+        expected = autoregressive_sample(target, prompt, 30).tokens
+        got = speculative_sample(target, drafter, prompt, 30, K=3)
+        assert got.tokens == expected, prompt
+    assert got.accepted > 0
+
+
+@pytest.mark.parametrize("spec", ["medusa", "eagle"])
+def test_string_specs_load_trained_heads(trained, spec):
+    target, out = trained
+    got = speculative_sample(target, f"{spec}:{out / spec}", [63, 7], 20, K=3)
+    assert got.tokens == autoregressive_sample(target, [63, 7], 20).tokens
+    assert got.accepted > 0
+
+
+def test_eagle_commit_feeds_every_accepted_position(trained):
+    """After each round the draft cache holds exactly one pair per position in the target's cache."""
+    target, out = trained
+    drafter = EagleDrafter.load(out / "eagle", target)
+    seen = []
+    real_commit = drafter.commit
+
+    def commit(ids, features):
+        real_commit(ids, features)
+        seen.append((len(ids), drafter.cache.length))
+
+    drafter.commit = commit
+    speculative_sample(target, drafter, [63, 1, 2, 3], 25, K=3)
+    assert seen and all(cached == n_ids - 1 for n_ids, cached in seen)
+    # and its state matches a fresh drafter fed the whole final text at once
+    text = [63, 1, 2, 3] + speculative_sample(target, drafter, [63, 1, 2, 3], 25, K=3).tokens
+    _, hidden = target.forward(text[:-1], target.new_cache(), return_hidden=True)
+    fresh = EagleDrafter.load(out / "eagle", target)
+    fresh.begin(target, None, text)
+    fresh.commit(text, hidden)
+    np.testing.assert_allclose(drafter.root, fresh.root, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_trees_are_well_formed_and_within_budget(trained, kind):
+    target, out = trained
+    drafter = (MedusaDrafter if kind == "medusa" else EagleDrafter).load(out / kind, target)
+    prompt = [63, 3, 4]
+    _, hidden = target.forward(prompt[:-1], target.new_cache(), return_hidden=True)
+    drafter.begin(target, None, prompt)
+    drafter.commit(prompt, hidden)
+    rng = np.random.default_rng(0)
+    for nodes in (1, 5, 12):
+        p = drafter.propose(prompt, 3, SamplingParams(1.0), rng, nodes=nodes)
+        assert 1 <= len(p) <= nodes and len(p.q) == len(p)
+        depth = [0] * len(p)
+        for i, parent in enumerate(p.parents):
+            assert -1 <= parent < i
+            depth[i] = 0 if parent < 0 else depth[parent] + 1
+        assert max(depth) <= 2  # at most k = 3 levels
+        for i, t in enumerate(p.tokens):
+            assert p.q[i, t] > 0 and abs(p.q[i].sum() - 1) < 1e-5  # each token drawn from its own row
+        siblings = {}
+        for i, parent in enumerate(p.parents):
+            siblings.setdefault(parent, []).append(p.tokens[i])
+        assert all(len(s) == len(set(s)) for s in siblings.values())  # distinct siblings
+    assert drafter.propose(prompt, 3, SamplingParams(1.0), rng, nodes=12).parents != [-1, 0, 1]  # it branches
