@@ -180,3 +180,64 @@ def test_astype_float64():
     assert np.array_equal(back.weights.blocks[1].mlp_c_fc.w_t, model.weights.blocks[1].mlp_c_fc.w_t)
     with pytest.raises(ValueError, match="float32 or float64"):
         model.astype(np.float16)
+
+
+# --- the restricted-vocabulary draft head ----------------------------------------------------
+
+
+def test_restricted_head_logits_are_the_full_ones_on_its_tokens_and_minus_inf_elsewhere():
+    from conftest import tiny_model
+    from specdec.restricted import restrict
+
+    model = tiny_model(seed=4)
+    draft = restrict(model, 50)
+    ids = draft.vocab.ids
+    assert len(ids) == 50 and ids[-1] == model.n_vocab - 1 and np.all(ids[:-1] == np.arange(49))
+    tokens = np.array([3, 70, 200, 5])  # inputs outside the draft vocabulary are fine: wte is whole
+    full, cut = model(tokens), draft(tokens)
+    assert cut.shape == full.shape and cut.dtype == np.float32
+    np.testing.assert_allclose(cut[:, ids], full[:, ids], rtol=1e-5, atol=1e-5)
+    outside = np.setdiff1d(np.arange(model.n_vocab), ids)
+    assert np.all(cut[:, outside] == -np.inf)
+    logits, hidden = draft.forward(tokens, draft.new_cache(), return_hidden=True)
+    assert np.array_equal(logits[:, outside], cut[:, outside]) and hidden.shape == (4, model.n_embd)
+    assert draft.weights.blocks is model.weights.blocks, "everything but the head is shared"
+
+    corpus = [7, 7, 7, 9, 9, 2]
+    assert list(restrict(model, 2, corpus_ids=corpus).vocab.ids) == [7, 9]
+    for bad in (0, model.n_vocab + 1):
+        with pytest.raises(ValueError, match="restricted head needs"):
+            restrict(model, bad)
+
+
+def test_restricted_draft_keeps_greedy_and_sampled_output_exact(monkeypatch):
+    """Greedy: token for token. Sampling: the target's exact distribution (chi-square), and a
+    broken verification rule fails the same check."""
+    from conftest import tiny_model
+    from specdec import autoregressive_sample, speculative_sample
+    from specdec.restricted import restrict
+    from specdec.sampling import SamplingParams
+    from test_samplers import chi_square_passes, exact_continuations, sample_many, verify_resample_target_on_reject
+
+    import specdec.verify as verify
+
+    target = tiny_model(seed=1)
+    draft = restrict(tiny_model(seed=1), 120)  # the target's own weights, minus most of its head
+    for prompt in ([1], [5, 6, 7], [200, 3, 200, 3]):
+        for K in (1, 3, 6):
+            assert speculative_sample(target, draft, prompt, 25, K=K).tokens == autoregressive_sample(target, prompt, 25).tokens
+
+    hp = gpt2.HParams(n_vocab=12, n_ctx=16, n_embd=16, n_head=2, n_layer=2)
+    small = gpt2.GPT2(hp, gpt2.random_weights(hp, seed=11, scale=0.6))
+    small_draft = restrict(small, 5)  # tokens 0..3 and 11: more than half the vocabulary never drafted
+    prompt = [1, 2, 1]
+    exact = exact_continuations(small, prompt, 2, SamplingParams(1.0))
+
+    def run(rng):
+        return speculative_sample(small, small_draft, prompt, 2, K=2, temperature=1.0, rng=rng)
+
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=6000), exact)
+    assert ok, f"chi2={stat:.1f} df={df}"
+    monkeypatch.setattr(verify, "sampled_chain", verify_resample_target_on_reject)
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=2000), exact)
+    assert not ok, f"a broken sampler passed with a restricted draft (chi2={stat:.1f})"
