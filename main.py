@@ -20,6 +20,7 @@ import time
 
 from specdec import CheckpointError, DownloadError, load_model
 from specdec.checkpoint import MODEL_REPOS
+from specdec.hub import default_models_dir
 from specdec.harness import jsonable, race
 
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
@@ -82,9 +83,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="keep the smallest set of tokens with this much probability, in (0, 1]",
     )
     p.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: %(default)s)")
-    p.add_argument(
-        "--models_dir", default="models", help="where checkpoints are downloaded and looked for (default: %(default)s)"
-    )
+    p.add_argument("--models_dir", help=f"where checkpoints are downloaded and looked for (default: "
+                   f"{default_models_dir()}; set SPECDEC_HOME to move it)")  # fmt: skip
     p.add_argument("--only", choices=["autoregressive", "speculative"], help="run just one of the two decoders")
     p.add_argument(
         "--repeats", type=int, default=1, help="timed runs per decoder; the median is reported (default: %(default)s)"

@@ -194,12 +194,14 @@ def check_finite_logits(logits: np.ndarray, model_name: str) -> np.ndarray:
 
 def load_model(
     name_or_path: str = "124M",
-    models_dir: str | os.PathLike = "models",
+    models_dir: str | os.PathLike | None = None,
     progress: bool = True,
     settings: HubSettings | None = None,
 ) -> GPT2:
     """Load a GPT-2 by short name ("124M", "355M", "774M", "1558M", "distilgpt2"),
-    Hub repo id ("owner/name") or local folder, downloading it on first use.
+    Hub repo id ("owner/name") or local folder, downloading it on first use
+    into models_dir (default: ~/.cache/specdec/models, or $SPECDEC_HOME/models;
+    see specdec.hub.default_models_dir).
 
     >>> model = load_model("124M")          # doctest: +SKIP
     >>> model.n_layer, model.tokenizer.encode("Hello world")  # doctest: +SKIP

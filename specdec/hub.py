@@ -2,10 +2,17 @@
 
 The Hugging Face Hub serves every GPT-2 size as a `model.safetensors` file next
 to `config.json`, `vocab.json` and `merges.txt`. This module fetches those four
-files into `models/<name>/` (once; afterwards no network is touched).
+files into `<models_dir>/<owner>--<name>/` (once; afterwards no network is
+touched). One folder per Hub repo: "124M" and "openai-community/gpt2" share it.
+
+Where models_dir is, when not given: the same folder whatever the current
+directory, as huggingface_hub keeps its cache in ~/.cache/huggingface:
+    $SPECDEC_HOME/models            when SPECDEC_HOME is set
+    $XDG_CACHE_HOME/specdec/models  when XDG_CACHE_HOME is set
+    ~/.cache/specdec/models         otherwise
 
 Environment variables, read in one place (`HubSettings.from_env`), with the
-meanings huggingface_hub gives them:
+meanings huggingface_hub gives them (SPECDEC_HOME, above, is read by `default_models_dir`):
     HF_ENDPOINT     base URL of the Hub or a mirror (default https://huggingface.co)
     HF_HUB_OFFLINE  1/ON/YES/TRUE: never touch the network; use local files only
     HF_TOKEN        sent as a bearer token, for gated or private repos
@@ -50,6 +57,14 @@ MODEL_REPOS = {
     "distilgpt2": "distilbert/distilgpt2",
 }
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")
+# Size of each repo's model.safetensors (float32), to say what a first run is about to download.
+DOWNLOAD_SIZES = {
+    "openai-community/gpt2": 548_000_000,
+    "openai-community/gpt2-medium": 1_520_000_000,
+    "openai-community/gpt2-large": 3_250_000_000,
+    "openai-community/gpt2-xl": 6_430_000_000,
+    "distilbert/distilgpt2": 353_000_000,
+}
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
 # The Hub's rule for a repo id: owner/name, each of letters, digits, "_", "." and
@@ -95,27 +110,50 @@ class HubSettings:
         return f"{self.endpoint}/{repo}/resolve/main/{filename}"
 
 
-def resolve_model(name_or_path: str, models_dir: str | os.PathLike = "models") -> tuple[Path, str | None]:
+def default_models_dir() -> Path:
+    """Where downloaded models live when no models_dir is given (see the module docstring)."""
+    if os.environ.get("SPECDEC_HOME"):
+        return Path(os.environ["SPECDEC_HOME"]).expanduser() / "models"
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache).expanduser() / "specdec" / "models"
+
+
+def resolve_model(name_or_path: str, models_dir: str | os.PathLike | None = None) -> tuple[Path, str | None]:
     """Map a name to (local folder, Hub repo or None for a plain local folder).
 
-    "124M" -> (models/124M, "openai-community/gpt2"); "owner/name" ->
-    (models/owner--name, "owner/name"); an existing folder -> (folder, None).
+    "124M" -> (models_dir/openai-community--gpt2, "openai-community/gpt2"), the
+    folder "openai-community/gpt2" gets too; an existing folder -> (folder, None).
+    models_dir None: default_models_dir().
     """
     name = str(name_or_path)
-    models_dir = Path(models_dir)
+    if models_dir is not None and not str(models_dir):
+        raise ValueError("models_dir is empty: give a folder, or leave it out for the default " + _default_dir_text())
+    models_dir = default_models_dir() if models_dir is None else Path(models_dir)
     if name in MODEL_REPOS:
-        return _download_folder(models_dir, name), MODEL_REPOS[name]
+        repo = MODEL_REPOS[name]
+        legacy = models_dir / name  # where earlier versions put short names: still used if complete
+        if all((legacy / f).is_file() for f in CHECKPOINT_FILES) and not (models_dir / _folder_name(repo)).exists():
+            return _download_folder(models_dir, name), repo
+        return _download_folder(models_dir, _folder_name(repo), repo), repo
     if Path(name).is_dir():
         return Path(name), None
     if name.startswith(("/", "./", "../", "~")) or "\\" in name:
         raise ValueError(f"{name} is not a folder: a local model needs a folder holding {', '.join(CHECKPOINT_FILES)}")
     if _REPO_ID.fullmatch(name) and ".." not in name and "--" not in name:
-        return _download_folder(models_dir, name.replace("/", "--"), name), name
+        return _download_folder(models_dir, _folder_name(name), name), name
     known = ", ".join(MODEL_REPOS)
     raise ValueError(
         f"unknown model {name!r}: use one of {known}, a Hub repo id such as "
         f"'openai-community/gpt2', or the path of a folder holding {', '.join(CHECKPOINT_FILES)}"
     )
+
+
+def _folder_name(repo: str) -> str:
+    return repo.replace("/", "--")  # as huggingface_hub names repo folders (models--owner--name)
+
+
+def _default_dir_text() -> str:
+    return f"({default_models_dir()}; set SPECDEC_HOME to move it)"
 
 
 def _download_folder(models_dir: Path, folder_name: str, name: str | None = None) -> Path:
@@ -358,7 +396,8 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
             time.sleep(delay)
         try:
             remote = _remote_file(session, url, headers, timeout)
-            _fetch_into(session, url, partial, headers, remote, progress, dest.name, timeout)
+            label = f"{dest.parent.name}/{dest.name}"  # the repo's folder name says which model
+            _fetch_into(session, url, partial, headers, remote, progress, label, timeout)
             return remote
         except requests.TooManyRedirects as e:
             raise DownloadError(_redirect_loop(url)) from e
@@ -537,11 +576,21 @@ def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress
             f"{folder} is missing {', '.join(missing)} and HF_HUB_OFFLINE is set, so nothing can be "
             f"downloaded: unset HF_HUB_OFFLINE, or place the files there by hand"
         )
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    for filename in missing:
-        download_file(
-            settings.url(repo, filename), folder / filename, token=settings.token, retries=settings.retries,
-            retry_delay=settings.retry_delay, progress=progress, timeout=settings.timeout,
-            validate=lambda path, name=filename: check_download(path, name),
-        )  # fmt: skip
+    if progress:
+        size = DOWNLOAD_SIZES.get(repo) if "model.safetensors" in missing else None
+        print(f"downloading {repo}" + (f" (about {_human(size)})" if size else "") + f" from {settings.endpoint} "
+              f"into {folder}", file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        for filename in missing:
+            download_file(
+                settings.url(repo, filename), folder / filename, token=settings.token, retries=settings.retries,
+                retry_delay=settings.retry_delay, progress=progress, timeout=settings.timeout,
+                validate=lambda path, name=filename: check_download(path, name),
+            )  # fmt: skip
+    except BaseException:
+        if created and all(p.name == ".locks" for p in folder.iterdir()):
+            shutil.rmtree(folder, ignore_errors=True)  # nothing arrived: leave no empty model folder behind
+        raise
     return folder

@@ -272,14 +272,14 @@ def alpha_markdown(table: list[dict], out: TextIO) -> None:
         out.write(f"| {row['draft']} -> {row['target']} | " + " | ".join(cells) + " |\n")
 
 
-def model_hparams(name: str, models_dir: str | Path) -> HParams:
+def model_hparams(name: str, models_dir: str | Path | None) -> HParams:
     """A model's shapes from its config.json, without loading the weights."""
     from .checkpoint import read_hparams, resolve_model
 
     return read_hparams(resolve_model(name, models_dir)[0] / "config.json")
 
 
-def present_models(models_dir: str | Path, names=GPT2_FAMILY) -> list[str]:
+def present_models(models_dir: str | Path | None, names=GPT2_FAMILY) -> list[str]:
     """The names among `names` whose checkpoint files are all in models_dir (no download)."""
     from .checkpoint import CHECKPOINT_FILES, resolve_model
 
@@ -303,7 +303,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--alpha-table", action="store_true", help="measure alpha of every draft/target pair on disk")
     p.add_argument("--models", help="--alpha-table: comma-separated names or folders (default: the GPT-2 family "
                    "members present in --models-dir)")  # fmt: skip
-    p.add_argument("--models-dir", default="models", help="where checkpoints are looked for (default: %(default)s)")
+    p.add_argument("--models-dir", help="where checkpoints are looked for (default: as main.py, ~/.cache/specdec/models "
+                   "or $SPECDEC_HOME/models)")  # fmt: skip
     p.add_argument("--target", default="355M", help="suite: the target model (default: %(default)s)")
     p.add_argument("--drafts", default="124M,ngram,early_exit:12",
                    help="suite: comma-separated drafters, model names or folders, 'ngram', 'ngram:N', "
@@ -344,6 +345,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from .checkpoint import CheckpointError, DownloadError, load_model
+    from .hub import default_models_dir
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -353,18 +355,19 @@ def main(argv=None) -> int:
 
     try:
         if args.alpha_table:
+            where = args.models_dir or default_models_dir()
             names = args.models.split(",") if args.models else present_models(args.models_dir)
             missing = [name for name in names if not present_models(args.models_dir, [name])]
             if missing:
                 say(f"python -m specdec.suite: error: not on disk: {', '.join(missing)} (the alpha table never "
-                    f"downloads; looked in {args.models_dir})")  # fmt: skip
+                    f"downloads; looked in {where})")  # fmt: skip
+                return 1
+            if len(names) < 2:
+                say(f"--alpha-table needs at least two models on disk; found {names or 'none'} in {where}. It "
+                    f"measures the real GPT-2 family: download them first, e.g. python main.py "
+                    f"--target_model_size 355M --draft 124M")  # fmt: skip
                 return 1
             names = sorted(names, key=lambda name: n_params(model_hparams(name, args.models_dir)))
-            if len(names) < 2:
-                say(f"--alpha-table needs at least two models on disk; found {names or 'none'} in {args.models_dir}. "
-                    f"It measures the real GPT-2 family: download them first, e.g. python main.py "
-                    f"--target_model_size 355M --draft 124M --models_dir {args.models_dir}")  # fmt: skip
-                return 1
             say(f"alpha table: {', '.join(names)}; {sum(map(len, args.suite.values()))} prompts, "
                 f"{args.n_tokens} tokens each, T = {', '.join(map(str, args.temperatures))}")  # fmt: skip
             table = alpha_table(load, names, args.suite, args.temperatures, args.n_tokens, args.seed, say)
