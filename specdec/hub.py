@@ -396,8 +396,7 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
             time.sleep(delay)
         try:
             remote = _remote_file(session, url, headers, timeout)
-            label = f"{dest.parent.name}/{dest.name}"  # the repo's folder name says which model
-            _fetch_into(session, url, partial, headers, remote, progress, label, timeout)
+            _fetch_into(session, url, partial, headers, remote, progress, dest.name, timeout)
             return remote
         except requests.TooManyRedirects as e:
             raise DownloadError(_redirect_loop(url)) from e
@@ -489,8 +488,9 @@ def _fetch_into(session, url, partial: Path, headers, remote: _Remote, progress:
             if total is None and r.headers.get("Content-Length", "").isdigit():
                 total = have + int(r.headers["Content-Length"])
             _check_free_space(partial, desc, (total or 0) - have)
+            label = f"{partial.parent.name}/{desc}"  # the bar names the model: its folder is its repo
             try:
-                with _open_partial(partial, append=bool(have)) as f, _progress_bar(total, have, desc, progress) as bar:
+                with _open_partial(partial, append=bool(have)) as f, _progress_bar(total, have, label, progress) as bar:
                     for chunk in r.iter_content(chunk_size=1 << 16):
                         f.write(chunk)
                         bar.update(len(chunk))
