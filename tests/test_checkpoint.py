@@ -69,6 +69,12 @@ def test_hub_settings_follow_huggingface_hub(monkeypatch):
     s = HubSettings.from_env()
     assert s.url("a/b", "x") == "http://mirror.example/a/b/resolve/main/x"
     assert s.offline
+    assert s.timeout == 10.0
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "2.5")
+    assert HubSettings.from_env().timeout == 2.5
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="HF_HUB_DOWNLOAD_TIMEOUT must be a number"):
+        HubSettings.from_env()
 
 
 # --- local loading -------------------------------------------------------------
