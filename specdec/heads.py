@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .safetensors import read_safetensors, write_safetensors
-from .gpt2 import GPT2, softmax
+from .gpt2 import GPT2, MAX_CHUNKED_ROWS, Linear, linear, softmax
 from .sampling import SamplingParams, greedy, probabilities
 
 F32 = np.float32
@@ -52,6 +52,11 @@ class DraftVocab:
     ids: np.ndarray  # [N] int64
     w: np.ndarray  # [N, n_embd] float32
     n_vocab: int  # the full vocabulary, for scattering q back
+    head: Linear | None = None  # w as a bias-free Linear, for drafting (gpt2.linear's fast few-row path)
+
+    def __post_init__(self):
+        if self.head is None and self.w.dtype == F32:
+            self.head = Linear(self.w, None)  # [N, n_embd] is already Linear's transposed layout: no copy
 
     @classmethod
     def of(cls, target: GPT2, ids: np.ndarray | None = None) -> "DraftVocab":
@@ -68,7 +73,15 @@ class DraftVocab:
         return len(self.ids) < self.n_vocab
 
     def logits(self, r: np.ndarray) -> np.ndarray:
-        """[n, n_embd] features -> [n, N] logits over the draft vocabulary."""
+        """[n, n_embd] features -> [n, N] logits over the draft vocabulary.
+
+        NOTE: drafting is memory-bound like decoding: w is read from RAM once per
+        call whatever n is, so score several rows (all Medusa heads, a tree layer)
+        in one call. gpt2.linear does that for float32; training (many rows, or
+        float64 in the gradient checks) takes the plain product.
+        """
+        if self.head is not None and r.dtype == F32 and len(r) <= MAX_CHUNKED_ROWS:
+            return linear(r, self.head)
         return r @ self.w.T
 
     def full(self, logits: np.ndarray) -> np.ndarray:

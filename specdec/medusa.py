@@ -72,9 +72,14 @@ def resblock_backward(dr: np.ndarray, h: np.ndarray, w: np.ndarray, saved):
 
 
 def head_logits(params: dict[str, np.ndarray], h: np.ndarray, vocab: DraftVocab, heads=None) -> np.ndarray:
-    """Every head's logits for hidden states h: [n, n_embd] -> [n_heads, n, N] (N: draft vocabulary)."""
+    """Every head's logits for hidden states h: [n, n_embd] -> [n_heads, n, N] (N: draft vocabulary).
+
+    The heads' features are scored in one product with the LM head, so the
+    (large) LM head matrix is read once for all heads, not once per head.
+    """
     heads = range(params["w"].shape[0]) if heads is None else heads
-    return np.stack([vocab.logits(resblock(h, params["w"][i], params["b"][i])[0]) for i in heads])
+    r = np.stack([resblock(h, params["w"][i], params["b"][i])[0] for i in heads])  # [n_heads, n, n_embd]
+    return vocab.logits(r.reshape(-1, h.shape[1])).reshape(len(r), len(h), -1)
 
 
 def loss_and_grads(params: dict[str, np.ndarray], hs: list[np.ndarray], targets: list[np.ndarray], vocab: DraftVocab):

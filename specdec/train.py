@@ -129,6 +129,23 @@ def load_or_make_data(path: Path, target: GPT2, n_tokens: int, seq_len: int, see
     return tokens, features
 
 
+def text_data(target: GPT2, text: str, seq_len: int, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Held-out text for teacher-forced evaluation: windows of seq_len tokens and the target's features.
+
+    Returns tokens [n_seq, seq_len] and features [n_seq, seq_len, n_embd], as self_distill does,
+    from consecutive windows of the text (at most max_tokens tokens in all).
+    """
+    if target.tokenizer is None:
+        raise ValueError(f"--eval-text needs a tokenizer, and the model {target.name!r} has none")
+    ids = target.tokenizer.encode(text, allowed_special="all")[:max_tokens]
+    n_seq = len(ids) // seq_len
+    if n_seq == 0:
+        raise ValueError(f"--eval-text: {len(ids)} tokens are fewer than one window of --seq-len {seq_len}")
+    tokens = np.array(ids[: n_seq * seq_len], np.int64).reshape(n_seq, seq_len)
+    features = np.stack([target.forward(row, target.new_cache(seq_len), return_hidden=True)[1] for row in tokens])
+    return tokens, features
+
+
 # ---------------------------------------------------------------------------
 # 2-3. Batches, losses, one training step per kind.
 # ---------------------------------------------------------------------------
@@ -235,6 +252,7 @@ def train(
     eval_tokens: int | None = None,
     save_every: int = 100,
     progress: bool = True,
+    eval_text: str | None = None,
     log=print,
 ) -> dict:
     """Make data, train heads, evaluate them, save them in `out`; returns the saved config."""
@@ -259,6 +277,8 @@ def train(
     ev_tokens, ev_features = load_or_make_data(
         out / "eval.npz", target, eval_tokens, seq_len, seed + 1_000_003, greedy_frac, progress
     )
+    if eval_text is not None:  # checked (and its features computed) before any training
+        tx_tokens, tx_features = text_data(target, eval_text, seq_len, max(eval_tokens, 4096))
     data_s = time.perf_counter() - t0
     n_seq = len(tokens)
     steps = steps if steps is not None else max(1, 4 * n_seq // batch)  # about 4 epochs
@@ -270,6 +290,7 @@ def train(
         params = medusa.init_params(n_heads, target.n_embd)
     else:
         params, n_heads = eagle.init_params(target.n_embd, rng), 1
+    initial = {name: a.copy() for name, a in params.items()}  # the untrained heads, the baseline
     opt = AdamW(params, lr=lr, weight_decay=0.0)
     settings = {
         "kind": kind, "model_fingerprint": model_fingerprint(target), "n_heads": n_heads, "vocab_top": vocab_top,
@@ -280,8 +301,7 @@ def train(
         start = load_checkpoint(out, settings, opt)
         log(f"resuming from step {start} of {steps}")
 
-    before = accuracy(kind, medusa.init_params(n_heads, target.n_embd) if kind == "medusa" else params,
-                      target, vocab, ev_tokens, ev_features, n_heads)  # fmt: skip
+    before = accuracy(kind, initial, target, vocab, ev_tokens, ev_features, n_heads)
     bar = tqdm(range(start, steps), desc=f"train {kind}", unit="step", disable=not progress, initial=start, total=steps)
     t1 = time.perf_counter()
     for step in bar:
@@ -298,6 +318,13 @@ def train(
     trained_rows = (steps - start) * min(batch, n_seq) * seq_len
 
     after = accuracy(kind, params, target, vocab, ev_tokens, ev_features, n_heads)
+    held_out_text = None
+    if eval_text is not None:
+        held_out_text = {
+            "tokens": int(tx_tokens.size),
+            "top1_top5_untrained": accuracy(kind, initial, target, vocab, tx_tokens, tx_features, n_heads),
+            "top1_top5": accuracy(kind, params, target, vocab, tx_tokens, tx_features, n_heads),
+        }
     config = {
         "n_heads": n_heads,
         "n_head": target.n_head,
@@ -313,9 +340,14 @@ def train(
         "train_seconds": round(train_s, 2),
         "train_tokens_per_second": round(trained_rows / train_s, 1) if train_s > 0 else None,
         "held_out": {"tokens": int(ev_tokens.size), "top1_top5_untrained": before, "top1_top5": after},
+        "held_out_text": held_out_text,
     }
     save_heads(out, kind, target, params, config, vocab)
+    log(f"held-out self-distilled text ({ev_tokens.size} tokens), teacher-forced:")
     log(accuracy_table(before, after))
+    if held_out_text is not None:
+        log(f"--eval-text ({held_out_text['tokens']} tokens), teacher-forced:")
+        log(accuracy_table(held_out_text["top1_top5_untrained"], held_out_text["top1_top5"]))
     log(f"saved {kind} heads for {target.name!r} in {out} ({train_s:.1f} s training, "
         f"{config['train_tokens_per_second']} positions/s)")  # fmt: skip
     return config
@@ -366,6 +398,7 @@ def main(argv=None) -> int:
                         help="train towards the target's distributions (default) or its sampled tokens")  # fmt: skip
     parser.add_argument("--greedy-frac", type=float, default=0.5, help="fraction of greedy sequences (default 0.5)")
     parser.add_argument("--eval-tokens", type=int, default=None, help="held-out self-distilled tokens")
+    parser.add_argument("--eval-text", metavar="FILE", help="also report accuracy on this held-out text file")
     parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (default 100)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.*")
@@ -375,11 +408,12 @@ def main(argv=None) -> int:
         from .checkpoint import load_model
 
         target = load_model(args.model, progress=not args.quiet)
+        eval_text = Path(args.eval_text).read_text(encoding="utf-8") if args.eval_text else None
         train(
             args.kind, target, args.tokens, args.out, n_heads=args.heads, steps=args.steps, batch=args.batch,
             seq_len=args.seq_len, lr=args.lr, vocab_top=args.vocab_top, label_kind=args.labels,
             greedy_frac=args.greedy_frac, seed=args.seed, resume=args.resume, eval_tokens=args.eval_tokens,
-            save_every=args.save_every, progress=not args.quiet,
+            save_every=args.save_every, progress=not args.quiet, eval_text=eval_text,
         )  # fmt: skip
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

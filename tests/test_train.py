@@ -107,3 +107,16 @@ def test_cli_errors_are_one_line(tmp_path, model_folder, capsys):
     assert err.startswith("error: ") and err.count("\n") == 1
     assert cli(tmp_path, "--seq-len", "3") == 2
     assert "too short" in capsys.readouterr().err
+
+
+def test_eval_text_reports_teacher_forced_accuracy_on_held_out_text(tmp_path, model_folder, capsys):
+    text = tmp_path / "held_out.txt"
+    text.write_text("the cat sat on the mat, and then the cat sat on the hat. " * 20)
+    assert cli(tmp_path, "--steps", "3", "--eval-text", str(text)) == 0
+    assert "--eval-text (" in capsys.readouterr().out
+    result = json.loads((tmp_path / "heads" / "heads.json").read_text())["held_out_text"]
+    assert result["tokens"] >= 16 and len(result["top1_top5"]) == 2
+    assert all(0 <= a <= b <= 1 for a, b in result["top1_top5"])  # top-1 never beats top-5
+    text.write_text("too short")
+    assert cli(tmp_path, "--steps", "3", "--eval-text", str(text)) == 2
+    assert "fewer than one window" in capsys.readouterr().err
