@@ -58,7 +58,7 @@ def autoregressive_sample(
     params = SamplingParams(temperature, top_k, top_p)
     prompt = check_request(model, prompt_ids, n_tokens)
     rng = make_rng(seed, rng)
-    result = DecodeResult()
+    result = DecodeResult(tokenizer=model.tokenizer)
     cache = model.new_cache()
     new = prompt
     for _ in range(n_tokens):

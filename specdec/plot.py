@@ -31,11 +31,11 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .costmodel import predicted_speedup
+from .display import KIND_COLOURS  # one colour per way a token was produced, as in the HTML trace
+from .result import acceptance_by_position as _acceptance_by_position
 
 INSTALL_HINT = "pip install -e '.[notebook]'"
 
-# One colour per way a token was produced, shared with the HTML trace.
-KIND_COLOURS = {"draft": "#2ca02c", "target": "#ff7f0e", "bonus": "#1f77b4"}
 
 
 def _figure(ax, size=(6.4, 3.6)):
@@ -64,29 +64,9 @@ def _rounds(result) -> tuple[list[int], list[int]]:
 
 
 def acceptance_by_position(result) -> tuple[np.ndarray, np.ndarray]:
-    """Per draft position i = 1..K_max: (acceptance rate, rounds that tested position i).
-
-    result: a DecodeResult, or (k_per_round, accepted_per_round).
-    A round that proposed k drafts and accepted n tested positions 1..min(n+1, k):
-    drafts after the first rejection are never judged. The rate at i is
-    P(draft i accepted | drafts 1..i-1 accepted); under the papers' i.i.d.
-    assumption it is alpha at every i. Positions never tested get nan.
-
-    >>> rate, tested = acceptance_by_position(([3, 3, 3], [3, 1, 0]))
-    >>> rate.tolist(), tested.tolist()
-    ([0.6666666666666666, 0.5, 1.0], [3, 2, 1])
-    """
-    ks, ns = _rounds(result)
-    k_max = max(ks, default=0)
-    tested = np.zeros(k_max, dtype=np.int64)
-    accepted = np.zeros(k_max, dtype=np.int64)
-    for k, n in zip(ks, ns):
-        assert 0 <= n <= k, f"a round cannot accept {n} of {k} drafts"
-        tested[: min(n + 1, k)] += 1
-        accepted[:n] += 1
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rate = np.where(tested > 0, accepted / np.maximum(tested, 1), np.nan)
-    return rate, tested
+    """Per draft position i = 1..K: (acceptance rate, rounds that judged position i); see
+    result.acceptance_by_position. result: a DecodeResult, or (k_per_round, accepted_per_round)."""
+    return _acceptance_by_position(*_rounds(result))
 
 
 def plot_acceptance_by_position(results, ax=None):

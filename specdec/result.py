@@ -11,6 +11,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
+from . import display
 from .costmodel import drafts_judged
 
 # on_token(token, kind) is called once per emitted token, in order. kind is
@@ -30,6 +33,7 @@ class DecodeResult:
     k_per_round: list[int] = field(default_factory=list)  # drafts proposed in each speculative round
     accepted_per_round: list[int] = field(default_factory=list)  # of which accepted
     k_max: int = 0  # the most drafts a round could ask for (sizes the histogram)
+    tokenizer: object = field(default=None, repr=False, compare=False)  # the target's, for .text (None: unknown)
 
     def add_round(self, k: int, n_accepted: int) -> None:
         """Record a speculative round that proposed k drafts and accepted n_accepted of them."""
@@ -81,3 +85,79 @@ class DecodeResult:
     @property
     def tokens_per_target_call(self) -> float:
         return len(self.tokens) / self.target_calls if self.target_calls else math.nan
+
+    @property
+    def tau(self) -> float:
+        """Tokens per speculative round (accepted drafts + the one target token); 1 for plain decoding's steps."""
+        return len(self.tokens) / self.rounds if self.rounds else math.nan
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """[i-1] = P(draft i accepted | drafts 1..i-1 accepted), i = 1..K (nan where never judged)."""
+        return acceptance_by_position(self.k_per_round, self.accepted_per_round)[0].tolist()
+
+    @property
+    def kinds(self) -> list[str]:
+        """How each token was produced: "draft", "target" or "bonus" (as on_token was told).
+
+        A round that accepted n of its k drafts emitted n "draft" tokens, then one
+        "bonus" if n == k > 0, else one "target" token; without rounds (plain
+        decoding) every token is the target's.
+        """
+        if not self.rounds:
+            return ["target"] * len(self.tokens)
+        kinds = []
+        for k, n in zip(self.k_per_round, self.accepted_per_round):
+            kinds += ["draft"] * n + ["bonus" if n == k > 0 else "target"]
+        return kinds
+
+    @property
+    def text(self) -> str | None:
+        """The new tokens decoded, when the model that made them has a tokenizer."""
+        return None if self.tokenizer is None else self.tokenizer.decode(self.tokens)
+
+    def to_dict(self) -> dict:
+        """Plain values (lists, ints, floats, str) for JSON or pandas: pd.DataFrame([r.to_dict() for r in runs])."""
+        return {
+            "tokens": list(self.tokens), "text": self.text, "kinds": self.kinds,
+            "target_calls": self.target_calls, "draft_calls": self.draft_calls, "rounds": self.rounds,
+            "drafted": self.drafted, "accepted": self.accepted, "acceptance_rate": self.acceptance_rate,
+            "alpha": self.alpha, "tau": self.tau, "acceptance_by_position": self.acceptance_by_position,
+            "accepted_histogram": self.accepted_histogram, "k_per_round": list(self.k_per_round),
+            "accepted_per_round": list(self.accepted_per_round), "mean_k": self.mean_k,
+            "tokens_per_target_call": self.tokens_per_target_call,
+        }  # fmt: skip
+
+    def __repr__(self) -> str:
+        return display.result_repr(self)
+
+    def __str__(self) -> str:
+        return display.result_summary(self)
+
+    def _repr_html_(self) -> str:
+        """What a notebook shows: the summary, then the text with each token coloured by its kind."""
+        return display.result_html(self)
+
+
+def acceptance_by_position(k_per_round, accepted_per_round) -> tuple[np.ndarray, np.ndarray]:
+    """Per draft position i = 1..max k: (acceptance rate, rounds that judged position i).
+
+    A round that proposed k drafts and accepted n judged positions 1..min(n+1, k):
+    drafts after the first rejection are never judged. The rate at i is
+    P(draft i accepted | drafts 1..i-1 accepted); under the papers' i.i.d.
+    assumption it is alpha at every i. Positions never judged get nan.
+
+    >>> rate, judged = acceptance_by_position([3, 3, 3], [3, 1, 0])
+    >>> rate.tolist(), judged.tolist()
+    ([0.6666666666666666, 0.5, 1.0], [3, 2, 1])
+    """
+    k_max = max(k_per_round, default=0)
+    judged = np.zeros(k_max, dtype=np.int64)
+    accepted = np.zeros(k_max, dtype=np.int64)
+    for k, n in zip(k_per_round, accepted_per_round):
+        assert 0 <= n <= k, f"a round cannot accept {n} of {k} drafts"
+        judged[: min(n + 1, k)] += 1
+        accepted[:n] += 1
+    rate = np.full(k_max, np.nan)
+    np.divide(accepted, judged, out=rate, where=judged > 0)
+    return rate, judged

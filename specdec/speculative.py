@@ -66,7 +66,7 @@ def speculative_sample(
     drafter = make_drafter(draft, target)
     rng = make_rng(seed, rng)
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
-    result, draft_calls_before = DecodeResult(k_max=k_policy.k_max), drafter.calls  # a drafter may be reused
+    result, draft_calls_before = DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer), drafter.calls  # a drafter may be reused
 
     cache = target.new_cache()
     drafter.begin(target, cache, prompt)

@@ -1,0 +1,99 @@
+"""Results that explain themselves: tau, per-position acceptance, token kinds, .text,
+.to_dict(), a one-line repr, a short summary and a notebook's coloured HTML trace."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import tiny_checkpoint, tiny_model  # noqa: F401 (fixture)
+
+from specdec import autoregressive_sample, load_folder, speculative_sample
+from specdec.display import KIND_COLOURS, sparkline
+from specdec.harness import jsonable
+from specdec.result import DecodeResult
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_model(seed=0), tiny_model(seed=1)
+
+
+def run_with_kinds(target, draft, **kw):
+    seen = []
+    result = speculative_sample(target, draft, [1, 2, 3], on_token=lambda t, kind: seen.append((t, kind)), **kw)
+    return result, seen
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_kinds_are_what_on_token_was_told(pair, temperature):
+    target, draft = pair
+    result, seen = run_with_kinds(target, draft, n_tokens=40, K=3, temperature=temperature, seed=5)
+    assert list(zip(result.tokens, result.kinds)) == seen
+    assert {"draft", "target"} <= set(result.kinds)  # the run has both, so the check above bites
+    result, seen = run_with_kinds(target, target, n_tokens=9, K=3, temperature=temperature, seed=5)
+    assert result.kinds == [kind for _, kind in seen] == ["draft"] * 3 + ["bonus"] + ["draft"] * 3 + ["bonus", "target"]
+
+
+def test_tau_and_acceptance_by_position(pair):
+    target, draft = pair
+    result = speculative_sample(target, draft, [1, 2, 3], n_tokens=60, K=4, temperature=1.0, seed=2)
+    assert result.tau == pytest.approx(len(result.tokens) / result.rounds)
+    assert result.tau == pytest.approx(1 + result.accepted / result.rounds)  # each round: its accepted drafts + 1
+    by_position = result.acceptance_by_position
+    assert len(by_position) == 4 and by_position[0] == pytest.approx(
+        sum(n > 0 for n in result.accepted_per_round) / sum(k > 0 for k in result.k_per_round)
+    )
+    plain = autoregressive_sample(target, [1, 2, 3], n_tokens=5)
+    assert math.isnan(plain.tau) and plain.acceptance_by_position == [] and plain.kinds == ["target"] * 5
+
+
+def test_text_needs_a_tokenizer(tiny_checkpoint):  # noqa: F811
+    model = load_folder(tiny_checkpoint)
+    ids = model.tokenizer.encode("the cat")
+    result = speculative_sample(model, model, ids, n_tokens=6, K=2)
+    assert result.text == model.tokenizer.decode(result.tokens) and result.text
+    assert autoregressive_sample(model, ids, 3).text == model.tokenizer.decode(autoregressive_sample(model, ids, 3).tokens)
+    assert speculative_sample(tiny_model(), tiny_model(), ids, n_tokens=3, K=2).text is None  # no tokenizer
+
+
+def test_to_dict_is_plain_and_complete(pair):
+    target, draft = pair
+    result = speculative_sample(target, draft, [1, 2, 3], n_tokens=20, K=3, temperature=1.0, seed=1)
+    d = result.to_dict()
+    assert d["tokens"] == result.tokens and d["tau"] == result.tau and d["kinds"] == result.kinds
+    assert d["acceptance_by_position"] == result.acceptance_by_position and d["alpha"] == result.alpha
+    json.dumps(jsonable(d), allow_nan=False)  # plain values only
+    d["tokens"].append(0)
+    assert len(result.tokens) == 20  # a copy, not the result's own lists
+
+
+def test_repr_is_one_short_line_and_str_a_summary():
+    result = DecodeResult(tokens=list(range(11)), target_calls=5, k_per_round=[4, 4, 4, 2], accepted_per_round=[4, 0, 2, 1],
+                          k_max=4)  # fmt: skip
+    assert repr(result) == "DecodeResult(11 tokens, 4 rounds, alpha 0.70, tau 2.75)"  # 7 of 10 judged; 11 / 4
+    lines = str(result).splitlines()
+    assert lines[0] == repr(result)
+    assert "acceptance 0.50 (7 of 14 drafts)" in lines[1]
+    assert "1: 0.75  2: 0.67  3: 0.50  4: 1.00" in lines[2]  # judged 4, 3, 2, 1 times
+    assert "0:1 1:1 2:1 3:0 4:1" in lines[3]
+    assert repr(DecodeResult(tokens=[1, 2], target_calls=2)) == "DecodeResult(2 tokens, 2 target passes)"
+
+
+def test_html_trace_colours_each_token_and_escapes_text(tiny_checkpoint):  # noqa: F811
+    model = load_folder(tiny_checkpoint)
+    tokens = model.tokenizer.encode("a<b>&c")
+    result = DecodeResult(tokens=tokens, target_calls=3, k_per_round=[3, 3], accepted_per_round=[3, len(tokens) - 5],
+                          k_max=3, tokenizer=model.tokenizer)  # fmt: skip
+    html = result._repr_html_()
+    assert html.count("<span style=\"color:") - html.count("■") == len(tokens)  # one span per token (+ legend)
+    assert "&lt;" in html and "&amp;" in html and "<b>" not in html
+    for kind in set(result.kinds):
+        assert f'color:{KIND_COLOURS[kind]}" title="{kind}"' in html
+    assert "<span" not in DecodeResult(tokens=[1], target_calls=1)._repr_html_()  # no tokenizer: the summary only
+
+
+def test_sparkline():
+    assert sparkline([1, 4, 0, 2]) == "▂█ ▄"
+    assert sparkline([0, 0]) == "  " and sparkline([]) == ""
