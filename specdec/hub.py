@@ -333,6 +333,7 @@ def download_file(
     progress: bool = True,
     timeout: float = 10.0,
     validate=None,
+    lock_dir: Path | None = None,
 ) -> Path:
     """Fetch `url` into `dest`, checking size, hash and (with `validate`) content.
 
@@ -344,13 +345,17 @@ def download_file(
     weights) resume after an interruption, in this run or the next, with a
     Range request guarded by If-Range; the sha256 then checks the whole. Small
     files have only a git hash, so they always start from zero.
+
+    The lock files live in `lock_dir` (default: dest's folder/.locks), one
+    small file per download, never removed (as huggingface_hub keeps them).
     """
     dest = Path(dest)
-    locks = dest.parent / ".locks"  # as huggingface_hub keeps them: one small file per download, never removed
-    locks.mkdir(exist_ok=True)
-    with _file_lock(locks / f"{dest.name}.lock", str(dest)):
+    lock_dir = dest.parent / ".locks" if lock_dir is None else Path(lock_dir)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with _file_lock(lock_dir / f"{dest.name}.lock", str(dest)):
         if dest.is_file():
             return dest  # another process finished it while we waited
+        dest.parent.mkdir(parents=True, exist_ok=True)  # (again: a failed process removes an empty folder)
         partial = dest.with_name(dest.name + ".incomplete")
         try:
             _download_locked(url, dest, partial, token, retries, retry_delay, progress, timeout, validate)
@@ -588,9 +593,10 @@ def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress
                 settings.url(repo, filename), folder / filename, token=settings.token, retries=settings.retries,
                 retry_delay=settings.retry_delay, progress=progress, timeout=settings.timeout,
                 validate=lambda path, name=filename: check_download(path, name),
+                lock_dir=folder.parent / ".locks" / folder.name,  # outside: the model folder holds only its files
             )  # fmt: skip
     except BaseException:
-        if created and all(p.name == ".locks" for p in folder.iterdir()):
-            shutil.rmtree(folder, ignore_errors=True)  # nothing arrived: leave no empty model folder behind
+        if created and not any(folder.iterdir()):
+            folder.rmdir()  # nothing arrived: leave no empty model folder behind
         raise
     return folder

@@ -296,8 +296,7 @@ def test_full_download_then_offline_reuse(served, monkeypatch):
     loaded = load_model(REPO, models_dir, progress=False)
     assert_same_model(loaded, model)
     folder = models_dir / "tiny-org--tiny-gpt2"
-    files = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))  # .locks/ stays
-    assert files == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
     # The LFS file came through the redirect, as from the real Hub.
     assert ("GET", f"/cdn/{REPO}/model.safetensors", None) in hub.requests
     # Once present, no network: not even with the server gone.
