@@ -1,45 +1,68 @@
 """specdec: speculative decoding on GPT-2, in NumPy.
 
-import specdec
-target = specdec.load_model("355M")
-draft = specdec.load_model("124M")
-ids = target.tokenizer.encode("Alan Turing theorized that computers")
-out = specdec.speculative_sample(target, draft, ids, n_tokens=40, K=4)
-print(target.tokenizer.decode(out.tokens), out.acceptance_rate)
+    import specdec
+    target = specdec.load_model("355M")
+    draft = specdec.load_model("124M")
+    out = specdec.speculative_sample(target, draft, "Alan Turing theorized that computers", n_tokens=40, K=4)
+    print(target.tokenizer.decode(out.tokens), out.acceptance_rate)
+    print(specdec.race(target, draft, "Alan Turing theorized that computers", 40, K="auto"))
+
+No download needed for experiments: specdec.random_model("124M") has GPT-2 124M's shapes.
 """
 
 from .autoregressive import autoregressive_sample
-from .costmodel import AdaptiveK, CostModelK, FixedK
 from .checkpoint import CheckpointError, DownloadError, load_folder, load_model
+from .costmodel import AdaptiveK, CostModelK, FixedK, best_k, expected_tokens_per_round, predicted_speedup
 from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter
+from .gpt2 import GPT2, HParams, KVCache, random_weights
+from .harness import RaceReport, race
 from .interfaces import Drafter, KPolicy, Proposal
 from .result import DecodeResult
-from .gpt2 import GPT2, HParams, KVCache, random_weights
-from .sampling import SamplingParams
+from .sampling import SamplingParams, draw, greedy, probabilities
+from .shapes import GPT2_SHAPES, random_model
 from .speculative import speculative_sample
+from .timing import Costs, measure_costs
 from .tokenizer import load_tokenizer
 
+__version__ = "0.2.0"
+
 __all__ = [
+    # decoding
     "autoregressive_sample",
     "speculative_sample",
     "DecodeResult",
     "SamplingParams",
-    "AdaptiveK",
-    "CostModelK",
-    "FixedK",
+    "probabilities",
+    "draw",
+    "greedy",
+    # drafters and K policies
     "Drafter",
-    "KPolicy",
     "Proposal",
     "ModelDrafter",
     "NgramDrafter",
     "EarlyExitDrafter",
+    "KPolicy",
+    "FixedK",
+    "AdaptiveK",
+    "CostModelK",
+    # the race, timing and the cost model
+    "race",
+    "RaceReport",
+    "measure_costs",
+    "Costs",
+    "expected_tokens_per_round",
+    "predicted_speedup",
+    "best_k",
+    # models
     "GPT2",
     "HParams",
     "KVCache",
+    "GPT2_SHAPES",
+    "random_model",
+    "random_weights",
+    "load_model",
+    "load_folder",
+    "load_tokenizer",
     "CheckpointError",
     "DownloadError",
-    "load_folder",
-    "load_model",
-    "load_tokenizer",
-    "random_weights",
 ]

@@ -13,9 +13,17 @@ from .gpt2 import GPT2
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, draw, greedy, probabilities
 
-def check_request(model: GPT2, prompt_ids, n_tokens: int) -> list[int]:
-    """Validate a prompt and length against a model; return the prompt as a list of ints."""
-    prompt = [int(t) for t in np.asarray(prompt_ids, dtype=np.int64).reshape(-1)]
+def check_request(model: GPT2, prompt, n_tokens: int) -> list[int]:
+    """Validate a prompt (token ids, or text for a model with a tokenizer) and a length
+    against a model; return the prompt as a list of ints."""
+    if isinstance(prompt, str):
+        if model.tokenizer is None:
+            raise ValueError(
+                "the prompt is text but this model has no tokenizer: pass token ids (encode the text with "
+                "the tokenizer the model was trained with)"
+            )
+        prompt = model.tokenizer.encode(prompt, allowed_special="all")
+    prompt = [int(t) for t in np.asarray(prompt, dtype=np.int64).reshape(-1)]
     if not prompt:
         raise ValueError(
             "the prompt is empty: GPT-2 needs at least one token to condition on; to start "
@@ -50,10 +58,13 @@ def autoregressive_sample(
     rng: np.random.Generator | None = None,
     on_token: TokenCallback | None = None,
 ) -> DecodeResult:
-    """Generate n_tokens after prompt_ids, one forward pass each.
+    """Generate n_tokens after prompt_ids (token ids, or text when the model has a tokenizer),
+    one forward pass each.
 
     The first pass reads the whole prompt into the KV cache; each later pass
     feeds only the previous token. Temperature 0 is greedy decoding.
+
+        out = autoregressive_sample(model, ids, n_tokens=40, temperature=0.8, top_p=0.95, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
     prompt = check_request(model, prompt_ids, n_tokens)

@@ -37,6 +37,8 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
     """E[tokens emitted per round] = (1 - alpha^(k+1)) / (1 - alpha)  (Leviathan et al., section 3, eq. 1).
 
     A round emits the accepted drafts plus one target token: 1 + alpha + ... + alpha^k.
+
+        expected_tokens_per_round(0.8, 4)  # 3.36
     """
     if alpha >= 1:
         return k + 1.0
@@ -59,20 +61,27 @@ def verify_cost(m: int, r: Callable[[int], float] | Sequence[float] | None = Non
 
 def predicted_speedup(alpha: float, k: int, c: float, r=None) -> float:
     """Expected wall-time speedup over autoregressive decoding (Leviathan et al., section 3,
-    "Walltime Improvement", when r = 1): tokens per round divided by the round's cost in target steps."""
+    "Walltime Improvement", when r = 1): tokens per round divided by the round's cost in target steps.
+
+        predicted_speedup(0.8, 4, c=0.05)                 # 2.80: the paper's r = 1
+        predicted_speedup(0.8, 4, c=0.05, r=costs.r)      # with a measured r(m) (timing.measure_costs)
+    """
     return expected_tokens_per_round(alpha, k) / round_cost(k, c, r)
 
 
 def best_k(alpha: float, c: float, r=None, k_max: int = 8) -> tuple[int, float]:
     """The k in 1..k_max with the highest predicted speedup (the paper's optimal gamma,
-    section 3, "Choosing gamma"), and that speedup. Returns (0, 1.0) when no k beats plain decoding."""
+    section 3, "Choosing gamma"), and that speedup. Returns (0, 1.0) when no k beats plain decoding.
+
+        best_k(0.9, c=0.05)   # (8, 4.38): cheap drafts, high acceptance, long drafts
+    """
     best = max(range(1, k_max + 1), key=lambda k: predicted_speedup(alpha, k, c, r))
     speedup = predicted_speedup(alpha, best, c, r)
     return (best, speedup) if speedup > 1 else (0, 1.0)
 
 
 class FixedK:
-    """The papers' setting: k drafts every round."""
+    """The papers' setting: k drafts every round. speculative_sample(..., K=4) means FixedK(4)."""
 
     def __init__(self, k: int):
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
@@ -119,6 +128,9 @@ class CostModelK:
     earns long drafts, a hard one short drafts. It starts from `prior_alpha`,
     weighted as `prior_weight` drafts. k never drops below 1: with no drafting
     there would be nothing left to learn the acceptance rate from.
+
+        costs = measure_costs(target, draft, ids)
+        speculative_sample(target, draft, ids, 40, K=CostModelK(costs.c, costs.r))   # or K="auto"
     """
 
     def __init__(

@@ -21,6 +21,7 @@ from .gpt2 import GPT2, KVCache
 from .interfaces import Drafter, Proposal
 from .medusa import MedusaDrafter
 from .sampling import SamplingParams, draw, greedy, point_mass, probabilities
+from .specs import parse_draft
 
 
 def _draft_chain(step, new: list[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
@@ -200,16 +201,16 @@ def _as_drafter(draft, target: GPT2) -> Drafter:
     if isinstance(draft, GPT2):
         return ModelDrafter(draft)  # even draft is target works: it gets its own cache
     if isinstance(draft, str):
-        kind, _, arg = draft.partition(":")
-        if kind == "ngram" and (arg == "" or arg.isdigit()):
-            return NgramDrafter(target.n_vocab, n_max=int(arg) if arg else 3)
-        if kind == "early_exit" and arg.isdigit():
-            return EarlyExitDrafter(target, int(arg))
-        if kind in ("medusa", "eagle") and arg:  # heads trained by `python -m specdec.train`, in folder arg
-            return (MedusaDrafter if kind == "medusa" else EagleDrafter).load(arg, target)
+        spec = parse_draft(draft)
+        if spec.kind == "ngram":
+            return NgramDrafter(target.n_vocab, n_max=spec.arg)
+        if spec.kind == "early_exit":
+            return EarlyExitDrafter(target, spec.arg)
+        if spec.kind in ("medusa", "eagle"):  # heads trained by `python -m specdec.train`, in folder spec.arg
+            return (MedusaDrafter if spec.kind == "medusa" else EagleDrafter).load(spec.arg, target)
         raise ValueError(
-            f"unknown drafter {draft!r}: use a GPT2 model, 'ngram', 'ngram:N', 'early_exit:L', "
-            f"'medusa:DIR' or 'eagle:DIR'"
+            f"unknown drafter {draft!r}: use 'ngram', 'ngram:N', 'early_exit:L', 'medusa:DIR', 'eagle:DIR', "
+            f"or load the model first and pass it (load_model({draft!r}))"
         )
     if isinstance(draft, Drafter):
         return draft

@@ -1,106 +1,37 @@
 """The race: time autoregressive and speculative decoding on the same request, and
 explain the result with the cost model of Leviathan et al. (arXiv 2211.17192, section 3).
 
-The samplers never time themselves. This module wraps, for the duration of a
-run, the target's forward pass and the drafter's `propose` with stopwatches,
-so a speculative run's wall time splits into drafting, verifying and the
-sampler's own work, without touching the sampler code.
+The samplers never time themselves. For the duration of a run this module wraps
+the target's forward pass and the drafter's `propose` with stopwatches, so a
+speculative run's wall time splits into drafting, verifying and the sampler's
+own work, without touching the sampler code. The costs c and r(m) come from
+timing.measure_costs, the same stopwatch the benchmark uses.
 
-    from specdec.harness import race
-    result = race(target, draft, ids, n_tokens=64, K=4, repeats=3)
-    result.speedup, result.explain()
+    report = race(target, draft, ids, n_tokens=64, K=4, repeats=3)
+    print(report)            # the text summary main.py prints
+    report.to_dict()         # the same as plain JSON values (main.py --json)
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from .autoregressive import autoregressive_sample, check_request
-from .costmodel import AdaptiveK, CostModelK, FixedK, best_k, expected_tokens_per_round, predicted_speedup
+from .costmodel import best_k, expected_tokens_per_round, predicted_speedup
 from .drafters import make_drafter
 from .gpt2 import GPT2
-from .result import DecodeResult
+from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams
+from .specs import K_LIMIT, make_k_policy, parse_k
 from .speculative import speculative_sample
+from .timing import Costs, measure_costs
 
-
-# ---------------------------------------------------------------------------
-# Measuring forward-pass costs directly.
-# ---------------------------------------------------------------------------
-
-
-@dataclass
-class Costs:
-    """What one forward pass costs, measured at the request's context length."""
-
-    target_step: float  # seconds for one 1-token target step
-    draft_step: float  # seconds for one draft step (0 for the n-gram drafter)
-    r: list[float]  # r[m-1] = time(target pass over m tokens) / target_step, m = 1..len(r)
-
-    @property
-    def c(self) -> float:
-        """Draft step cost relative to a target step (the paper's c)."""
-        return self.draft_step / self.target_step
-
-
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repeats: int = 5) -> Costs:
-    """Time 1..m_max-token target passes and one draft step after `context`.
-
-    Each timed pass runs on top of a cache holding `context` and is rolled
-    back afterwards, so every measurement sees the same context length.
-    """
-    cache = target.new_cache()
-    drafter = make_drafter(draft, target) if draft is not None else None
-    if drafter is not None:
-        drafter.begin(target, cache, context)
-    if len(context) > 1:
-        _, hidden = target.forward(context[:-1], cache, last_only=True, return_hidden=True)
-        if drafter is not None:
-            drafter.commit(context, hidden)
-    n = cache.length
-    m_max = max(1, min(m_max, target.n_ctx - n))
-    cache.reserve(n + m_max)  # so no timed pass includes the cache's growth
-    tokens = [context[-1]] * m_max
-
-    def target_pass(m):
-        target.forward(tokens[:m], cache)
-        cache.rollback(n)
-
-    target_pass(1)  # warm-up
-    per_m = [_median_time(lambda m=m: target_pass(m), repeats) for m in range(1, m_max + 1)]
-
-    # One draft step, whatever the drafter: propose one token after the context, then
-    # commit nothing new. A model drafter catches up on the context in the first
-    # (untimed) call, then feeds one token per call; the n-gram drafter times its lookup.
-    greedy, no_features = SamplingParams(0.0), np.zeros((0, target.n_embd), np.float32)
-
-    def draft_step():
-        if drafter is not None:
-            drafter.propose(context, 1, greedy, None)
-            drafter.commit(context, no_features)
-
-    draft_step()
-    draft_time = _median_time(draft_step, repeats)
-    return Costs(target_step=per_m[0], draft_step=draft_time, r=[t / per_m[0] for t in per_m])
-
-
-# ---------------------------------------------------------------------------
-# Stopwatches around a run.
-# ---------------------------------------------------------------------------
+DECODERS = ("autoregressive", "speculative")
 
 
 class _Stopwatch:
@@ -133,11 +64,6 @@ class _Stopwatch:
         return False
 
 
-# ---------------------------------------------------------------------------
-# The race.
-# ---------------------------------------------------------------------------
-
-
 @dataclass
 class Run:
     """One timed run of one sampler."""
@@ -151,13 +77,24 @@ class Run:
     def tokens_per_second(self) -> float:
         return len(self.result.tokens) / self.seconds if self.seconds else math.nan
 
+    @property
+    def sampler_seconds(self) -> float:
+        """Everything but drafting and verifying: the sampler's own bookkeeping."""
+        return self.seconds - self.draft_seconds - self.verify_seconds
+
 
 @dataclass
-class RaceResult:
+class RaceReport:
+    """What race() measured: every run of both decoders, the costs, and the settings.
+
+    print(report) gives the text summary; report.to_dict() the same as plain JSON values.
+    """
+
+    settings: dict
+    costs: Costs
     autoregressive: list[Run] = field(default_factory=list)  # one per repeat
     speculative: list[Run] = field(default_factory=list)
-    costs: Costs | None = None
-    K: int | str = 4
+    tokenizer: object = field(default=None, repr=False)  # decodes the texts in to_dict(), when known
 
     @staticmethod
     def _median_run(runs: list[Run]) -> Run | None:
@@ -174,24 +111,26 @@ class RaceResult:
     @property
     def speedup(self) -> float:
         """Median autoregressive time / median speculative time (> 1: speculative is faster)."""
-        if not (self.ar and self.spec):
-            return math.nan
-        return self.ar.seconds / self.spec.seconds
+        return self.ar.seconds / self.spec.seconds if self.ar and self.spec else math.nan
 
     @property
     def texts_identical(self) -> bool | None:
-        if not (self.ar and self.spec):
+        return self.ar.result.tokens == self.spec.result.tokens if self.ar and self.spec else None
+
+    def first_difference(self) -> int | None:
+        """The index of the first new token where the two decoders differ (None if they agree)."""
+        if not (self.ar and self.spec) or self.texts_identical:
             return None
-        return self.ar.result.tokens == self.spec.result.tokens
+        a, b = self.ar.result.tokens, self.spec.result.tokens
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
     def explain(self) -> dict:
         """The measured speedup next to what the cost model predicts from measured parts."""
         spec = self.spec
-        if spec is None or self.costs is None:
+        if spec is None:
             return {}
         res, c, r = spec.result, self.costs.c, self.costs.r
-        alpha = res.alpha
-        k_mean = res.mean_k
+        alpha, k_mean = res.alpha, res.mean_k
         out = {
             "alpha": alpha,
             "acceptance_rate": res.acceptance_rate,
@@ -211,13 +150,107 @@ class RaceResult:
             out["best_k"], out["best_k_speedup"] = best_k(alpha, c, r, k_max=len(r) - 1)
         return out
 
+    def to_dict(self) -> dict:
+        """Everything as plain JSON values (nan -> None), as main.py --json prints it."""
+        out: dict = {"settings": dict(self.settings)}
+        for name in DECODERS:
+            run = getattr(self, "ar" if name == "autoregressive" else "spec")
+            if run is None:
+                continue
+            r = run.result
+            out[name] = {
+                "seconds": run.seconds,
+                "seconds_all_repeats": [x.seconds for x in getattr(self, name)],
+                "tokens_per_second": run.tokens_per_second,
+                "tokens": r.tokens,
+                "target_calls": r.target_calls,
+                "draft_calls": r.draft_calls,
+                "tokens_per_target_call": r.tokens_per_target_call,
+            }
+            if self.tokenizer is not None:
+                out[name]["text"] = self.tokenizer.decode(r.tokens)
+            if name == "speculative":
+                out[name].update({
+                    "rounds": r.rounds, "drafted": r.drafted, "accepted": r.accepted,
+                    "acceptance_rate": r.acceptance_rate, "alpha": r.alpha,
+                    "accepted_histogram": r.accepted_histogram, "mean_k": r.mean_k,
+                    "draft_seconds": run.draft_seconds, "verify_seconds": run.verify_seconds,
+                    "sampler_seconds": run.sampler_seconds,
+                })  # fmt: skip
+        c = self.costs
+        out["costs"] = {"target_step_seconds": c.target_step, "draft_step_seconds": c.draft_step, "c": c.c, "r": c.r}
+        if self.spec:
+            out["summary"] = {"speedup": self.speedup, "texts_identical": self.texts_identical, **self.explain()}
+        return jsonable(out)
+
+    def __str__(self) -> str:
+        return "\n".join(self._timing_lines() + ["", "── summary " + "─" * 62] + self._summary_lines())
+
+    def _timing_lines(self) -> list[str]:
+        lines = []
+        for name in DECODERS:
+            run = getattr(self, "ar" if name == "autoregressive" else "spec")
+            if run is None:
+                continue
+            r = run.result
+            line = f"[{name}] {len(r.tokens)} tokens in {run.seconds:.2f} s ({run.tokens_per_second:.1f} tokens/s), "
+            line += f"{r.target_calls} target passes"
+            if name == "speculative":
+                line += f", {r.draft_calls} draft passes"
+            lines.append(line)
+            if name == "speculative":
+                share = {k: getattr(run, f"{k}_seconds") for k in ("draft", "verify", "sampler")}
+                parts = [f"{label} {share[k]:.2f} s ({share[k] / run.seconds:.0%})"
+                         for k, label in (("draft", "drafting"), ("verify", "verifying"), ("sampler", "sampler"))]  # fmt: skip
+                lines.append(f"[{name}] time: " + ", ".join(parts))
+        return lines
+
+    def _summary_lines(self) -> list[str]:
+        c = self.costs
+        costs = f"{c.c:.3f}  ({c.draft_step * 1e3:.1f} ms vs {c.target_step * 1e3:.1f} ms)"
+        spec = self.spec
+        if spec is None:
+            return [f"target step {c.target_step * 1e3:.1f} ms"]
+        r, summary = spec.result, self.explain()
+        rows = [("speedup (autoregressive time / speculative time)", f"{self.speedup:.2f}x")] if self.ar else []
+        rows += [
+            ("acceptance rate (accepted / drafted)", f"{r.acceptance_rate:.2f}  ({r.accepted} of {r.drafted})"),
+            ("alpha (accepted / drafts actually judged)", f"{r.alpha:.2f}"),
+            ("tokens per target pass",
+             f"{r.tokens_per_target_call:.2f}  ({r.target_calls} passes incl. prompt, {r.rounds} rounds)"),
+            ("accepted drafts per round (0..K histogram)", str(r.accepted_histogram)),
+            ("draft / target passes", f"{r.draft_calls} / {r.target_calls}"),
+            ("cost of a draft step, c = draft / target", costs),
+        ]  # fmt: skip
+        if "predicted_speedup" in summary:
+            k = round(summary["mean_k"])
+            best = summary["best_k"]
+            rows += [
+                ("mean drafts per round, k", f"{summary['mean_k']:.2f}"),
+                (f"target pass over k+1={k + 1} tokens vs 1 token", f"{summary['verify_cost_ratio']:.2f}x"),
+                (f"expected tokens per round (1-a^{k + 1})/(1-a)",
+                 f"{summary['tokens_per_round_expected']:.2f}  (measured {summary['tokens_per_round']:.2f})"),
+                ("predicted speedup from these measurements", f"{summary['predicted_speedup']:.2f}x"),
+                ("  ...if verifying cost one step (GPU-like)", f"{summary['predicted_speedup_if_r_were_1']:.2f}x"),
+                ("best K for these costs and alpha",
+                 "none: plain decoding wins" if best == 0 else f"{best} (predicted {summary['best_k_speedup']:.2f}x)"),
+            ]  # fmt: skip
+        if self.settings.get("temperature") == 0 and self.ar:
+            i = self.first_difference()
+            same = "yes" if i is None else (
+                f"NO: they differ from new token {i}. A float32 near-tie between the two best tokens can do "
+                f"this (the two decoders round differently); a difference at a clear winner is a bug")  # fmt: skip
+            rows.append(("identical text at temperature 0", same))
+        width = max(len(key) for key, _ in rows)
+        return [f"{key:<{width}}  {value}" for key, value in rows]
+
 
 def race(
     target: GPT2,
     draft,
-    prompt_ids,
+    prompt,
     n_tokens: int,
-    K: int | str = 4,
+    K=4,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -225,67 +258,74 @@ def race(
     repeats: int = 1,
     warmup: bool = True,
     k_max: int = 8,
-    run_autoregressive: bool = True,
-    run_speculative: bool = True,
-    on_token=None,
-) -> RaceResult:
+    decoders=DECODERS,
+    on_token: TokenCallback | None = None,
+    on_decoder: Callable[[str], None] | None = None,
+) -> RaceReport:
     """Run both samplers `repeats` times on the same request and time them.
 
-    K: an int, "adaptive" (AdaptiveK from K=4 within 1..k_max) or "auto" (the
-    cost model picks k each round from measured costs and the acceptance rate
-    so far). on_token(sampler_name, token, kind) streams the first repeat.
-    Every repeat uses the same seed, so repeats produce the same tokens and
-    differ only in time. Streamed text is printed inside the timed runs; both
-    decoders pay for it, and for GPT-2-sized models it is negligible.
+    prompt: token ids, or text when the target has a tokenizer. K: an int, "adaptive"
+    (AdaptiveK from 4 within 1..k_max) or "auto" (the cost model picks k each round
+    from the measured costs and the acceptance rate so far). decoders: which to run.
+    on_token(token, kind) streams the first repeat, as in the samplers; on_decoder(name)
+    is called before each decoder's streamed run. Every repeat uses the same seed, so
+    repeats produce the same tokens and differ only in time.
+
+        report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
+        print(report); report.speedup
     """
     # Check the whole request before spending time on measurements.
     SamplingParams(temperature, top_k, top_p)
-    prompt = check_request(target, prompt_ids, n_tokens)
+    prompt = check_request(target, prompt, n_tokens)
+    unknown = set(decoders) - set(DECODERS)
+    if unknown or not decoders:
+        raise ValueError(f"decoders must be some of {DECODERS}, got {tuple(decoders)}")
+    run_speculative = "speculative" in decoders
     if run_speculative:
         make_drafter(draft, target)
-        if K not in ("auto", "adaptive"):
-            FixedK(K)  # the sampler's own check of an integer K
-    out = RaceResult(K=K)
+        K = parse_k(K)  # a word or an int: each run gets a fresh policy
+    if not 1 <= k_max <= K_LIMIT:
+        raise ValueError(f"k_max must be in 1..{K_LIMIT}, got {k_max}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     m_max = max(k_max, K if isinstance(K, int) else 0) + 1  # up to the widest verification pass
-    out.costs = measure_costs(target, draft if run_speculative else None, prompt, m_max=m_max, repeats=3)
+    costs = measure_costs(target, draft if run_speculative else None, prompt, m_max=m_max, repeats=3)
+    settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
+                    top_k=top_k, top_p=top_p, seed=seed, repeats=repeats)  # fmt: skip
+    report = RaceReport(settings, costs, tokenizer=target.tokenizer)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
-    def k_policy():
-        if K == "auto":
-            return CostModelK(out.costs.c, out.costs.r, k_max=k_max)
-        if K == "adaptive":
-            return AdaptiveK(min(4, k_max), 1, k_max)
-        return K
-
-    settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    if warmup:  # page in weights, start BLAS threads, fill allocator pools
-        n_warm = min(4, n_tokens)
-        if run_autoregressive:
-            autoregressive_sample(target, prompt, n_warm, seed=seed, **settings)
-        if run_speculative:
-            speculative_sample(target, draft, prompt, n_warm, K=k_policy(), seed=seed, **settings)
-
-    for repeat in range(repeats):
-        stream = on_token if repeat == 0 else None
-        if run_autoregressive:
-            callback = (lambda t, kind: stream("autoregressive", t, kind)) if stream else None
+    def run_once(name: str, n: int, stream: TokenCallback | None) -> Run:
+        if name == "autoregressive":
             start = time.perf_counter()
-            result = autoregressive_sample(target, prompt, n_tokens, seed=seed, on_token=callback, **settings)
+            result = autoregressive_sample(target, prompt, n, on_token=stream, **sampling)
             seconds = time.perf_counter() - start
-            out.autoregressive.append(Run(result, seconds, verify_seconds=seconds))
-        if run_speculative:
-            callback = (lambda t, kind: stream("speculative", t, kind)) if stream else None
-            drafter = make_drafter(draft, target)
-            with (
-                _Stopwatch(drafter, "propose") as drafting,
-                _Stopwatch(target, "forward", skip_while=drafting) as verifying,
-            ):
-                start = time.perf_counter()
-                result = speculative_sample(
-                    target, drafter, prompt, n_tokens, K=k_policy(), seed=seed, on_token=callback, **settings
-                )
-                seconds = time.perf_counter() - start
-            out.speculative.append(Run(result, seconds, drafting.seconds, verifying.seconds))
-    return out
+            return Run(result, seconds, verify_seconds=seconds)
+        drafter = make_drafter(draft, target)
+        k_policy = make_k_policy(K, k_max, costs=lambda: costs)
+        with (
+            _Stopwatch(drafter, "propose") as drafting,
+            _Stopwatch(target, "forward", skip_while=drafting) as verifying,
+        ):
+            start = time.perf_counter()
+            result = speculative_sample(target, drafter, prompt, n, K=k_policy, on_token=stream, **sampling)
+            seconds = time.perf_counter() - start
+        return Run(result, seconds, drafting.seconds, verifying.seconds)
+
+    if warmup:  # page in weights, start BLAS threads, fill allocator pools
+        for name in (d for d in DECODERS if d in decoders):
+            run_once(name, min(4, n_tokens), None)
+    for repeat in range(repeats):
+        for name in (d for d in DECODERS if d in decoders):
+            if repeat == 0 and on_decoder:
+                on_decoder(name)
+            getattr(report, name).append(run_once(name, n_tokens, on_token if repeat == 0 else None))
+    return report
+
+
+def _name(draft) -> str:
+    """How a report names the draft: its spec string, or a model's name."""
+    return draft if isinstance(draft, str) else getattr(draft, "name", type(draft).__name__)
 
 
 def jsonable(value):

@@ -50,6 +50,8 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """[n_rows, n_vocab] logits -> [n_rows, n_vocab] float32 probabilities.
 
     Filtered tokens get probability exactly 0, and every row sums to 1.
+
+        p = probabilities(model.forward(ids, model.new_cache()), SamplingParams(0.8, top_p=0.95))  # [n_seq, n_vocab]
     """
     assert not params.greedy, "greedy decoding takes the argmax of the logits, not probabilities"
     # Shift by the max before dividing: the largest z is then exactly 0, and a
@@ -89,7 +91,7 @@ def _top_p(p: np.ndarray, top_p: float) -> np.ndarray:
 
 
 def greedy(logits: np.ndarray) -> int:
-    """The most likely token of one [n_vocab] row (lowest id on ties)."""
+    """The most likely token of one [n_vocab] row (lowest id on ties): greedy(logits[-1])."""
     return int(np.argmax(logits))
 
 
@@ -98,6 +100,8 @@ def draw(p: np.ndarray, rng: np.random.Generator) -> int:
 
     The cumulative sum is taken in float64 so that rounding cannot shift mass
     between tokens; a token with probability 0 can never be returned.
+
+        token = draw(p[-1], np.random.default_rng(0))
     """
     cdf = np.cumsum(p, dtype=np.float64)
     token = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))

@@ -32,12 +32,13 @@ from __future__ import annotations
 import numpy as np
 
 from .autoregressive import check_request, make_rng
-from .costmodel import FixedK
 from .drafters import make_drafter
 from .gpt2 import GPT2
-from .interfaces import KPolicy, Proposal
+from .interfaces import Proposal
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams
+from .specs import make_k_policy
+from .timing import measure_costs
 from .verify import verify
 
 
@@ -56,14 +57,14 @@ def speculative_sample(
 ) -> DecodeResult:
     """Generate n_tokens after prompt_ids by speculative sampling: exactly the target's distribution.
 
-    draft: a GPT2 with the target's vocabulary, "ngram[:N]", "early_exit:L" or a Drafter (interfaces.py).
-    K: draft tokens per round, or a KPolicy such as AdaptiveK.  Example:
+    prompt_ids: token ids, or text when the target has a tokenizer. draft: a GPT2 with the target's
+    vocabulary, "ngram[:N]", "early_exit:L" or a Drafter. K: an int, "adaptive", "auto" or a KPolicy.
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
-    k_policy = K if isinstance(K, KPolicy) else FixedK(K)
     prompt = check_request(target, prompt_ids, n_tokens)
     drafter = make_drafter(draft, target)
+    k_policy = make_k_policy(K, costs=lambda: measure_costs(target, drafter, prompt))  # "auto" times passes first
     rng = make_rng(seed, rng)
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
     result, draft_calls_before = DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer), drafter.calls  # a drafter may be reused

@@ -21,8 +21,9 @@ import sys
 
 import numpy as np
 
-from .bench import SIZES, VERIFY_CTX, filled_cache, interleaved, stats_ms, table
+from .bench import SIZES, VERIFY_CTX, filled_cache, stats_ms, table
 from .gpt2 import GPT2, random_weights
+from .timing import time_calls
 
 N_MAX = 16  # tree nodes per pass: up to 17 new tokens
 
@@ -41,7 +42,7 @@ def measure_r(model: GPT2, repeats: int, rng: np.random.Generator) -> dict:
         tree = [-1, *(p + 1 for p in width_two_tree(m - 1))] if m > 1 else None  # the root, then the nodes
         calls[("chain", m)] = lambda m=m: model.forward(tokens[:m], cache)
         calls[("tree", m)] = lambda m=m, tree=tree: model.forward(tokens[:m], cache, parents=tree)
-    times = interleaved(calls, repeats, rng, after=lambda key: cache.rollback(VERIFY_CTX))
+    times = time_calls(calls, repeats, rng, after=lambda key: cache.rollback(VERIFY_CTX))
     one = np.asarray(times[("chain", 1)])
     return {
         kind: {m: (float(np.median(np.asarray(times[(kind, m)]) / one)), stats_ms(times[(kind, m)]))

@@ -1,15 +1,12 @@
-"""The cost model (Leviathan et al., section 3) and the timing harness."""
-
-import math
+"""The cost model (Leviathan et al., section 3) and the K policies built on it."""
 
 import numpy as np
 import pytest
 
+from specdec import AdaptiveK, speculative_sample
 from specdec.costmodel import CostModelK, best_k, expected_tokens_per_round, predicted_speedup, verify_cost
-from specdec.harness import measure_costs, race
 
 from conftest import tiny_model
-from test_samplers import perturbed
 
 
 def test_expected_tokens_per_round():
@@ -61,20 +58,19 @@ def test_cost_model_k_policy_tracks_acceptance():
     assert policy.alpha < 0.5 and policy.next_k() >= 1
 
 
-def test_measure_costs_and_race_explain():
+def test_adaptive_k_grows_and_shrinks():
     target = tiny_model(seed=1)
-    draft = perturbed(target, 0.05, seed=4)
-    costs = measure_costs(target, draft, [1, 2, 3], m_max=5, repeats=2)
-    assert len(costs.r) == 5 and costs.r[0] == 1.0 and costs.c > 0
-    result = race(target, draft, [1, 2, 3], 20, K=3, repeats=2)
-    assert len(result.autoregressive) == len(result.speculative) == 2
-    assert result.texts_identical
-    spec = result.spec
-    assert 0 < spec.draft_seconds + spec.verify_seconds <= spec.seconds
-    explained = result.explain()
-    assert explained["measured_speedup"] == pytest.approx(result.speedup)
-    assert 0 <= explained["alpha"] <= 1 and explained["alpha"] >= explained["acceptance_rate"]
-    assert math.isfinite(explained["predicted_speedup"])
-    # The n-gram drafter has no model step; its cost is the lookup itself.
-    ngram = measure_costs(target, "ngram", [1, 2, 1, 2], m_max=3, repeats=2)
-    assert len(ngram.r) == 3 and ngram.draft_step > 0
+    policy = AdaptiveK(k_start=2, k_min=1, k_max=6)
+    out = speculative_sample(target, target, [1, 2], 40, K=policy)
+    assert out.k_per_round[:4] == [2, 3, 4, 5]  # all accepted: grows each round
+    p = AdaptiveK(k_start=3, k_min=2, k_max=4)
+    p.update(3, 3)
+    assert p.next_k() == 4  # all accepted: grow
+    p.update(4, 4)
+    assert p.next_k() == 4  # capped at k_max
+    p.update(4, 1)
+    p.update(3, 0)
+    p.update(2, 1)
+    assert p.next_k() == 2  # rejections shrink, down to k_min
+    rejecting = speculative_sample(target, tiny_model(seed=42), [1, 2], 30, K=AdaptiveK(4, 1, 8))
+    assert rejecting.k_per_round[:5] == [4, 3, 2, 1, 1]  # an unrelated draft drives K to its minimum

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_samplers import SMALL, chi_square_passes, exact_continuations, sample_many
+from helpers import SMALL, chi_square_passes, exact_continuations, sample_many
 
 from specdec import autoregressive_sample, medusa, speculative_sample
 from specdec.eagle import EagleDrafter, EagleModel

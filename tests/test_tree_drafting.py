@@ -13,7 +13,7 @@ from specdec.treecost import TreeAcceptance, TreePolicy
 from specdec.trees import dynamic_tree, ngram_tree
 from specdec.verification import verify_sampled
 
-from test_samplers import chi_square_passes
+from helpers import chi_square_passes
 from test_tree_rules import N_BROKEN, N_SAMPLES, T1, World
 
 # --- the n-gram trie ----------------------------------------------------------------------

@@ -28,7 +28,7 @@ from specdec.verification import (
     verify_typical,
 )
 
-from test_samplers import chi_square_passes
+from helpers import chi_square_passes
 
 V = 4  # vocabulary
 N_OUT = 3  # tokens per sample: the joint over V**N_OUT = 64 outputs

@@ -1,13 +1,14 @@
-"""main.py end to end on tiny checkpoints: local folders and a loopback Hub."""
+"""The command line: main.py end to end on tiny checkpoints (local folders and a loopback Hub), and its errors."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from conftest import ROOT, tiny_model, write_checkpoint
-from test_samplers import perturbed
+from helpers import perturbed
 
 sys.path.insert(0, str(ROOT))
 import main  # noqa: E402
@@ -96,14 +97,12 @@ def test_download_through_a_loopback_hub(fake_hub, tmp_path, capsys):
 def test_errors_are_one_line(checkpoints, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     target = str(checkpoints / "target")
+    # Errors that need the model (or the network) to be found: exit 1, one line.
     cases = [
-        (["--target_model_size", "999M"], "unknown model"),
         (["--target_model_size", target, "--draft", "124M", "--models_dir", str(tmp_path)], "HF_HUB_OFFLINE"),
         (["--target_model_size", target, "--draft", "ngram", "--n_tokens_to_generate", "500"], "context window"),
         (["--target_model_size", target, "--draft", "early_exit:7", "--n_tokens_to_generate", "5"], "early exit"),
         (["--target_model_size", target, "--draft", "ngram", "--prompt", "the " * 40], "shorten the prompt"),
-        (["--target_model_size", target, "--draft", "ngram", "--temperature", "-1"], "temperature"),
-        (["--target_model_size", target, "--draft", "ngram", "--top_p", "0"], "top_p"),
     ]
     for argv, message in cases:
         code, out, err = run_main(capsys, *argv)
@@ -116,17 +115,31 @@ def test_errors_are_one_line(checkpoints, capsys, tmp_path, monkeypatch):
     [
         (["--K", "0"], "--K must be at least 1"),
         (["--K", "lots"], "--K must be an integer"),
+        (["--K", "200"], "--K must be at most 32"),
+        (["--temperature", "-1"], "temperature"),
+        (["--top_p", "1.5"], "top_p"),
+        (["--top_p", "0"], "top_p"),
+        (["--top_k", "0"], "top_k"),
+        (["--seed", "-1"], "--seed must be >= 0"),
+        (["--draft", "foo"], "unknown model"),
+        (["--target_model_size", "999M"], "unknown model"),
+        (["--draft", "ngram:abc"], "ngram:N"),
+        (["--draft", "early_exit:x"], "early_exit:L"),
         (["--temperature", "hot"], "invalid float"),
         (["--n_tokens_to_generate", "0"], "n_tokens_to_generate must be >= 1"),
         (["--bogus"], "unrecognized arguments"),
         (["--only", "neither"], "invalid choice"),
     ],
 )
-def test_bad_flags_exit_nonzero_with_one_line(argv, message):
-    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), *argv], capture_output=True, text=True, cwd=ROOT)
+def test_bad_flags_exit_2_with_one_line_before_any_download(argv, message, fake_hub, tmp_path):
+    # fake_hub points HF_ENDPOINT at a loopback server that records every request.
+    env = {**os.environ, "HF_ENDPOINT": fake_hub.url}
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--models_dir", str(tmp_path), *argv],
+                          capture_output=True, text=True, cwd=ROOT, env=env)  # fmt: skip
     assert proc.returncode == 2
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+    assert fake_hub.requests == [] and list(tmp_path.iterdir()) == [], "nothing is fetched or written"
 
 
 def test_unwritable_models_dir(capsys, monkeypatch):
@@ -159,6 +172,11 @@ def test_wide_k_and_self_draft(checkpoints, capsys):
     assert "K=12" in out and "target pass over k+1=" in out
 
 
-def test_first_difference_names_the_position():
-    report = {"autoregressive": {"tokens": [1, 2, 3, 4]}, "speculative": {"tokens": [1, 2, 9, 4]}}
-    assert "from new token 2" in main.first_difference(report)
+
+def test_a_long_prompt_is_echoed_shortened_and_top_k_is_not_claimed_at_temperature_0(checkpoints, capsys):
+    code, out, err = run_main(capsys, "--target_model_size", str(checkpoints / "target"), "--draft", "ngram",
+                              "--prompt", "in the " * 5, "--top_k", "40", "--n_tokens_to_generate", "4")  # fmt: skip
+    assert code == 0, err
+    assert "top-k" not in out and "(1 tokens)" not in out and "(1 layers" not in out
+    long_prompt = "x" * 1000
+    assert len(main.shorten(long_prompt)) < 400 and main.shorten("short") == "short"

@@ -1,0 +1,111 @@
+"""Timing forward passes: the one stopwatch behind the race, `K="auto"` and the benchmark.
+
+The cost model (costmodel.py; Leviathan et al., arXiv 2211.17192, section 3)
+needs two things measured on this machine, in units of one 1-token target step:
+    c      one draft step
+    r(m)   one target pass over m new tokens (the paper assumes r = 1)
+
+Machines are noisy (other processes, frequency changes, bursts of 10x), so the
+calls being compared are interleaved: every repeat times each call once, in a
+fresh shuffled order, and r(m) is the median over repeats of the ratio within
+the repeat, t_m / t_1. A burst or a slow drift then hits all calls alike.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .drafters import make_drafter
+from .gpt2 import GPT2, KVCache
+from .sampling import SamplingParams
+
+
+@dataclass
+class Costs:
+    """What one forward pass costs here, measured at one context length."""
+
+    target_step: float  # seconds for one 1-token target step (median)
+    draft_step: float  # seconds for one draft step (0 with nothing to draft)
+    r: list[float]  # r[m-1] = time(target pass over m tokens) / target_step, m = 1..len(r); r[0] == 1
+
+    @property
+    def c(self) -> float:
+        """Draft step cost relative to a target step (the paper's c)."""
+        return self.draft_step / self.target_step
+
+
+def time_calls(calls: dict, repeats: int, rng: np.random.Generator | None = None, after: Callable | None = None):
+    """{key: [seconds, one per repeat]}: every call once per repeat, in a fresh shuffled order.
+
+    One untimed warm-up call each first. `after(key)` runs untimed after each call
+    (rolling a cache back, say).
+
+        time_calls({"a": f, "b": g}, repeats=10)["a"]   # 10 timings of f, interleaved with g's
+    """
+    rng = rng if rng is not None else np.random.default_rng(0)
+    keys = list(calls)
+    times: dict = {key: [] for key in keys}
+    for key in keys:
+        calls[key]()
+        if after:
+            after(key)
+    for _ in range(repeats):
+        for i in rng.permutation(len(keys)):
+            key = keys[i]
+            start = time.perf_counter()
+            calls[key]()
+            times[key].append(time.perf_counter() - start)
+            if after:
+                after(key)
+    return times
+
+
+def verify_curve(times: dict) -> list[float]:
+    """r(m) = median over repeats of t_m / t_1, for m = 1, 2, ... (times from time_calls keyed by m)."""
+    t1 = np.asarray(times[1])
+    return [float(np.median(np.asarray(times[m]) / t1)) for m in sorted(k for k in times if isinstance(k, int))]
+
+
+def pass_calls(model: GPT2, cache: KVCache, m_values, token: int = 0) -> tuple[dict, Callable]:
+    """Calls for time_calls: {m: a forward over m new tokens on top of `cache`} and the
+    `after` that rolls the cache back, so every pass sees the same context length."""
+    n = cache.length
+    cache.reserve(n + max(m_values))  # so no timed pass includes the cache's growth
+    calls = {m: (lambda m=m: model.forward([token] * m, cache)) for m in m_values}  # [m, n_vocab] logits
+    return calls, (lambda key: cache.rollback(n))
+
+
+def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repeats: int = 5, rng=None) -> Costs:
+    """Time 1..m_max-token target passes and one draft step after `context`, interleaved.
+
+    draft: anything speculative_sample accepts, or None (nothing to draft). The draft
+    step is the drafter's own `propose` of one token, whatever the drafter is: a
+    model step, an early-exit step, an n-gram lookup.
+
+        costs = measure_costs(target, draft, ids)
+        costs.c, costs.r
+    """
+    cache = target.new_cache()
+    drafter = make_drafter(draft, target) if draft is not None else None
+    if drafter is not None:
+        drafter.begin(target, cache, context)
+    if len(context) > 1:
+        _, hidden = target.forward(context[:-1], cache, last_only=True, return_hidden=True)
+        if drafter is not None:
+            drafter.commit(context, hidden)
+    m_max = max(1, min(m_max, target.n_ctx - cache.length))
+    calls, rollback = pass_calls(target, cache, range(1, m_max + 1), token=context[-1])
+
+    # One draft step: propose one token after the context, then commit nothing new
+    # (the drafter rolls back). A model drafter catches up on the context in the
+    # untimed warm-up call, then feeds one token per call.
+    greedy, no_features = SamplingParams(0.0), np.zeros((0, target.n_embd), np.float32)
+    if drafter is not None:
+        calls["draft"] = lambda: (drafter.propose(context, 1, greedy, None), drafter.commit(context, no_features))
+    times = time_calls(calls, repeats, rng, after=lambda key: key != "draft" and rollback(key))
+    draft_step = float(np.median(times["draft"])) if drafter is not None else 0.0
+    return Costs(target_step=float(np.median(times[1])), draft_step=draft_step, r=verify_curve(times))

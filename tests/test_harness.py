@@ -1,0 +1,81 @@
+"""The timing harness: measured costs, and the race report with its text and JSON forms."""
+
+import json
+import math
+
+import pytest
+
+from specdec import race
+from specdec.timing import measure_costs, time_calls, verify_curve
+
+from conftest import tiny_model
+from helpers import perturbed
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model(seed=1)
+    return target, perturbed(target, 0.05, seed=4)
+
+
+def test_measure_costs(models):
+    target, draft = models
+    costs = measure_costs(target, draft, [1, 2, 3], m_max=5, repeats=2)
+    assert len(costs.r) == 5 and costs.r[0] == 1.0 and costs.c > 0
+    # The n-gram drafter has no model step; its cost is the lookup itself.
+    ngram = measure_costs(target, "ngram", [1, 2, 1, 2], m_max=3, repeats=2)
+    assert len(ngram.r) == 3 and ngram.draft_step > 0
+    early = measure_costs(target, "early_exit:1", [1, 2, 1, 2], m_max=3, repeats=2)
+    assert early.draft_step > 0
+    assert measure_costs(target, None, [1, 2], m_max=2, repeats=1).draft_step == 0.0
+
+
+def test_time_calls_interleaves_and_ratios_are_within_repeats():
+    order = []
+    times = time_calls({1: lambda: order.append(1), 2: lambda: order.append(2)}, repeats=5, after=None)
+    assert len(times[1]) == len(times[2]) == 5 and len(order) == 12  # a warm-up call each, then 5 repeats
+    assert all(sorted(order[i : i + 2]) == [1, 2] for i in range(2, 12, 2))  # each repeat times each call once
+    assert verify_curve({1: [1.0, 2.0], 2: [3.0, 2.0]}) == [1.0, 2.0]  # median of 3/1 and 2/2
+
+
+def test_race_report(models):
+    target, draft = models
+    report = race(target, draft, [1, 2, 3], 20, K=3, repeats=2)
+    assert len(report.autoregressive) == len(report.speculative) == 2
+    assert report.texts_identical and report.first_difference() is None
+    spec = report.spec
+    assert 0 < spec.draft_seconds + spec.verify_seconds <= spec.seconds
+    explained = report.explain()
+    assert explained["measured_speedup"] == pytest.approx(report.speedup)
+    assert 0 <= explained["alpha"] <= 1 and explained["alpha"] >= explained["acceptance_rate"]
+    assert math.isfinite(explained["predicted_speedup"])
+    data = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert data["speculative"]["tokens"] == data["autoregressive"]["tokens"] and data["settings"]["K"] == 3
+    text = str(report)
+    assert "── summary" in text and text.split("identical text at temperature 0")[1].split()[0] == "yes"
+
+
+def test_race_streams_with_the_samplers_callback_and_names_each_decoder(models):
+    target, _ = models
+    events = []
+    report = race(target, "ngram", [1, 2, 1, 2], 8, K="adaptive", decoders=("speculative",), warmup=False,
+                  on_token=lambda token, kind: events.append((token, kind)), on_decoder=events.append)  # fmt: skip
+    assert events[0] == "speculative" and [t for t, _ in events[1:]] == report.spec.result.tokens
+    assert report.ar is None and "autoregressive" not in report.to_dict()
+
+
+def test_race_first_difference(models):
+    target, draft = models
+    report = race(target, draft, [1, 2, 3], 6, K=2, warmup=False)
+    report.speculative[0].result.tokens[3] += 1  # as if a float32 near-tie went the other way
+    assert report.first_difference() == 3 and "from new token 3" in str(report)
+
+
+def test_race_checks_the_request_before_measuring(models):
+    target, draft = models
+    for kwargs, message in [(dict(K=0), "K"), (dict(K="fast"), "adaptive"), (dict(k_max=40), "k_max"),
+                            (dict(repeats=0), "repeats"), (dict(decoders=("beam",)), "decoders"),
+                            (dict(draft="ngram:x"), "ngram:N")]:  # fmt: skip
+        args = {**dict(target=target, draft=draft, prompt=[1, 2], n_tokens=4), **kwargs}
+        with pytest.raises(ValueError, match=message):
+            race(**args)
