@@ -217,10 +217,7 @@ def test_restricted_draft_keeps_greedy_and_sampled_output_exact(monkeypatch):
     from specdec import autoregressive_sample, speculative_sample
     from specdec.restricted import restrict
     from specdec.sampling import SamplingParams
-    try:  # the shared statistical helpers, wherever the test suite keeps them
-        from helpers import chi_square_passes, exact_continuations, sample_many, verify_resample_target_on_reject
-    except ImportError:
-        from test_samplers import chi_square_passes, exact_continuations, sample_many, verify_resample_target_on_reject
+    from helpers import chi_square_passes, exact_continuations, sample_many, verify_resample_target_on_reject
 
     import specdec.verify as verify
 
