@@ -71,6 +71,14 @@ MAX_CHUNKED_ROWS = 16  # measured crossover: above ~16 tokens, plain x @ W (Open
 # Parts each weight matrix's rows are split into, one per core, multiplied on
 # specdec's own threads (threads.py); 1 = no split, OpenBLAS threads every product.
 SPLIT_PARTS = threads.default_workers()
+SPLIT_ONE_TOKEN = True  # split 1-token products too (False: OpenBLAS's own threads for them)
+# Where OpenBLAS has small-matrix GEMM kernels (threads.SMALL_GEMM_CORES), a few tokens go through
+# a stack of [rows, n_in] x [n_in, n_seq] products small enough for them: rows * n_in * n_seq at
+# most SMALL_GEMM_MNK, OpenBLAS's own limit for them. Each weight is then read once into registers
+# and used for every token, instead of once per token from L2 cache.
+SMALL_GEMM = threads.small_gemm_kernels()
+SMALL_GEMM_MNK = 1_000_000
+SMALL_GEMM_ROWS = 64  # rows per small product, at most (measured: 32..640)
 
 
 TRANSPOSE_ROWS = 16  # input rows per step of transposed_copy (measured best of 4..64 and 2-D tiles)
@@ -300,7 +308,8 @@ def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
     "Performance".
     """
     n_seq = x.shape[0]
-    if n_seq > MAX_CHUNKED_ROWS or len(lin.parts) == 1 and (n_seq == 1 or lin.w_t.nbytes < SMALL_BYTES):
+    unsplit = len(lin.parts) == 1 or n_seq == 1 and not SPLIT_ONE_TOKEN
+    if n_seq > MAX_CHUNKED_ROWS or unsplit and (n_seq == 1 or lin.w_t.nbytes < SMALL_BYTES):
         # Many tokens (a prompt): the matrix-matrix kernel's repacking pays off,
         # with OpenBLAS's own threads. Unsplit, one token is OpenBLAS's matrix-vector
         # product over both cores, and a tiny matrix is cached anyway.
@@ -322,9 +331,19 @@ def part_product(x: np.ndarray, part: RowPart, out: np.ndarray) -> None:
     outermost, so each chunk comes from RAM once and is re-read from L2 cache for
     the other tokens.
     """
-    n_seq = x.shape[0]
+    n_seq, n_in = x.shape
     if n_seq == 1:
         np.matmul(x, part.w_t.T, out=out)
+        return
+    rows = min(SMALL_GEMM_ROWS, SMALL_GEMM_MNK // (n_in * n_seq) // 16 * 16)  # whole cache lines of y
+    if SMALL_GEMM and rows >= 16:
+        n_blocks = out.shape[1] // rows
+        n_main = n_blocks * rows
+        blocks = part.w_t[:n_main].reshape(n_blocks, rows, n_in)  # a view
+        # [n_blocks, rows, n_in] @ [n_in, n_seq] -> [n_blocks, rows, n_seq]
+        out[:, :n_main] = np.matmul(blocks, x.T).reshape(n_main, n_seq).T
+        if n_main < out.shape[1]:
+            out[:, n_main:] = x @ part.w_t[n_main:].T
         return
     n_chunks, _, chunk, _ = part.chunks.shape
     n_main = n_chunks * chunk

@@ -44,8 +44,9 @@ class OpenBLAS:
         ("openblas_get_num_threads", "openblas_set_num_threads"),
     )
 
-    def __init__(self, get: Callable[[], int], set_: Callable[[int], None], name: str):
+    def __init__(self, get: Callable[[], int], set_: Callable[[int], None], name: str, core: str = "unknown"):
         self.get, self.set, self.name = get, set_, name
+        self.core = core  # the kernel family OpenBLAS picked for this CPU at load time, e.g. "Haswell"
 
     @classmethod
     def find(cls) -> "OpenBLAS | None":
@@ -61,7 +62,12 @@ class OpenBLAS:
                 get, set_ = getattr(lib, get_name, None), getattr(lib, set_name, None)
                 if get is not None and set_ is not None:
                     get.restype, set_.argtypes, set_.restype = ctypes.c_int, [ctypes.c_int], None
-                    return cls(get, set_, f"{path.name}:{set_name}")
+                    corename = getattr(lib, get_name.replace("num_threads", "corename"), None)
+                    core = "unknown"
+                    if corename is not None:
+                        corename.restype = ctypes.c_char_p
+                        core = corename().decode(errors="replace")
+                    return cls(get, set_, f"{path.name}:{set_name}", core)
         return None
 
 
@@ -127,6 +133,17 @@ class Workers:
                 raise error
         finally:
             self._lock.release()
+
+
+# OpenBLAS kernel families that have small-matrix GEMM kernels (no packing of W) in NumPy's
+# wheels: SkylakeX's AVX-512 ones, which Cooperlake and SapphireRapids use too. The Haswell
+# family's "permit" function refuses every call, so there a few-token product always packs W.
+SMALL_GEMM_CORES = ("SkylakeX", "Cooperlake", "SapphireRapids")
+
+
+def small_gemm_kernels() -> bool:
+    """Whether OpenBLAS multiplies a small [rows, n_in] x [n_in, n_seq] product without packing."""
+    return BLAS is not None and BLAS.core in SMALL_GEMM_CORES
 
 
 def usable_cpus() -> int:

@@ -30,11 +30,15 @@ def test_transposed_copy_reads_a_memory_map(tmp_path):
 # --- the row split over specdec's own threads ----------------------------------------------
 
 
+@pytest.mark.parametrize("small_gemm", [False, True])
 @pytest.mark.parametrize("n_parts", [1, 2, 3])
 @pytest.mark.parametrize("n_in, n_out", [(48, 1000), (100, 37), (7, 300)])
-def test_split_linear_matches_plain_matmul(monkeypatch, n_parts, n_in, n_out):
-    """Every path of linear(): 1 token, 2..16 (stacked chunks), 17+ (plain), any number of parts."""
+def test_split_linear_matches_plain_matmul(monkeypatch, n_parts, n_in, n_out, small_gemm):
+    """Every path of linear(): 1 token, 2..16 (stacked chunks or small GEMMs), 17+ (plain), any number of parts."""
     monkeypatch.setattr(gpt2, "SPLIT_PARTS", n_parts)
+    monkeypatch.setattr(gpt2, "SMALL_GEMM", small_gemm)
+    monkeypatch.setattr(gpt2, "SPLIT_ONE_TOKEN", not small_gemm)  # both 1-token paths too
+    monkeypatch.setattr(gpt2, "SMALL_GEMM_MNK", 16 * 50 * 4)  # 16-row blocks up to 4 tokens, leftover rows
     monkeypatch.setattr(gpt2, "SMALL_BYTES", 0)
     monkeypatch.setattr(gpt2, "CHUNK_BYTES", 2048)  # several chunks and leftover rows per part
     rng = np.random.default_rng(n_parts)
