@@ -44,6 +44,7 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
+from . import family
 from .safetensors import CheckpointError, index_safetensors
 
 log = logging.getLogger(__name__)  # retries are reported as warnings (stderr unless configured)
@@ -135,13 +136,15 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike | None = None
         if all((legacy / f).is_file() for f in CHECKPOINT_FILES) and not (models_dir / _folder_name(repo)).exists():
             return _download_folder(models_dir, name), repo
         return _download_folder(models_dir, _folder_name(repo), repo), repo
+    if name in family.NAMES:  # shipped inside the package: nothing to download
+        return family.folder(name), None
     if Path(name).is_dir():
         return Path(name), None
     if name.startswith(("/", "./", "../", "~")) or "\\" in name:
         raise ValueError(f"{name} is not a folder: a local model needs a folder holding {', '.join(CHECKPOINT_FILES)}")
     if _REPO_ID.fullmatch(name) and ".." not in name and "--" not in name:
         return _download_folder(models_dir, _folder_name(name), name), name
-    known = ", ".join(MODEL_REPOS)
+    known = ", ".join([*MODEL_REPOS, *family.NAMES])
     raise ValueError(
         f"unknown model {name!r}: use one of {known}, a Hub repo id such as "
         f"'openai-community/gpt2', or the path of a folder holding {', '.join(CHECKPOINT_FILES)}"
