@@ -132,8 +132,8 @@ def test_trained_drafters_are_accepted_far_more_often_than_untrained_ones(target
         "untrained": greedy_alpha(target, untrained, prompts_and_greedy),
         "shuffled": greedy_alpha(target, shuffled, prompts_and_greedy),
     }
-    # Measured when the files were made: draft ~DRAFT_ALPHA, early exit ~EXIT_ALPHA, untrained and
-    # shuffled below BAD_ALPHA (see the README's table for the full benchmark).
-    assert alphas["untrained"] < 0.15 and alphas["shuffled"] < 0.15, alphas
-    assert alphas["draft"] > 0.40 and alphas["draft"] > alphas["untrained"] + 0.3, alphas
-    assert alphas["early_exit"] > 0.40 and alphas["early_exit"] > alphas["untrained"] + 0.3, alphas
+    # Measured on the shipped files: draft 0.76, early exit 0.95, untrained 0.00, shuffled 0.00.
+    # (Greedy text from models this small loops, which is easy to predict: see the README's table at T=1.)
+    assert alphas["untrained"] < 0.1 and alphas["shuffled"] < 0.1, alphas
+    assert alphas["draft"] > 0.6 and alphas["draft"] > alphas["untrained"] + 0.5, alphas
+    assert alphas["early_exit"] > 0.75 and alphas["early_exit"] > alphas["untrained"] + 0.5, alphas
