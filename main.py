@@ -18,8 +18,8 @@ import os
 import sys
 import time
 
-from specdec import CheckpointError, DownloadError, SamplingParams, load_model, race
-from specdec.hub import MODEL_REPOS, default_models_dir, resolve_model
+from specdec import CheckpointError, DownloadError, SamplingParams, load_folder, race
+from specdec.hub import CHECKPOINT_FILES, MODEL_REPOS, HubSettings, default_models_dir, ensure_files, resolve_model
 from specdec.specs import K_LIMIT, DraftSpec, parse_draft, parse_k
 
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
@@ -106,9 +106,15 @@ def main(argv=None) -> int:
 
 
 def load(name: str, args) -> tuple:
+    """(model, seconds to load it): a first run's download is timed apart, and said."""
+    folder, repo = resolve_model(name, args.models_dir)
+    missing = not all((folder / f).is_file() for f in CHECKPOINT_FILES)
     start = time.perf_counter()
-    model = load_model(name, args.models_dir, progress=not args.json)
-    return model, time.perf_counter() - start
+    ensure_files(folder, repo, HubSettings.from_env(), progress=not args.json)
+    if missing and not args.json:
+        print(f"(downloaded {name} in {time.perf_counter() - start:.0f} s)")
+    start = time.perf_counter()
+    return load_folder(folder, name=name), time.perf_counter() - start
 
 
 def run(args) -> int:

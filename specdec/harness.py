@@ -14,6 +14,7 @@ timing.measure_costs, the same stopwatch the benchmark uses.
 
 from __future__ import annotations
 
+import html
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from .autoregressive import autoregressive_sample, check_request
+from . import display
 from .costmodel import best_k, expected_tokens_per_round, predicted_speedup
 from .drafters import make_drafter
 from .gpt2 import GPT2
@@ -172,7 +174,8 @@ class RaceReport:
             if name == "speculative":
                 out[name].update({
                     "rounds": r.rounds, "drafted": r.drafted, "accepted": r.accepted,
-                    "acceptance_rate": r.acceptance_rate, "alpha": r.alpha,
+                    "acceptance_rate": r.acceptance_rate, "alpha": r.alpha, "tau": r.tau,
+                    "acceptance_by_position": r.acceptance_by_position, "kinds": r.kinds,
                     "accepted_histogram": r.accepted_histogram, "mean_k": r.mean_k,
                     "draft_seconds": run.draft_seconds, "verify_seconds": run.verify_seconds,
                     "sampler_seconds": run.sampler_seconds,
@@ -185,6 +188,24 @@ class RaceReport:
 
     def __str__(self) -> str:
         return "\n".join(self._timing_lines() + ["", "── summary " + "─" * 62] + self._summary_lines())
+
+    def __repr__(self) -> str:
+        """One line: RaceReport(speedup 1.42x, alpha 0.81, tau 3.10, K=4, 40 tokens)."""
+        parts = [f"speedup {self.speedup:.2f}x"] if self.ar and self.spec else []
+        run = self.spec or self.ar
+        if self.spec:
+            parts += [f"alpha {display.fmt(run.result.alpha)}", f"tau {display.fmt(run.result.tau)}"]
+        parts += [f"K={self.settings.get('K')}"] if self.spec else []
+        parts += [f"{len(run.result.tokens)} tokens"] if run else []
+        return "RaceReport(" + ", ".join(parts) + ")"
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the summary, then the speculative run's coloured trace."""
+        out = f'<pre style="margin:0">{html.escape(str(self))}</pre>'
+        if self.spec and self.tokenizer is not None:
+            r = self.spec.result
+            out += display.trace_html(display.token_pieces(self.tokenizer, r.tokens), r.kinds)
+        return out
 
     def _timing_lines(self) -> list[str]:
         lines = []
@@ -218,7 +239,10 @@ class RaceReport:
             ("alpha (accepted / drafts actually judged)", f"{r.alpha:.2f}"),
             ("tokens per target pass",
              f"{r.tokens_per_target_call:.2f}  ({r.target_calls} passes incl. prompt, {r.rounds} rounds)"),
-            ("accepted drafts per round (0..K histogram)", str(r.accepted_histogram)),
+            ("tau (tokens per round: accepted drafts + 1)", f"{r.tau:.2f}"),
+            ("acceptance at draft position 1..K", "  ".join(display.fmt(a) for a in r.acceptance_by_position)),
+            ("accepted drafts per round (0..K histogram)",
+             f"{r.accepted_histogram}  {display.sparkline(r.accepted_histogram)}"),
             ("draft / target passes", f"{r.draft_calls} / {r.target_calls}"),
             ("cost of a draft step, c = draft / target", costs),
         ]  # fmt: skip

@@ -56,3 +56,18 @@ def test_no_empty_folder_is_left_after_a_failed_download(fake_hub, tmp_path):
     with pytest.raises(DownloadError, match="404"):
         load_model("tiny-org/missing", tmp_path, progress=False)
     assert not (tmp_path / "tiny-org--missing").exists()
+
+
+def test_main_times_the_download_apart_from_the_load(fake_hub, tmp_path, capsys):
+    import main
+
+    fake_hub.add_checkpoint("org/tiny", write_checkpoint(tmp_path / "src", tiny_model()))
+    argv = ["--target_model_size", "org/tiny", "--draft", "ngram", "--models_dir", str(tmp_path / "models"),
+            "--n_tokens_to_generate", "4", "--no_warmup"]  # fmt: skip
+    assert main.main(argv) == 0
+    captured = capsys.readouterr()
+    assert f"downloading org/tiny from {fake_hub.url} into {tmp_path / 'models' / 'org--tiny'}" in captured.err
+    out = captured.out
+    assert "(downloaded org/tiny in " in out and out.index("(downloaded") < out.index("loaded in")
+    assert main.main(argv) == 0  # the second run finds the files: nothing downloaded, nothing said about it
+    assert "downloaded" not in capsys.readouterr().out

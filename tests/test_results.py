@@ -8,8 +8,9 @@ import math
 
 import pytest
 from conftest import tiny_checkpoint, tiny_model  # noqa: F401 (fixture)
+from helpers import perturbed
 
-from specdec import autoregressive_sample, load_folder, speculative_sample
+from specdec import autoregressive_sample, load_folder, race, speculative_sample
 from specdec.display import KIND_COLOURS, sparkline
 from specdec.harness import jsonable
 from specdec.result import DecodeResult
@@ -97,3 +98,21 @@ def test_html_trace_colours_each_token_and_escapes_text(tiny_checkpoint):  # noq
 def test_sparkline():
     assert sparkline([1, 4, 0, 2]) == "▂█ ▄"
     assert sparkline([0, 0]) == "  " and sparkline([]) == ""
+
+
+def test_race_report_repr_html_and_json(tiny_checkpoint):  # noqa: F811
+    model = load_folder(tiny_checkpoint)
+    ids = model.tokenizer.encode("the cat")
+    report = race(model, perturbed(model, 0.3, seed=2), ids, 12, K=3, temperature=1.0, seed=1, warmup=False)
+    spec = report.spec.result
+    assert repr(report) == (f"RaceReport(speedup {report.speedup:.2f}x, alpha {spec.alpha:.2f}, tau {spec.tau:.2f}, "
+                            f"K=3, 12 tokens)")  # fmt: skip
+    text = str(report)
+    rows = dict(line.split("  ", 1) for line in text.splitlines() if "  " in line)
+    assert rows["tau (tokens per round: accepted drafts + 1)"].strip() == f"{spec.tau:.2f}"
+    assert "acceptance at draft position 1..K" in text
+    html = report._repr_html_()
+    assert html.count('" title="') == 12 and "&lt;" not in html.split("</pre>")[1]  # the trace: one span per token
+    d = report.to_dict()["speculative"]
+    assert d["tau"] == spec.tau and d["acceptance_by_position"] == jsonable(spec.acceptance_by_position)  # nan: null
+    assert d["kinds"] == spec.kinds and len(d["acceptance_by_position"]) == 3

@@ -124,3 +124,15 @@ def test_bad_flags(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         suite.main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bench_alpha_table_is_the_suites(folders, capsys):
+    from specdec import bench
+
+    argv = ["--alpha-table", "--models", f"{folders['small']},{folders['twin']}", "--n-tokens", "4",
+            "--categories", "lists", "--temperatures", "0"]  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.startswith(f"| {folders['small']} -> {folders['twin']} | ") and 0 <= float(row.split("|")[2]) <= 1
