@@ -22,6 +22,7 @@ from specdec.interfaces import Drafter, Proposal
 from specdec.medusa import MedusaDrafter
 from specdec.sampling import SamplingParams, probabilities
 from specdec.train import train
+from specdec.verification import verify_greedy, verify_sampled
 from test_train import learnable_model
 
 PROMPT = [1, 2]
@@ -209,3 +210,79 @@ def test_trees_are_well_formed_and_within_budget(trained, kind):
             siblings.setdefault(parent, []).append(p.tokens[i])
         assert all(len(s) == len(set(s)) for s in siblings.values())  # distinct siblings
     assert drafter.propose(prompt, 3, SamplingParams(1.0), rng, nodes=12).parents != [-1, 0, 1]  # it branches
+
+
+class SiblingsShareTheFirstRow(LyingQ):
+    """BROKEN: siblings are drawn without replacement, but each reports the first sibling's
+    row, i.e. the draft row before the earlier siblings were removed (DESIGN's tree trap)."""
+
+    def propose(self, ids, k, params, rng, nodes=None):
+        p = self.inner.propose(ids, k, params, rng, nodes)
+        q, first = np.array(p.q), {}
+        for i, parent in enumerate(p.parents):
+            q[i] = q[first.setdefault(parent, i)]
+        return Proposal(p.tokens, p.parents, q)
+
+
+# --- trees -----------------------------------------------------------------------------------
+
+
+def tree_sample(target, drafter, prompt, n_tokens, k, nodes, params, rng):
+    """Speculative sampling with token trees: the sampler's round, with the tree rules
+    (verification.py) and the cache compaction (KVCache.keep). Returns the new tokens."""
+    cache, ids = target.new_cache(), list(prompt)
+    drafter.begin(target, cache, ids)
+    if len(ids) > 1:
+        _, hidden = target.forward(ids[:-1], cache, return_hidden=True)
+        drafter.commit(ids, hidden)
+    while len(ids) - len(prompt) < n_tokens:
+        k_now = min(k, n_tokens - (len(ids) - len(prompt)) - 1)
+        p = drafter.propose(ids, k_now, params, rng, nodes=nodes) if k_now > 0 else Proposal.chain([])
+        logits, hidden = target.forward([ids[-1], *p.tokens], cache, return_hidden=True, parents=p.pass_parents())
+        if params.greedy:
+            path, last = verify_greedy(p.tokens, p.parents, logits)
+        else:
+            path, last = verify_sampled(p.tokens, p.parents, p.q, probabilities(logits, params), rng)
+        kept = [0, *(i + 1 for i in path)]
+        cache.keep(len(ids) - 1, kept)
+        ids += [p.tokens[i] for i in path] + [last]
+        drafter.commit(ids, hidden[kept])
+    return ids[len(prompt) :]
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("restricted", [False, True])
+def test_greedy_tree_speculation_with_heads_equals_greedy_autoregressive(trained, kind, restricted):
+    target, out = trained
+    drafter = (MedusaDrafter if kind == "medusa" else EagleDrafter).load(out / kind, target)
+    if restricted:
+        drafter.vocab = DraftVocab.of(target, np.arange(0, 64, 3)[:20])
+    for prompt in ([63, 5, 9], [63], [63, 40, 41, 42, 43]):
+        expected = autoregressive_sample(target, prompt, 30).tokens
+        assert tree_sample(target, drafter, prompt, 30, 3, 8, SamplingParams(0.0), None) == expected, prompt
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("ids", [None, [0, 2, 3, 5]], ids=["full", "restricted"])
+def test_tree_sampling_with_head_drafters_keeps_the_target_distribution(small_target, exact_t1, kind, ids):
+    drafter = (random_medusa if kind == "medusa" else random_eagle)(small_target, ids=ids)
+    drafter.width = 2  # 2 children per expanded node: real branching on a 6-token vocabulary
+
+    def run(rng):
+        class Out:
+            tokens = tree_sample(small_target, drafter, PROMPT, 3, 2, 4, SamplingParams(1.0), rng)
+
+        return Out
+
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=6000), exact_t1)
+    assert ok, f"chi2={stat:.1f} df={df}"
+    lying = SiblingsShareTheFirstRow(drafter)
+
+    def run_broken(rng):
+        class Out:
+            tokens = tree_sample(small_target, lying, PROMPT, 3, 2, 4, SamplingParams(1.0), rng)
+
+        return Out
+
+    ok, stat, df = chi_square_passes(sample_many(run_broken, n_samples=3000), exact_t1)
+    assert not ok, f"siblings reporting their parent's first row passed (chi2={stat:.1f}, df={df})"

@@ -39,6 +39,7 @@ def test_self_distilled_features_are_the_targets_hidden_states():
         np.testing.assert_allclose(features[s], hidden, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_a_few_hundred_steps_raise_held_out_accuracy_well_above_the_untrained_heads(kind, tmp_path):
     config = train(kind, learnable_model(), 3000, tmp_path, steps=300, seq_len=32, lr=1e-2, progress=False, log=quiet)
