@@ -280,6 +280,8 @@ class EagleDrafter:
         m = len(features)
         start = len(ids) - 1 - m  # the first position just written into the target's cache
         self.cache.rollback(start)  # drop the draft's guesses beyond the committed pairs
+        if m == 0:
+            return
         self.calls += 1
         y = self.model.step(np.asarray(features, F32), self.wte[ids[start + 1 : start + 1 + m]], self.cache)
         self.root = y[-1]

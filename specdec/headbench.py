@@ -2,6 +2,8 @@
 
     python -m specdec.headbench                    # 124M and 355M shapes (a few minutes)
     python -m specdec.headbench --sizes 124M --repeats 5
+    python -m specdec.headbench --accept --target stdlib-6L --prompts-file P.json \
+        --drafts medusa:DIR,eagle:DIR,stdlib-2L,early_exit:2,ngram   # acceptance on a trained model
 
 Prints, per model shape (speed only: random weights, so nothing here says how
 often drafts are accepted; acceptance is measured on trained models):
@@ -12,20 +14,32 @@ often drafts are accepted; acceptance is measured on trained models):
   - training throughput (positions/s) of one step of batch 8 x 64, and the
     self-distillation generation rate (one target decode step per position);
   - an estimate of the wall-clock time to train heads on 1M positions.
+
+With --accept, on a trained target instead: for each drafter at T=0 and T=1,
+alpha (accepted / drafted), tau (new tokens per target pass, prefill
+excluded), draft passes per round, and the wall-clock speedup over
+autoregressive decoding summed over the prompts (chains; trees need the
+sampler's tree round).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
 from . import eagle, medusa
+from .autoregressive import autoregressive_sample
+from .checkpoint import load_model
+from .drafters import make_drafter
 from .gpt2 import GPT2, HParams, random_weights
 from .heads import DraftVocab, target_distributions
 from .sampling import SamplingParams
+from .speculative import speculative_sample
 from .train import eagle_step, medusa_step
 
 SHAPES = {
@@ -98,11 +112,58 @@ def bench_shape(name: str, h: HParams, repeats: int, context: int = 128) -> dict
     return out
 
 
+def accept(target: GPT2, drafts: list[str], prompts: list[list[int]], n_tokens: int, K: int, temperatures) -> list:
+    """alpha, tau, draft passes per round and speedup of each drafter on a trained target."""
+    rows = []
+    for t in temperatures:
+        ar_time = 0.0
+        for i, prompt in enumerate(prompts):
+            start = time.perf_counter()
+            autoregressive_sample(target, prompt, n_tokens, temperature=t, seed=i)
+            ar_time += time.perf_counter() - start
+        for spec in drafts:
+            drafter = make_drafter(spec if ":" in spec or spec in ("ngram",) else load_model(spec, progress=False),
+                                   target)  # fmt: skip
+            drafted = accepted = passes = new = rounds = draft_calls = 0
+            spec_time = 0.0
+            for i, prompt in enumerate(prompts):
+                start = time.perf_counter()
+                r = speculative_sample(target, drafter, prompt, n_tokens, K=K, temperature=t, seed=i)
+                spec_time += time.perf_counter() - start
+                drafted, accepted = drafted + r.drafted, accepted + r.accepted
+                passes += r.rounds
+                new += len(r.tokens)
+                rounds += r.rounds
+                draft_calls += r.draft_calls
+            rows.append({"drafter": spec, "T": t, "alpha": accepted / max(1, drafted), "tau": new / max(1, passes),
+                         "draft_calls_per_round": draft_calls / max(1, rounds), "speedup": ar_time / spec_time})  # fmt: skip
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specdec.headbench", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="124M,355M", help="comma-separated: 124M, 355M")
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--accept", action="store_true", help="measure acceptance and speedup on a trained target")
+    parser.add_argument("--target", help="--accept: the target (a name or folder)")
+    parser.add_argument("--drafts", help="--accept: comma-separated drafter specs or model names")
+    parser.add_argument("--prompts-file", help='--accept: JSON list of prompts (strings or {"text": ...})')
+    parser.add_argument("--n-prompts", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=48, help="--accept: new tokens per prompt")
+    parser.add_argument("--K", type=int, default=4)
     args = parser.parse_args(argv)
+    if args.accept:
+        if not (args.target and args.drafts and args.prompts_file):
+            parser.error("--accept needs --target, --drafts and --prompts-file")
+        target = load_model(args.target, progress=False)
+        texts = json.loads(Path(args.prompts_file).read_text())[: args.n_prompts]
+        prompts = [target.tokenizer.encode(p["text"] if isinstance(p, dict) else p) for p in texts]
+        print(f"{target.name}: {len(prompts)} prompts, {args.tokens} new tokens each, K={args.K} (chains)")
+        print(f"{'drafter':<40} {'T':>3} {'alpha':>6} {'tau':>6} {'draft passes/round':>19} {'speedup':>8}")
+        for r in accept(target, args.drafts.split(","), prompts, args.tokens, args.K, (0.0, 1.0)):
+            print(f"{r['drafter']:<40} {r['T']:>3g} {r['alpha']:>6.3f} {r['tau']:>6.2f} "
+                  f"{r['draft_calls_per_round']:>19.2f} {r['speedup']:>7.2f}x")  # fmt: skip
+        return 0
     for name in args.sizes.split(","):
         if name not in SHAPES:
             parser.error(f"unknown size {name!r}: choose from {', '.join(SHAPES)}")

@@ -140,7 +140,8 @@ class MedusaDrafter:
         self.hidden = None
 
     def commit(self, ids, features) -> None:
-        self.hidden = np.asarray(features[-1], dtype=F32)  # the row whose logits gave ids[-1]
+        if len(features):  # (no new rows: nothing changed)
+            self.hidden = np.asarray(features[-1], dtype=F32)  # the row whose logits gave ids[-1]
 
     def propose(self, ids, k, params, rng, nodes=None):
         depth = min(k, self.n_heads)

@@ -286,3 +286,13 @@ def test_tree_sampling_with_head_drafters_keeps_the_target_distribution(small_ta
 
     ok, stat, df = chi_square_passes(sample_many(run_broken, n_samples=3000), exact_t1)
     assert not ok, f"siblings reporting their parent's first row passed (chi2={stat:.1f}, df={df})"
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_cost_measurement_works_with_head_drafters(trained, kind):
+    """The harness times a draft step as propose + an empty commit; the drafters take it in their stride."""
+    from specdec.harness import measure_costs
+
+    target, out = trained
+    costs = measure_costs(target, f"{kind}:{out / kind}", [63, 1, 2, 3, 4], m_max=3, repeats=2)
+    assert costs.draft_step > 0
