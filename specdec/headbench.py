@@ -115,6 +115,7 @@ def bench_shape(name: str, h: HParams, repeats: int, context: int = 128) -> dict
 def accept(target: GPT2, drafts: list[str], prompts: list[list[int]], n_tokens: int, K: int, temperatures) -> list:
     """alpha, tau, draft passes per round and speedup of each drafter on a trained target."""
     rows = []
+    autoregressive_sample(target, prompts[0], n_tokens)  # warm-up: the first run pays one-off costs
     for t in temperatures:
         ar_time = 0.0
         for i, prompt in enumerate(prompts):
@@ -124,6 +125,7 @@ def accept(target: GPT2, drafts: list[str], prompts: list[list[int]], n_tokens: 
         for spec in drafts:
             drafter = make_drafter(spec if ":" in spec or spec in ("ngram",) else load_model(spec, progress=False),
                                    target)  # fmt: skip
+            speculative_sample(target, drafter, prompts[0], n_tokens, K=K, temperature=t, seed=0)  # warm-up
             drafted = accepted = passes = new = rounds = draft_calls = 0
             spec_time = 0.0
             for i, prompt in enumerate(prompts):

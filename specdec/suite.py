@@ -377,7 +377,7 @@ def main(argv=None) -> int:
             target = load(args.target)
             drafts = {}
             for label in args.drafts.split(","):
-                model_free = label.split(":")[0] in ("ngram", "early_exit")
+                model_free = label.split(":")[0] in ("ngram", "early_exit", "medusa", "eagle")
                 drafts[label] = label if model_free else target if label == args.target else load(label)
             say(f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "
                 f"{args.n_tokens} tokens per prompt")  # fmt: skip
