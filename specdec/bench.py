@@ -20,7 +20,10 @@ Commands:
 
 Sections (`--only`, comma-separated; default all but io):
     decode    ms per KV-cached 1-token step at context 32 / 256 / 1000, and without a KV cache
-    verify    r(m) = time(m new tokens, all m logit rows) / time(1 token), m = 1..9, at context 256
+    verify    r(m) = time(m new tokens, all m logit rows) / time(1 token), m = 1..16, at context 256
+    kernel    r(m) of each kind of weight matrix alone (linear()), m = 1..16
+    restricted  c = draft step / target step with an LM head over only the N most frequent tokens
+    exact     the cost of the exact-greedy option: the target in float64
     predict   the cost model's speedup for draft -> target pairs, from the measured c and r(m)
     drafters  greedy speculative decoding with the n-gram and early-exit drafters vs autoregressive
     overhead  the speculative sampler's own time (everything but forward passes) per round
@@ -48,11 +51,11 @@ from typing import Callable
 
 import numpy as np
 
-from . import costmodel
+from . import costmodel, gpt2, threads
 from .autoregressive import autoregressive_sample
 from .checkpoint import load_folder, save_folder
 from .costmodel import AdaptiveK
-from .gpt2 import F32, GPT2, HParams, KVCache, random_weights
+from .gpt2 import F32, GPT2, HParams, KVCache, linear, random_weights
 from .harness import jsonable
 from .safetensors import read_safetensors
 from .shapes import GPT2_SHAPES
@@ -67,10 +70,10 @@ TEST_SIZES = {
 }
 ALL_SIZES = {**SIZES, **TEST_SIZES}
 
-SECTIONS = ("decode", "verify", "predict", "drafters", "overhead", "io")
+SECTIONS = ("decode", "verify", "kernel", "predict", "restricted", "exact", "drafters", "overhead", "io")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "io")
 VERIFY_CTX = 256  # context of the verification-cost curve and of predict's step times
-VERIFY_M = range(1, 10)  # m = K + 1 new tokens, for K = 0..8
+VERIFY_M = range(1, 17)  # m = K + 1 new tokens, for K = 0..15 (trees want 4-16 nodes)
 ALPHAS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 K_MAX = 8
 TOKEN = 464  # the token fed at every timed step (any id works: cost does not depend on it)
@@ -440,10 +443,91 @@ def section_io(bench: Bench) -> None:
 
 
 # ---------------------------------------------------------------------------
+# kernel, restricted, exact: the few-token kernel per matrix, cheaper drafts, float64's cost.
+# ---------------------------------------------------------------------------
+
+DISTILGPT2 = HParams(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=6)  # distilbert/distilgpt2
+RESTRICTED_N = (4096, 8192, 16384)  # draft vocabularies of the restricted section
+
+
+def kernel_name() -> str:
+    """How linear() multiplies a few rows on this machine (gpt2.py's constants, threads.py)."""
+    core = threads.BLAS.core if threads.BLAS else "not found"
+    how = "stacks of small GEMMs" if gpt2.SMALL_GEMM else "stacked matrix-vector chunks"
+    return f"OpenBLAS kernels {core}; {gpt2.SPLIT_PARTS} part(s) per matrix; {how}"
+
+
+def section_kernel(bench: Bench) -> None:
+    """r(m) of each kind of weight matrix alone. A timed call runs linear() over that matrix
+    of every block, in order, as a forward pass meets them: none is still in cache."""
+    for size in bench.args.sizes:
+        w = bench.model(size).weights
+        groups = {name: [getattr(b, name) for b in w.blocks] for name in ("attn_c_attn", "attn_c_proj", "mlp_c_fc", "mlp_c_proj")}
+        groups["lm_head"] = [w.lm_head]
+        res, rows = {}, []
+        for name, lins in groups.items():
+            xs = {m: bench.rng.standard_normal((m, lins[0].w_t.shape[1]), dtype=F32) for m in VERIFY_M}
+            times = bench.time({m: (lambda m=m: [linear(xs[m], lin) for lin in lins]) for m in VERIFY_M})
+            res[name] = {"weight_shape": list(lins[0].weight.shape), "matrices": len(lins),
+                         "m1": stats_ms(times[1]), "m": list(VERIFY_M), "r": verify_curve(times)}  # fmt: skip
+            rows.append([name, "x".join(map(str, lins[0].weight.shape)), res[name]["m1"]["median_ms"], *res[name]["r"][1:]])
+        bench.results.setdefault("kernel", {})[size] = res
+        table(bench.out, f"kernel: r(m) per weight matrix, {size} ({kernel_name()})",
+              "linear() over m rows, over that matrix in every block; median of within-repeat ratios to m = 1",
+              ["matrix", "W", "m=1 ms", *(f"r({m})" for m in VERIFY_M[1:])], rows)  # fmt: skip
+
+
+def section_restricted(bench: Bench) -> None:
+    """c = draft step / target step for drafts whose LM head scores only N tokens (restricted.py)."""
+    from .restricted import restrict
+
+    if bench.args.quick:  # tiny shapes: the smallest drafts for the largest, with a quarter and half the vocabulary
+        shapes, targets = {bench.args.sizes[0]: ALL_SIZES[bench.args.sizes[0]]}, bench.args.sizes[-1:]
+        n_list = (ALL_SIZES[bench.args.sizes[0]].n_vocab // 4, ALL_SIZES[bench.args.sizes[0]].n_vocab // 2)
+    else:
+        shapes, targets, n_list = {"124M": SIZES["124M"], "distilgpt2": DISTILGPT2}, bench.args.sizes, RESTRICTED_N
+        targets = [t for t in targets if t != "124M"] or targets
+    drafts = {}
+    for name, hparams in shapes.items():
+        full = bench.model(name) if name in ALL_SIZES else GPT2(hparams, random_weights(hparams), name=name)
+        drafts[name] = full
+        drafts.update({f"{name}, N={n}": restrict(full, n) for n in n_list})
+    models = {**drafts, **{t: bench.model(t) for t in targets}}
+    caches = {k: filled_cache(m, VERIFY_CTX, bench.rng) for k, m in models.items()}
+    calls = {k: (lambda k=k: models[k].forward([TOKEN], caches[k], last_only=True)) for k in models}
+    times = bench.time(calls, after=lambda k: caches[k].rollback(VERIFY_CTX))
+    ms = {k: stats_ms(v)["median_ms"] for k, v in times.items()}
+    res = {"step_ms": ms, "c": {t: {d: ms[d] / ms[t] for d in drafts} for t in targets}}
+    bench.results["restricted"] = res
+    table(bench.out, "restricted: draft steps with an LM head over only the N most frequent tokens",
+          f"ms per 1-token step at n_past={VERIFY_CTX}; c = draft step / target step (interleaved, medians)",
+          ["draft", "step ms", *(f"c for {t}" for t in targets)],
+          [[d, ms[d], *(res["c"][t][d] for t in targets)] for d in drafts])  # fmt: skip
+
+
+def section_exact(bench: Bench) -> None:
+    """What the exact-greedy option costs: the target in float64 (GPT2.astype), step and r(5)."""
+    rows = []
+    for size in bench.args.sizes:
+        models = {"float32": bench.model(size), "float64": bench.model(size).astype(np.float64)}
+        caches = {k: filled_cache(m, VERIFY_CTX, bench.rng) for k, m in models.items()}
+        calls = {(k, m): (lambda k=k, m=m: models[k].forward([TOKEN] * m, caches[k])) for k in models for m in (1, 5)}
+        times = bench.time(calls, after=lambda key: caches[key[0]].rollback(VERIFY_CTX))
+        t = {key: stats_ms(v)["median_ms"] for key, v in times.items()}
+        res = {k: {"step_ms": t[k, 1], "pass5_ms": t[k, 5], "r5": t[k, 5] / t[k, 1]} for k in models}
+        bench.results.setdefault("exact", {})[size] = res
+        rows += [[size, k, res[k]["step_ms"], res[k]["r5"], res[k]["step_ms"] / res["float32"]["step_ms"]] for k in models]
+    table(bench.out, "exact: the target in float64 (GPT2.astype(np.float64)), without float32's near-tie caveat",
+          f"1-token step and r(5) at n_past={VERIFY_CTX}, medians", ["size", "dtype", "step ms", "r(5)", "step / float32"],
+          rows)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------
 # The command line.
 # ---------------------------------------------------------------------------
 
-SECTION_FUNCTIONS = {"decode": section_decode, "verify": section_verify, "predict": section_predict,
+SECTION_FUNCTIONS = {"decode": section_decode, "verify": section_verify, "kernel": section_kernel,
+                     "predict": section_predict, "restricted": section_restricted, "exact": section_exact,
                      "drafters": section_drafters, "overhead": section_overhead, "io": section_io}  # fmt: skip
 
 

@@ -245,3 +245,34 @@ def test_restricted_draft_keeps_greedy_and_sampled_output_exact(monkeypatch):
     monkeypatch.setattr(verify, "sampled_chain", verify_resample_target_on_reject)
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=2000), exact)
     assert not ok, f"a broken sampler passed with a restricted draft (chi2={stat:.1f})"
+
+
+# --- the benchmark's sections for all of the above ------------------------------------------
+
+
+def test_bench_sections_kernel_restricted_exact(tmp_path):
+    """Structure and sanity only (a benchmark is a script, not a timed test)."""
+    import json
+    import math
+
+    import specdec.bench as bench
+
+    path = tmp_path / "bench.json"
+    bench.main(["--quick", "--sizes", "tiny,tiny2", "--only", "kernel,restricted,exact", "--json", str(path)])
+    r = json.loads(path.read_text())
+
+    def positive(x):
+        return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+    for size in ("tiny", "tiny2"):
+        kernel = r["kernel"][size]
+        assert set(kernel) == {"attn_c_attn", "attn_c_proj", "mlp_c_fc", "mlp_c_proj", "lm_head"}
+        assert kernel["mlp_c_fc"]["weight_shape"] == [bench.ALL_SIZES[size].n_embd, 4 * bench.ALL_SIZES[size].n_embd]
+        for res in kernel.values():
+            assert res["m"] == list(range(1, 17)) and res["r"][0] == 1.0 and all(positive(x) for x in res["r"])
+        exact = r["exact"][size]
+        assert exact["float32"]["step_ms"] > 0 and exact["float64"]["step_ms"] > 0
+        assert all(positive(exact[k]["r5"]) for k in ("float32", "float64"))
+    c = r["restricted"]["c"]["tiny2"]
+    assert set(c) == {"tiny", "tiny, N=128", "tiny, N=256"} and all(positive(x) for x in c.values())
+    assert r["restricted"]["step_ms"]["tiny2"] > 0
