@@ -48,16 +48,10 @@ def make_rng(seed: int | None, rng: np.random.Generator | None) -> np.random.Gen
 
 
 def autoregressive_sample(
-    model: GPT2,
-    prompt_ids,
-    n_tokens: int,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    rng: np.random.Generator | None = None,
-    on_token: TokenCallback | None = None,
-) -> DecodeResult:
+    model: GPT2, prompt_ids, n_tokens: int,
+    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+    seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
+) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids (token ids, or text when the model has a tokenizer),
     one forward pass each.
 

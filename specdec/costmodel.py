@@ -17,6 +17,7 @@ Notation (times are in units of one 1-token target forward step):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -80,19 +81,26 @@ def best_k(alpha: float, c: float, r=None, k_max: int = 8) -> tuple[int, float]:
     return (best, speedup) if speedup > 1 else (0, 1.0)
 
 
+@dataclass
 class FixedK:
     """The papers' setting: k drafts every round. speculative_sample(..., K=4) means FixedK(4)."""
 
-    def __init__(self, k: int):
-        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"K (draft tokens per round) must be an integer >= 1, got {k!r}")
-        self.k = self.k_max = int(k)
+    k: int
+
+    def __post_init__(self):
+        if not isinstance(self.k, (int, np.integer)) or isinstance(self.k, bool) or self.k < 1:
+            raise ValueError(f"K (draft tokens per round) must be an integer >= 1, got {self.k!r}")
+        self.k = int(self.k)
+
+    @property
+    def k_max(self) -> int:
+        return self.k
 
     def next_k(self) -> int:
         return self.k
 
     def update(self, k: int, n_accepted: int) -> None:
-        pass
+        """Nothing to learn: k stays."""
 
 
 class AdaptiveK:

@@ -270,22 +270,11 @@ class RaceReport:
 
 
 def race(
-    target: GPT2,
-    draft,
-    prompt,
-    n_tokens: int,
-    K=4,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = 0,
-    repeats: int = 1,
-    warmup: bool = True,
-    k_max: int = 8,
-    decoders=DECODERS,
-    on_token: TokenCallback | None = None,
-    on_decoder: Callable[[str], None] | None = None,
-) -> RaceReport:
+    target: GPT2, draft, prompt, n_tokens: int, K=4,
+    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = 0,
+    repeats: int = 1, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
+    on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None,
+) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request and time them.
 
     prompt: token ids, or text when the target has a tokenizer. K: an int, "adaptive"

@@ -43,18 +43,10 @@ from .verify import verify
 
 
 def speculative_sample(
-    target: GPT2,
-    draft,
-    prompt_ids,
-    n_tokens: int,
-    K=4,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    rng: np.random.Generator | None = None,
-    on_token: TokenCallback | None = None,
-) -> DecodeResult:
+    target: GPT2, draft, prompt_ids, n_tokens: int, K=4,
+    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+    seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
+) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids by speculative sampling: exactly the target's distribution.
 
     prompt_ids: token ids, or text when the target has a tokenizer. draft: a GPT2 with the target's
