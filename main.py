@@ -40,22 +40,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     """Parse and check every flag that needs no model, before anything is downloaded."""
     p = Parser(prog="main.py", description="Race plain autoregressive decoding against speculative decoding on GPT-2.",
                epilog="Models come from the Hugging Face Hub (HF_ENDPOINT for a mirror, HF_HUB_OFFLINE=1 to stay "
-                      "offline, HF_TOKEN for private repos); the default pair is about 2.1 GB on first use.")  # fmt: skip
+                      "offline, HF_TOKEN for private repos); the default pair is about 2.1 GB on first use.")
     add = p.add_argument
-    add("--prompt", default=DEFAULT_PROMPT, help="text to continue (default: %(default)r); empty starts from <|endoftext|>")
-    add("--n_tokens_to_generate", type=int, default=40, metavar="N", help="new tokens per decoder (default: %(default)s)")
+    add("--prompt", default=DEFAULT_PROMPT,
+        help="text to continue (default: %(default)r); empty starts from <|endoftext|>")
+    add("--n_tokens_to_generate", type=int, default=40, metavar="N",
+        help="new tokens per decoder (default: %(default)s)")
     add("--target_model_size", default="355M", metavar="MODEL",
-        help=f"the model whose output we want: {', '.join(MODEL_REPOS)}, a Hub repo id or a local folder (default: %(default)s)")
+        help=f"the model whose output we want: {', '.join(MODEL_REPOS)}, a Hub repo id or a local folder "
+             "(default: %(default)s)")
     add("--draft_model_size", "--draft", dest="draft", default="124M", metavar="DRAFT",
-        help="the drafter: a model as above, 'ngram[:N]' (prompt lookup, no model) or 'early_exit:L' "
-             "(the target's first L layers) (default: %(default)s)")
+        help="the drafter: a model as above, 'ngram[:N]' (prompt lookup, no model), 'early_exit:L' (the target's "
+             "first L layers), or 'medusa:DIR' / 'eagle:DIR' (trained heads) (default: %(default)s)")
     add("--ngram_max", type=int, default=3, help="longest suffix 'ngram' matches (default: %(default)s)")
     add("--K", default="4", help="draft tokens per round: an integer 1..32, 'auto' (chosen from measured costs and "
-        "the running acceptance rate) or 'adaptive' (grow on full acceptance, shrink on rejection) (default: %(default)s)")
+        "the running acceptance rate) or 'adaptive' (grow on full acceptance, shrink on rejection) "
+        "(default: %(default)s)")
     add("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
     add("--temperature", type=float, default=0.0, help="0 is greedy decoding (default: %(default)s)")
     add("--top_k", type=int, default=None, help="keep only the k most likely tokens")
-    add("--top_p", type=float, default=None, help="keep the smallest set of tokens with this much probability, in (0, 1]")
+    add("--top_p", type=float, default=None,
+        help="keep the smallest set of tokens with this much probability, in (0, 1]")
     add("--seed", type=int, default=0, help="random seed for sampling, >= 0 (default: %(default)s)")
     add("--models_dir", help=f"where checkpoints are downloaded and looked for (default: {default_models_dir()}; "
         "set SPECDEC_HOME to move it)")
@@ -199,10 +204,10 @@ class Stream:
 
 def check_same_tokenizer(target, draft, args) -> None:
     probe = "Tokenizers must agree: 123 ünïcode <|endoftext|>"
-    if target.tokenizer and draft.tokenizer:
-        if target.tokenizer.encode(probe, allowed_special="all") != draft.tokenizer.encode(probe, allowed_special="all"):
-            raise ValueError(f"the draft {args.draft} and target {args.target_model_size} tokenize text differently; "
-                             f"speculative decoding needs a draft with the target's tokenizer")  # fmt: skip
+    encode = lambda model: model.tokenizer.encode(probe, allowed_special="all")  # noqa: E731
+    if target.tokenizer and draft.tokenizer and encode(target) != encode(draft):
+        raise ValueError(f"the draft {args.draft} and target {args.target_model_size} tokenize text differently; "
+                         f"speculative decoding needs a draft with the target's tokenizer")
 
 
 def plural(n: int, word: str) -> str:

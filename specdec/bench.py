@@ -188,7 +188,8 @@ def section_decode(bench: Bench) -> None:
         # What a cache-free implementation does for every new token: run the whole
         # sequence from scratch; only the last row's logits are needed.
         seqs = {ctx: bench.rng.integers(0, model.n_vocab, ctx) for ctx in bench.args.contexts}
-        calls = {ctx: (lambda s=s: model.forward(s, model.new_cache(len(s)), last_only=True)) for ctx, s in seqs.items()}
+        calls = {ctx: (lambda s=s: model.forward(s, model.new_cache(len(s)), last_only=True))
+                 for ctx, s in seqs.items()}  # fmt: skip
         nocache = bench.time(calls, bench.args.nocache_repeats)
         for ctx in bench.args.contexts:
             s, n = res[str(ctx)], stats_ms(nocache[ctx])
@@ -366,7 +367,8 @@ def section_overhead(bench: Bench) -> None:
     table(bench.out, f"overhead: speculative_sample's own time, {size} drafting for itself, K=4, T=1.0, {n} tokens",
           "wall time minus time inside model.forward (timer wrapped on the instance), per round (median run)",
           ["rounds", "round ms", "forward ms/round", "overhead ms/round", "overhead %"],
-          [[median["rounds"], round_ms, forward_ms, round_ms - forward_ms, 100 * res["overhead_fraction"]]])  # fmt: skip
+          [[median["rounds"], round_ms, forward_ms, round_ms - forward_ms,
+            100 * res["overhead_fraction"]]])  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
@@ -601,7 +603,8 @@ def environment() -> dict:
     """Python, NumPy, its BLAS (NumPy >= 2 reports it) and the BLAS/OpenMP environment variables."""
     env = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-           "env_vars": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OPENBLAS_", "OMP_", "MKL_"))}}  # fmt: skip
+           "env_vars": {k: v for k, v in sorted(os.environ.items())
+                        if k.startswith(("OPENBLAS_", "OMP_", "MKL_"))}}  # fmt: skip
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         env["blas"] = f"{blas.get('name')} {blas.get('version')}"

@@ -221,8 +221,8 @@ class RaceReport:
             lines.append(line)
             if name == "speculative":
                 share = {k: getattr(run, f"{k}_seconds") for k in ("draft", "verify", "sampler")}
-                parts = [f"{label} {share[k]:.2f} s ({share[k] / run.seconds:.0%})"
-                         for k, label in (("draft", "drafting"), ("verify", "verifying"), ("sampler", "sampler"))]  # fmt: skip
+                labels = {"draft": "drafting", "verify": "verifying", "sampler": "sampler"}
+                parts = [f"{labels[k]} {s:.2f} s ({s / run.seconds:.0%})" for k, s in share.items()]
                 lines.append(f"[{name}] time: " + ", ".join(parts))
         return lines
 
@@ -259,6 +259,12 @@ class RaceReport:
                 ("best K for these costs and alpha",
                  "none: plain decoding wins" if best == 0 else f"{best} (predicted {summary['best_k_speedup']:.2f}x)"),
             ]  # fmt: skip
+        lines_after = []
+        if self.ar and "predicted_speedup" in summary and _far_apart(self.speedup, summary["predicted_speedup"]):
+            lines_after.append(
+                "NOTE: the measured and predicted speedups differ by more than 1.5x, so the timings are noisy "
+                "(a busy machine?); more repeats (--repeats 5) take medians"
+            )
         if self.settings.get("temperature") == 0 and self.ar:
             i = self.first_difference()
             same = "yes" if i is None else (
@@ -266,7 +272,7 @@ class RaceReport:
                 f"this (the two decoders round differently); a difference at a clear winner is a bug")  # fmt: skip
             rows.append(("identical text at temperature 0", same))
         width = max(len(key) for key, _ in rows)
-        return [f"{key:<{width}}  {value}" for key, value in rows]
+        return [f"{key:<{width}}  {value}" for key, value in rows] + lines_after
 
 
 def race(
@@ -334,6 +340,10 @@ def race(
                 on_decoder(name)
             getattr(report, name).append(run_once(name, n_tokens, on_token if repeat == 0 else None))
     return report
+
+
+def _far_apart(measured: float, predicted: float, factor: float = 1.5) -> bool:
+    return measured > 0 and predicted > 0 and not 1 / factor <= measured / predicted <= factor
 
 
 def _name(draft) -> str:

@@ -53,7 +53,8 @@ def parse_draft(spec: str) -> DraftSpec:
     """
     kind, sep, arg = str(spec).partition(":")
     if kind == "ngram":
-        return DraftSpec("ngram", _positive(arg, "ngram:N needs N >= 1, the longest suffix matched") if sep else NGRAM_DEFAULT)
+        n_max = _positive(arg, "ngram:N needs N >= 1, the longest suffix matched") if sep else NGRAM_DEFAULT
+        return DraftSpec("ngram", n_max)
     if kind == "early_exit":
         return DraftSpec("early_exit", _positive(arg, "early_exit:L needs L >= 1, the target layers the draft uses"))
     if kind in HEADS:

@@ -59,7 +59,8 @@ def speculative_sample(
     k_policy = make_k_policy(K, costs=lambda: measure_costs(target, drafter, prompt))  # "auto" times passes first
     rng = make_rng(seed, rng)
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
-    result, draft_calls_before = DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer), drafter.calls  # a drafter may be reused
+    result = DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer)
+    draft_calls_before = drafter.calls  # a drafter object may be reused across runs
 
     cache = target.new_cache()
     drafter.begin(target, cache, prompt)

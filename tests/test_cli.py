@@ -1,7 +1,6 @@
 """The command line: main.py end to end on tiny checkpoints (local folders and a loopback Hub), and its errors."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -131,15 +130,21 @@ def test_errors_are_one_line(checkpoints, capsys, tmp_path, monkeypatch):
         (["--only", "neither"], "invalid choice"),
     ],
 )
-def test_bad_flags_exit_2_with_one_line_before_any_download(argv, message, fake_hub, tmp_path):
+def test_bad_flags_exit_2_with_one_line_before_any_download(argv, message, fake_hub, tmp_path, capsys):
     # fake_hub points HF_ENDPOINT at a loopback server that records every request.
-    env = {**os.environ, "HF_ENDPOINT": fake_hub.url}
-    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--models_dir", str(tmp_path), *argv],
-                          capture_output=True, text=True, cwd=ROOT, env=env)  # fmt: skip
-    assert proc.returncode == 2
-    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
+    with pytest.raises(SystemExit) as exit_:
+        main.main(["--models_dir", str(tmp_path), *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
     assert fake_hub.requests == [] and list(tmp_path.iterdir()) == [], "nothing is fetched or written"
+
+
+def test_a_bad_flag_from_the_shell_is_one_line_without_a_traceback():
+    proc = subprocess.run([sys.executable, str(ROOT / "main.py"), "--K", "0"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == "main.py: error: --K must be at least 1 (it is the number of draft tokens per round), "\
+                                  "got 0 (see --help)"
 
 
 def test_unwritable_models_dir(capsys, monkeypatch):

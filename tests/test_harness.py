@@ -64,11 +64,16 @@ def test_race_streams_with_the_samplers_callback_and_names_each_decoder(models):
     assert report.ar is None and "autoregressive" not in report.to_dict()
 
 
-def test_race_first_difference(models):
+def test_race_first_difference_and_noise_warning(models):
     target, draft = models
     report = race(target, draft, [1, 2, 3], 6, K=2, warmup=False)
     report.speculative[0].result.tokens[3] += 1  # as if a float32 near-tie went the other way
     assert report.first_difference() == 3 and "from new token 3" in str(report)
+    predicted = report.explain()["predicted_speedup"]
+    report.autoregressive[0].seconds = report.speculative[0].seconds * predicted  # measured == predicted
+    assert "NOTE" not in str(report)
+    report.autoregressive[0].seconds *= 3  # a burst of noise in one run
+    assert "differ by more than 1.5x" in str(report)
 
 
 def test_race_checks_the_request_before_measuring(models):
