@@ -418,7 +418,10 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
                 raise DownloadError(
                     f"could not download {url} ({_one_line(e)}) after {attempt + 1} tries. Check the network, set "
                     f"HF_ENDPOINT to a reachable mirror, or place {', '.join(CHECKPOINT_FILES)} in {dest.parent} "
-                    f"by hand" + ("; what arrived is kept and the next run resumes" if keep else "")
+                    f"by hand" + ("; what arrived is kept and the next run resumes" if keep else "") + ". "
+                    f"Without a network, the small models shipped with specdec work: {family.TARGET} "
+                    f"(target) and {family.DRAFT} (draft), e.g. python main.py --target_model_size "
+                    f"{family.TARGET} --draft {family.DRAFT}"
                 ) from e
     raise AssertionError("unreachable: the last attempt returns or raises")
 

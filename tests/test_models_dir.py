@@ -71,3 +71,18 @@ def test_main_times_the_download_apart_from_the_load(fake_hub, tmp_path, capsys)
     assert "(downloaded org/tiny in " in out and out.index("(downloaded") < out.index("loaded in")
     assert main.main(argv) == 0  # the second run finds the files: nothing downloaded, nothing said about it
     assert "downloaded" not in capsys.readouterr().out
+
+
+def test_a_dead_network_points_to_the_shipped_models(tmp_path):
+    import socket
+
+    from specdec import family
+    from specdec.hub import HubSettings
+
+    with socket.socket() as s:  # a port nothing listens on: every request is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = HubSettings(endpoint=f"http://127.0.0.1:{port}", retries=0, timeout=2)
+    with pytest.raises(DownloadError, match=f"--target_model_size {family.TARGET} --draft {family.DRAFT}"):
+        load_model("org/model", tmp_path, progress=False, settings=settings)
+    load_model(family.TARGET, tmp_path, progress=False, settings=settings)  # and they load with no network
