@@ -18,9 +18,12 @@ import os
 import sys
 import time
 
-from specdec import CheckpointError, DownloadError, SamplingParams, load_folder, race
-from specdec.hub import CHECKPOINT_FILES, MODEL_REPOS, HubSettings, default_models_dir, ensure_files, resolve_model
-from specdec.specs import K_LIMIT, DraftSpec, parse_draft, parse_k
+try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print an import traceback
+    from specdec import CheckpointError, DownloadError, SamplingParams, load_folder, race
+    from specdec.hub import CHECKPOINT_FILES, MODEL_REPOS, HubSettings, default_models_dir, ensure_files, resolve_model
+    from specdec.specs import K_LIMIT, DraftSpec, parse_draft, parse_k
+except KeyboardInterrupt:
+    sys.exit(130)
 
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
 
@@ -93,6 +96,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets "?", not a crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     args = parse_args(argv)
     try:
         return run(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .checkpoint import check_finite_logits
 from .gpt2 import GPT2
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, draw, greedy, probabilities
@@ -67,7 +68,7 @@ def autoregressive_sample(
     cache = model.new_cache()
     new = prompt
     for _ in range(n_tokens):
-        logits = model.forward(new, cache, last_only=True)[0]  # [n_vocab]: the next position
+        logits = check_finite_logits(model.forward(new, cache, last_only=True)[0], model.name)  # [n_vocab]
         result.target_calls += 1
         if params.greedy:
             token = greedy(logits)

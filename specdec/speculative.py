@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from .autoregressive import check_request, make_rng
+from .checkpoint import check_finite_logits
 from .drafters import make_drafter
 from .gpt2 import GPT2
 from .interfaces import Proposal
@@ -81,6 +82,7 @@ def speculative_sample(
         # NOTE: logits row i verifies proposal.tokens[i]; the last row is the bonus position.
         tokens, parents = [ids[-1], *proposal.tokens], proposal.pass_parents()
         logits, hidden = target.forward(tokens, cache, return_hidden=True, parents=parents)  # [k+1, n_vocab]
+        check_finite_logits(logits, target.name)  # NaN weights would otherwise pass as token 0
         result.target_calls += 1
 
         # Steps 3-4 ("determine the number of accepted guesses n"; "adjust the distribution from M_p if needed").

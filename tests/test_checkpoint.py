@@ -872,3 +872,17 @@ def test_non_finite_logits_are_named_by_model():
         bad[1, 3] = bad_value
         with pytest.raises(ValueError, match="model tiny-3 produced NaN or infinite logits"):
             check_finite_logits(bad, "tiny-3")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_samplers_name_a_model_whose_logits_are_not_finite(temperature):
+    from specdec import autoregressive_sample, speculative_sample
+
+    good = tiny_model(seed=1)
+    broken = tiny_model(seed=2)
+    broken.weights.ln_f_bias[:] = np.nan  # built in memory: loading would have refused it
+    broken.name = "broken-model"
+    with pytest.raises(ValueError, match="model broken-model produced NaN or infinite logits"):
+        autoregressive_sample(broken, [1, 2, 3], n_tokens=3, temperature=temperature, seed=0)
+    with pytest.raises(ValueError, match="model broken-model produced NaN or infinite logits"):
+        speculative_sample(broken, good, [1, 2, 3], n_tokens=3, K=2, temperature=temperature, seed=0)
