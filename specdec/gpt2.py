@@ -335,8 +335,8 @@ def part_product(x: np.ndarray, part: RowPart, out: np.ndarray) -> None:
     if n_seq == 1:
         np.matmul(x, part.w_t.T, out=out)
         return
-    rows = min(SMALL_GEMM_ROWS, SMALL_GEMM_MNK // (n_in * n_seq) // 16 * 16)  # whole cache lines of y
-    if SMALL_GEMM and rows >= 16:
+    rows = min(SMALL_GEMM_ROWS, SMALL_GEMM_MNK // (n_in * n_seq) // 8 * 8)  # a multiple of 8 (32-byte runs of y)
+    if SMALL_GEMM and rows >= 8:
         n_blocks = out.shape[1] // rows
         n_main = n_blocks * rows
         blocks = part.w_t[:n_main].reshape(n_blocks, rows, n_in)  # a view
