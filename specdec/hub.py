@@ -100,6 +100,8 @@ class HubSettings:
     def from_env(cls) -> "HubSettings":
         """The one place that reads the environment, as huggingface_hub does."""
         endpoint = os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
+        if not endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"HF_ENDPOINT must be a URL starting with http:// or https://, not {endpoint!r}")
         offline = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
         try:
             timeout = float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or 10.0)

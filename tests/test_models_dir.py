@@ -86,3 +86,14 @@ def test_a_dead_network_points_to_the_shipped_models(tmp_path):
     with pytest.raises(DownloadError, match=f"--target_model_size {family.TARGET} --draft {family.DRAFT}"):
         load_model("org/model", tmp_path, progress=False, settings=settings)
     load_model(family.TARGET, tmp_path, progress=False, settings=settings)  # and they load with no network
+
+
+def test_an_endpoint_that_is_not_a_url_is_refused_before_any_work(monkeypatch, tmp_path):
+    from specdec.hub import HubSettings
+
+    monkeypatch.setenv("HF_ENDPOINT", "notaurl")
+    with pytest.raises(ValueError, match="HF_ENDPOINT must be a URL"):
+        HubSettings.from_env()
+    with pytest.raises(ValueError, match="HF_ENDPOINT must be a URL"):
+        load_model("124M", tmp_path / "models", progress=False)
+    assert not (tmp_path / "models").exists()
