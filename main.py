@@ -4,6 +4,7 @@
     python main.py --prompt "The meaning of life is" --K 6 --temperature 0.8 --seed 1
     python main.py --draft ngram --target_model_size 124M
     python main.py --K auto --json
+    python main.py --target_model_size stdlib-6L --draft stdlib-2L --prompt "def parse(line):"   # offline
 
 This file is flags and printing only: specdec.harness.race runs and times both
 decoders and returns a report, which this prints as text or JSON.
@@ -20,6 +21,7 @@ import time
 
 try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print an import traceback
     from specdec import CheckpointError, DownloadError, SamplingParams, load_folder, race
+    from specdec.family import NAMES as FAMILY
     from specdec.hub import CHECKPOINT_FILES, MODEL_REPOS, HubSettings, default_models_dir, ensure_files, resolve_model
     from specdec.specs import K_LIMIT, DraftSpec, parse_draft, parse_k
 except KeyboardInterrupt:
@@ -50,8 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--n_tokens_to_generate", type=int, default=40, metavar="N",
         help="new tokens per decoder (default: %(default)s)")
     add("--target_model_size", default="355M", metavar="MODEL",
-        help=f"the model whose output we want: {', '.join(MODEL_REPOS)}, a Hub repo id or a local folder "
-             "(default: %(default)s)")
+        help=f"the model whose output we want: {', '.join(MODEL_REPOS)} (downloaded), {', '.join(FAMILY)} (shipped "
+             "with specdec, trained on Python's standard library), a Hub repo id or a local folder (default: %(default)s)")
     add("--draft_model_size", "--draft", dest="draft", default="124M", metavar="DRAFT",
         help="the drafter: a model as above, 'ngram[:N]' (prompt lookup, no model), 'early_exit:L' (the target's "
              "first L layers), or 'medusa:DIR' / 'eagle:DIR' (trained heads) (default: %(default)s)")

@@ -34,12 +34,13 @@ import numpy as np
 
 from . import costmodel, family
 from .autoregressive import autoregressive_sample
-from .bench import SIZES, interleaved, table
+from .bench import SIZES, table
 from .checkpoint import load_model
 from .costmodel import drafts_judged
 from .gpt2 import GPT2, random_weights
-from .harness import jsonable, measure_costs
+from .harness import jsonable
 from .speculative import speculative_sample
+from .timing import measure_costs, time_calls
 
 GPT2_DRAFT, GPT2_TARGET = "124M", "355M"
 
@@ -63,7 +64,7 @@ def measure_family(target: GPT2, draft: GPT2, args, rng: np.random.Generator) ->
                 runs[name] = lambda ids=ids, i=i, d=d: speculative_sample(
                     target, d, ids, args.tokens, K=args.K, temperature=temperature, seed=args.seed + i)
             results = {}
-            times = interleaved({n: (lambda n=n: results.__setitem__(n, runs[n]())) for n in runs}, args.repeats, rng)
+            times = time_calls({n: (lambda n=n: results.__setitem__(n, runs[n]())) for n in runs}, args.repeats, rng)
             for name, out in results.items():  # every repeat of a run gives the same tokens (same seed)
                 t = totals[name]
                 t["seconds"] += float(np.median(times[name]))

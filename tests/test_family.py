@@ -137,3 +137,23 @@ def test_trained_drafters_are_accepted_far_more_often_than_untrained_ones(target
     assert alphas["untrained"] < 0.1 and alphas["shuffled"] < 0.1, alphas
     assert alphas["draft"] > 0.6 and alphas["draft"] > alphas["untrained"] + 0.5, alphas
     assert alphas["early_exit"] > 0.75 and alphas["early_exit"] > alphas["untrained"] + 0.5, alphas
+
+
+def test_family_bench_runs_and_reports_every_drafter_at_both_temperatures():
+    from specdec import family_bench
+
+    res = family_bench.main(["--prompts", "2", "--tokens", "8", "--repeats", "1", "--no-gpt2"])
+    rows = {(r["drafter"], r["T"]): r for r in res["family"]}
+    assert set(rows) == {(d, t) for d in ("draft model stdlib-2L", "early_exit:2", "ngram") for t in (0.0, 1.0)}
+    for r in rows.values():
+        assert 1 <= r["tokens_per_pass"] <= 5 and r["speedup"] > 0 and r["c"] > 0
+    assert rows[("early_exit:2", 0.0)]["alpha"] > 0.5
+
+
+def test_main_help_lists_the_family():
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "main.py"), "--help"], capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0 and all(name in out.stdout for name in family.NAMES), out.stdout
