@@ -52,8 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--n_tokens_to_generate", type=int, default=40, metavar="N",
         help="new tokens per decoder (default: %(default)s)")
     add("--target_model_size", default="355M", metavar="MODEL",
-        help=f"the model whose output we want: {', '.join(MODEL_REPOS)} (downloaded), {', '.join(FAMILY)} (shipped "
-             "with specdec, trained on Python's standard library), a Hub repo id or a local folder (default: %(default)s)")
+        help=f"the model whose output we want: {', '.join(MODEL_REPOS)} (downloaded), {', '.join(FAMILY)} "
+             "(shipped with specdec, trained on Python's standard library), a Hub repo id or a local folder "
+             "(default: %(default)s)")
     add("--draft_model_size", "--draft", dest="draft", default="124M", metavar="DRAFT",
         help="the drafter: a model as above, 'ngram[:N]' (prompt lookup, no model), 'early_exit:L' (the target's "
              "first L layers), or 'medusa:DIR' / 'eagle:DIR' (trained heads) (default: %(default)s)")

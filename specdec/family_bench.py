@@ -76,7 +76,8 @@ def measure_family(target: GPT2, draft: GPT2, args, rng: np.random.Generator) ->
         for name, t in totals.items():
             if name == "autoregressive":
                 continue
-            rows.append({"drafter": name, "T": temperature, "alpha": t["accepted"] / t["judged"] if t["judged"] else float("nan"),
+            alpha = t["accepted"] / t["judged"] if t["judged"] else float("nan")  # nan: nothing was drafted
+            rows.append({"drafter": name, "T": temperature, "alpha": alpha,
                          "tokens_per_pass": t["tokens"] / t["passes"], "speedup": base / t["seconds"],
                          "seconds": t["seconds"], "autoregressive_seconds": base})  # fmt: skip
     return rows
@@ -90,11 +91,13 @@ def costs_of(target: GPT2, drafters: dict, K: int, context: list[int]) -> tuple[
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m specdec.family_bench", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--prompts", type=int, default=32, help="held-out prompts (default 32, at most 64)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (default 64)")
     p.add_argument("--K", type=int, default=4, help="draft tokens per round (default 4)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs of each decoder per prompt, median kept (default 3)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs of each decoder per prompt, median kept (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-gpt2", action="store_true", help="skip table 3 (it builds 124M/355M-shaped weights, ~2 GB)")
     p.add_argument("--json", metavar="PATH", help="also write every number as JSON to PATH")
