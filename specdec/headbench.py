@@ -37,9 +37,10 @@ from .autoregressive import autoregressive_sample
 from .checkpoint import load_model
 from .drafters import make_drafter
 from .gpt2 import GPT2, HParams, random_weights
-from .heads import DraftVocab, target_distributions
+from .heads import DraftVocab
 from .sampling import SamplingParams
 from .speculative import speculative_sample
+from .timing import time_calls
 from .train import eagle_step, medusa_step
 
 SHAPES = {
@@ -49,66 +50,48 @@ SHAPES = {
 RESTRICTED = 8192  # an 8k draft vocabulary (EAGLE-3 / FR-Spec use 32k for LLaMA-3's 128k)
 
 
-def timed(fn, repeats: int) -> float:
-    """Median seconds of fn() over `repeats` runs, after one warm-up run."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def bench_shape(name: str, h: HParams, repeats: int, context: int = 128) -> dict:
+    """Draft costs (interleaved with target steps, so both see the same machine load) and training speed."""
     rng = np.random.default_rng(0)
     target = GPT2(h, random_weights(h, seed=0), name=name)
     ids = list(rng.integers(0, h.n_vocab, context + 1))
     cache = target.new_cache()
     _, hidden = target.forward(ids[:-1], cache, return_hidden=True)
-
-    def decode_step():
-        target.forward([ids[-1]], cache, last_only=True)
-        cache.rollback(context)
-
-    t_target = timed(decode_step, repeats)
-    out = {"target_step_ms": 1e3 * t_target}
     params = SamplingParams(1.0)
+    calls = {"target": lambda: target.forward([ids[-1]], cache, last_only=True)}
+    rollbacks = {"target": lambda: cache.rollback(context)}
     for label, vocab in (("full", DraftVocab.of(target)), ("8k", DraftVocab.of(target, np.arange(RESTRICTED)))):
         m = medusa.MedusaDrafter({"w": rng.standard_normal((4, h.n_embd, h.n_embd), np.float32) * 0.01,
                                   "b": np.zeros((4, h.n_embd), np.float32)}, vocab)  # fmt: skip
         m.commit(ids, hidden)
-        out[f"c_medusa4_{label}"] = timed(lambda: m.propose(ids, 4, params, rng), repeats) / t_target
+        calls[f"medusa4_{label}"] = lambda m=m: m.propose(ids, 4, params, rng)
         model = eagle.EagleModel(eagle.init_params(h.n_embd, rng), h.n_embd, h.n_head, h.n_ctx, h.layer_norm_epsilon)
         e = eagle.EagleDrafter(model, vocab, target.weights.wte)
         e.commit(ids, hidden)  # the whole prompt's pairs
-        n = e.cache.length
+        # A chain of k tokens costs k-1 block passes and k LM heads: chain(5) - chain(1) is 4 draft steps.
+        for k in (1, 5):
+            calls[f"eagle{k}_{label}"] = lambda e=e, k=k: e.propose(ids, k, params, rng)
+            rollbacks[f"eagle{k}_{label}"] = lambda e=e, n=e.cache.length: e.cache.rollback(n)
+        calls[f"commit3_{label}"] = lambda e=e: e.commit(ids, hidden[-3:])  # 3 newly accepted positions
+    times = time_calls(calls, repeats, after=lambda key: rollbacks.get(key, lambda: None)())
+    med = {key: statistics.median(t) for key, t in times.items()}
+    t_target = med["target"]
+    out = {"target_step_ms": 1e3 * t_target, "generate_pos_per_s": 1 / t_target}
+    for label in ("full", "8k"):
+        out[f"c_medusa4_{label}"] = med[f"medusa4_{label}"] / t_target
+        out[f"c_eagle_step_{label}"] = (med[f"eagle5_{label}"] - med[f"eagle1_{label}"]) / (4 * t_target)
+        out[f"c_eagle_commit3_{label}"] = med[f"commit3_{label}"] / t_target
 
-        def eagle_chain(k):
-            e.cache.rollback(n)
-            e.propose(ids, k, params, rng)
-
-        # A chain of k tokens costs k-1 block passes and k LM heads; the difference of two chains is one step.
-        five, one = timed(lambda: eagle_chain(5), repeats), timed(lambda: eagle_chain(1), repeats)
-        out[f"c_eagle_step_{label}"] = (five - one) / (4 * t_target)
-
-        def eagle_commit():
-            e.commit(ids, hidden[-3:])  # 3 newly accepted positions
-
-        out[f"c_eagle_commit3_{label}"] = timed(eagle_commit, repeats) / t_target
-
-        # Training: one step over 8 sequences of 64 positions.
-        tokens = rng.integers(0, h.n_vocab, (8, 64))
-        feats = rng.standard_normal((8, 64, h.n_embd), np.float32)
-        mp = medusa.init_params(4, h.n_embd)
-        t = timed(lambda: medusa_step(mp, target, vocab, tokens, feats, 4, "dist"), max(1, repeats // 3))
-        out[f"train_medusa4_{label}_pos_per_s"] = 8 * 64 / t
-        ep = eagle.init_params(h.n_embd, rng)
-        t = timed(lambda: eagle_step(ep, target, vocab, tokens, feats, "dist"), max(1, repeats // 3))
-        out[f"train_eagle_{label}_pos_per_s"] = 8 * 64 / t
-    t_dist = timed(lambda: target_distributions(feats.reshape(-1, h.n_embd), DraftVocab.of(target), target), 1)
-    out["label_softmax_share_ms_per_pos"] = 1e3 * t_dist / (8 * 64)
-    out["generate_pos_per_s"] = 1 / t_target
+    # Training: one step over 8 sequences of 64 positions.
+    tokens = rng.integers(0, h.n_vocab, (8, 64))
+    feats = rng.standard_normal((8, 64, h.n_embd), np.float32)
+    mp, ep = medusa.init_params(4, h.n_embd), eagle.init_params(h.n_embd, rng)
+    steps = {}
+    for label, vocab in (("full", DraftVocab.of(target)), ("8k", DraftVocab.of(target, np.arange(RESTRICTED)))):
+        steps[f"train_medusa4_{label}"] = lambda v=vocab: medusa_step(mp, target, v, tokens, feats, 4, "dist")
+        steps[f"train_eagle_{label}"] = lambda v=vocab: eagle_step(ep, target, v, tokens, feats, "dist")
+    for key, t in time_calls(steps, max(1, repeats // 3)).items():
+        out[key + "_pos_per_s"] = 8 * 64 / statistics.median(t)
     return out
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .gpt2 import Linear, linear
 from .heads import DraftVocab, draft_argmax, draft_distribution, head_cross_entropy, load_heads
 from .interfaces import Proposal
 from .sampling import draw
@@ -130,6 +131,20 @@ class MedusaDrafter:
         self.n_ctx = None  # the heads add no context limit of their own
         self.calls = 0  # head evaluations (one per round, all heads at once)
         self.hidden = None  # [n_embd]: the target's hidden state at the row that produced ids[-1]
+        # All heads' W side by side, one product for every head: [n_embd] -> [n_heads * n_embd].
+        w, b = params["w"], params["b"]  # [n_heads, n_embd, n_embd], [n_heads, n_embd]
+        self.fused = Linear.from_checkpoint(np.concatenate(list(w), axis=1), b.reshape(-1))
+
+    def logits(self, depth: int) -> np.ndarray:
+        """The first `depth` heads' logits after the kept hidden state: [depth, N].
+
+        The same math as head_logits, arranged for one row: every head's W in one
+        product, then every head's features through the LM head in one more.
+        """
+        h = self.hidden[None]  # [1, n_embd]
+        z = linear(h, self.fused).reshape(self.n_heads, -1)[:depth]  # [depth, n_embd]
+        r = h + z * sigmoid(z)  # the ResBlocks: h + SiLU(h W_i + b_i)
+        return self.vocab.logits(r)  # [depth, N]
 
     @classmethod
     def load(cls, folder, target, **options) -> "MedusaDrafter":
@@ -148,7 +163,7 @@ class MedusaDrafter:
         if self.hidden is None or depth < 1:  # a one-token prompt: no hidden state until the first pass
             return Proposal.chain([])
         self.calls += 1
-        logits = head_logits(self.params, self.hidden[None], self.vocab, heads=range(depth))[:, 0]  # [depth, N]
+        logits = self.logits(depth)  # [depth, N]
         if nodes is None:
             if params.greedy:
                 return Proposal.chain([draft_argmax(row, self.vocab) for row in logits])

@@ -234,3 +234,16 @@ def test_head_files_round_trip_and_refuse_other_models(tmp_path):
         load_heads(tmp_path / "m", "medusa", GPT2(wide, random_weights(wide), name="wide"))
     with pytest.raises(HeadFileError, match="no trained heads"):
         load_heads(tmp_path / "nothing", "medusa", target)
+
+
+def test_medusa_drafters_fused_heads_equal_the_training_forward():
+    target = tiny_model()
+    rng = np.random.default_rng(8)
+    params = {"w": rng.standard_normal((3, 32, 32)).astype(np.float32) * 0.3,
+              "b": rng.standard_normal((3, 32)).astype(np.float32) * 0.3}  # fmt: skip
+    drafter = medusa.MedusaDrafter(params, DraftVocab.of(target, np.arange(0, 262, 2)))
+    h = rng.standard_normal((1, 32)).astype(np.float32)
+    drafter.commit([1, 2], h)
+    expected = medusa.head_logits(params, h, drafter.vocab)[:, 0]  # [3, N]
+    np.testing.assert_allclose(drafter.logits(3), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(drafter.logits(2), expected[:2], rtol=1e-4, atol=1e-4)
