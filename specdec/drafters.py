@@ -10,6 +10,10 @@ three drafters implement it:
                      the target's KV cache (self-speculative decoding)
     NgramDrafter     no model: copy what followed the last earlier occurrence of
                      the current suffix (prompt lookup decoding)
+
+Asked for a tree (`nodes` given), each grows one with trees.py: the two model
+drafters by EAGLE-2's expansion (`tree_width` children for the most confident
+nodes of each layer), the n-gram drafter as a trie of every earlier occurrence.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from .interfaces import Drafter, Proposal
 from .medusa import MedusaDrafter
 from .sampling import SamplingParams, draw, greedy, point_mass, probabilities
 from .specs import parse_draft
+from .trees import model_tree, ngram_tree, point_masses
 
 
 def _draft_chain(step, new: list[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
@@ -51,12 +56,13 @@ class ModelDrafter:
         speculative_sample(target, ModelDrafter(load_model("124M")), ids, 40)
     """
 
-    def __init__(self, model: GPT2):
+    def __init__(self, model: GPT2, tree_width: int = 2):
         self.model = model
         self.n_vocab = model.n_vocab
         self.n_ctx = model.n_ctx
         self.cache = model.new_cache()
         self.calls = 0
+        self.tree_width = tree_width  # children per expanded node when asked for a tree
 
     def begin(self, target: GPT2, cache: KVCache, prompt: list[int]) -> None:
         self.cache.rollback(0)
@@ -64,6 +70,12 @@ class ModelDrafter:
     def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
         # Catch up on the text the cache has not seen: the last emitted token, and
         # after a fully accepted round also the last draft token (never fed in).
+        if nodes is not None:
+            pending = ids[self.cache.length :]
+            tree, calls = model_tree(self.model, self.cache, pending, k, nodes, self.tree_width, params, rng)
+            self.calls += calls
+            return Proposal(*tree)
+
         def step(new):
             self.calls += 1
             return self.model.forward(new, self.cache, last_only=True)[0]
@@ -87,11 +99,12 @@ class EarlyExitDrafter:
         speculative_sample(target, EarlyExitDrafter(target, n_layer=6), ids, 40)  # or draft="early_exit:6"
     """
 
-    def __init__(self, target: GPT2, n_layer: int):
+    def __init__(self, target: GPT2, n_layer: int, tree_width: int = 2):
         if not 1 <= n_layer < target.n_layer:
             raise ValueError(f"early exit needs 1 <= L < {target.n_layer} (the target's layers), got L={n_layer}")
         self.model = target
         self.n_layer = n_layer
+        self.tree_width = tree_width  # children per expanded node when asked for a tree
         self.n_vocab = target.n_vocab
         self.n_ctx = target.n_ctx
         self.cache: KVCache | None = None  # the target's cache for the current run (set by begin)
@@ -104,6 +117,12 @@ class EarlyExitDrafter:
 
     def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
         start = self.cache.length
+        if nodes is not None:
+            tree, calls = model_tree(self.model, self.cache, ids[start:], k, nodes, self.tree_width, params, rng,
+                                     n_layer=self.n_layer)  # fmt: skip
+            self.calls += calls
+            self.cache.rollback(start)  # the target verifies from here
+            return Proposal(*tree)
 
         def step(new):
             self.calls += 1
@@ -172,10 +191,14 @@ class NgramDrafter:
         pass  # stateless: the text itself is the table
 
     def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
-        tokens = self.lookup(ids, k)
-        if params.greedy or not tokens:
-            return Proposal.chain(tokens)
-        return Proposal.chain(tokens, np.stack([point_mass(t, self.n_vocab) for t in tokens]))
+        # A chain: the latest occurrence; a tree: a trie of them all. Either is deterministic,
+        # so q is a point mass on each token (see above).
+        if nodes is None:
+            tokens, parents = self.lookup(ids, k), None
+        else:
+            tokens, parents = ngram_tree(ids, k, nodes, self.n_max, self.n_min)
+        q = None if params.greedy or not tokens else point_masses(tokens, self.n_vocab)
+        return Proposal.chain(tokens, q) if parents is None else Proposal(tokens, parents, q)
 
     def commit(self, ids, features) -> None:
         pass

@@ -75,6 +75,22 @@ class Proposal:
         """
         return None if self.is_chain else [-1, *(p + 1 for p in self.parents)]
 
+    @property
+    def depth(self) -> int:
+        """Tokens on the longest root-to-leaf path (len(tokens) for a chain)."""
+        depths: list[int] = []
+        for p in self.parents:
+            depths.append(depths[p] + 1 if p >= 0 else 1)
+        return max(depths, default=0)
+
+    def ends_at_leaf(self, path: list[int]) -> bool:
+        """Whether an accepted path ends at a node with no children (the root when the path is empty).
+
+        Then the target's token after it is a bonus; otherwise the last node's
+        children were all tested and rejected. For a chain: all drafts accepted.
+        """
+        return (path[-1] if path else -1) not in self.parents
+
 
 @runtime_checkable
 class Drafter(Protocol):

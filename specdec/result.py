@@ -35,10 +35,18 @@ class DecodeResult:
     k_max: int = 0  # the most drafts a round could ask for (sizes the histogram)
     tokenizer: object = field(default=None, repr=False, compare=False)  # the target's, for .text (None: unknown)
 
-    def add_round(self, k: int, n_accepted: int) -> None:
-        """Record a speculative round that proposed k drafts and accepted n_accepted of them."""
+    judged_per_round: list[int] = field(default_factory=list)  # depths at which a draft was tested
+
+    def add_round(self, k: int, n_accepted: int, judged: int | None = None) -> None:
+        """Record a speculative round that proposed k drafts (chain or tree) and accepted n_accepted of them.
+
+        judged: depths at which candidates were tested: n_accepted, plus one when
+        the candidates below the last accepted node were all rejected (a tree's
+        path can also end at a leaf). Default: a chain's (costmodel.drafts_judged).
+        """
         self.k_per_round.append(k)
         self.accepted_per_round.append(n_accepted)
+        self.judged_per_round.append(drafts_judged(k, n_accepted) if judged is None else judged)
 
     # Everything below is derived from the per-round record above.
 
@@ -72,9 +80,26 @@ class DecodeResult:
     @property
     def alpha(self) -> float:
         """Estimated chance that one draft token is accepted (the paper's alpha):
-        accepted / drafts actually judged (see costmodel.drafts_judged)."""
-        judged = sum(drafts_judged(k, n) for k, n in zip(self.k_per_round, self.accepted_per_round) if k > 0)
+        accepted / drafts actually judged (see costmodel.drafts_judged). For a tree: the
+        chance that some candidate at a depth the path reached is accepted."""
+        judged = sum(self.judged_per_round)
         return self.accepted / judged if judged else math.nan
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per verification pass (accepted drafts + 1), over all rounds."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else math.nan
+
+    @property
+    def depth_acceptance(self) -> list[float]:
+        """[d] = of the rounds that tested candidates at depth d (0 = the first drafted token),
+        the fraction that accepted one there. A chain's positional acceptance; a tree's per depth."""
+        deepest = max(self.judged_per_round, default=0)
+        rates = []
+        for d in range(deepest):
+            tested = sum(1 for j in self.judged_per_round if j > d)
+            rates.append(sum(1 for n in self.accepted_per_round if n > d) / tested)
+        return rates
 
     @property
     def mean_k(self) -> float:

@@ -40,24 +40,32 @@ from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams
 from .specs import make_k_policy
 from .timing import measure_costs
-from .verify import verify
+from .treecost import make_tree_policy
+from .verify import ACCEPTANCE, verify
 
 
 def speculative_sample(
     target: GPT2, draft, prompt_ids, n_tokens: int, K=4,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
+    tree=None, acceptance: str = "exact",
 ) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids by speculative sampling: exactly the target's distribution.
 
     prompt_ids: token ids, or text when the target has a tokenizer. draft: a GPT2 with the target's
     vocabulary, "ngram[:N]", "early_exit:L" or a Drafter. K: an int, "adaptive", "auto" or a KPolicy.
+    tree: None drafts a chain of K tokens; N a tree of up to N tokens and depth K per round; "auto" lets
+    the tree cost model (treecost.py) pick N each round; or a tree policy. acceptance="typical" is
+    Medusa's typical acceptance: faster, LOSSY (the output no longer follows the target), opt-in only.
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
     prompt = check_request(target, prompt_ids, n_tokens)
     drafter = make_drafter(draft, target)
     k_policy = make_k_policy(K, costs=lambda: measure_costs(target, drafter, prompt))  # "auto" times passes first
+    tree_policy = make_tree_policy(tree, drafter, target)
+    if acceptance not in ACCEPTANCE:
+        raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
     rng = make_rng(seed, rng)
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
     result = DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer)
@@ -74,9 +82,12 @@ def speculative_sample(
         ids = prompt + result.tokens  # the whole text so far; ids[-1] is in no cache yet
         # Draft fewer near the end: a round emits up to k+1 tokens and verifies up to position len(ids)-1+k.
         k = min(k_policy.next_k(), n_tokens - len(result.tokens) - 1, n_ctx - len(ids))
+        # A tree: at most `nodes` tokens, depth at most k; None: a chain of k.
+        nodes = tree_policy.next_nodes()
+        nodes = nodes and min(nodes, n_ctx - len(ids))
 
         # Step 1 ("sample gamma guesses from M_q autoregressively"); fewer is fine (an n-gram miss).
-        proposal = drafter.propose(ids, k, params, rng) if k > 0 else Proposal.chain([])
+        proposal = drafter.propose(ids, k, params, rng, nodes) if k > 0 else Proposal.chain([])
 
         # Step 2 ("run M_p in parallel"): one target pass over the unseen token and the drafts.
         # NOTE: logits row i verifies proposal.tokens[i]; the last row is the bonus position.
@@ -86,8 +97,9 @@ def speculative_sample(
         result.target_calls += 1
 
         # Steps 3-4 ("determine the number of accepted guesses n"; "adjust the distribution from M_p if needed").
-        path, last = verify(proposal, logits, params, rng)
-        kinds = ["draft"] * len(path) + ["bonus" if len(path) == len(proposal) > 0 else "target"]
+        path, last = verify(proposal, logits, params, rng, acceptance)
+        leaf = proposal.ends_at_leaf(path)  # after a leaf the target's token is a bonus
+        kinds = ["draft"] * len(path) + ["bonus" if leaf and len(proposal) else "target"]
         for token, kind in zip([proposal.tokens[i] for i in path] + [last], kinds):
             result.tokens.append(token)
             if on_token:
@@ -98,9 +110,10 @@ def speculative_sample(
         kept = [0, *(i + 1 for i in path)]
         cache.keep(len(ids) - 1, kept)
         drafter.commit(prompt + result.tokens, hidden[kept])
-        result.add_round(len(proposal), len(path))
+        result.add_round(len(proposal), len(path), judged=len(path) + (not leaf))
         if len(proposal):
-            k_policy.update(len(proposal), len(path))
+            k_policy.update(proposal.depth, len(path))  # a chain's depth is its length
+            tree_policy.update(proposal.parents, path)
 
     result.draft_calls = drafter.calls - draft_calls_before
     return result

@@ -30,7 +30,7 @@ import heapq
 import numpy as np
 
 from .costmodel import verify_cost
-from .verification import children_of
+from .verify import children_of
 
 
 class TreeAcceptance:

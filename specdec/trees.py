@@ -3,7 +3,7 @@
 What this adds over drafters.py's chains: two ways of spending a budget of
 `nodes` draft tokens on several candidate continuations at once, so that one
 target pass (gpt2.forward with `parents`) can accept the longest path the
-target agrees with (verification.py decides which).
+target agrees with (verify.py decides which).
 
     ngram_tree     no model: every earlier occurrence of the text's tail,
                    merged into a trie of what followed, the most frequent
@@ -14,11 +14,11 @@ target agrees with (verification.py decides which).
                    confidence each get `width` children (EAGLE-2's dynamic
                    tree, Li et al., arXiv 2406.16858, "expansion phase")
 
-Both return (tokens, parents, q) in the layout of verification.py: nodes listed
+Both return (tokens, parents, q) in the layout of verify.py: nodes listed
 parents first, parents[i] = -1 for a child of the text's last token, and q[i]
 the distribution tokens[i] was actually drawn from (None under greedy).
 
-NOTE on exactness (see verification.verify_sampled): whether a node is in the
+NOTE on exactness (see verify.sampled_tree): whether a node is in the
 tree may depend on any draft draw made *before* it, never on its own token or
 on later draws. EAGLE-2's second phase re-ranks all drafted nodes by
 confidence and keeps the best; at temperature > 0 that would keep a drawn
@@ -36,7 +36,7 @@ import numpy as np
 
 from .gpt2 import GPT2, KVCache, softmax
 from .sampling import SamplingParams, point_mass, probabilities
-from .verification import draw_without_replacement, top_k_distinct
+from .verify import draw_without_replacement, top_k_distinct
 
 
 def continuation(text: np.ndarray, start: int, k: int) -> list[int]:

@@ -11,6 +11,17 @@ distribution for proposal node 0's position; row i + 1 for the children of node 
 For a chain that means: logits row i verifies tokens[i], and row n (after the
 last draft) gives the bonus token when all n are accepted.
 
+Trees (several candidates per position, verified in the same one pass): the
+same decisions made child by child, below. On a chain every tree rule makes
+the chain rule's decisions with the same random draws, so `verify` uses the
+chain rules for chains (they read as the papers do) and the tree rules for
+the rest:
+    greedy_tree      temperature 0: follow the child equal to the target's argmax
+    sampled_tree     exact multi-candidate speculative sampling (SpecInfer)
+    typical_tree     Medusa's typical acceptance: LOSSY, an explicit opt-in
+and the ways of drawing siblings that sampled_tree keeps exact: draw_iid,
+draw_without_replacement, top_k_distinct.
+
 Why the sampled rule is exact: for any token y at a position,
     P(emit y) = q(y) min(1, p(y)/q(y)) + P(reject) * norm(max(0, p - q))(y)
               = min(q(y), p(y)) + (1 - sum_x min(p(x), q(x))) * max(0, p(y) - q(y)) / sum_x max(0, p(x) - q(x))
@@ -24,22 +35,37 @@ from __future__ import annotations
 import numpy as np
 
 from .interfaces import Proposal
-from .sampling import SamplingParams, draw, greedy, probabilities
+from .sampling import SamplingParams, draw, greedy, point_mass, probabilities
+
+
+ACCEPTANCE = ("exact", "typical")  # the rules speculative_sample offers; "typical" is lossy
 
 
 def verify(
-    proposal: Proposal, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator
+    proposal: Proposal,
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    acceptance: str = "exact",
 ) -> tuple[list[int], int]:
     """(accepted node indices, root first; the token the target emits after them).
 
     logits: [n+1, n_vocab], the target's rows over [ids[-1], *proposal.tokens].
+    acceptance "typical" is Medusa's LOSSY rule (typical_tree), for T > 0 only.
     """
-    assert proposal.is_chain, "token trees need the tree rules; this module has the chain rules"
+    tokens, parents = proposal.tokens, proposal.parents
     if params.greedy:
-        n_accepted, last = greedy_chain(proposal.tokens, logits)
-    else:
-        n_accepted, last = sampled_chain(proposal.tokens, proposal.q, probabilities(logits, params), rng)
-    return list(range(n_accepted)), last
+        if proposal.is_chain:
+            n_accepted, last = greedy_chain(tokens, logits)
+            return list(range(n_accepted)), last
+        return greedy_tree(tokens, parents, logits)
+    p = probabilities(logits, params)  # [n+1, n_vocab]
+    if acceptance == "typical":
+        return typical_tree(tokens, parents, p, rng)
+    if proposal.is_chain:
+        n_accepted, last = sampled_chain(tokens, proposal.q, p, rng)
+        return list(range(n_accepted)), last
+    return sampled_tree(tokens, parents, proposal.q, p, rng)
 
 
 def greedy_chain(drafts: list[int], logits: np.ndarray) -> tuple[int, int]:
@@ -76,3 +102,224 @@ def sampled_chain(drafts: list[int], q: np.ndarray, p: np.ndarray, rng: np.rando
         return i, draw(residual / mass, rng)
     # NOTE: all k accepted: the target's row k is a free extra token (the bonus).
     return len(drafts), draw(p[len(drafts)], rng)
+
+
+# ---------------------------------------------------------------------------
+# Trees. A tree of n drafted nodes is two lists, parents first (gpt2.tree_mask):
+# tokens[i] is node i's token, parents[i] its parent node or -1 for a child of
+# the root, the text's last token ids[-1]. The target pass over [ids[-1], *tokens]
+# gives row 0 (after the root) and row i + 1 (after node i: for node i's
+# children, or the bonus token when node i ends the accepted path as a leaf).
+# Every rule walks down from the root and returns (path, last); the round emits
+# [tokens[i] for i in path] + [last], between 1 and depth + 1 tokens per pass.
+# ---------------------------------------------------------------------------
+
+
+def children_of(parents) -> list[list[int]]:
+    """[n] parents -> n + 1 lists of children, indexed like the target's logit rows.
+
+    children[0] are the root's children (parent -1); children[i + 1] are node i's,
+    in the order they appear in the tree, which is the order they are tested in.
+    """
+    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, parent in enumerate(parents):
+        assert -1 <= parent < i, f"node {i}'s parent {parent} must be -1 or an earlier node"
+        children[parent + 1].append(i)
+    return children
+
+
+def greedy_tree(tokens: list[int], parents: list[int], logits: np.ndarray) -> tuple[list[int], int]:
+    """Temperature 0: from the root, follow the child equal to the target's argmax.
+
+    logits: [n + 1, n_vocab], the target's rows (row 0 after the root, row i + 1
+    after node i). At the first node with no matching child, `last` is the
+    target's argmax there; after a leaf it is the bonus token. The output is
+    exactly greedy autoregressive decoding: every emitted token is the target's
+    argmax after the accepted text before it. Siblings should be distinct (with
+    duplicates the first one wins; the others are wasted nodes).
+    """
+    children = children_of(parents)
+    path: list[int] = []
+    row = 0
+    while True:
+        best = greedy(logits[row])
+        match = next((c for c in children[row] if tokens[c] == best), None)
+        if match is None:
+            return path, best
+        path.append(match)
+        row = match + 1
+
+
+def sampled_tree(
+    tokens: list[int], parents: list[int], q: np.ndarray, p: np.ndarray, rng: np.random.Generator
+) -> tuple[list[int], int]:
+    """Exact multi-candidate speculative sampling: the emitted tokens follow p exactly.
+
+    tokens, parents: the tree; q: [n, n_vocab], row i the distribution node i was
+    drawn from; p: [n + 1, n_vocab] target rows, filtered like q (temperature,
+    top-k, top-p). SpecInfer (Miao et al., arXiv 2305.09781), Algorithm 2
+    ("VerifyStochastic"), Theorem 4.2. At the current node, with children
+    x_1 .. x_k drawn from q_1 .. q_k (in tree order):
+
+        r_0 = p (the target's row at this node)
+        for s = 1 .. k:
+            accept x_s with probability min(1, r_(s-1)(x_s) / q_s(x_s)):
+                emit x_s, go down to x_s (r is reset to x_s's own p row), repeat
+            else r_s = norm(max(0, r_(s-1) - q_s))
+        all k rejected (or no children): emit one token drawn from r_k; stop.
+
+    Why every emitted token follows p. Claim: from sibling s on, the procedure
+    emits a token distributed as r_(s-1), whatever q_s .. q_k are, as long as
+    x_s is drawn from q_s. After the last sibling it draws from r_k directly.
+    At sibling s, for any token y (write r = r_(s-1)):
+        P(emit y) = q_s(y) min(1, r(y)/q_s(y))  +  P(reject x_s) * r_s(y)
+                  = min(q_s(y), r(y))  +  (1 - sum_x min(q_s(x), r(x))) * max(0, r(y) - q_s(y)) / Z
+    with Z = sum_x max(0, r(x) - q_s(x)) = 1 - sum_x min(q_s(x), r(x)), so the
+    second term is max(0, r(y) - q_s(y)), and the sum is r(y). (The chain
+    rule's algebra, once per sibling; Leviathan et al., Appendix A.1.) The
+    second term needs only that the rest emits r_s: r_s is a function of r and
+    q_s alone, not of which x_s was drawn, so it holds by induction from the
+    last sibling back to the first, and at s = 1 the token follows r_0 = p.
+    Once x_s is accepted, its subtree was drafted after x_s, so the same
+    argument applies one level down against p's row after x_s.
+
+    NOTE: the q rows must be the distributions the tokens were actually drawn
+    from, *given the path and the earlier siblings*. Then the three ways of
+    drawing siblings are all this one rule, with no special cases:
+      - i.i.d. siblings: every q_s is the same draft row (SpecInfer, Medusa).
+      - Without replacement (EAGLE): q_s is the draft row with the earlier
+        siblings' tokens zeroed and renormalised. Sibling s+1 then depends on
+        x_s, but the claim above holds for any q_(s+1): after a rejection the
+        rest is a valid sampler of r_s whatever the rejected token was.
+      - Deterministic distinct candidates (top-k of the draft, an n-gram trie):
+        q_s is a point mass on x_s, so x_s is accepted with probability
+        r(x_s), and on rejection r_s is r with x_s zeroed and renormalised.
+    Drawing a sibling from anything else than the q row handed in here (p, an
+    unfiltered q, the row before zeroing) breaks exactness: the tests show it.
+    Exactness also needs fresh coins: the tree may depend on earlier draft
+    draws in any way, never on these acceptance draws or on p.
+
+    On a chain (one child per node) this is sampled_chain, draw for draw.
+    """
+    children = children_of(parents)
+    path: list[int] = []
+    row = 0
+    while True:
+        r = p[row]  # r_0: the target's distribution at this node
+        for child in children[row]:
+            x = tokens[child]
+            # Accept with probability min(1, r(x) / q(x)): u < r/q, written without
+            # the division. q[child, x] > 0 because x was drawn from q[child].
+            if rng.random() * q[child, x] < r[x]:
+                path.append(child)
+                row = child + 1
+                break
+            # Rejected: r_s = norm(max(0, r_(s-1) - q_s)) before the next sibling.
+            # NOTE: it must be renormalised; it sums to 1 - sum(min(r, q)), not 1.
+            residual = np.maximum(r - q[child], 0)
+            mass = residual.sum()
+            if mass > 0:  # else r == q up to rounding, and this rejection had
+                r = residual / mass  # probability ~0: keep r (the chain rule draws from p here too)
+        else:
+            # All children rejected, or a leaf (the bonus token): draw from r_k.
+            return path, draw(r, rng)
+
+
+# Medusa's defaults (Cai et al., arXiv 2401.10774, section 2.3.1): epsilon and delta = sqrt(epsilon).
+TYPICAL_EPS = 0.09
+TYPICAL_DELTA = 0.3
+
+
+def typical_tree(
+    tokens: list[int],
+    parents: list[int],
+    p: np.ndarray,
+    rng: np.random.Generator,
+    eps: float = TYPICAL_EPS,
+    delta: float = TYPICAL_DELTA,
+) -> tuple[list[int], int]:
+    """LOSSY: Medusa's typical acceptance. The output does NOT follow p.
+
+    A drafted token x is accepted when the target finds it plausible enough:
+        p(x) > min(eps, delta * exp(-H(p)))
+    with H(p) the entropy of the target's row before x (Medusa, Cai et al.,
+    arXiv 2401.10774, section 2.3.1; eps = 0.09, delta = 0.3 there). Of all
+    root-to-node paths whose tokens all pass, the longest is kept (the first in
+    tree order on ties), and `last` is drawn from p after it.
+
+    It accepts more than the exact rule, because it never compares p with q: a
+    token the draft over-proposes is accepted as often as the draft proposes
+    it. So the emitted text is biased towards the draft, and the exactness
+    tests fail it (a documented negative control). Use only when you accept
+    that trade; nothing in specdec picks it by default.
+    """
+    n = len(tokens)
+    entropy = -np.sum(p * np.log(np.where(p > 0, p, 1)), axis=-1)  # [n + 1]
+    threshold = np.minimum(np.float32(eps), np.float32(delta) * np.exp(-entropy))  # [n + 1]
+    passes = [bool(p[parent + 1, tokens[i]] > threshold[parent + 1]) for i, parent in enumerate(parents)]
+    depth = [0] * n  # accepted path length through node i, 0 when some token on it fails
+    for i, parent in enumerate(parents):
+        if passes[i] and (parent < 0 or depth[parent] > 0):
+            depth[i] = 1 + (depth[parent] if parent >= 0 else 0)
+    if not any(depth):
+        return [], draw(p[0], rng)
+    end = int(np.argmax(depth))  # the first deepest accepted node
+    path = [end]
+    while parents[path[0]] >= 0:
+        path.insert(0, parents[path[0]])
+    return path, draw(p[end + 1], rng)
+
+
+# ---------------------------------------------------------------------------
+# Drawing the siblings of one node, with the q row each was drawn from.
+# Each returns (tokens, q_rows [n_drawn, n_vocab]) to put into the tree.
+# ---------------------------------------------------------------------------
+
+
+def draw_iid(q: np.ndarray, n: int, rng: np.random.Generator) -> tuple[list[int], np.ndarray]:
+    """n siblings drawn independently from the draft row q [n_vocab]; each row is q.
+
+    Duplicates happen: a repeated token is tested again against the residual,
+    which the first copy's rejection has already pushed below q there, so it is
+    rarely accepted and mostly a wasted node.
+    """
+    tokens = [draw(q, rng) for _ in range(n)]
+    return tokens, np.repeat(q[None], len(tokens), axis=0)
+
+
+def draw_without_replacement(q: np.ndarray, n: int, rng: np.random.Generator) -> tuple[list[int], np.ndarray]:
+    """Up to n distinct siblings: each drawn from q with the earlier ones removed, renormalised.
+
+    Sibling s's q row is that renormalised row (EAGLE's sampling without
+    replacement). Fewer than n come back when q has fewer nonzero tokens.
+    """
+    tokens, rows = [], []
+    left = q.astype(np.float32)  # a copy
+    for _ in range(n):
+        mass = left.sum()
+        if mass <= 0:
+            break
+        row = left / mass  # [n_vocab]
+        token = draw(row, rng)
+        tokens.append(token)
+        rows.append(row)
+        left[token] = 0
+    return tokens, np.stack(rows)
+
+
+def top_k_distinct(scores: np.ndarray, n: int, floor: float = 0.0) -> tuple[list[int], np.ndarray]:
+    """The n highest-scoring tokens of a [n_vocab] row, best first, with point-mass q rows.
+
+    scores: probabilities (tokens at probability `floor` = 0 are never proposed)
+    or logits (pass floor=-np.inf). Deterministic, so each sibling's q row is a
+    point mass on its token. Fewer than n come back when fewer tokens score
+    above the floor. Ties go to the lowest id, as in sampling.greedy.
+    """
+    n = min(n, int(np.count_nonzero(scores > floor)))
+    if n == 0:
+        return [], np.zeros((0, len(scores)), np.float32)
+    kth = np.partition(scores, -n)[-n]  # the n-th highest score, without sorting 50257 values
+    above = np.flatnonzero(scores > kth)
+    ties = np.flatnonzero(scores == kth)[: n - len(above)]  # the lowest ids among equals
+    tokens = sorted([*above.tolist(), *ties.tolist()], key=lambda t: (-scores[t], t))
+    return tokens, np.stack([point_mass(t, len(scores)) for t in tokens])

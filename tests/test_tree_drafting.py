@@ -11,7 +11,7 @@ from specdec.gpt2 import tree_mask
 from specdec.sampling import SamplingParams
 from specdec.treecost import TreeAcceptance, TreePolicy
 from specdec.trees import dynamic_tree, ngram_tree
-from specdec.verification import verify_sampled
+from specdec.verify import sampled_tree
 
 from helpers import chi_square_passes
 from test_tree_rules import N_BROKEN, N_SAMPLES, T1, World
@@ -115,7 +115,7 @@ def sample_dynamic(world: World, rng, nodes=5, width=2, depth=3, rerank=False, n
             tokens, parents, q = dynamic_tree(step, depth, nodes, width, world.params, rng)
         p = np.stack([world.row(out, "p")] + [world.row(out + path_tokens(tokens, parents, i), "p")
                                               for i in range(len(tokens))])  # fmt: skip
-        path, last = verify_sampled(tokens, parents, q, p, rng)
+        path, last = sampled_tree(tokens, parents, q, p, rng)
         out += [tokens[i] for i in path] + [last]
     return tuple(out[:n])
 

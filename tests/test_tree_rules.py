@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 
 from specdec.sampling import SamplingParams, draw, probabilities
-from specdec.verification import (
+from specdec.verify import (
     children_of,
     draw_iid,
     draw_without_replacement,
     top_k_distinct,
-    verify_greedy,
-    verify_sampled,
-    verify_typical,
+    greedy_tree,
+    sampled_tree,
+    typical_tree,
 )
 
 from helpers import chi_square_passes
@@ -102,7 +102,7 @@ def sample(world: World, widths, draw_siblings, verify, rng, n: int = N_OUT) -> 
     return tuple(out[:n])
 
 
-def check(world, widths, draw_siblings, verify=verify_sampled, n_samples=N_SAMPLES, seed=0):
+def check(world, widths, draw_siblings, verify=sampled_tree, n_samples=N_SAMPLES, seed=0):
     rng = np.random.default_rng(seed)
     samples = [sample(world, widths, draw_siblings, verify, rng) for _ in range(n_samples)]
     return chi_square_passes(samples, world.exact())
@@ -130,8 +130,8 @@ def verify_residual_not_updated(tokens, parents, q, p, rng):
             return path, draw(r if r.sum() > 0 else p[row], rng)
 
 
-def verify_typical_lossy(tokens, parents, q, p, rng):
-    return verify_typical(tokens, parents, p, rng)
+def typical_lossy(tokens, parents, q, p, rng):
+    return typical_tree(tokens, parents, p, rng)
 
 
 def drawn_from_p(mode: str, world: World):
@@ -213,9 +213,9 @@ def test_filtered_tree_sampling_matches_the_filtered_target(mode, name):
 )
 def test_broken_variants_fail_the_check(what):
     world = World(T1)
-    draw_siblings, verify = honest("iid"), verify_sampled
+    draw_siblings, verify = honest("iid"), sampled_tree
     if what == "typical acceptance":
-        verify = verify_typical_lossy
+        verify = typical_lossy
     elif what == "residual not updated":
         verify = verify_residual_not_updated
     elif what == "siblings from p":
@@ -251,14 +251,14 @@ def test_first_sibling_acceptance_rate_matches_theory():
     rng, n, hits = np.random.default_rng(4), 20_000, 0
     for _ in range(n):
         kids, rows = draw_iid(q, 2, rng)
-        path, _ = verify_sampled(kids, [-1, -1], rows, np.stack([p, p, p]), rng)
+        path, _ = sampled_tree(kids, [-1, -1], rows, np.stack([p, p, p]), rng)
         hits += bool(path)
     assert abs(hits / n - expected) < 4.5 * np.sqrt(expected * (1 - expected) / n), (hits / n, expected)
     assert expected > a1 + 0.02, "the second sibling should add visibly"
 
 
 def test_chain_rule_is_the_tree_rule_on_a_chain():
-    """On a chain, verify_sampled makes the chain rule's decisions with the same random draws."""
+    """On a chain, sampled_tree makes the chain rule's decisions with the same random draws."""
     from specdec.verify import sampled_chain
 
     world, rng = World(T1, seed=5), np.random.default_rng(6)
@@ -266,7 +266,7 @@ def test_chain_rule_is_the_tree_rule_on_a_chain():
         tokens, parents, q, paths = draft_tree(world, [], (1, 1, 1), honest("iid"), rng)
         p = np.stack([world.row([], "p")] + [world.row(path, "p") for path in paths])
         seed = int(rng.integers(1 << 30))
-        path, last = verify_sampled(tokens, parents, q, p, np.random.default_rng(seed))
+        path, last = sampled_tree(tokens, parents, q, p, np.random.default_rng(seed))
         n_accepted, chain_last = sampled_chain(tokens, q, p, np.random.default_rng(seed))
         assert (path, last) == (list(range(n_accepted)), chain_last), trial
 
@@ -277,16 +277,16 @@ def test_greedy_walk():
     # root -> nodes 0 (token 2) and 1 (token 1); node 1 -> node 2 (token 3) and node 3 (token 0)
     tokens, parents = [2, 1, 3, 0], [-1, -1, 1, 1]
     # root: argmax 1 = node 1; row 2: argmax 0 = node 3, a leaf; row 4: the bonus, argmax 3
-    assert verify_greedy(tokens, parents, logits) == ([1, 3], 3)
-    assert verify_greedy([2, 3], [-1, -1], logits[:3]) == ([], 1)  # no child matches: the target's argmax
-    assert verify_greedy([1, 2], [-1, 0], logits[:3]) == ([0], 0)  # a mismatch below an accepted node
+    assert greedy_tree(tokens, parents, logits) == ([1, 3], 3)
+    assert greedy_tree([2, 3], [-1, -1], logits[:3]) == ([], 1)  # no child matches: the target's argmax
+    assert greedy_tree([1, 2], [-1, 0], logits[:3]) == ([0], 0)  # a mismatch below an accepted node
 
 
 def test_typical_acceptance_takes_the_longest_passing_path():
     p = np.array([[0.5, 0.5, 0, 0]] * 5, np.float32)  # entropy ln 2: threshold min(0.09, 0.15) = 0.09
     rng = np.random.default_rng(0)
-    assert verify_typical([0, 1, 1, 0], [-1, -1, 1, 2], p, rng)[0] == [1, 2, 3]
-    assert verify_typical([2, 3], [-1, 0], p, rng)[0] == []  # p(2) = 0 fails; its child is cut off
+    assert typical_tree([0, 1, 1, 0], [-1, -1, 1, 2], p, rng)[0] == [1, 2, 3]
+    assert typical_tree([2, 3], [-1, 0], p, rng)[0] == []  # p(2) = 0 fails; its child is cut off
 
 
 def test_sibling_helpers():
