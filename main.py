@@ -5,6 +5,7 @@
     python main.py --draft ngram --target_model_size 124M
     python main.py --K auto --json
     python main.py --target_model_size stdlib-6L --draft stdlib-2L --prompt "def parse(line):"   # offline
+    python main.py --draft ngram --tree auto          # token trees: up to N draft tokens per round, or auto
 
 This file is flags and printing only: specdec.harness.race runs and times both
 decoders and returns a report, which this prints as text or JSON.
@@ -62,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--K", default="4", help="draft tokens per round: an integer 1..32, 'auto' (chosen from measured costs and "
         "the running acceptance rate) or 'adaptive' (grow on full acceptance, shrink on rejection) "
         "(default: %(default)s)")
+    add("--tree", default=None, metavar="N|auto", help="draft a token tree of up to N tokens (depth K) per round "
+        "instead of a chain of K, or 'auto' (the tree cost model picks N each round); default: a chain")
     add("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
     add("--temperature", type=float, default=0.0, help="0 is greedy decoding (default: %(default)s)")
     add("--top_k", type=int, default=None, help="keep only the k most likely tokens")
@@ -88,6 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(message)
     try:
         args.K = parse_k(args.K)
+        args.tree = parse_tree(args.tree)
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
         SamplingParams(args.temperature, args.top_k, args.top_p)
         for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):
@@ -156,14 +160,16 @@ def run(args) -> int:
         f"loaded in {target_load:.2f} s")  # fmt: skip
     say(f"draft:  {draft_label}" + (f", loaded in {draft_load:.2f} s" if draft_load else ""))
     say(f"prompt: {shorten(args.prompt)!r} ({plural(len(prompt_ids), 'token')})")
-    say(f"{args.n_tokens_to_generate} new tokens, K={args.K}, {sampling}, seed {args.seed}, repeats {args.repeats}")
+    tree = f", tree={args.tree}" if args.tree else ""
+    say(f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}")
     say("(measuring the forward-pass costs" + (", then a short untimed warm-up)" if not args.no_warmup else ")"))
 
     stream = Stream(args, tokenizer, draft_label) if not args.json else None
     decoders = [d for d in ("autoregressive", "speculative") if args.only in (None, d)]
     report = race(target, draft, prompt_ids, args.n_tokens_to_generate, K=args.K, temperature=args.temperature,
                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats, warmup=not args.no_warmup,
-                  k_max=args.k_max, decoders=decoders, on_token=stream, on_decoder=stream and stream.start)  # fmt: skip
+                  k_max=args.k_max, decoders=decoders, on_token=stream, on_decoder=stream and stream.start,
+                  tree=args.tree)  # fmt: skip
     if stream:
         stream.finish()
         print()
@@ -192,7 +198,7 @@ class Stream:
         self.kind, self.decoder = decoder, codecs.getincrementaldecoder("utf-8")(errors="replace")
         a = self.args
         title = (f"autoregressive ({a.target_model_size} alone)" if decoder == "autoregressive"
-                 else f"speculative (draft: {self.draft_label}, K={a.K})")  # fmt: skip
+                 else f"speculative (draft: {self.draft_label}, K={a.K}" + (f", tree={a.tree})" if a.tree else ")"))  # fmt: skip
         print(f"\n── {title} " + "─" * max(3, 70 - len(title)), file=self.out)
         if decoder == "speculative" and self.colour:
             print("legend: " + "  ".join(f"{COLOURS[k]}{v}{RESET}" for k, v in LEGEND.items()), file=self.out)
@@ -217,6 +223,15 @@ def check_same_tokenizer(target, draft, args) -> None:
     if target.tokenizer and draft.tokenizer and encode(target) != encode(draft):
         raise ValueError(f"the draft {args.draft} and target {args.target_model_size} tokenize text differently; "
                          f"speculative decoding needs a draft with the target's tokenizer")
+
+
+def parse_tree(text: str | None):
+    """--tree: None (a chain), a node budget 1..64, or 'auto'."""
+    if text is None or text == "auto":
+        return text
+    if not text.isdigit() or not 1 <= int(text) <= 64:
+        raise ValueError(f"--tree must be a node budget 1..64 or 'auto', got {text!r}")
+    return int(text)
 
 
 def plural(n: int, word: str) -> str:

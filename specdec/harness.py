@@ -32,6 +32,7 @@ from .sampling import SamplingParams
 from .specs import K_LIMIT, make_k_policy, parse_k
 from .speculative import speculative_sample
 from .timing import Costs, measure_costs
+from .treecost import TreePolicy, make_tree_policy
 
 DECODERS = ("autoregressive", "speculative")
 
@@ -142,7 +143,17 @@ class RaceReport:
             "tokens_per_round": len(res.tokens) / res.rounds if res.rounds else math.nan,
             "tokens_per_target_call": res.tokens_per_target_call,
             "measured_speedup": self.speedup,
+            "tau": res.tau,
+            "depth_acceptance": res.depth_acceptance,
         }
+        if self.settings.get("tree") is not None and res.rounds:
+            # A tree: tau tokens per round for draft passes plus one pass over (mean nodes + 1) tokens.
+            nodes, passes = res.mean_k, res.draft_calls / res.rounds
+            verify = float(np.interp(nodes + 1, np.arange(1, len(r) + 1), r))  # r(nodes + 1)
+            out["mean_nodes"], out["draft_passes_per_round"] = nodes, passes
+            out["tree_verify_cost_ratio"] = verify
+            out["tree_predicted_speedup"] = res.tau / (c * passes + verify)
+            return out
         k = round(k_mean)
         if k and not math.isnan(alpha):
             out["tokens_per_round_expected"] = expected_tokens_per_round(alpha, k)
@@ -246,6 +257,16 @@ class RaceReport:
             ("draft / target passes", f"{r.draft_calls} / {r.target_calls}"),
             ("cost of a draft step, c = draft / target", costs),
         ]  # fmt: skip
+        rows.append(("tau: tokens per verification pass", f"{r.tau:.2f}"))
+        rows.append(("acceptance by depth (1st, 2nd, ... drafted token)",
+                     " ".join(f"{a:.2f}" for a in summary["depth_acceptance"]) or "-"))  # fmt: skip
+        if "tree_predicted_speedup" in summary:
+            n = summary["mean_nodes"]
+            rows += [
+                ("mean tree nodes per round", f"{n:.2f}  ({summary['draft_passes_per_round']:.2f} draft passes)"),
+                (f"target pass over {n + 1:.1f} tokens vs 1 token", f"{summary['tree_verify_cost_ratio']:.2f}x"),
+                ("predicted speedup tau / (c * passes + r(nodes + 1))", f"{summary['tree_predicted_speedup']:.2f}x"),
+            ]
         if "predicted_speedup" in summary:
             k = round(summary["mean_k"])
             best = summary["best_k"]
@@ -279,7 +300,7 @@ def race(
     target: GPT2, draft, prompt, n_tokens: int, K=4,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = 0,
     repeats: int = 1, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
-    on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None,
+    on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
 ) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request and time them.
 
@@ -288,7 +309,8 @@ def race(
     from the measured costs and the acceptance rate so far). decoders: which to run.
     on_token(token, kind) streams the first repeat, as in the samplers; on_decoder(name)
     is called before each decoder's streamed run. Every repeat uses the same seed, so
-    repeats produce the same tokens and differ only in time.
+    repeats produce the same tokens and differ only in time. tree: None (chains), a node
+    budget N, or "auto" (treecost.TreePolicy on the measured c and r).
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup
@@ -303,14 +325,17 @@ def race(
     if run_speculative:
         make_drafter(draft, target)
         K = parse_k(K)  # a word or an int: each run gets a fresh policy
+        make_tree_policy(tree, None, target)  # checks `tree`
     if not 1 <= k_max <= K_LIMIT:
         raise ValueError(f"k_max must be in 1..{K_LIMIT}, got {k_max}")
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     m_max = max(k_max, K if isinstance(K, int) else 0) + 1  # up to the widest verification pass
+    if tree is not None:
+        m_max = max(m_max, (tree if isinstance(tree, int) else TreePolicy(0.0).n_max) + 1)
     costs = measure_costs(target, draft if run_speculative else None, prompt, m_max=m_max, repeats=3)
     settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
-                    top_k=top_k, top_p=top_p, seed=seed, repeats=repeats)  # fmt: skip
+                    top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
@@ -322,12 +347,14 @@ def race(
             return Run(result, seconds, verify_seconds=seconds)
         drafter = make_drafter(draft, target)
         k_policy = make_k_policy(K, k_max, costs=lambda: costs)
+        tree_policy = TreePolicy(costs.c, costs.r) if tree == "auto" else tree  # learns afresh each run
         with (
             _Stopwatch(drafter, "propose") as drafting,
             _Stopwatch(target, "forward", skip_while=drafting) as verifying,
         ):
             start = time.perf_counter()
-            result = speculative_sample(target, drafter, prompt, n, K=k_policy, on_token=stream, **sampling)
+            result = speculative_sample(target, drafter, prompt, n, K=k_policy, on_token=stream, tree=tree_policy,
+                                        **sampling)  # fmt: skip
             seconds = time.perf_counter() - start
         return Run(result, seconds, drafting.seconds, verifying.seconds)
 

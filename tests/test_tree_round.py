@@ -7,6 +7,8 @@ of width 1; both caches hold exactly the accepted text after every round.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -194,3 +196,34 @@ def test_tree_auto_learns_and_reports(target):
     auto = speculative_sample(target, target, prompt, 20, K=3, tree="auto")  # c and r by default
     assert auto.tokens == autoregressive_sample(target, prompt, 20).tokens
     assert auto.tau == pytest.approx((auto.accepted + auto.rounds) / auto.rounds)
+
+
+# --- main.py --tree ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tree", ["6", "auto"])
+def test_cli_tree(tmp_path, capsys, tree):
+    import sys
+
+    from conftest import ROOT, write_checkpoint
+
+    sys.path.insert(0, str(ROOT))
+    import main
+
+    target = tiny_model(seed=1)
+    write_checkpoint(tmp_path / "target", target)
+    write_checkpoint(tmp_path / "draft", perturbed(target, 0.05, seed=4))
+    argv = ["--target_model_size", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+            "--prompt", "the cat in the hat", "--n_tokens_to_generate", "20", "--K", "3", "--tree", tree]  # fmt: skip
+    assert main.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"tree={tree}" in out and "tau: tokens per verification pass" in out
+    assert "acceptance by depth" in out and "predicted speedup tau / (c * passes + r(nodes + 1))" in out
+    assert out.split("identical text at temperature 0")[1].split()[0] == "yes"
+    assert main.main([*argv, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert summary["tau"] >= 1 and summary["mean_nodes"] >= (3 if tree == "6" else 1)
+    assert len(summary["depth_acceptance"]) <= 3
+    with pytest.raises(SystemExit) as e:
+        main.main([*argv[:-1], "wide"])
+    assert e.value.code == 2 and "--tree must be" in capsys.readouterr().err
