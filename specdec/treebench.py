@@ -1,28 +1,37 @@
 """Token trees on this machine: what a tree pass costs, and what trees buy.
 
 What it adds over specdec.bench: the tree-specific numbers. Like specdec.bench,
-a script that prints tables (never a test); weights are GPT-2-shaped random
-arrays built in memory unless --models_dir gives trained checkpoints.
+a script that prints tables (never a test).
 
 Commands:
-    python -m specdec.treebench --only r                 # r(N): a pass over 1 + N tree nodes, N = 0..16
-    python -m specdec.treebench --only r --sizes 124M --repeats 20
+    python -m specdec.treebench --only r                          # r(N + 1) for N = 0..16 tree nodes, 124M and 355M
+    python -m specdec.treebench --only tau --target 124M --draft ngram,early_exit:4
+    python -m specdec.treebench --only tau --target stdlib-6L --draft stdlib-2L,early_exit:2,ngram
 
 Sections (`--only`, comma-separated):
-    r      time of one target pass over the root and N tree nodes (a width-2 tree,
-           with its mask) and over a chain of the same length, relative to a
-           1-token step: r(N + 1) in the cost model's notation, at context 256
+    r      time of one target pass over the root and N tree nodes (a breadth-first
+           binary tree, with its mask) and over a chain of the same length,
+           relative to a 1-token step, at context 256, on GPT-2-shaped random weights
+    tau    speculative decoding with chains and trees (--trees) at --temperatures:
+           tau (tokens per verification pass), acceptance by depth, nodes drafted
+           per round, and the wall-time speedup over autoregressive decoding of the
+           same request. Targets and drafts: a GPT-2 shape name (random weights:
+           meaningful times, meaningless acceptance) or anything load_model takes.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import numpy as np
 
+from .autoregressive import autoregressive_sample
 from .bench import SIZES, VERIFY_CTX, filled_cache, stats_ms, table
+from .checkpoint import load_model
 from .gpt2 import GPT2, random_weights
+from .speculative import speculative_sample
 from .timing import time_calls
 
 N_MAX = 16  # tree nodes per pass: up to 17 new tokens
@@ -34,8 +43,9 @@ def width_two_tree(n: int) -> list[int]:
 
 
 def measure_r(model: GPT2, repeats: int, rng: np.random.Generator) -> dict:
-    """Times of a pass over m = 1 .. N_MAX + 1 new tokens, as a chain and as root + binary tree."""
+    """{kind: {m: (r, stats)}} for passes over m = 1 .. N_MAX + 1 new tokens, as a chain and as root + tree."""
     cache = filled_cache(model, VERIFY_CTX, rng)
+    cache.reserve(VERIFY_CTX + N_MAX + 1)
     tokens = [int(t) for t in rng.integers(0, model.n_vocab, N_MAX + 1)]
     calls = {}
     for m in range(1, N_MAX + 2):
@@ -69,17 +79,91 @@ def section_r(args, out) -> dict:
     return results
 
 
-SECTIONS = {"r": section_r}
+def model(name: str, models_dir: str) -> GPT2:
+    """A GPT-2 shape name: random weights; anything else: load_model."""
+    if name in SIZES:
+        return GPT2(SIZES[name], random_weights(SIZES[name]), name=f"{name} (random weights)")
+    return load_model(name, models_dir, progress=False)
+
+
+def prompts_for(target: GPT2, args) -> list[list[int]]:
+    if target.tokenizer is None or args.prompt is None:
+        rng = np.random.default_rng(args.seed)
+        return [[int(t) for t in rng.integers(0, target.n_vocab, 16)] for _ in range(args.n_prompts)]
+    return [target.tokenizer.encode(text) for text in args.prompt.split("|||")]
+
+
+def section_tau(args, out) -> dict:
+    target = model(args.target, args.models_dir)
+    prompts = prompts_for(target, args)
+    results, rows = [], []
+    for temperature in args.temperatures:
+        sampling = dict(temperature=temperature, seed=args.seed)
+        start = time.perf_counter()
+        for prompt in prompts:
+            autoregressive_sample(target, prompt, args.n_tokens, **sampling)
+        ar_seconds = time.perf_counter() - start
+        for draft_name in args.drafts:
+            draft = draft_name if ":" in draft_name or draft_name == "ngram" else model(draft_name, args.models_dir)
+            for tree in args.trees:
+                tokens = passes = accepted = drafted = rounds = 0
+                depth_hits, depth_tests = np.zeros(args.K), np.zeros(args.K)
+                start = time.perf_counter()
+                for prompt in prompts:
+                    res = speculative_sample(target, draft, prompt, args.n_tokens, K=args.K, tree=tree, **sampling)
+                    tokens += len(res.tokens)
+                    rounds, accepted, drafted = rounds + res.rounds, accepted + res.accepted, drafted + res.drafted
+                    for n, j in zip(res.accepted_per_round, res.judged_per_round):
+                        depth_tests[: min(j, args.K)] += 1
+                        depth_hits[: min(n, args.K)] += 1
+                seconds = time.perf_counter() - start
+                tau = (accepted + rounds) / rounds
+                by_depth = [h / t for h, t in zip(depth_hits, depth_tests) if t]
+                entry = dict(temperature=temperature, draft=draft_name, tree=tree, tau=tau, depth_acceptance=by_depth,
+                             nodes_per_round=drafted / rounds, speedup=ar_seconds / seconds,
+                             ms_per_token=1e3 * seconds / tokens)  # fmt: skip
+                results.append(entry)
+                rows.append([temperature, draft_name, "chain" if tree is None else tree, tau,
+                             " ".join(f"{a:.2f}" for a in by_depth[:6]), drafted / rounds,
+                             1e3 * seconds / tokens, ar_seconds / seconds])  # fmt: skip
+    table(out, f"tau: chains and trees, target {target.name}",
+          f"{len(prompts)} prompts x {args.n_tokens} tokens, K={args.K} (a tree's depth), seed {args.seed}; "
+          f"speedup = autoregressive time / speculative time of the same requests, one run each",
+          ["T", "draft", "tree", "tau", "acceptance by depth", "nodes/round", "ms/token", "speedup"], rows)  # fmt: skip
+    return {"target": target.name, "runs": results}
+
+
+SECTIONS = {"r": section_r, "tau": section_tau}
+
+
+def tree_setting(text: str):
+    return None if text in ("none", "chain") else text if text == "auto" else int(text)
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m specdec.treebench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m specdec.treebench", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--only", default="r", help=f"sections, from {','.join(SECTIONS)} (default r)")
-    p.add_argument("--sizes", default="124M,355M", help="GPT-2 shapes for r (default 124M,355M)")
-    p.add_argument("--repeats", type=int, default=15, help="timed repeats per measurement (default 15)")
+    p.add_argument("--sizes", default="124M,355M", help="r: GPT-2 shapes (default 124M,355M)")
+    p.add_argument("--repeats", type=int, default=15, help="r: timed repeats per pass (default 15)")
+    p.add_argument("--target", default="124M", help="tau: the target (default 124M, random weights)")
+    p.add_argument("--draft", default="ngram", help="tau: comma-separated drafts: models, ngram, early_exit:L")
+    p.add_argument("--trees", default="none,4,8,auto", help="tau: comma-separated: none (chain), N, auto")
+    p.add_argument("--temperatures", default="0,1", help="tau: comma-separated temperatures (default 0,1)")
+    p.add_argument("--K", type=int, default=4, help="tau: chain length, and a tree's depth (default 4)")
+    p.add_argument("--n-tokens", type=int, default=64, help="tau: tokens per request (default 64)")
+    p.add_argument("--prompt", default=None, help="tau: prompts separated by '|||' (default: random ids)")
+    p.add_argument("--n-prompts", type=int, default=3, help="tau: random prompts when --prompt is not given")
+    p.add_argument("--models_dir", default="models")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.sizes = [s.strip() for s in args.sizes.split(",")]
+    args.drafts = [s.strip() for s in args.draft.split(",")]
+    try:
+        args.trees = [tree_setting(s.strip()) for s in args.trees.split(",")]
+        args.temperatures = [float(t) for t in args.temperatures.split(",")]
+    except ValueError:
+        p.error("--trees takes none, N or auto; --temperatures numbers, comma-separated")
     bad = [s for s in args.sizes if s not in SIZES] + [s for s in args.only.split(",") if s not in SECTIONS]
     if bad:
         p.error(f"unknown size or section: {', '.join(bad)} (sizes: {', '.join(SIZES)}; sections: {', '.join(SECTIONS)})")
