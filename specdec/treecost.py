@@ -30,6 +30,7 @@ import heapq
 import numpy as np
 
 from .costmodel import verify_cost
+from .gpt2 import GPT2
 from .verify import children_of
 
 
@@ -179,14 +180,20 @@ class FixedTree:
         pass
 
 
+OTHER_DRAFT_COST = 0.1  # c assumed for a drafter that is neither a GPT-2 nor model-free (heads: one block + a head)
+
+
 def draft_step_cost(drafter, target) -> float:
     """c, estimated without timing: a GPT-2 step on a CPU is memory-bound, so a
     draft step costs about the bytes of weights it reads over the target's.
     0 for a drafter without a model (n-gram); the first L blocks and the LM head
-    for early exit. Pass a measured TreePolicy instead where timings exist."""
+    for early exit; OTHER_DRAFT_COST for anything else. Pass a TreePolicy with
+    measured costs instead where timings exist (main.py and race do)."""
     model = getattr(drafter, "model", None)
     if model is None:
         return 0.0
+    if not isinstance(model, GPT2):
+        return OTHER_DRAFT_COST
 
     def step_bytes(m, n_layer):  # n_layer blocks (12 n_embd^2 weights each) + the LM head
         return n_layer * 12 * m.n_embd**2 + m.n_vocab * m.n_embd
