@@ -37,23 +37,34 @@ from .verify import children_of
 class TreeAcceptance:
     """Online estimate of a[d, j] from verified rounds: decaying counts per (depth, rank).
 
-    Starts from `prior` (a[d, j] = prior * 0.5**j: later candidates are usually
-    worse), weighted as `prior_weight` trials, and forgets with `decay` per
-    update, like costmodel.CostModelK, so it follows the text.
+    Counts forget with `decay` per update, like costmodel.CostModelK, so the
+    estimate follows the text. A cell seen rarely borrows from its neighbour,
+    weighted as `prior_weight` trials: depth d from depth d - 1 at the same
+    rank, and at the first depth rank j from half of rank j - 1 (later
+    candidates are usually worse), starting from `prior` for the first
+    candidate. So a policy that has only drafted short trees still predicts
+    deeper ones from what it saw, rather than from a fixed guess it can never
+    correct without trying.
     """
 
     def __init__(self, max_depth: int = 16, max_rank: int = 16, prior: float = 0.6, prior_weight: float = 2.0,
                  decay: float = 0.95):  # fmt: skip
         if not (0 <= prior <= 1 and prior_weight > 0 and 0 < decay <= 1):
             raise ValueError("TreeAcceptance needs 0 <= prior <= 1, prior_weight > 0 and 0 < decay <= 1")
-        self.decay = decay
-        self.trials = np.full((max_depth, max_rank), prior_weight)  # [depth, rank]
-        self.hits = self.trials * prior * 0.5 ** np.arange(max_rank)  # [depth, rank]
+        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self.trials = np.zeros((max_depth, max_rank))  # [depth, rank] candidates tested (decayed)
+        self.hits = np.zeros((max_depth, max_rank))  # [depth, rank] of which accepted
 
     @property
     def rates(self) -> np.ndarray:
-        """a[d, j], [max_depth, max_rank]."""
-        return self.hits / self.trials
+        """a[d, j], [max_depth, max_rank]: (hits + w * neighbour) / (trials + w)."""
+        rates = np.zeros_like(self.trials)
+        w = self.prior_weight
+        for d in range(rates.shape[0]):
+            for j in range(rates.shape[1]):
+                borrowed = rates[d - 1, j] if d else (0.5 * rates[0, j - 1] if j else self.prior)
+                rates[d, j] = (self.hits[d, j] + w * borrowed) / (self.trials[d, j] + w)
+        return rates
 
     def update(self, parents: list[int], path: list[int]) -> None:
         """Count one verified tree: at every node the path reached, each child tested and whether it was accepted."""

@@ -146,8 +146,8 @@ def test_dynamic_tree_sampling_matches_the_target():
 
 
 def test_chain_of_constant_acceptance_gives_the_chain_formula():
-    acc = TreeAcceptance(prior=0.7, prior_weight=1.0)
-    acc.hits[:, 0] = acc.trials[:, 0] * 0.7  # a[d, 0] = 0.7 at every depth
+    acc = TreeAcceptance()
+    acc.trials[:, 0], acc.hits[:, 0] = 1e9, 0.7e9  # a[d, 0] = 0.7 at every depth
     for k in (1, 3, 6):
         chain = list(range(-1, k - 1))
         assert acc.expected_tokens(chain) == pytest.approx(expected_tokens_per_round(0.7, k))
@@ -180,9 +180,20 @@ def test_acceptance_is_learned_and_predicts_tau():
     assert acc.expected_tokens(parents) == pytest.approx(np.mean(lengths), abs=0.02)
 
 
+def test_unseen_depths_borrow_from_the_depth_above():
+    acc = TreeAcceptance(prior=0.6)
+    np.testing.assert_allclose(acc.rates[:, 0], 0.6)  # nothing seen: the prior everywhere
+    np.testing.assert_allclose(acc.rates[0, :3], [0.6, 0.3, 0.15])
+    for _ in range(50):
+        acc.update([-1], [0])  # one-node trees, always accepted
+    assert acc.rates[0, 0] > 0.95 and acc.rates[5, 0] > 0.95  # deeper cells follow what depth 0 showed
+    assert TreePolicy(c=0.0, r=[1.0, 1.3, 1.6, 1.8, 2.0], n_max=4, acceptance=acc).next_nodes() > 1
+
+
 def test_tree_policy_follows_the_verification_cost():
     acc = TreeAcceptance()
-    acc.hits[:, 0], acc.hits[:, 1:] = 0.8 * acc.trials[:, 0], 0.3 * acc.trials[:, 1:]  # a = 0.8, 0.3, 0.3 ...
+    acc.trials[:] = 1e9
+    acc.hits[:, 0], acc.hits[:, 1:] = 0.8e9, 0.3e9  # a = 0.8, 0.3, 0.3 ...
     assert TreePolicy(c=0.0, r=None, n_max=8, acceptance=acc).next_nodes() == 8  # r = 1: more nodes are free
     assert TreePolicy(c=0.0, r=lambda m: float(m), n_max=8, acceptance=acc).next_nodes() == 1  # r(m) = m
     measured = [1.0, 1.3, 1.6, 1.8, 2.0, 2.2, 2.4, 2.6, 2.8]  # a CPU-like curve, r(1..9)
