@@ -144,7 +144,7 @@ class RaceReport:
             "tokens_per_target_call": res.tokens_per_target_call,
             "measured_speedup": self.speedup,
             "tau": res.tau,
-            "depth_acceptance": res.depth_acceptance,
+            "depth_acceptance": res.acceptance_by_position,
         }
         if self.settings.get("tree") is not None and res.rounds:
             # A tree: tau tokens per round for draft passes plus one pass over (mean nodes + 1) tokens.

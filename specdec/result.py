@@ -35,7 +35,7 @@ class DecodeResult:
     k_max: int = 0  # the most drafts a round could ask for (sizes the histogram)
     tokenizer: object = field(default=None, repr=False, compare=False)  # the target's, for .text (None: unknown)
 
-    judged_per_round: list[int] = field(default_factory=list)  # depths at which a draft was tested
+    judged_per_round: list[int] = field(default_factory=list)  # depths tested per round (empty: chains, derived)
 
     def add_round(self, k: int, n_accepted: int, judged: int | None = None) -> None:
         """Record a speculative round that proposed k drafts (chain or tree) and accepted n_accepted of them.
@@ -82,24 +82,16 @@ class DecodeResult:
         """Estimated chance that one draft token is accepted (the paper's alpha):
         accepted / drafts actually judged (see costmodel.drafts_judged). For a tree: the
         chance that some candidate at a depth the path reached is accepted."""
-        judged = sum(self.judged_per_round)
+        judged = sum(self.judged)
         return self.accepted / judged if judged else math.nan
 
     @property
-    def tau(self) -> float:
-        """Mean tokens emitted per verification pass (accepted drafts + 1), over all rounds."""
-        return (self.accepted + self.rounds) / self.rounds if self.rounds else math.nan
-
-    @property
-    def depth_acceptance(self) -> list[float]:
-        """[d] = of the rounds that tested candidates at depth d (0 = the first drafted token),
-        the fraction that accepted one there. A chain's positional acceptance; a tree's per depth."""
-        deepest = max(self.judged_per_round, default=0)
-        rates = []
-        for d in range(deepest):
-            tested = sum(1 for j in self.judged_per_round if j > d)
-            rates.append(sum(1 for n in self.accepted_per_round if n > d) / tested)
-        return rates
+    def judged(self) -> list[int]:
+        """Per round, the depths at which candidates were tested (add_round's `judged`); for a
+        record without them (chains), costmodel.drafts_judged of each round's k and n."""
+        if len(self.judged_per_round) == self.rounds:
+            return list(self.judged_per_round)
+        return [drafts_judged(k, n) for k, n in zip(self.k_per_round, self.accepted_per_round)]
 
     @property
     def mean_k(self) -> float:
@@ -118,22 +110,25 @@ class DecodeResult:
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        """[i-1] = P(draft i accepted | drafts 1..i-1 accepted), i = 1..K (nan where never judged)."""
-        return acceptance_by_position(self.k_per_round, self.accepted_per_round)[0].tolist()
+        """[i-1] = P(draft i accepted | drafts 1..i-1 accepted), i = 1..K (nan where never judged).
+        For trees: P(some candidate at depth i accepted | the path reached depth i - 1)."""
+        # A round judged depths 1..judged: acceptance_by_position with k = judged counts exactly those.
+        return acceptance_by_position(self.judged, self.accepted_per_round)[0].tolist()
 
     @property
     def kinds(self) -> list[str]:
         """How each token was produced: "draft", "target" or "bonus" (as on_token was told).
 
         A round that accepted n of its k drafts emitted n "draft" tokens, then one
-        "bonus" if n == k > 0, else one "target" token; without rounds (plain
-        decoding) every token is the target's.
+        "bonus" if its path ended at a leaf (judged == n: for a chain, n == k) and
+        k > 0, else one "target" token; without rounds (plain decoding) every
+        token is the target's.
         """
         if not self.rounds:
             return ["target"] * len(self.tokens)
         kinds = []
-        for k, n in zip(self.k_per_round, self.accepted_per_round):
-            kinds += ["draft"] * n + ["bonus" if n == k > 0 else "target"]
+        for k, n, judged in zip(self.k_per_round, self.accepted_per_round, self.judged):
+            kinds += ["draft"] * n + ["bonus" if judged == n and k > 0 else "target"]
         return kinds
 
     @property
