@@ -22,7 +22,7 @@ from specdec.interfaces import Drafter, Proposal
 from specdec.medusa import MedusaDrafter
 from specdec.sampling import SamplingParams, probabilities
 from specdec.train import train
-from specdec.verification import verify_greedy, verify_sampled
+from specdec.verify import greedy_tree, sampled_tree
 from test_train import learnable_model
 
 PROMPT = [1, 2]
@@ -240,9 +240,9 @@ def tree_sample(target, drafter, prompt, n_tokens, k, nodes, params, rng):
         p = drafter.propose(ids, k_now, params, rng, nodes=nodes) if k_now > 0 else Proposal.chain([])
         logits, hidden = target.forward([ids[-1], *p.tokens], cache, return_hidden=True, parents=p.pass_parents())
         if params.greedy:
-            path, last = verify_greedy(p.tokens, p.parents, logits)
+            path, last = greedy_tree(p.tokens, p.parents, logits)
         else:
-            path, last = verify_sampled(p.tokens, p.parents, p.q, probabilities(logits, params), rng)
+            path, last = sampled_tree(p.tokens, p.parents, p.q, probabilities(logits, params), rng)
         kept = [0, *(i + 1 for i in path)]
         cache.keep(len(ids) - 1, kept)
         ids += [p.tokens[i] for i in path] + [last]
