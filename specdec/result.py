@@ -113,7 +113,7 @@ class DecodeResult:
         """[i-1] = P(draft i accepted | drafts 1..i-1 accepted), i = 1..K (nan where never judged).
         For trees: P(some candidate at depth i accepted | the path reached depth i - 1)."""
         # A round judged depths 1..judged: acceptance_by_position with k = judged counts exactly those.
-        return acceptance_by_position(self.judged, self.accepted_per_round)[0].tolist()
+        return acceptance_by_position(self.judged, self.accepted_per_round, self.k_max)[0].tolist()
 
     @property
     def kinds(self) -> list[str]:
@@ -159,7 +159,7 @@ class DecodeResult:
         return display.result_html(self)
 
 
-def acceptance_by_position(k_per_round, accepted_per_round) -> tuple[np.ndarray, np.ndarray]:
+def acceptance_by_position(k_per_round, accepted_per_round, k_max: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Per draft position i = 1..max k: (acceptance rate, rounds that judged position i).
 
     A round that proposed k drafts and accepted n judged positions 1..min(n+1, k):
@@ -171,7 +171,7 @@ def acceptance_by_position(k_per_round, accepted_per_round) -> tuple[np.ndarray,
     >>> rate.tolist(), judged.tolist()
     ([0.6666666666666666, 0.5, 1.0], [3, 2, 1])
     """
-    k_max = max(k_per_round, default=0)
+    k_max = max(k_max, *k_per_round, 0)  # positions 1..k_max, at least the longest round
     judged = np.zeros(k_max, dtype=np.int64)
     accepted = np.zeros(k_max, dtype=np.int64)
     for k, n in zip(k_per_round, accepted_per_round):
