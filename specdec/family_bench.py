@@ -36,7 +36,6 @@ from . import costmodel, family
 from .autoregressive import autoregressive_sample
 from .bench import SIZES, table
 from .checkpoint import load_model
-from .costmodel import drafts_judged
 from .gpt2 import GPT2, random_weights
 from .harness import jsonable
 from .speculative import speculative_sample
@@ -71,7 +70,7 @@ def measure_family(target: GPT2, draft: GPT2, args, rng: np.random.Generator) ->
                 t["tokens"] += len(out.tokens)
                 t["passes"] += out.rounds if name != "autoregressive" else len(out.tokens)
                 t["accepted"] += out.accepted
-                t["judged"] += sum(drafts_judged(k, n) for k, n in zip(out.k_per_round, out.accepted_per_round) if k)
+                t["judged"] += sum(out.judged)
         base = totals["autoregressive"]["seconds"]
         for name, t in totals.items():
             if name == "autoregressive":

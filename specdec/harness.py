@@ -322,8 +322,8 @@ def race(
     if unknown or not decoders:
         raise ValueError(f"decoders must be some of {DECODERS}, got {tuple(decoders)}")
     run_speculative = "speculative" in decoders
+    checked = make_drafter(draft, target) if run_speculative else None  # heads are read from disk once here
     if run_speculative:
-        make_drafter(draft, target)
         K = parse_k(K)  # a word or an int: each run gets a fresh policy
         make_tree_policy(tree, None, target)  # checks `tree`
     if not 1 <= k_max <= K_LIMIT:
@@ -333,7 +333,7 @@ def race(
     m_max = max(k_max, K if isinstance(K, int) else 0) + 1  # up to the widest verification pass
     if tree is not None:
         m_max = max(m_max, (tree if isinstance(tree, int) else TreePolicy(0.0).n_max) + 1)
-    costs = measure_costs(target, draft if run_speculative else None, prompt, m_max=m_max, repeats=3)
+    costs = measure_costs(target, checked, prompt, m_max=m_max, repeats=3)
     settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
                     top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)

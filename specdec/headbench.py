@@ -40,13 +40,11 @@ from .gpt2 import GPT2, HParams, random_weights
 from .heads import DraftVocab
 from .sampling import SamplingParams
 from .speculative import speculative_sample
+from .shapes import GPT2_SHAPES
 from .timing import time_calls
 from .train import eagle_step, medusa_step
 
-SHAPES = {
-    "124M": HParams(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
-    "355M": HParams(n_vocab=50257, n_ctx=1024, n_embd=1024, n_head=16, n_layer=24),
-}
+SHAPES = GPT2_SHAPES
 RESTRICTED = 8192  # an 8k draft vocabulary (EAGLE-3 / FR-Spec use 32k for LLaMA-3's 128k)
 
 
@@ -109,18 +107,17 @@ def accept(target: GPT2, drafts: list[str], prompts: list[list[int]], n_tokens: 
             drafter = make_drafter(spec if ":" in spec or spec in ("ngram",) else load_model(spec, progress=False),
                                    target)  # fmt: skip
             speculative_sample(target, drafter, prompts[0], n_tokens, K=K, temperature=t, seed=0)  # warm-up
-            drafted = accepted = passes = new = rounds = draft_calls = 0
+            drafted = accepted = new = rounds = draft_calls = 0
             spec_time = 0.0
             for i, prompt in enumerate(prompts):
                 start = time.perf_counter()
                 r = speculative_sample(target, drafter, prompt, n_tokens, K=K, temperature=t, seed=i)
                 spec_time += time.perf_counter() - start
                 drafted, accepted = drafted + r.drafted, accepted + r.accepted
-                passes += r.rounds
                 new += len(r.tokens)
                 rounds += r.rounds
                 draft_calls += r.draft_calls
-            rows.append({"drafter": spec, "T": t, "alpha": accepted / max(1, drafted), "tau": new / max(1, passes),
+            rows.append({"drafter": spec, "T": t, "alpha": accepted / max(1, drafted), "tau": new / max(1, rounds),
                          "draft_calls_per_round": draft_calls / max(1, rounds), "speedup": ar_time / spec_time})  # fmt: skip
     return rows
 

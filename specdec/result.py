@@ -37,16 +37,16 @@ class DecodeResult:
 
     judged_per_round: list[int] = field(default_factory=list)  # depths tested per round (empty: chains, derived)
 
-    def add_round(self, k: int, n_accepted: int, judged: int | None = None) -> None:
+    def add_round(self, k: int, n_accepted: int, judged: int) -> None:
         """Record a speculative round that proposed k drafts (chain or tree) and accepted n_accepted of them.
 
         judged: depths at which candidates were tested: n_accepted, plus one when
         the candidates below the last accepted node were all rejected (a tree's
-        path can also end at a leaf). Default: a chain's (costmodel.drafts_judged).
+        path can also end at a leaf).
         """
         self.k_per_round.append(k)
         self.accepted_per_round.append(n_accepted)
-        self.judged_per_round.append(drafts_judged(k, n_accepted) if judged is None else judged)
+        self.judged_per_round.append(judged)
 
     # Everything below is derived from the per-round record above.
 

@@ -46,7 +46,6 @@ from typing import Callable, TextIO
 import numpy as np
 
 from .autoregressive import autoregressive_sample
-from .costmodel import drafts_judged
 from .gpt2 import GPT2, HParams
 from .sampling import SamplingParams, probabilities
 from .speculative import speculative_sample
@@ -99,9 +98,9 @@ class Tally:
         self.ar_seconds += ar_seconds
         self.spec_seconds += spec_seconds
         self.tokens += len(result.tokens)
-        self.rounds += len(result.k_per_round)
-        self.accepted += sum(result.accepted_per_round)
-        self.judged += sum(drafts_judged(k, n) for k, n in zip(result.k_per_round, result.accepted_per_round) if k)
+        self.rounds += result.rounds
+        self.accepted += result.accepted
+        self.judged += sum(result.judged)
         self.prompts += 1
 
     def row(self) -> dict:

@@ -106,7 +106,7 @@ def section_tau(args, out) -> dict:
         for draft_name in args.drafts:
             draft = draft_name if ":" in draft_name or draft_name == "ngram" else model(draft_name, args.models_dir)
             for tree in args.trees:
-                tokens = passes = accepted = drafted = rounds = 0
+                tokens = accepted = drafted = rounds = 0
                 depth_hits, depth_tests = np.zeros(args.K), np.zeros(args.K)
                 start = time.perf_counter()
                 for prompt in prompts:

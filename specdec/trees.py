@@ -36,7 +36,7 @@ import numpy as np
 
 from .gpt2 import GPT2, KVCache, softmax
 from .sampling import SamplingParams, point_mass, probabilities
-from .verify import draw_without_replacement, top_k_distinct
+from .verify import draw_without_replacement, top_k_tokens
 
 
 def continuation(text: np.ndarray, start: int, k: int) -> list[int]:
@@ -93,7 +93,8 @@ def ngram_tree(ids, depth: int, nodes: int, n_max: int = 3, n_min: int = 1) -> t
             latest[path] = start
     kept = sorted(count, key=lambda v: (-count[v], len(v), -latest[v]))[:nodes]
     # Breadth first; siblings in the order of `kept` (most frequent first). Parents precede children in `kept`.
-    order = sorted(kept, key=lambda v: (len(v), kept.index(v)))
+    rank = {v: i for i, v in enumerate(kept)}
+    order = sorted(kept, key=lambda v: (len(v), rank[v]))
     index = {v: i for i, v in enumerate(order)}
     return [v[-1] for v in order], [index.get(v[:-1], -1) for v in order]
 
@@ -143,7 +144,7 @@ def dynamic_tree(
             row = logits[parent + 1]  # [n_vocab]
             if params.greedy:
                 probs = softmax(row)  # only to rank paths; greedy verification never reads q
-                kids, _ = top_k_distinct(row, room, floor=-np.inf)
+                kids = top_k_tokens(row, room, floor=-np.inf)
             else:
                 probs = probabilities(row[None], params)[0]  # [n_vocab], filtered like the target
                 kids, rows = draw_without_replacement(probs, room, rng)

@@ -307,19 +307,25 @@ def draw_without_replacement(q: np.ndarray, n: int, rng: np.random.Generator) ->
     return tokens, np.stack(rows)
 
 
-def top_k_distinct(scores: np.ndarray, n: int, floor: float = 0.0) -> tuple[list[int], np.ndarray]:
-    """The n highest-scoring tokens of a [n_vocab] row, best first, with point-mass q rows.
+def top_k_tokens(scores: np.ndarray, n: int, floor: float = 0.0) -> list[int]:
+    """The n highest-scoring tokens of a [n_vocab] row, best first.
 
     scores: probabilities (tokens at probability `floor` = 0 are never proposed)
-    or logits (pass floor=-np.inf). Deterministic, so each sibling's q row is a
-    point mass on its token. Fewer than n come back when fewer tokens score
-    above the floor. Ties go to the lowest id, as in sampling.greedy.
+    or logits (pass floor=-np.inf). Fewer than n come back when fewer tokens
+    score above the floor. Ties go to the lowest id, as in sampling.greedy.
     """
     n = min(n, int(np.count_nonzero(scores > floor)))
     if n == 0:
-        return [], np.zeros((0, len(scores)), np.float32)
+        return []
     kth = np.partition(scores, -n)[-n]  # the n-th highest score, without sorting 50257 values
     above = np.flatnonzero(scores > kth)
     ties = np.flatnonzero(scores == kth)[: n - len(above)]  # the lowest ids among equals
-    tokens = sorted([*above.tolist(), *ties.tolist()], key=lambda t: (-scores[t], t))
+    return sorted([*above.tolist(), *ties.tolist()], key=lambda t: (-scores[t], t))
+
+
+def top_k_distinct(scores: np.ndarray, n: int, floor: float = 0.0) -> tuple[list[int], np.ndarray]:
+    """top_k_tokens with their q rows: deterministic siblings, so each row is a point mass on its token."""
+    tokens = top_k_tokens(scores, n, floor)
+    if not tokens:
+        return [], np.zeros((0, len(scores)), np.float32)
     return tokens, np.stack([point_mass(t, len(scores)) for t in tokens])
