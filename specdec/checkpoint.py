@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import threads
 from .gpt2 import GPT2, Block, HParams, Linear, Weights
 from .hub import (  # noqa: F401 (re-exported: the names other code imports from here)
     CHECKPOINT_FILES,
@@ -160,17 +161,28 @@ def weights_from_tensors(tensors: dict[str, np.ndarray], hparams: HParams, sourc
 def _check_finite(array: np.ndarray, name: str, source: str) -> None:
     """Refuse NaN or infinite weights, which would make every logit NaN (greedy then emits token 0 forever).
 
-    A chunked scan (no full-size temporary) that names the tensor: 0.023 s
-    for GPT-2 124M's 498 MB in the page cache, about 13% of load_folder's
-    0.17 s (2 cores, load average 1.3).
+    A chunked scan (no full-size temporary) that names the tensor, split over
+    specdec's workers (threads.py) like the matrix products: for GPT-2 355M's
+    1.4 GB in the page cache, 0.09 s of a 0.4 s load_folder on 2 cores.
     """
-    flat = array.reshape(-1)
-    for start in range(0, flat.size, 1 << 20):
-        if not np.isfinite(flat[start : start + (1 << 20)]).all():
-            raise CheckpointError(
-                f"{source}: tensor {name!r} holds NaN or infinite values; the file is corrupt (or the model diverged "
-                f"in training), delete it and download again"
-            )
+    flat = np.asarray(array).reshape(-1)  # a plain view: slicing an np.memmap costs a Python object per slice
+    chunk = 1 << 20
+    starts = range(0, flat.size, chunk)
+    n_parts = max(1, min(threads.default_workers(), len(starts)))
+    finite = [True] * n_parts
+
+    def scan(part: int) -> None:
+        for start in starts[part::n_parts]:
+            if not np.isfinite(flat[start : start + chunk]).all():
+                finite[part] = False
+                return
+
+    threads.workers(n_parts).run([lambda part=part: scan(part) for part in range(n_parts)])
+    if not all(finite):
+        raise CheckpointError(
+            f"{source}: tensor {name!r} holds NaN or infinite values; the file is corrupt (or the model diverged "
+            f"in training), delete it and download again"
+        )
 
 
 def check_finite_logits(logits: np.ndarray, model_name: str) -> np.ndarray:

@@ -107,10 +107,17 @@ def _check_vocab(vocab, vocab_path: str) -> tuple[int | None, dict[bytes, int]]:
     vocab = dict(vocab)
     eot_id = vocab.pop(ENDOFTEXT, None)
     decode = byte_decoder()
+    # Each character -> the byte it stands for, as a one-character string, so that
+    # str.translate + encode("latin-1") gives a token's bytes in C, not per character.
+    # Characters below 256 outside the alphabet (a raw space, say) map to one above 255,
+    # which the encode then refuses, like every other character outside the alphabet.
+    table = {code: "\uffff" for code in range(256)} | {ord(ch): chr(b) for ch, b in decode.items()}
     try:
-        ranks = {bytes(decode[ch] for ch in token): rank for token, rank in vocab.items()}
-    except KeyError as e:
-        raise ValueError(f"{vocab_path}: token with character {e} is not in GPT-2's byte alphabet") from e
+        ranks = {token.translate(table).encode("latin-1"): rank for token, rank in vocab.items()}
+    except UnicodeEncodeError:
+        token = next(t for t in vocab if any(ch not in decode for ch in t))
+        ch = next(ch for ch in token if ch not in decode)
+        raise ValueError(f"{vocab_path}: token with character {ch!r} is not in GPT-2's byte alphabet") from None
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
         raise ValueError(f"{vocab_path}: the token for byte {missing[0]} is missing ({len(missing)} of 256 missing)")
