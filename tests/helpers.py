@@ -133,3 +133,27 @@ def assert_cache_holds(model: GPT2, cache, text, n_layer=None) -> None:
     layers = slice(None, n_layer)
     np.testing.assert_allclose(cache.k[layers, :, :n], fresh.k[layers, :, :n], atol=2e-5)
     np.testing.assert_allclose(cache.v[layers, :, :n], fresh.v[layers, :, :n], atol=2e-5)
+
+
+TIE_HPARAMS = HParams(n_vocab=300, n_ctx=128, n_embd=32, n_head=4, n_layer=2)
+
+
+def near_tie_model(eps: float = 1e-5, hparams: HParams = TIE_HPARAMS) -> GPT2:
+    """A model whose two best tokens (10 and 11) are always within about 1e-5 of each other.
+
+    ln_f's bias points along v, and wte[10] = 3 v dominates every other logit;
+    wte[11] = wte[10] + eps * u with u orthogonal to v, so which of the two wins
+    is decided by eps * (h . u), a difference near float32's rounding of logits
+    around 30, and far above float64's.
+    """
+    w = random_weights(hparams, seed=0, scale=0.3)
+    rng = np.random.default_rng(100)
+    v = rng.standard_normal(hparams.n_embd).astype(np.float32)
+    v /= np.linalg.norm(v)
+    u = rng.standard_normal(hparams.n_embd).astype(np.float32)
+    u -= (u @ v) * v
+    u /= np.linalg.norm(u)
+    w.wte[10] = 3 * v
+    w.wte[11] = 3 * v + np.float32(eps) * u
+    w.ln_f_bias[:] = 10 * v
+    return GPT2(hparams, w, name="near-tie")

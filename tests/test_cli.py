@@ -4,10 +4,11 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from conftest import ROOT, tiny_model, write_checkpoint
-from helpers import perturbed
+from conftest import ROOT, TINY_HPARAMS, tiny_model, write_checkpoint
+from helpers import near_tie_model, perturbed
 
 sys.path.insert(0, str(ROOT))
 import main  # noqa: E402
@@ -185,3 +186,28 @@ def test_a_long_prompt_is_echoed_shortened_and_top_k_is_not_claimed_at_temperatu
     assert "top-k" not in out and "(1 tokens)" not in out and "(1 layers" not in out
     long_prompt = "x" * 1000
     assert len(main.shorten(long_prompt)) < 400 and main.shorten("short") == "short"
+
+
+def test_float64_runs_the_target_in_float64_and_greedy_texts_agree_on_near_ties(tmp_path, capsys, monkeypatch):
+    """--float64: the target main.py races is float64 (the draft stays float32), and on a model whose
+    two best tokens always lie within 1e-5 greedy speculative output equals autoregressive output."""
+    model = near_tie_model(hparams=TINY_HPARAMS)
+    write_checkpoint(tmp_path / "target", model)
+    write_checkpoint(tmp_path / "draft", model)
+    dtypes = []
+
+    def spy(target, draft, *args, **kwargs):
+        dtypes.append((target.dtype, draft.dtype))
+        return race(target, draft, *args, **kwargs)
+
+    race = main.race
+    monkeypatch.setattr(main, "race", spy)
+    for k in ("1", "3", "5"):
+        code, out, err = run_main(
+            capsys, "--target_model_size", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+            "--prompt", "the hat", "--n_tokens_to_generate", "30", "--K", k, "--float64", "--no_warmup",
+        )  # fmt: skip
+        assert code == 0, err
+        assert ", float64)" in out.split("target:")[1].splitlines()[0]
+        assert out.split("identical text at temperature 0")[1].split()[0] == "yes"
+    assert dtypes == [(np.float64, np.float32)] * 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers import near_tie_model
 from specdec import gpt2
 
 
@@ -123,30 +124,6 @@ def test_linear_from_several_threads_at_once(monkeypatch):
 
 
 # --- exact greedy: the float64 option ---------------------------------------------------------
-
-TIE_HPARAMS = gpt2.HParams(n_vocab=300, n_ctx=128, n_embd=32, n_head=4, n_layer=2)
-
-
-def near_tie_model(eps: float = 1e-5) -> gpt2.GPT2:
-    """A model whose two best tokens (10 and 11) are always within about 1e-5 of each other.
-
-    ln_f's bias points along v, and wte[10] = 3 v dominates every other logit;
-    wte[11] = wte[10] + eps * u with u orthogonal to v, so which of the two wins
-    is decided by eps * (h . u), a difference near float32's rounding of logits
-    around 30, and far above float64's.
-    """
-    w = gpt2.random_weights(TIE_HPARAMS, seed=0, scale=0.3)
-    rng = np.random.default_rng(100)
-    v = rng.standard_normal(32).astype(np.float32)
-    v /= np.linalg.norm(v)
-    u = rng.standard_normal(32).astype(np.float32)
-    u -= (u @ v) * v
-    u /= np.linalg.norm(u)
-    w.wte[10] = 3 * v
-    w.wte[11] = 3 * v + np.float32(eps) * u
-    w.ln_f_bias[:] = 10 * v
-    return gpt2.GPT2(TIE_HPARAMS, w)
-
 
 def test_float64_target_removes_the_float32_near_tie_caveat():
     """In float32 the near-ties make greedy speculative differ from greedy autoregressive
