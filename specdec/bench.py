@@ -26,6 +26,7 @@ Sections (`--only`, comma-separated; default all but io):
     exact     the cost of the exact-greedy option: the target in float64
     predict   the cost model's speedup for draft -> target pairs, from the measured c and r(m)
     drafters  greedy speculative decoding with the n-gram and early-exit drafters vs autoregressive
+    costcheck the cost model's predicted speedup next to the measured one, per drafter and target
     overhead  the speculative sampler's own time (everything but forward passes) per round
     io        safetensors open, full load, and the peak RSS of a speculative run vs the files' sizes
 
@@ -70,7 +71,7 @@ TEST_SIZES = {
 }
 ALL_SIZES = {**SIZES, **TEST_SIZES}
 
-SECTIONS = ("decode", "verify", "kernel", "predict", "restricted", "exact", "drafters", "overhead", "io")
+SECTIONS = ("decode", "verify", "kernel", "predict", "restricted", "exact", "drafters", "costcheck", "overhead", "io")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "io")
 VERIFY_CTX = 256  # context of the verification-cost curve and of predict's step times
 VERIFY_M = range(1, 17)  # m = K + 1 new tokens, for K = 0..15 (trees want 4-16 nodes)
@@ -325,6 +326,69 @@ def section_drafters(bench: Bench) -> None:
 
 
 # ---------------------------------------------------------------------------
+# costcheck: the cost model's prediction against the wall clock.
+# ---------------------------------------------------------------------------
+
+COSTCHECK_TOLERANCE = 0.10  # how close the prediction should come to the measured speedup
+
+
+def costcheck_runs(sizes: list[str]) -> list[tuple[str, str, int]]:
+    """(target size, drafter, K) for the costcheck section: n-gram at K = 2, 4, 8, early exit
+    after a quarter of the layers, and the smallest other size as a draft model."""
+    runs = []
+    for target in sizes:
+        runs += [(target, "ngram", k) for k in (2, 4, 8)]
+        runs.append((target, f"early_exit:{max(1, ALL_SIZES[target].n_layer // 4)}", 4))
+        runs += [(target, draft, 4) for draft in sizes[:1] if draft != target]
+    return runs
+
+
+def section_costcheck(bench: Bench) -> None:
+    """For each drafter: race() times greedy speculative against autoregressive decoding;
+    measure_costs() times c and r(m) at the run's mean context; the cost model predicts the
+    speedup from them two ways: eq. 1 from the measured alpha, and from the run's own rounds."""
+    from .harness import race
+    from .timing import measure_costs
+
+    n = bench.args.drafter_tokens
+    res, rows = {"n_tokens": n, "runs": []}, []
+    for target_size, draft, k in costcheck_runs(bench.args.sizes):
+        target = bench.model(target_size)
+        drafter = bench.model(draft) if draft in ALL_SIZES else draft
+        prompt = [int(t) for t in bench.rng.integers(0, target.n_vocab, 8)]
+        report = race(target, drafter, prompt, n, K=k, repeats=bench.args.drafter_repeats)
+        out = report.spec.result
+        context = prompt + out.tokens[: n // 2]  # the mean context over the run
+        costs = measure_costs(target, drafter, context, m_max=k + 1, repeats=bench.args.repeats)
+        c, r = costs.c, costs.r
+        eq1 = costmodel.predicted_speedup(out.alpha, k, c, r)
+        # The run's own rounds: each round's k drafts (0 when the n-gram drafter found no match)
+        # and one pass over k + 1 tokens; draft steps as counted (model-free drafters: a lookup per round).
+        draft_steps = out.draft_calls if out.draft_calls else out.rounds
+        steps = draft_steps * c + sum(costmodel.verify_cost(kr + 1, r) for kr in out.k_per_round)
+        from_rounds = len(out.tokens) / steps
+        measured = report.speedup
+        entry = {"target": target_size, "draft": draft, "K": k, "alpha": out.alpha, "tau": out.tau, "c": c,
+                 "r": r, "target_step_ms": costs.target_step * 1e3, "measured_speedup": measured,
+                 "predicted_eq1": eq1, "predicted_from_rounds": from_rounds,
+                 "error_eq1": eq1 / measured - 1, "error_from_rounds": from_rounds / measured - 1,
+                 "identical_tokens": report.texts_identical}  # fmt: skip
+        res["runs"].append(entry)
+        rows.append([target_size, draft, k, out.alpha, out.tau, c, r[k], measured, eq1,
+                     f"{entry['error_eq1']:+.0%}", from_rounds, f"{entry['error_from_rounds']:+.0%}"])  # fmt: skip
+    errors = [abs(e["error_from_rounds"]) for e in res["runs"]]
+    res["within_tolerance"] = sum(err <= COSTCHECK_TOLERANCE for err in errors)
+    bench.results["costcheck"] = res
+    table(bench.out, f"costcheck: predicted vs measured speedup, greedy, {n} tokens after an 8-token random prompt",
+          f"measured = median of {bench.args.drafter_repeats} interleaved runs; c and r(K+1) timed at the run's mean "
+          f"context; eq. 1 = Leviathan et al. from alpha; rounds = tokens / (draft steps x c + sum of r(k+1)) "
+          f"over the run's rounds; {res['within_tolerance']} of {len(errors)} within "
+          f"{COSTCHECK_TOLERANCE:.0%} (rounds)",
+          ["target", "draft", "K", "alpha", "tau", "c", "r(K+1)", "measured", "eq. 1", "error", "rounds", "error"],
+          rows)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------
 # overhead: the sampler's own time.
 # ---------------------------------------------------------------------------
 
@@ -530,7 +594,7 @@ def section_exact(bench: Bench) -> None:
 
 SECTION_FUNCTIONS = {"decode": section_decode, "verify": section_verify, "kernel": section_kernel,
                      "predict": section_predict, "restricted": section_restricted, "exact": section_exact,
-                     "drafters": section_drafters, "overhead": section_overhead, "io": section_io}  # fmt: skip
+                     "drafters": section_drafters, "costcheck": section_costcheck, "overhead": section_overhead, "io": section_io}  # fmt: skip
 
 
 def _csv(kind: Callable, allowed=None, shown=None):

@@ -15,9 +15,9 @@ import math
 import pytest
 
 import specdec.bench as bench
-from specdec.costmodel import best_k
+from specdec.costmodel import best_k, predicted_speedup
 
-ALL = "decode,verify,predict,drafters,overhead,io"
+ALL = "decode,verify,predict,drafters,costcheck,overhead,io"
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +71,17 @@ def check_report(r: dict) -> None:
         assert run["identical_to_autoregressive"] is True, f"{name}: greedy tokens differ from autoregressive"
         assert positive(run["tokens_per_target_call"]) and positive(run["speedup"])
 
+    check = r["costcheck"]
+    assert {(run["target"], run["draft"], run["K"]) for run in check["runs"]} == set(bench.costcheck_runs(["tiny", "tiny2"]))
+    for run in check["runs"]:
+        assert run["identical_tokens"] is True, f"{run['draft']} -> {run['target']}: greedy tokens differ"
+        assert positive(run["measured_speedup"]) and positive(run["predicted_from_rounds"])
+        # eq. 1 is the cost model's own prediction for the reported alpha, c and r(m)
+        assert run["predicted_eq1"] == pytest.approx(predicted_speedup(run["alpha"], run["K"], run["c"], run["r"]))
+        assert run["error_from_rounds"] == pytest.approx(run["predicted_from_rounds"] / run["measured_speedup"] - 1)
+    within = sum(abs(run["error_from_rounds"]) <= bench.COSTCHECK_TOLERANCE for run in check["runs"])
+    assert check["within_tolerance"] == within
+
     o = r["overhead"]
     assert 0 <= o["overhead_fraction"] < 1 and o["runs"][0]["rounds"] > 0
 
@@ -91,6 +102,8 @@ def test_report_has_every_section_with_sane_values(report):
         lambda r: r["verify"]["tiny"]["r"].__setitem__(0, 1.2),
         lambda r: r["drafters"]["runs"]["ngram K=4"].__setitem__("identical_to_autoregressive", False),
         lambda r: r["predict"]["tiny->tiny2"]["rows"][0].__setitem__("speedup", None),  # NaN is written as null
+        lambda r: r["costcheck"]["runs"][0].__setitem__("predicted_eq1", r["costcheck"]["runs"][0]["predicted_eq1"] * 1.2),
+        lambda r: r["costcheck"]["runs"].pop(),
         lambda r: r["predict"]["tiny->tiny2"]["rows"][-1].__setitem__(  # not the cost model's choice
             "best_k", (r["predict"]["tiny->tiny2"]["rows"][-1]["best_k"] + 1) % (bench.K_MAX + 1)
         ),
