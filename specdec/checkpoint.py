@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import threads
+from . import layoutcache, threads
 from .gpt2 import GPT2, Block, HParams, Linear, Weights
 from .hub import (  # noqa: F401 (re-exported: the names other code imports from here)
     CHECKPOINT_FILES,
@@ -101,11 +101,15 @@ def expected_shapes(h: HParams) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def weights_from_tensors(tensors: dict[str, np.ndarray], hparams: HParams, source: str = "checkpoint") -> Weights:
+def weights_from_tensors(
+    tensors: dict[str, np.ndarray], hparams: HParams, source: str = "checkpoint", transposed: dict | None = None
+) -> Weights:
     """Check names and shapes against the config, then arrange them as `Weights`.
 
     Accepts keys with or without the "transformer." prefix (distilgpt2 and
     files saved from GPT2LMHeadModel have it; openai-community/gpt2 does not).
+    transposed: {"h.N.<linear>.weight": W.T} from layoutcache.read, used instead of
+    copying (those weights were checked for NaN when the copies were made).
     """
     named = {}
     for key, array in tensors.items():
@@ -130,13 +134,16 @@ def weights_from_tensors(tensors: dict[str, np.ndarray], hparams: HParams, sourc
             raise CheckpointError(
                 f"{source}: tensor {name!r} has shape {tuple(named[name].shape)}, config.json implies {shape}"
             )
-        _check_finite(named[name], name, source)
+        if transposed is None or name not in transposed:
+            _check_finite(named[name], name, source)
 
     def block(i: int) -> Block:
         def w(suffix):
             return named[f"h.{i}.{suffix}"]
 
         def linear(name):  # stored transposed for speed: a one-time copy (see gpt2.Linear)
+            if transposed is not None:  # or kept from an earlier load (layoutcache.py)
+                return Linear(transposed[f"h.{i}.{name}.weight"], w(f"{name}.bias"))
             weight = w(f"{name}.weight")
             lin = Linear.from_checkpoint(weight, w(f"{name}.bias"))
             release_pages(weight)  # the copy is what we keep: do not hold the file's pages too
@@ -234,7 +241,14 @@ def load_folder(folder: str | os.PathLike, name: str | None = None, with_tokeniz
         raise CheckpointError(f"{folder} is missing {', '.join(missing)}; a model folder needs {', '.join(needed)}")
     hparams = read_hparams(folder / "config.json")
     weights_path = folder / "model.safetensors"
-    weights = weights_from_tensors(read_safetensors(weights_path), hparams, str(weights_path))
+    # The transposed copies of an earlier load, if any, still matching this checkpoint (layoutcache.py).
+    stamp = layoutcache.stamp(weights_path) if layoutcache.enabled(weights_path) else None
+    shapes = {name: shape for name, shape in expected_shapes(hparams).items()
+              if name.endswith(tuple(f"{linear}.weight" for linear in layoutcache.LINEARS))}  # fmt: skip
+    transposed = layoutcache.read(weights_path, stamp, shapes) if stamp else None
+    weights = weights_from_tensors(read_safetensors(weights_path), hparams, str(weights_path), transposed)
+    if stamp and transposed is None:
+        layoutcache.write(weights_path, stamp, weights)
     tokenizer = None
     if with_tokenizer:
         try:

@@ -8,6 +8,7 @@ after the header), optionally a "__metadata__" entry, then the raw data.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import mmap
@@ -63,28 +64,7 @@ def index_safetensors(path: str | os.PathLike) -> tuple[list[tuple[str, str, tup
     anything that is not a well-formed file.
     """
     path = Path(path)
-    file_size = path.stat().st_size
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(f"{path}: {file_size} bytes is too short for a safetensors file")
-        header_len = int.from_bytes(prefix, "little")
-        if header_len > min(_MAX_HEADER_BYTES, file_size - 8):
-            raise CheckpointError(
-                f"{path}: header length {header_len} does not fit in a {file_size}-byte file; "
-                f"the file is truncated or not safetensors, delete it and download again"
-            )
-        raw_header = f.read(header_len)
-    # NOTE: json.loads recurses once per nesting level: a header of 100,000
-    # brackets would raise RecursionError. A real header nests 3 deep.
-    if _nesting_depth(raw_header) > _MAX_DEPTH:
-        raise CheckpointError(f"{path}: the header nests deeper than {_MAX_DEPTH}; the file is corrupt, delete it")
-    try:
-        header = json.loads(raw_header)
-    except ValueError as e:  # not UTF-8, not JSON, or an integer of more than 4300 digits
-        raise CheckpointError(f"{path}: the header is not valid JSON ({e}); delete the file and download again") from e
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: the header is not a JSON object")
+    header, header_len, file_size = _read_header(path)
     header.pop("__metadata__", None)
 
     data_start = 8 + header_len
@@ -112,6 +92,46 @@ def index_safetensors(path: str | os.PathLike) -> tuple[list[tuple[str, str, tup
             f"{path}: {data_size - end} bytes after the last tensor; the file is corrupt, delete it and download again"
         )
     return entries, data_start, data_size
+
+
+def _read_header(path: Path) -> tuple[dict, int, int]:
+    """(the JSON header as a dict, its length in bytes, the file's size), checked to be a JSON object."""
+    file_size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise CheckpointError(f"{path}: {file_size} bytes is too short for a safetensors file")
+        header_len = int.from_bytes(prefix, "little")
+        if header_len > min(_MAX_HEADER_BYTES, file_size - 8):
+            raise CheckpointError(
+                f"{path}: header length {header_len} does not fit in a {file_size}-byte file; "
+                f"the file is truncated or not safetensors, delete it and download again"
+            )
+        raw_header = f.read(header_len)
+    # NOTE: json.loads recurses once per nesting level: a header of 100,000
+    # brackets would raise RecursionError. A real header nests 3 deep.
+    if _nesting_depth(raw_header) > _MAX_DEPTH:
+        raise CheckpointError(f"{path}: the header nests deeper than {_MAX_DEPTH}; the file is corrupt, delete it")
+    try:
+        header = json.loads(raw_header)
+    except ValueError as e:  # not UTF-8, not JSON, or an integer of more than 4300 digits
+        raise CheckpointError(f"{path}: the header is not valid JSON ({e}); delete the file and download again") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the header is not a JSON object")
+    return header, header_len, file_size
+
+
+def read_metadata(path: str | os.PathLike) -> dict:
+    """The header's "__metadata__" object (string keys and values by the format's rules), or {}."""
+    metadata = _read_header(Path(path))[0].get("__metadata__")
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def header_sha256(path: str | os.PathLike) -> str:
+    """sha256 of the length prefix and header: names, dtypes, shapes and offsets of every tensor."""
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        return hashlib.sha256(prefix + f.read(min(int.from_bytes(prefix, "little"), _MAX_HEADER_BYTES))).hexdigest()
 
 
 def _nesting_depth(raw: bytes) -> int:
@@ -187,16 +207,17 @@ def _encode(array: np.ndarray, dtype_name: str) -> np.ndarray:
     return array.astype(_DTYPES[dtype_name], copy=False)
 
 
-def write_safetensors(path: str | os.PathLike, tensors, dtype: str = "F32") -> int:
+def write_safetensors(path: str | os.PathLike, tensors, dtype: str = "F32", metadata: dict | None = None) -> int:
     """Write tensors as safetensors; returns the file size.
 
     tensors: a dict, or a function returning (name, array) pairs (called twice,
     once for the header and once for the data, so only one tensor is in memory
-    at a time). dtype: "F32", "F16" or "BF16" for every tensor.
+    at a time). dtype: "F32", "F16" or "BF16" for every tensor. metadata: more
+    string pairs for the header's "__metadata__".
     """
     pairs = tensors.items if isinstance(tensors, dict) else tensors
     itemsize = _DTYPES[dtype].itemsize
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    header, offset = {"__metadata__": {"format": "pt", **(metadata or {})}}, 0
     for name, array in pairs():
         n_bytes = math.prod(array.shape) * itemsize
         header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + n_bytes]}

@@ -1,0 +1,142 @@
+"""The transposed weights kept beside a checkpoint (specdec/layoutcache.py): used when they
+match the checkpoint, never when it has changed, and never in the way of a load."""
+
+import os
+
+import numpy as np
+import pytest
+
+from conftest import hub_tensors, tiny_model, write_checkpoint
+from specdec import layoutcache
+from specdec.checkpoint import CheckpointError, load_folder
+from specdec.safetensors import read_metadata, write_safetensors
+
+TOKENS = np.array([5, 70, 200, 3, 9])
+
+
+@pytest.fixture(autouse=True)
+def every_size(monkeypatch):
+    """Tiny checkpoints count as large enough, and the switch is on."""
+    monkeypatch.setattr(layoutcache, "MIN_BYTES", 0)
+    monkeypatch.delenv("SPECDEC_NO_LAYOUT_CACHE", raising=False)
+
+
+def linears(model):
+    return [getattr(b, n) for b in model.weights.blocks for n in ("attn_c_attn", "attn_c_proj", "mlp_c_fc", "mlp_c_proj")]
+
+
+def kept(model) -> bool:
+    """Whether the model's linear weights are the kept file's (read-only memory maps), not fresh copies."""
+    flags = {lin.w_t.flags.writeable for lin in linears(model)}
+    assert len(flags) == 1, "all linear weights must come from one place"
+    return not flags.pop()
+
+
+def touch_later(path, seconds=10):
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + seconds * 10**9))
+
+
+def test_the_second_load_maps_the_kept_weights_and_computes_the_same_logits(tmp_path):
+    folder = write_checkpoint(tmp_path / "m", tiny_model(seed=1))
+    first = load_folder(folder)
+    assert not kept(first) and (folder / layoutcache.FILE_NAME).is_file()
+    second = load_folder(folder)
+    assert kept(second)
+    assert np.array_equal(second(TOKENS), first(TOKENS))
+    for a, b in zip(linears(first), linears(second)):
+        assert a.w_t.shape == b.w_t.shape and np.array_equal(a.w_t, b.w_t)
+    assert read_metadata(folder / layoutcache.FILE_NAME)["source_size"] == str((folder / "model.safetensors").stat().st_size)
+
+
+def test_a_changed_checkpoint_is_never_served_stale(tmp_path):
+    """Same names, shapes and file size (so the same header); only the values and the mtime differ."""
+    folder = write_checkpoint(tmp_path / "m", tiny_model(seed=1))
+    load_folder(folder)
+    new = tiny_model(seed=2)
+    write_checkpoint(folder, new)
+    touch_later(folder / "model.safetensors")  # in case the filesystem's clock is coarse
+    reloaded = load_folder(folder)
+    assert not kept(reloaded), "a stale file must not be used"
+    np.testing.assert_array_equal(reloaded(TOKENS), new(TOKENS))
+    assert kept(load_folder(folder)), "the file is written again for the new checkpoint"
+    np.testing.assert_array_equal(load_folder(folder)(TOKENS), new(TOKENS))
+
+
+def test_a_checkpoint_damaged_after_the_file_was_written_is_still_refused(tmp_path):
+    """The NaN scan is skipped only for weights the kept file vouches for: a checkpoint changed since
+    (here a NaN written into a linear weight) is scanned again."""
+    model = tiny_model(seed=1)
+    folder = write_checkpoint(tmp_path / "m", model)
+    load_folder(folder)
+    tensors = hub_tensors(model)
+    tensors["h.1.mlp.c_fc.weight"] = tensors["h.1.mlp.c_fc.weight"].copy()
+    tensors["h.1.mlp.c_fc.weight"][3, 7] = np.nan
+    write_safetensors(folder / "model.safetensors", tensors)
+    touch_later(folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match="'h.1.mlp.c_fc.weight' holds NaN"):
+        load_folder(folder)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "wrong stamp", "wrong shapes"])
+def test_a_damaged_or_foreign_file_is_ignored_and_replaced(tmp_path, damage):
+    model = tiny_model(seed=1)
+    folder = write_checkpoint(tmp_path / "m", model)
+    load_folder(folder)
+    path = folder / layoutcache.FILE_NAME
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-100])
+    elif damage == "garbage":
+        path.write_bytes(b"\xff" * 1000)
+    elif damage == "wrong stamp":  # a file for another checkpoint
+        stamp = layoutcache.stamp(folder / "model.safetensors") | {"source_mtime_ns": "1"}
+        write_safetensors(path, {f"h.{i}.{n}.weight": getattr(b, n.replace(".", "_")).w_t
+                                 for i, b in enumerate(model.weights.blocks) for n in layoutcache.LINEARS},
+                          metadata=stamp)  # fmt: skip
+    else:  # the right stamp, but each weight in the checkpoint's layout, not transposed
+        stamp = layoutcache.stamp(folder / "model.safetensors")
+        write_safetensors(path, {name: t for name, t in hub_tensors(model).items() if name.endswith(
+            tuple(f"{n}.weight" for n in layoutcache.LINEARS))}, metadata=stamp)  # fmt: skip
+    reloaded = load_folder(folder)
+    assert not kept(reloaded)
+    np.testing.assert_array_equal(reloaded(TOKENS), model(TOKENS))
+    assert kept(load_folder(folder)), "the damaged file was replaced by a good one"
+
+
+def test_no_file_where_it_cannot_be_written_and_no_partial_left(tmp_path, monkeypatch):
+    model = tiny_model(seed=1)
+    folder = write_checkpoint(tmp_path / "m", model)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(layoutcache, "write_safetensors", disk_full)
+    np.testing.assert_array_equal(load_folder(folder)(TOKENS), model(TOKENS))
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
+
+    monkeypatch.undo()
+    monkeypatch.setattr(layoutcache, "MIN_BYTES", 0)
+    monkeypatch.setattr(layoutcache.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 100})())
+    load_folder(folder)
+    assert not (folder / layoutcache.FILE_NAME).exists(), "too little free space: nothing written"
+
+
+def test_switched_off_by_the_environment_and_for_small_checkpoints(tmp_path, monkeypatch):
+    folder = write_checkpoint(tmp_path / "m", tiny_model(seed=1))
+    load_folder(folder)  # writes the file
+    monkeypatch.setenv("SPECDEC_NO_LAYOUT_CACHE", "1")
+    assert not kept(load_folder(folder)), "switched off: the file is not used"
+    monkeypatch.delenv("SPECDEC_NO_LAYOUT_CACHE")
+    monkeypatch.setattr(layoutcache, "MIN_BYTES", 1 << 40)
+    other = write_checkpoint(tmp_path / "small", tiny_model(seed=2))
+    load_folder(other)
+    assert not (other / layoutcache.FILE_NAME).exists()
+
+
+def test_float16_checkpoints_keep_a_float32_layout(tmp_path):
+    model = tiny_model(seed=3)
+    folder = write_checkpoint(tmp_path / "m", model, dtype="F16")
+    first = load_folder(folder)
+    second = load_folder(folder)
+    assert kept(second) and second.weights.blocks[0].mlp_c_fc.w_t.dtype == np.float32
+    np.testing.assert_array_equal(second(TOKENS), first(TOKENS))
