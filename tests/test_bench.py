@@ -76,6 +76,7 @@ def check_report(r: dict) -> None:
     for run in check["runs"]:
         assert run["identical_tokens"] is True, f"{run['draft']} -> {run['target']}: greedy tokens differ"
         assert positive(run["measured_speedup"]) and positive(run["predicted_from_rounds"])
+        assert 0 <= run["outside_passes"] < 1 and positive(run["passes_vs_predicted"])
         # eq. 1 is the cost model's own prediction for the reported alpha, c and r(m)
         assert run["predicted_eq1"] == pytest.approx(predicted_speedup(run["alpha"], run["K"], run["c"], run["r"]))
         assert run["error_from_rounds"] == pytest.approx(run["predicted_from_rounds"] / run["measured_speedup"] - 1)
