@@ -365,8 +365,7 @@ def section_costcheck(bench: Bench) -> None:
         # The run's own rounds: each round's k drafts (0 when the n-gram drafter found no match)
         # and one pass over k + 1 tokens; draft steps as counted (model-free drafters: a lookup per round).
         draft_steps = out.draft_calls if out.draft_calls else out.rounds
-        steps = draft_steps * c + sum(costmodel.verify_cost(kr + 1, r) for kr in out.k_per_round)
-        from_rounds = len(out.tokens) / steps
+        from_rounds = costmodel.speedup_from_rounds(len(out.tokens), out.k_per_round, draft_steps, c, r)
         measured = report.speedup
         # Where a miss comes from: the share of the run spent outside forward passes and draft
         # proposals (sampling, bookkeeping: not in the cost model), and the target passes' own time

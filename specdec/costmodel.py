@@ -70,6 +70,22 @@ def predicted_speedup(alpha: float, k: int, c: float, r=None) -> float:
     return expected_tokens_per_round(alpha, k) / round_cost(k, c, r)
 
 
+def speedup_from_rounds(n_tokens: int, k_per_round: Sequence[int], draft_steps: float, c: float, r=None) -> float:
+    """The speedup a run's own rounds predict: n_tokens / (draft_steps * c + sum of r(k + 1) over the rounds).
+
+    Eq. 1 (predicted_speedup) assumes every round drafts k tokens, each accepted
+    with the same i.i.d. chance alpha; a real run's rounds vary (the n-gram
+    drafter drafts nothing where the text has no match, and acceptances come in
+    runs). This counts what the run did and prices it with the measured c and
+    r(m): what is left between it and the wall clock is time the model does not
+    describe (the sampler's own work) and noise.
+
+        speedup_from_rounds(len(out.tokens), out.k_per_round, out.draft_calls, costs.c, costs.r)
+    """
+    steps = draft_steps * c + sum(verify_cost(k + 1, r) for k in k_per_round)
+    return n_tokens / steps if steps else float("nan")
+
+
 def best_k(alpha: float, c: float, r=None, k_max: int = 8) -> tuple[int, float]:
     """The k in 1..k_max with the highest predicted speedup (the paper's optimal gamma,
     section 3, "Choosing gamma"), and that speedup. Returns (0, 1.0) when no k beats plain decoding.

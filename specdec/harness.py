@@ -24,7 +24,7 @@ import numpy as np
 
 from .autoregressive import autoregressive_sample, check_request
 from . import display
-from .costmodel import best_k, expected_tokens_per_round, predicted_speedup
+from .costmodel import best_k, expected_tokens_per_round, predicted_speedup, speedup_from_rounds
 from .drafters import make_drafter
 from .gpt2 import GPT2
 from .result import DecodeResult, TokenCallback
@@ -160,6 +160,9 @@ class RaceReport:
             out["verify_cost_ratio"] = r[k] if k < len(r) else math.nan  # r(k+1)
             out["predicted_speedup"] = predicted_speedup(alpha, k, c, r)
             out["predicted_speedup_if_r_were_1"] = predicted_speedup(alpha, k, c, None)
+            # The same costs, priced over the rounds this run actually had (model-free drafters: one lookup a round).
+            draft_steps = res.draft_calls if res.draft_calls else res.rounds
+            out["predicted_speedup_from_rounds"] = speedup_from_rounds(len(res.tokens), res.k_per_round, draft_steps, c, r)
             out["best_k"], out["best_k_speedup"] = best_k(alpha, c, r, k_max=len(r) - 1)
         return out
 
@@ -276,6 +279,7 @@ class RaceReport:
                 (f"expected tokens per round (1-a^{k + 1})/(1-a)",
                  f"{summary['tokens_per_round_expected']:.2f}  (measured {summary['tokens_per_round']:.2f})"),
                 ("predicted speedup from these measurements", f"{summary['predicted_speedup']:.2f}x"),
+                ("  ...from this run's own rounds", f"{summary['predicted_speedup_from_rounds']:.2f}x"),
                 ("  ...if verifying cost one step (GPU-like)", f"{summary['predicted_speedup_if_r_were_1']:.2f}x"),
                 ("best K for these costs and alpha",
                  "none: plain decoding wins" if best == 0 else f"{best} (predicted {summary['best_k_speedup']:.2f}x)"),
@@ -290,7 +294,8 @@ class RaceReport:
             i = self.first_difference()
             same = "yes" if i is None else (
                 f"NO: they differ from new token {i}. A float32 near-tie between the two best tokens can do "
-                f"this (the two decoders round differently); a difference at a clear winner is a bug")  # fmt: skip
+                f"this (the two decoders round differently; --float64 removes it); a difference at a clear winner "
+                f"is a bug")  # fmt: skip
             rows.append(("identical text at temperature 0", same))
         width = max(len(key) for key, _ in rows)
         return [f"{key:<{width}}  {value}" for key, value in rows] + lines_after

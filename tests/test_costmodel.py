@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 
 from specdec import AdaptiveK, speculative_sample
-from specdec.costmodel import CostModelK, best_k, expected_tokens_per_round, predicted_speedup, verify_cost
+from specdec.costmodel import (
+    CostModelK,
+    best_k,
+    expected_tokens_per_round,
+    predicted_speedup,
+    speedup_from_rounds,
+    verify_cost,
+)
 
 from conftest import tiny_model
 
@@ -74,3 +81,15 @@ def test_adaptive_k_grows_and_shrinks():
     assert p.next_k() == 2  # rejections shrink, down to k_min
     rejecting = speculative_sample(target, tiny_model(seed=42), [1, 2], 30, K=AdaptiveK(4, 1, 8))
     assert rejecting.k_per_round[:5] == [4, 3, 2, 1, 1]  # an unrelated draft drives K to its minimum
+
+
+def test_speedup_from_rounds_prices_the_rounds_a_run_had():
+    r = [1.0, 1.2, 1.3, 1.4, 1.5]
+    # two rounds of 4 drafts (a pass over 5 tokens each) and one with none (a plain step), 8 draft steps
+    assert speedup_from_rounds(10, [4, 4, 0], 8, 0.1, r) == pytest.approx(10 / (8 * 0.1 + 1.5 + 1.5 + 1.0))
+    # rounds that all draft k and emit eq. 1's expected tokens give eq. 1's speedup
+    alpha, k, c, n_rounds = 0.7, 4, 0.2, 50
+    n_tokens = n_rounds * expected_tokens_per_round(alpha, k)
+    assert speedup_from_rounds(n_tokens, [k] * n_rounds, k * n_rounds, c, r) == pytest.approx(
+        predicted_speedup(alpha, k, c, r)
+    )

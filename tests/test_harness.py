@@ -49,6 +49,11 @@ def test_race_report(models):
     assert explained["measured_speedup"] == pytest.approx(report.speedup)
     assert 0 <= explained["alpha"] <= 1 and explained["alpha"] >= explained["acceptance_rate"]
     assert math.isfinite(explained["predicted_speedup"])
+    out = spec.result
+    assert explained["predicted_speedup_from_rounds"] == pytest.approx(
+        len(out.tokens) / (out.draft_calls * report.costs.c + sum(report.costs.r[k] for k in out.k_per_round))
+    )
+    assert "...from this run's own rounds" in str(report)
     data = json.loads(json.dumps(report.to_dict(), allow_nan=False))
     assert data["speculative"]["tokens"] == data["autoregressive"]["tokens"] and data["settings"]["K"] == 3
     text = str(report)
