@@ -64,8 +64,9 @@ class HParams:
 
 # The kernel's constants, all measured on GPT-2 shapes (README, "Performance"):
 # Rows of a transposed weight matrix handled per gemv in a multi-token linear():
-# about 1.5 MB per core, so one chunk stays in that core's L2 cache while every token uses it.
-CHUNK_BYTES = 3 << 19
+# about 256 KB, so one chunk stays in its core's L2 cache (1 MB here) while every
+# token uses it (measured best of 64 KB..1.5 MB on an idle machine).
+CHUNK_BYTES = 1 << 18
 SMALL_BYTES = 1 << 16  # below this a matrix sits in L1/L2 anyway: plain x @ W
 MAX_CHUNKED_ROWS = 16  # measured crossover: above ~16 tokens, plain x @ W (OpenBLAS's own threads) wins
 # Parts each weight matrix's rows are split into, one per core, multiplied on
