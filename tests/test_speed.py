@@ -19,6 +19,25 @@ def test_transposed_copy_is_an_exact_contiguous_transpose(shape):
     assert not np.shares_memory(w_t, w)
 
 
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_transposed_copy_split_over_threads_covers_every_band(monkeypatch, parts):
+    """Each worker copies its own bands of W's rows; together, every row exactly once."""
+    monkeypatch.setattr(gpt2, "SPLIT_PARTS", parts)
+    w = np.random.default_rng(2).standard_normal((16 * 7 + 5, 300), dtype=np.float32)
+    assert np.array_equal(gpt2.transposed_copy(w), w.T)
+
+
+@pytest.mark.parametrize("where", [0, 1_500_000, 3_000_000 - 1])
+def test_the_load_time_nan_scan_finds_a_bad_value_in_any_worker_s_share(where):
+    from specdec.checkpoint import CheckpointError, _check_finite
+
+    w = np.zeros(3_000_000, np.float32)  # three scan chunks of 2**20, shared between the workers
+    _check_finite(w, "w", "test")
+    w[where] = np.inf if where else np.nan
+    with pytest.raises(CheckpointError, match="'w' holds NaN or infinite values"):
+        _check_finite(w, "w", "test")
+
+
 def test_transposed_copy_reads_a_memory_map(tmp_path):
     """What the loader hands it: a read-only np.memmap view into a file."""
     w = np.random.default_rng(1).standard_normal((37, 21), dtype=np.float32)
