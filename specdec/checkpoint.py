@@ -233,7 +233,13 @@ def load_model(
 
 
 def load_folder(folder: str | os.PathLike, name: str | None = None, with_tokenizer: bool = True) -> GPT2:
-    """Load config.json + model.safetensors (+ vocab.json, merges.txt) from a folder."""
+    """Load config.json + model.safetensors (+ vocab.json, merges.txt) from a folder.
+
+    For a checkpoint of 64 MB or more, the first load also writes its linear weights,
+    transposed, to specdec-transposed.safetensors in the folder, and later loads
+    memory-map that file instead of copying (layoutcache.py; SPECDEC_NO_LAYOUT_CACHE=1
+    turns this off).
+    """
     folder = Path(folder)
     needed = CHECKPOINT_FILES if with_tokenizer else ("config.json", "model.safetensors")
     missing = [f for f in needed if not (folder / f).is_file()]
