@@ -364,8 +364,7 @@ def section_costcheck(bench: Bench) -> None:
         eq1 = costmodel.predicted_speedup(out.alpha, k, c, r)
         # The run's own rounds: each round's k drafts (0 when the n-gram drafter found no match)
         # and one pass over k + 1 tokens; draft steps as counted (model-free drafters: a lookup per round).
-        draft_steps = out.draft_calls if out.draft_calls else out.rounds
-        from_rounds = costmodel.speedup_from_rounds(len(out.tokens), out.k_per_round, draft_steps, c, r)
+        from_rounds = costmodel.speedup_from_rounds(len(out.tokens), out.k_per_round, out.draft_steps, c, r)
         measured = report.speedup
         # Where a miss comes from: the share of the run spent outside forward passes and draft
         # proposals (sampling, bookkeeping: not in the cost model), and the target passes' own time
@@ -392,7 +391,8 @@ def section_costcheck(bench: Bench) -> None:
           f"over the run's rounds; {res['within_tolerance']} of {len(errors)} within "
           f"{COSTCHECK_TOLERANCE:.0%} (rounds); outside = the run's time outside forward passes and drafting; "
           f"passes = time in target passes / what r(m) predicts for them (prefill included)",
-          ["target", "draft", "K", "alpha", "tau", "c", "r(K+1)", "measured", "eq. 1", "error", "rounds", "error",
+          ["target", "draft", "K", "alpha", "tau", "c", "r(K+1)", "measured", "eq. 1", "eq. 1 error", "rounds",
+           "rounds error",
            "outside", "passes"],
           rows)  # fmt: skip
 
@@ -493,16 +493,10 @@ def section_io(bench: Bench) -> None:
         files = {size: save_folder(bench.model(size), tmp / size) for size in dict.fromkeys([draft_size, target_size])}
         path = tmp / target_size / "model.safetensors"
 
-        def load_copying():  # as a first load does, without writing the kept layout again
-            os.environ["SPECDEC_NO_LAYOUT_CACHE"] = "1"
-            try:
-                load_folder(tmp / target_size, with_tokenizer=False)
-            finally:
-                del os.environ["SPECDEC_NO_LAYOUT_CACHE"]
-
         start = time.perf_counter()
         load_folder(tmp / target_size, with_tokenizer=False)  # copies, and keeps the layout (layoutcache.py)
         first_load = time.perf_counter() - start
+        load_copying = lambda: load_folder(tmp / target_size, with_tokenizer=False, keep_layout=False)  # noqa: E731
         times = bench.time({"open": lambda: read_safetensors(path), "load": load_copying,
                             "load_kept": lambda: load_folder(tmp / target_size, with_tokenizer=False)},
                            max(3, bench.args.nocache_repeats))  # fmt: skip
@@ -525,7 +519,8 @@ def section_io(bench: Bench) -> None:
     table(bench.out, f"io: {target_size}-shaped safetensors (F32, warm page cache), and the peak RSS of a process "
           f"loading {draft_size} + {target_size} and generating {bench.args.rss_tokens} tokens speculatively",
           "open = header + np.memmap; copying = that + checks + transposed copies; first = copying + writing the "
-          "kept layout; kept = loading with it; peak = VmHWM of a child process loading both through their kept layouts",
+          "kept layout; kept = loading with it; peak = VmHWM of a child process loading both through their "
+          "kept layouts",
           ["file MB", "open ms", "copying ms", "first ms", "kept ms", "files MB", "baseline MB", "after load MB",
            "peak MB", "peak/files"],
           [[files[target_size] / 1e6, res["open_ms"]["median_ms"], res["load_folder_ms"]["median_ms"], first_load * 1e3,

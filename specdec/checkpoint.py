@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import layoutcache, threads
+from . import gpt2, layoutcache, threads
 from .gpt2 import GPT2, Block, HParams, Linear, Weights
 from .hub import (  # noqa: F401 (re-exported: the names other code imports from here)
     CHECKPOINT_FILES,
@@ -36,6 +36,8 @@ from .tokenizer import load_tokenizer
 
 # Buffers some exports include that are not weights: the causal mask
 # (h.N.attn.bias, h.N.attn.masked_bias) and the LM head, which GPT-2 ties to wte.
+# The four linear layers of a block: checkpoint key "h.N.<name>.weight" <-> Block field <name> with "_" for ".".
+LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 _IGNORED = re.compile(r"^(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)$")
 _MAX_DIM = 1 << 24  # far above any GPT-2 (n_vocab 50257); keeps shape arithmetic small
 
@@ -170,12 +172,12 @@ def _check_finite(array: np.ndarray, name: str, source: str) -> None:
 
     A chunked scan (no full-size temporary) that names the tensor, split over
     specdec's workers (threads.py) like the matrix products: for GPT-2 355M's
-    1.4 GB in the page cache, 0.09 s of a 0.4 s load_folder on 2 cores.
+    1.4 GB in the page cache, about 0.09 s of a copying load_folder's 0.3 s on 2 cores.
     """
     flat = np.asarray(array).reshape(-1)  # a plain view: slicing an np.memmap costs a Python object per slice
     chunk = 1 << 20
     starts = range(0, flat.size, chunk)
-    n_parts = max(1, min(threads.default_workers(), len(starts)))
+    n_parts = max(1, min(gpt2.SPLIT_PARTS, len(starts)))
     finite = [True] * n_parts
 
     def scan(part: int) -> None:
@@ -184,7 +186,7 @@ def _check_finite(array: np.ndarray, name: str, source: str) -> None:
                 finite[part] = False
                 return
 
-    threads.workers(n_parts).run([lambda part=part: scan(part) for part in range(n_parts)])
+    threads.workers(n_parts).run([lambda part=part: scan(part) for part in range(n_parts)], blas=False)
     if not all(finite):
         raise CheckpointError(
             f"{source}: tensor {name!r} holds NaN or infinite values; the file is corrupt (or the model diverged "
@@ -216,6 +218,7 @@ def load_model(
     models_dir: str | os.PathLike | None = None,
     progress: bool = True,
     settings: HubSettings | None = None,
+    keep_layout: bool | None = None,
 ) -> GPT2:
     """Load a GPT-2 by short name ("124M", "355M", "774M", "1558M", "distilgpt2"),
     Hub repo id ("owner/name") or local folder, downloading it on first use
@@ -229,16 +232,21 @@ def load_model(
     settings = HubSettings.from_env() if settings is None else settings
     folder, repo = resolve_model(name_or_path, models_dir)
     ensure_files(folder, repo, settings, progress)
-    return load_folder(folder, name=str(name_or_path))
+    return load_folder(folder, name=str(name_or_path), keep_layout=keep_layout)
 
 
-def load_folder(folder: str | os.PathLike, name: str | None = None, with_tokenizer: bool = True) -> GPT2:
+def load_folder(
+    folder: str | os.PathLike, name: str | None = None, with_tokenizer: bool = True, keep_layout: bool | None = None
+) -> GPT2:
     """Load config.json + model.safetensors (+ vocab.json, merges.txt) from a folder.
 
     For a checkpoint of 64 MB or more, the first load also writes its linear weights,
     transposed, to specdec-transposed.safetensors in the folder, and later loads
-    memory-map that file instead of copying (layoutcache.py; SPECDEC_NO_LAYOUT_CACHE=1
-    turns this off).
+    memory-map that file instead of copying (layoutcache.py). keep_layout=False, or
+    SPECDEC_NO_LAYOUT_CACHE=1 when keep_layout is None, turns this off.
+
+    NOTE: a first (copying) load gives writable weight arrays; a later one gives
+    read-only memory maps. Change weights through copies (GPT2.astype), not in place.
     """
     folder = Path(folder)
     needed = CHECKPOINT_FILES if with_tokenizer else ("config.json", "model.safetensors")
@@ -248,13 +256,18 @@ def load_folder(folder: str | os.PathLike, name: str | None = None, with_tokeniz
     hparams = read_hparams(folder / "config.json")
     weights_path = folder / "model.safetensors"
     # The transposed copies of an earlier load, if any, still matching this checkpoint (layoutcache.py).
-    stamp = layoutcache.stamp(weights_path) if layoutcache.enabled(weights_path) else None
-    shapes = {name: shape for name, shape in expected_shapes(hparams).items()
-              if name.endswith(tuple(f"{linear}.weight" for linear in layoutcache.LINEARS))}  # fmt: skip
+    stamp = layoutcache.stamp(weights_path) if layoutcache.enabled(weights_path, keep_layout) else None
+    linears = {f"h.{i}.{name}.weight": name.replace(".", "_") for i in range(hparams.n_layer) for name in LINEARS}
+    shapes = {key: shape for key, shape in expected_shapes(hparams).items() if key in linears}
     transposed = layoutcache.read(weights_path, stamp, shapes) if stamp else None
-    weights = weights_from_tensors(read_safetensors(weights_path), hparams, str(weights_path), transposed)
+    tensors = read_safetensors(weights_path)
+    if stamp and layoutcache.stamp(weights_path) != stamp:  # replaced while we read: trust neither, copy
+        stamp = transposed = None
+    weights = weights_from_tensors(tensors, hparams, str(weights_path), transposed)
     if stamp and transposed is None:
-        layoutcache.write(weights_path, stamp, weights)
+        blocks = weights.blocks
+        layoutcache.write(weights_path, stamp, {key: getattr(blocks[int(key.split(".")[1])], field).w_t
+                                                for key, field in linears.items()})  # fmt: skip
     tokenizer = None
     if with_tokenizer:
         try:
@@ -287,8 +300,8 @@ def checkpoint_tensors(model: GPT2, prefix: str = "", with_mask_buffers: bool = 
         p = f"{prefix}h.{i}."
         yield p + "ln_1.weight", b.ln_1_weight
         yield p + "ln_1.bias", b.ln_1_bias
-        for name, lin in (("attn.c_attn", b.attn_c_attn), ("attn.c_proj", b.attn_c_proj),
-                          ("mlp.c_fc", b.mlp_c_fc), ("mlp.c_proj", b.mlp_c_proj)):  # fmt: skip
+        for name in LINEARS:
+            lin = getattr(b, name.replace(".", "_"))
             yield p + name + ".weight", lin.weight  # [n_in, n_out], GPT-2's Conv1D layout
             yield p + name + ".bias", lin.b
         yield p + "ln_2.weight", b.ln_2_weight

@@ -80,7 +80,7 @@ def speedup_from_rounds(n_tokens: int, k_per_round: Sequence[int], draft_steps: 
     r(m): what is left between it and the wall clock is time the model does not
     describe (the sampler's own work) and noise.
 
-        speedup_from_rounds(len(out.tokens), out.k_per_round, out.draft_calls, costs.c, costs.r)
+        speedup_from_rounds(len(out.tokens), out.k_per_round, out.draft_steps, costs.c, costs.r)
     """
     steps = draft_steps * c + sum(verify_cost(k + 1, r) for k in k_per_round)
     return n_tokens / steps if steps else float("nan")

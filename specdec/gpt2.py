@@ -105,7 +105,7 @@ def transposed_copy(w: np.ndarray) -> np.ndarray:
 
     n_parts = max(1, min(SPLIT_PARTS, n_in // TRANSPOSE_ROWS))
     edges = [round(n_in * i / n_parts / TRANSPOSE_ROWS) * TRANSPOSE_ROWS for i in range(n_parts)] + [n_in]
-    threads.workers(n_parts).run([lambda a=a, b=b: copy_bands(a, b) for a, b in zip(edges, edges[1:])])
+    threads.workers(n_parts).run([lambda a=a, b=b: copy_bands(a, b) for a, b in zip(edges, edges[1:])], blas=False)
     return w_t
 
 

@@ -160,9 +160,10 @@ class RaceReport:
             out["verify_cost_ratio"] = r[k] if k < len(r) else math.nan  # r(k+1)
             out["predicted_speedup"] = predicted_speedup(alpha, k, c, r)
             out["predicted_speedup_if_r_were_1"] = predicted_speedup(alpha, k, c, None)
-            # The same costs, priced over the rounds this run actually had (model-free drafters: one lookup a round).
-            draft_steps = res.draft_calls if res.draft_calls else res.rounds
-            out["predicted_speedup_from_rounds"] = speedup_from_rounds(len(res.tokens), res.k_per_round, draft_steps, c, r)
+            # The same costs, priced over the rounds this run actually had.
+            out["predicted_speedup_from_rounds"] = speedup_from_rounds(
+                len(res.tokens), res.k_per_round, res.draft_steps, c, r
+            )
             out["best_k"], out["best_k_speedup"] = best_k(alpha, c, r, k_max=len(r) - 1)
         return out
 

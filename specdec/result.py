@@ -100,6 +100,12 @@ class DecodeResult:
         return sum(drafting) / len(drafting) if drafting else 0.0
 
     @property
+    def draft_steps(self) -> int:
+        """Draft steps to price with c: the draft's forward passes, or for a model-free drafter
+        (n-gram lookup: no passes) one lookup per round, which is what its c is measured on."""
+        return self.draft_calls if self.draft_calls else self.rounds
+
+    @property
     def tokens_per_target_call(self) -> float:
         return len(self.tokens) / self.target_calls if self.target_calls else math.nan
 

@@ -1,5 +1,8 @@
 """Both cores for one weight matrix: OpenBLAS on one thread, and specdec's own workers.
 
+(The same workers also split the loader's transposed copies and NaN scan: gpt2.transposed_copy,
+checkpoint._check_finite.)
+
 What it adds: `linear()` in gpt2.py splits the rows of each weight matrix into
 one part per core and multiplies the parts at the same time, each on its own
 thread with OpenBLAS told to use a single thread. NumPy releases the GIL
@@ -91,7 +94,7 @@ class Workers:
         self._inboxes = [queue.SimpleQueue() for _ in range(self.n - 1)]
         self._done = queue.SimpleQueue()
         for inbox in self._inboxes:
-            threading.Thread(target=self._serve, args=(inbox, self._done), daemon=True, name="specdec-linear").start()
+            threading.Thread(target=self._serve, args=(inbox, self._done), daemon=True, name="specdec-worker").start()
         self._pid = os.getpid()
 
     @staticmethod
@@ -104,7 +107,9 @@ class Workers:
             except BaseException as e:  # handed to the caller, which re-raises it
                 done.put(e)
 
-    def run(self, jobs: list[Callable[[], None]]) -> None:
+    def run(self, jobs: list[Callable[[], None]], blas: bool = True) -> None:
+        """Run the jobs at once and wait for all. blas=False: jobs that call no BLAS (copies, scans),
+        so OpenBLAS's thread count is left alone."""
         assert len(jobs) <= self.n, f"{len(jobs)} jobs for {self.n} workers"
         if len(jobs) == 1 or not self._lock.acquire(blocking=False):
             for job in jobs:
@@ -113,7 +118,7 @@ class Workers:
         try:
             if self._pid != os.getpid():
                 self._start()
-            before = self.blas.get() if self.blas else 1
+            before = self.blas.get() if self.blas and blas else 1
             if before != 1:
                 self.blas.set(1)  # one OpenBLAS thread per part: our threads are the parallelism
             try:

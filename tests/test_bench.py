@@ -88,6 +88,7 @@ def check_report(r: dict) -> None:
 
     io = r["io"]
     assert positive(io["open_ms"]["median_ms"]) and positive(io["load_folder_ms"]["median_ms"])
+    assert positive(io["first_load_ms"]) and positive(io["load_folder_kept_ms"]["median_ms"])
     assert io["file_bytes_sum"] == sum(io["file_bytes"].values()) > 0
     assert io["memory"]["tokens"] == 20 and io["memory"]["peak_kb"] >= io["memory"]["baseline_kb"] > 0
 

@@ -202,12 +202,17 @@ def test_float64_runs_the_target_in_float64_and_greedy_texts_agree_on_near_ties(
 
     race = main.race
     monkeypatch.setattr(main, "race", spy)
-    for k in ("1", "3", "5"):
+
+    def identical(k, draft, *flags):
         code, out, err = run_main(
-            capsys, "--target_model_size", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
-            "--prompt", "the hat", "--n_tokens_to_generate", "30", "--K", k, "--float64", "--no_warmup",
+            capsys, "--target_model_size", str(tmp_path / "target"), "--draft", str(tmp_path / draft),
+            "--prompt", "the hat", "--n_tokens_to_generate", "30", "--K", k, "--no_warmup", *flags,
         )  # fmt: skip
         assert code == 0, err
-        assert ", float64)" in out.split("target:")[1].splitlines()[0]
-        assert out.split("identical text at temperature 0")[1].split()[0] == "yes"
-    assert dtypes == [(np.float64, np.float32)] * 3
+        assert (", float64)" in out.split("target:")[1].splitlines()[0]) == ("--float64" in flags)
+        return out.split("identical text at temperature 0")[1].split()[0]
+
+    assert identical("3", "draft") == "NO:", "the control: in float32 the near-ties make the texts differ"
+    assert [identical(k, "draft", "--float64") for k in ("1", "3", "5")] == ["yes"] * 3
+    assert identical("3", "target", "--float64") == "yes", "the target drafting for itself"
+    assert dtypes == [(np.float32, np.float32)] + [(np.float64, np.float32)] * 4, "the draft stays float32"

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import hub_tensors, tiny_model, write_checkpoint
 from specdec import layoutcache
-from specdec.checkpoint import CheckpointError, load_folder
+from specdec.checkpoint import LINEARS, CheckpointError, load_folder
 from specdec.safetensors import read_metadata, write_safetensors
 
 TOKENS = np.array([5, 70, 200, 3, 9])
@@ -22,7 +22,7 @@ def every_size(monkeypatch):
 
 
 def linears(model):
-    return [getattr(b, n) for b in model.weights.blocks for n in ("attn_c_attn", "attn_c_proj", "mlp_c_fc", "mlp_c_proj")]
+    return [getattr(b, name.replace(".", "_")) for b in model.weights.blocks for name in LINEARS]
 
 
 def kept(model) -> bool:
@@ -46,7 +46,8 @@ def test_the_second_load_maps_the_kept_weights_and_computes_the_same_logits(tmp_
     assert np.array_equal(second(TOKENS), first(TOKENS))
     for a, b in zip(linears(first), linears(second)):
         assert a.w_t.shape == b.w_t.shape and np.array_equal(a.w_t, b.w_t)
-    assert read_metadata(folder / layoutcache.FILE_NAME)["source_size"] == str((folder / "model.safetensors").stat().st_size)
+    size = (folder / "model.safetensors").stat().st_size
+    assert read_metadata(folder / layoutcache.FILE_NAME)["source_size"] == str(size)
 
 
 def test_a_changed_checkpoint_is_never_served_stale(tmp_path):
@@ -61,6 +62,51 @@ def test_a_changed_checkpoint_is_never_served_stale(tmp_path):
     np.testing.assert_array_equal(reloaded(TOKENS), new(TOKENS))
     assert kept(load_folder(folder)), "the file is written again for the new checkpoint"
     np.testing.assert_array_equal(load_folder(folder)(TOKENS), new(TOKENS))
+
+
+def test_a_changed_checkpoint_with_its_old_modification_time_is_not_served_stale(tmp_path):
+    """What `cp -p`, `rsync -a` or `tar -x` do: new contents (same size and header), old mtime."""
+    folder = write_checkpoint(tmp_path / "m", tiny_model(seed=1))
+    load_folder(folder)
+    old = (folder / "model.safetensors").stat()
+    new = tiny_model(seed=2)
+    write_checkpoint(folder, new)
+    os.utime(folder / "model.safetensors", ns=(old.st_atime_ns, old.st_mtime_ns))
+    assert (folder / "model.safetensors").stat().st_mtime_ns == old.st_mtime_ns
+    np.testing.assert_array_equal(load_folder(folder)(TOKENS), new(TOKENS))
+
+
+def test_a_checkpoint_replaced_while_it_is_read_is_copied_not_mixed(tmp_path, monkeypatch):
+    """The stamp is taken again after reading: a checkpoint swapped in meanwhile (as a re-download's
+    rename does) gets neither the old kept weights nor a file filed under the wrong stamp."""
+    import specdec.checkpoint as checkpoint
+
+    folder = write_checkpoint(tmp_path / "m", tiny_model(seed=1))
+    load_folder(folder)
+    new = tiny_model(seed=2)
+    write_checkpoint(tmp_path / "new", new)
+    read = checkpoint.read_safetensors
+
+    def swap_then_read(path):
+        os.replace(tmp_path / "new" / "model.safetensors", folder / "model.safetensors")
+        monkeypatch.setattr(checkpoint, "read_safetensors", read)
+        return read(path)
+
+    monkeypatch.setattr(checkpoint, "read_safetensors", swap_then_read)
+    model = load_folder(folder)
+    assert not kept(model)
+    np.testing.assert_array_equal(model(TOKENS), new(TOKENS))
+    np.testing.assert_array_equal(load_folder(folder)(TOKENS), new(TOKENS))
+
+
+def test_writing_says_so_and_the_file_is_as_readable_as_the_checkpoint(tmp_path, capsys):
+    folder = write_checkpoint(tmp_path / "m", tiny_model(seed=1))
+    (folder / "model.safetensors").chmod(0o600)
+    load_folder(folder)
+    assert "keeping the transposed weights" in capsys.readouterr().err
+    assert (folder / layoutcache.FILE_NAME).stat().st_mode & 0o777 == 0o600
+    load_folder(folder)
+    assert capsys.readouterr().err == "", "said once, when written"
 
 
 def test_a_checkpoint_damaged_after_the_file_was_written_is_still_refused(tmp_path):
@@ -91,12 +137,12 @@ def test_a_damaged_or_foreign_file_is_ignored_and_replaced(tmp_path, damage):
     elif damage == "wrong stamp":  # a file for another checkpoint
         stamp = layoutcache.stamp(folder / "model.safetensors") | {"source_mtime_ns": "1"}
         write_safetensors(path, {f"h.{i}.{n}.weight": getattr(b, n.replace(".", "_")).w_t
-                                 for i, b in enumerate(model.weights.blocks) for n in layoutcache.LINEARS},
+                                 for i, b in enumerate(model.weights.blocks) for n in LINEARS},
                           metadata=stamp)  # fmt: skip
     else:  # the right stamp, but each weight in the checkpoint's layout, not transposed
         stamp = layoutcache.stamp(folder / "model.safetensors")
         write_safetensors(path, {name: t for name, t in hub_tensors(model).items() if name.endswith(
-            tuple(f"{n}.weight" for n in layoutcache.LINEARS))}, metadata=stamp)  # fmt: skip
+            tuple(f"{n}.weight" for n in LINEARS))}, metadata=stamp)  # fmt: skip
     reloaded = load_folder(folder)
     assert not kept(reloaded)
     np.testing.assert_array_equal(reloaded(TOKENS), model(TOKENS))
@@ -116,6 +162,7 @@ def test_no_file_where_it_cannot_be_written_and_no_partial_left(tmp_path, monkey
 
     monkeypatch.undo()
     monkeypatch.setattr(layoutcache, "MIN_BYTES", 0)
+    monkeypatch.delenv("SPECDEC_NO_LAYOUT_CACHE", raising=False)
     monkeypatch.setattr(layoutcache.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 100})())
     load_folder(folder)
     assert not (folder / layoutcache.FILE_NAME).exists(), "too little free space: nothing written"
@@ -127,6 +174,8 @@ def test_switched_off_by_the_environment_and_for_small_checkpoints(tmp_path, mon
     monkeypatch.setenv("SPECDEC_NO_LAYOUT_CACHE", "1")
     assert not kept(load_folder(folder)), "switched off: the file is not used"
     monkeypatch.delenv("SPECDEC_NO_LAYOUT_CACHE")
+    assert not kept(load_folder(folder, keep_layout=False)), "switched off by the argument"
+    assert kept(load_folder(folder))
     monkeypatch.setattr(layoutcache, "MIN_BYTES", 1 << 40)
     other = write_checkpoint(tmp_path / "small", tiny_model(seed=2))
     load_folder(other)
