@@ -282,8 +282,18 @@ class KVCache:
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
-    """GPT-2's tanh approximation of GELU ("gelu_new" in transformers)."""
-    return F32(0.5) * x * (F32(1.0) + np.tanh(_GELU_C * (x + _GELU_A * x * x * x)))
+    """GPT-2's tanh approximation of GELU ("gelu_new" in transformers):
+    0.5 x (1 + tanh(C (x + A x^3))), computed in one buffer (the same roundings, in the same order)."""
+    y = _GELU_A * x
+    y *= x
+    y *= x
+    y += x
+    y *= _GELU_C
+    np.tanh(y, out=y)
+    y += F32(1.0)
+    y *= x
+    y *= F32(0.5)  # exact: (1 + t) x / 2 rounds as 0.5 x (1 + t) does
+    return y
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -420,7 +430,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | No
     scores = (q * F32(1.0 / np.sqrt(d_head))) @ k.transpose(0, 2, 1)  # [n_head, n_seq, n_kv]
     if bias is not None:
         scores += bias  # broadcast over heads
-    return softmax(scores) @ v  # [n_head, n_seq, n_kv] @ [n_head, n_kv, d_head]
+    # softmax(scores), in place: for a long prompt these are the largest arrays of the pass
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores @ v  # [n_head, n_seq, n_kv] @ [n_head, n_kv, d_head]
 
 
 def transformer_block(
