@@ -67,7 +67,10 @@ class HParams:
 # about 256 KB, so one chunk stays in its core's L2 cache (1 MB here) while every
 # token uses it (measured best of 64 KB..1.5 MB on an idle machine).
 CHUNK_BYTES = 1 << 18
-SMALL_BYTES = 1 << 16  # below this a matrix sits in L1/L2 anyway: plain x @ W
+# Below this a matrix sits in cache anyway, and handing its parts to the workers costs more than
+# splitting saves: plain x @ W. It is GPT-2 124M's smallest matrix (768 x 768 floats), which is
+# split; every matrix of the shipped stdlib family is smaller (its step: 2.1 ms split, 0.32 ms not).
+SMALL_BYTES = 768 * 768 * 4
 MAX_CHUNKED_ROWS = 16  # measured crossover: above ~16 tokens, plain x @ W (OpenBLAS's own threads) wins
 # Parts each weight matrix's rows are split into, one per core, multiplied on
 # specdec's own threads (threads.py); 1 = no split, OpenBLAS threads every product.

@@ -248,22 +248,26 @@ class RaceReport:
         if spec is None:
             return [f"target step {c.target_step * 1e3:.1f} ms"]
         r, summary = spec.result, self.explain()
+        if "tree_predicted_speedup" in summary:  # a tree: one pass checks several candidates per depth
+            tau = ("tau: tokens per verification pass", f"{r.tau:.2f}")
+            depth = ("acceptance by depth (1st, 2nd, ... drafted token)",
+                     " ".join(f"{a:.2f}" for a in summary["depth_acceptance"]) or "-")  # fmt: skip
+        else:
+            tau = ("tau (tokens per round: accepted drafts + 1)", f"{r.tau:.2f}")
+            depth = ("acceptance at draft position 1..K", "  ".join(display.fmt(a) for a in r.acceptance_by_position))
         rows = [("speedup (autoregressive time / speculative time)", f"{self.speedup:.2f}x")] if self.ar else []
         rows += [
             ("acceptance rate (accepted / drafted)", f"{r.acceptance_rate:.2f}  ({r.accepted} of {r.drafted})"),
             ("alpha (accepted / drafts actually judged)", f"{r.alpha:.2f}"),
             ("tokens per target pass",
              f"{r.tokens_per_target_call:.2f}  ({r.target_calls} passes incl. prompt, {r.rounds} rounds)"),
-            ("tau (tokens per round: accepted drafts + 1)", f"{r.tau:.2f}"),
-            ("acceptance at draft position 1..K", "  ".join(display.fmt(a) for a in r.acceptance_by_position)),
+            tau,
+            depth,
             ("accepted drafts per round (0..K histogram)",
              f"{r.accepted_histogram}  {display.sparkline(r.accepted_histogram)}"),
             ("draft / target passes", f"{r.draft_calls} / {r.target_calls}"),
             ("cost of a draft step, c = draft / target", costs),
         ]  # fmt: skip
-        rows.append(("tau: tokens per verification pass", f"{r.tau:.2f}"))
-        rows.append(("acceptance by depth (1st, 2nd, ... drafted token)",
-                     " ".join(f"{a:.2f}" for a in summary["depth_acceptance"]) or "-"))  # fmt: skip
         if "tree_predicted_speedup" in summary:
             n = summary["mean_nodes"]
             rows += [

@@ -82,8 +82,9 @@ def test_openblas_is_single_threaded_only_inside_a_split_product(monkeypatch):
     if threads.BLAS is None:
         pytest.skip("NumPy's OpenBLAS was not found: linear() does not split")
     monkeypatch.setattr(gpt2, "SPLIT_PARTS", 2)
+    monkeypatch.setattr(gpt2, "SMALL_BYTES", 1 << 16)
     seen = []
-    lin = gpt2.Linear.from_checkpoint(np.ones((64, 512), np.float32), None)  # 128 kB: split in 2
+    lin = gpt2.Linear.from_checkpoint(np.ones((64, 512), np.float32), None)  # 128 kB, over 64 kB: split in 2
     assert len(lin.parts) == 2
     original = gpt2.part_product
 
