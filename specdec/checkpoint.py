@@ -38,6 +38,7 @@ from .tokenizer import load_tokenizer
 # (h.N.attn.bias, h.N.attn.masked_bias) and the LM head, which GPT-2 ties to wte.
 # The four linear layers of a block: checkpoint key "h.N.<name>.weight" <-> Block field <name> with "_" for ".".
 LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+_LINEAR_WEIGHTS = tuple(f".{name}.weight" for name in LINEARS)
 _IGNORED = re.compile(r"^(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)$")
 _MAX_DIM = 1 << 24  # far above any GPT-2 (n_vocab 50257); keeps shape arithmetic small
 
@@ -85,6 +86,11 @@ def _redownload_hint(path: Path) -> str:
     """What to do about a damaged file: the same advice for every file of a model folder."""
     return (f"if the model was downloaded, delete {path} and load it again to download a fresh copy; "
             f"otherwise replace the file")  # fmt: skip
+
+
+def block_linear(block: Block, name: str) -> Linear:
+    """A block's linear layer by its checkpoint name: "attn.c_attn" -> block.attn_c_attn."""
+    return getattr(block, name.replace(".", "_"))
 
 
 def expected_shapes(h: HParams) -> dict[str, tuple[int, ...]]:
@@ -257,17 +263,16 @@ def load_folder(
     weights_path = folder / "model.safetensors"
     # The transposed copies of an earlier load, if any, still matching this checkpoint (layoutcache.py).
     stamp = layoutcache.stamp(weights_path) if layoutcache.enabled(weights_path, keep_layout) else None
-    linears = {f"h.{i}.{name}.weight": name.replace(".", "_") for i in range(hparams.n_layer) for name in LINEARS}
-    shapes = {key: shape for key, shape in expected_shapes(hparams).items() if key in linears}
+    shapes = {key: shape for key, shape in expected_shapes(hparams).items() if key.endswith(_LINEAR_WEIGHTS)}
     transposed = layoutcache.read(weights_path, stamp, shapes) if stamp else None
     tensors = read_safetensors(weights_path)
     if stamp and layoutcache.stamp(weights_path) != stamp:  # replaced while we read: trust neither, copy
         stamp = transposed = None
     weights = weights_from_tensors(tensors, hparams, str(weights_path), transposed)
     if stamp and transposed is None:
-        blocks = weights.blocks
-        layoutcache.write(weights_path, stamp, {key: getattr(blocks[int(key.split(".")[1])], field).w_t
-                                                for key, field in linears.items()})  # fmt: skip
+        blocks = enumerate(weights.blocks)
+        kept = {f"h.{i}.{name}.weight": block_linear(b, name).w_t for i, b in blocks for name in LINEARS}
+        layoutcache.write(weights_path, stamp, kept)
     tokenizer = None
     if with_tokenizer:
         try:
@@ -301,7 +306,7 @@ def checkpoint_tensors(model: GPT2, prefix: str = "", with_mask_buffers: bool = 
         yield p + "ln_1.weight", b.ln_1_weight
         yield p + "ln_1.bias", b.ln_1_bias
         for name in LINEARS:
-            lin = getattr(b, name.replace(".", "_"))
+            lin = block_linear(b, name)
             yield p + name + ".weight", lin.weight  # [n_in, n_out], GPT-2's Conv1D layout
             yield p + name + ".bias", lin.b
         yield p + "ln_2.weight", b.ln_2_weight

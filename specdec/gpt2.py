@@ -88,6 +88,14 @@ SMALL_GEMM_ROWS = 64  # rows per small product, at most (measured: 32..640)
 TRANSPOSE_ROWS = 16  # input rows per step of transposed_copy (measured best of 4..64 and 2-D tiles)
 
 
+def split_edges(n: int, n_parts: int, multiple: int = 16) -> list[int]:
+    """Boundaries cutting range(n) into n_parts near-equal parts, the inner ones on multiples of `multiple`.
+
+        split_edges(100, 2)   # [0, 48, 100]
+    """
+    return [0, *(round(n * i / n_parts / multiple) * multiple for i in range(1, n_parts)), n]
+
+
 def transposed_copy(w: np.ndarray) -> np.ndarray:
     """W [n_in, n_out] -> a new C-contiguous float32 W.T [n_out, n_in], 16 rows of W at a time, on every core.
 
@@ -107,7 +115,7 @@ def transposed_copy(w: np.ndarray) -> np.ndarray:
             w_t[:, i : i + TRANSPOSE_ROWS] = w[i : i + TRANSPOSE_ROWS].T  # [16, n_out] -> [n_out, 16]
 
     n_parts = max(1, min(SPLIT_PARTS, n_in // TRANSPOSE_ROWS))
-    edges = [round(n_in * i / n_parts / TRANSPOSE_ROWS) * TRANSPOSE_ROWS for i in range(n_parts)] + [n_in]
+    edges = split_edges(n_in, n_parts, TRANSPOSE_ROWS)
     threads.workers(n_parts).run([lambda a=a, b=b: copy_bands(a, b) for a, b in zip(edges, edges[1:])], blas=False)
     return w_t
 
@@ -148,7 +156,7 @@ class Linear:
         n_out = self.w_t.shape[0]
         n_parts = max(1, min(SPLIT_PARTS, n_out // 16)) if self.w_t.nbytes >= SMALL_BYTES else 1
         # Part boundaries on multiples of 16 rows (whole cache lines of y), the last part takes the rest.
-        edges = [0, *(round(n_out * i / n_parts / 16) * 16 for i in range(1, n_parts)), n_out]
+        edges = split_edges(n_out, n_parts)
         self.parts = [RowPart.of(self.w_t, a, b) for a, b in zip(edges, edges[1:])]
 
     @classmethod
@@ -299,11 +307,13 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis, shifted by the max for stability."""
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    e /= e.sum(axis=-1, keepdims=True)
-    return e
+def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Softmax over the last axis, shifted by the max for stability, in one buffer
+    (out=x: in place, which attention does with its scores, the largest arrays of a long prompt)."""
+    out = np.subtract(x, x.max(axis=-1, keepdims=True), out=out)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
 
 
 def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -433,11 +443,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | No
     scores = (q * F32(1.0 / np.sqrt(d_head))) @ k.transpose(0, 2, 1)  # [n_head, n_seq, n_kv]
     if bias is not None:
         scores += bias  # broadcast over heads
-    # softmax(scores), in place: for a long prompt these are the largest arrays of the pass
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    return scores @ v  # [n_head, n_seq, n_kv] @ [n_head, n_kv, d_head]
+    return softmax(scores, out=scores) @ v  # [n_head, n_seq, n_kv] @ [n_head, n_kv, d_head]
 
 
 def transformer_block(

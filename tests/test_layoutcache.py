@@ -8,7 +8,7 @@ import pytest
 
 from conftest import hub_tensors, tiny_model, write_checkpoint
 from specdec import layoutcache
-from specdec.checkpoint import LINEARS, CheckpointError, load_folder
+from specdec.checkpoint import LINEARS, CheckpointError, block_linear, load_folder
 from specdec.safetensors import read_metadata, write_safetensors
 
 TOKENS = np.array([5, 70, 200, 3, 9])
@@ -22,7 +22,7 @@ def every_size(monkeypatch):
 
 
 def linears(model):
-    return [getattr(b, name.replace(".", "_")) for b in model.weights.blocks for name in LINEARS]
+    return [block_linear(b, name) for b in model.weights.blocks for name in LINEARS]
 
 
 def kept(model) -> bool:
@@ -136,7 +136,7 @@ def test_a_damaged_or_foreign_file_is_ignored_and_replaced(tmp_path, damage):
         path.write_bytes(b"\xff" * 1000)
     elif damage == "wrong stamp":  # a file for another checkpoint
         stamp = layoutcache.stamp(folder / "model.safetensors") | {"source_mtime_ns": "1"}
-        write_safetensors(path, {f"h.{i}.{n}.weight": getattr(b, n.replace(".", "_")).w_t
+        write_safetensors(path, {f"h.{i}.{n}.weight": block_linear(b, n).w_t
                                  for i, b in enumerate(model.weights.blocks) for n in LINEARS},
                           metadata=stamp)  # fmt: skip
     else:  # the right stamp, but each weight in the checkpoint's layout, not transposed
