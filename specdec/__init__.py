@@ -11,18 +11,20 @@ No download needed for experiments: specdec.random_model("124M") has GPT-2 124M'
 """
 
 from .autoregressive import autoregressive_sample
-from .checkpoint import CheckpointError, DownloadError, load_folder, load_model
+from .checkpoints.load import DownloadError, load_folder, load_model
+from .checkpoints.safetensors import CheckpointError
 from .costmodel import AdaptiveK, CostModelK, FixedK, best_k, expected_tokens_per_round, predicted_speedup
 from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter
-from .gpt2 import GPT2, HParams, KVCache, random_weights
-from .harness import RaceReport, race
 from .interfaces import Drafter, KPolicy, Proposal
+from .model.cache import KVCache
+from .model.gpt2 import GPT2, HParams, random_weights
+from .model.shapes import GPT2_SHAPES, random_model
+from .model.tokenizer import load_tokenizer
+from .race import RaceReport, race
 from .result import DecodeResult
 from .sampling import SamplingParams, draw, greedy, probabilities
-from .shapes import GPT2_SHAPES, random_model
 from .speculative import speculative_sample
 from .timing import Costs, measure_costs
-from .tokenizer import load_tokenizer
 
 __version__ = "0.2.0"
 

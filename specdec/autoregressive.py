@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checkpoint import check_finite_logits
-from .gpt2 import GPT2
+from .model.gpt2 import GPT2
 from .result import DecodeResult, TokenCallback
-from .sampling import SamplingParams, draw, greedy, probabilities
+from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
+
 
 def check_request(model: GPT2, prompt, n_tokens: int) -> list[int]:
     """Validate a prompt (token ids, or text for a model with a tokenizer) and a length

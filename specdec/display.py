@@ -14,7 +14,7 @@ import codecs
 import html
 import math
 
-# The same three colours as the terminal trace and specdec.plot.
+# The same three colours as the terminal trace and specdec.bench.plot.
 KIND_COLOURS = {"draft": "#2ca02c", "target": "#ff7f0e", "bonus": "#1f77b4"}
 KIND_LEGEND = {
     "draft": "accepted draft token",

@@ -1,7 +1,7 @@
 """The two interfaces the speculative sampler is written against.
 
     Drafter   proposes tokens (a chain, or a tree of candidates) with the
-              distribution q each was drawn from; drafters.py has three.
+              distribution q each was drawn from; drafters/ has them all.
     KPolicy   decides how many tokens to draft each round; costmodel.py has three.
 
 And the drafter's answer, a Proposal. The sampler (speculative.py) knows nothing
@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
-    from .gpt2 import GPT2, KVCache
+    from .model.cache import KVCache
+    from .model.gpt2 import GPT2
     from .sampling import SamplingParams
 
 

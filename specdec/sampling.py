@@ -114,3 +114,22 @@ def point_mass(token: int, n_vocab: int) -> np.ndarray:
     q = np.zeros(n_vocab, dtype=np.float32)
     q[token] = 1
     return q
+
+
+def check_finite_logits(logits: np.ndarray, model_name: str) -> np.ndarray:
+    """Return `logits` unchanged, or raise ValueError naming the model if any is NaN or infinite.
+
+    Loading refuses non-finite weights, but a model built in memory (or weights
+    so large that float32 overflows) can still produce them; without this
+    check greedy decoding emits token 0 forever and sampling fails deep inside.
+    Costs one pass over n_vocab floats per call.
+
+    >>> check_finite_logits(np.array([[0.0, np.nan]], np.float32), "124M")  # doctest: +SKIP
+    ValueError: model 124M produced NaN or infinite logits ...
+    """
+    if not np.isfinite(logits).all():
+        raise ValueError(
+            f"model {model_name} produced NaN or infinite logits: its weights or config.json are broken "
+            f"(or its activations overflow float32); reload it from a good checkpoint"
+        )
+    return logits

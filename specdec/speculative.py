@@ -32,15 +32,13 @@ from __future__ import annotations
 import numpy as np
 
 from .autoregressive import check_request, make_rng
-from .checkpoint import check_finite_logits
+from .costmodel import make_k_policy, make_tree_policy
 from .drafters import make_drafter
-from .gpt2 import GPT2
 from .interfaces import Proposal
+from .model.gpt2 import GPT2
 from .result import DecodeResult, TokenCallback
-from .sampling import SamplingParams
-from .specs import make_k_policy
+from .sampling import SamplingParams, check_finite_logits
 from .timing import measure_costs
-from .treecost import make_tree_policy
 from .verify import ACCEPTANCE, verify
 
 
@@ -55,7 +53,7 @@ def speculative_sample(
     prompt_ids: token ids, or text when the target has a tokenizer. draft: a GPT2 with the target's
     vocabulary, "ngram[:N]", "early_exit:L" or a Drafter. K: an int, "adaptive", "auto" or a KPolicy.
     tree: None drafts a chain of K tokens; N a tree of up to N tokens and depth K per round; "auto" lets
-    the tree cost model (treecost.py) pick N each round; or a tree policy. acceptance="typical" is
+    the tree cost model (costmodel.py) pick N each round; or a tree policy. acceptance="typical" is
     Medusa's typical acceptance: faster, LOSSY (the output no longer follows the target), opt-in only.
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """

@@ -20,7 +20,8 @@ from typing import Callable
 import numpy as np
 
 from .drafters import make_drafter
-from .gpt2 import GPT2, KVCache
+from .model.cache import KVCache
+from .model.gpt2 import GPT2
 from .sampling import SamplingParams
 
 

@@ -37,7 +37,6 @@ import numpy as np
 from .interfaces import Proposal
 from .sampling import SamplingParams, draw, greedy, point_mass, probabilities
 
-
 ACCEPTANCE = ("exact", "typical")  # the rules speculative_sample offers; "typical" is lossy
 
 

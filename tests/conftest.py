@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec.checkpoint import checkpoint_tensors, save_folder, write_safetensors  # noqa: F401 (re-exported)
-from specdec.gpt2 import GPT2, HParams, random_weights
-from specdec.hub import HubSettings
-from specdec.tokenizer import byte_decoder
+from specdec.checkpoints.hub import HubSettings
+from specdec.checkpoints.load import checkpoint_tensors, save_folder, write_safetensors  # noqa: F401 (re-exported
+from specdec.model.gpt2 import GPT2, HParams, random_weights
+from specdec.model.tokenizer import byte_decoder
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

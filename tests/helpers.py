@@ -10,7 +10,8 @@ import itertools
 
 import numpy as np
 
-from specdec.gpt2 import GPT2, Block, HParams, Linear, Weights, random_weights
+from specdec.model.gpt2 import GPT2, Block, HParams, Weights, random_weights
+from specdec.model.kernels import Linear
 from specdec.sampling import SamplingParams, draw, probabilities
 
 # A 6-token vocabulary: every 3-token continuation (216 of them) can be enumerated.

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import tiny_model
 
 import specdec
 from specdec import autoregressive_sample, speculative_sample
-from specdec.specs import K_LIMIT, DraftSpec, make_k_policy, parse_draft, parse_k
-
-from conftest import tiny_model
+from specdec.costmodel import K_LIMIT, make_k_policy, parse_k
+from specdec.drafters.specs import DraftSpec, parse_draft
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-import specdec.bench as bench
+import specdec.bench.speed as bench
 from specdec.costmodel import best_k, predicted_speedup
 
 ALL = "decode,verify,predict,drafters,costcheck,overhead,io"

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import tiny_model
+from helpers import assert_cache_holds, perturbed
 
 from specdec import autoregressive_sample, speculative_sample
 from specdec.drafters import EarlyExitDrafter, ModelDrafter
-
-from conftest import tiny_model
-from helpers import assert_cache_holds, perturbed
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,9 @@ import time
 import numpy as np
 import pytest
 import requests
+from conftest import ROOT, hub_tensors, save_folder, tiny_model, write_checkpoint, write_safetensors
 
-from specdec.gpt2 import HParams
-from specdec.checkpoint import (
-    CheckpointError,
+from specdec.checkpoints.load import (
     DownloadError,
     HubSettings,
     download_file,
@@ -22,8 +21,8 @@ from specdec.checkpoint import (
     read_safetensors,
     resolve_model,
 )
-
-from conftest import ROOT, hub_tensors, save_folder, tiny_model, write_checkpoint, write_safetensors
+from specdec.checkpoints.safetensors import CheckpointError
+from specdec.model.gpt2 import HParams
 
 REPO = "tiny-org/tiny-gpt2"
 
@@ -405,7 +404,7 @@ def test_refused_connection_says_what_to_do(tmp_path, monkeypatch):
         port = s.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    import specdec.hub as ck
+    import specdec.checkpoints.hub as ck
 
     monkeypatch.setattr(ck.time, "sleep", lambda s: None)  # no backoff waits in the test
     with pytest.raises(DownloadError, match="HF_ENDPOINT") as e:
@@ -433,7 +432,7 @@ FOLDER = "tiny-org--tiny-gpt2"
 
 _CHILD = """
 import sys
-from specdec.checkpoint import load_model
+from specdec.checkpoints.load import load_model
 print("ready", flush=True)
 sys.stdin.readline()  # start together
 model = load_model(sys.argv[1], sys.argv[2], progress=False)
@@ -835,7 +834,7 @@ def test_fuzzed_safetensors_files_load_or_raise_checkpoint_error(tmp_path):
 def test_a_disk_that_fills_up_mid_file_is_named_and_the_partial_removed(served, monkeypatch):
     import errno
 
-    import specdec.hub as hub_module
+    import specdec.checkpoints.hub as hub_module
 
     hub, _, models_dir = served
     real_open = hub_module._open_partial
@@ -863,7 +862,7 @@ def test_a_disk_that_fills_up_mid_file_is_named_and_the_partial_removed(served, 
 
 
 def test_non_finite_logits_are_named_by_model():
-    from specdec.checkpoint import check_finite_logits
+    from specdec.sampling import check_finite_logits
 
     good = np.zeros((2, 5), np.float32)
     assert check_finite_logits(good, "m") is good

@@ -6,12 +6,11 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, TINY_HPARAMS, tiny_model, write_checkpoint
 from helpers import near_tie_model, perturbed
 
 sys.path.insert(0, str(ROOT))
-import main  # noqa: E402
+from specdec import __main__ as main  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, tiny_model, write_checkpoint
 
 MAIN = str(ROOT / "main.py")

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from conftest import tiny_model
 
 from specdec import AdaptiveK, speculative_sample
 from specdec.costmodel import (
@@ -12,8 +13,6 @@ from specdec.costmodel import (
     speedup_from_rounds,
     verify_cost,
 )
-
-from conftest import tiny_model
 
 
 def test_expected_tokens_per_round():

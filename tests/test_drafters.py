@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import tiny_model
+from helpers import SMALL
 
 from specdec import Proposal, autoregressive_sample, speculative_sample
 from specdec.drafters import EarlyExitDrafter, NgramDrafter, make_drafter
-from specdec.gpt2 import GPT2, random_weights
+from specdec.model.gpt2 import GPT2, random_weights
 from specdec.sampling import SamplingParams
-
-from conftest import tiny_model
-from helpers import SMALL
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import specdec.verify as verify
-from specdec import Proposal, autoregressive_sample, speculative_sample
-from specdec.drafters import ModelDrafter
-from specdec.sampling import SamplingParams, probabilities
-
 from helpers import (
     BROKEN_RULES,
     N_BROKEN,
@@ -31,6 +25,11 @@ from helpers import (
     small_model,
     verify_resample_target_on_reject,
 )
+
+import specdec.verify as verify
+from specdec import Proposal, autoregressive_sample, speculative_sample
+from specdec.drafters import ModelDrafter
+from specdec.sampling import SamplingParams, probabilities
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The shipped stdlib family (specdec/family.py, specdec/weights/): it loads by name offline,
+"""The shipped stdlib family (specdec/checkpoints/family.py and weights/): it loads by name offline,
 its tokenizer is a real BPE, its F16 files give the logits torch gives, and it is trained:
 its drafters are accepted far more often than untrained ones (tests/fixtures/train_family.py)."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec import family
+from specdec.checkpoints import family
 from specdec.costmodel import drafts_judged
-from specdec.gpt2 import GPT2, random_weights
+from specdec.model.gpt2 import GPT2, random_weights
 
 REFERENCE = Path(__file__).parent / "fixtures" / "family_reference.npz"
 
@@ -141,7 +141,7 @@ def test_trained_drafters_are_accepted_far_more_often_than_untrained_ones(target
 
 
 def test_family_bench_runs_and_reports_every_drafter_at_both_temperatures():
-    from specdec import family_bench
+    from specdec.bench import family as family_bench
 
     res = family_bench.main(["--prompts", "2", "--tokens", "8", "--repeats", "1", "--no-gpt2"])
     rows = {(r["drafter"], r["T"]): r for r in res["family"]}

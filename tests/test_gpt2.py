@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
-
-from specdec.checkpoint import load_folder
-from specdec.gpt2 import HParams, KVCache, gelu, layer_norm, softmax
-
 from conftest import FIXTURES, TINY_HPARAMS, tiny_model
+
+from specdec.checkpoints.load import load_folder
+from specdec.model.cache import KVCache
+from specdec.model.gpt2 import HParams, gelu, layer_norm, softmax
 
 ATOL = 2e-5  # float32 accumulation differences between one call and many
 
@@ -146,7 +146,7 @@ def test_gelu_and_layer_norm_values():
 
 def test_early_exit_uses_only_the_first_layers(model):
     """n_layer=L must equal a model truncated to its first L blocks."""
-    from specdec.gpt2 import GPT2, Weights
+    from specdec.model.gpt2 import GPT2, Weights
 
     w = model.weights
     truncated = GPT2(
@@ -178,35 +178,35 @@ def test_bad_inputs_are_clear_errors(model):
 
 def test_chunked_multi_token_linear_matches_plain_matmul(monkeypatch):
     """The stacked matrix-vector path (2..16 tokens), with several chunks and leftover rows."""
-    import specdec.gpt2 as gpt2
+    import specdec.model.kernels as kernels
 
-    monkeypatch.setattr(gpt2, "CHUNK_BYTES", 4096)  # 48 inputs x 4 bytes: 21 rows per chunk
-    monkeypatch.setattr(gpt2, "SMALL_BYTES", 0)
+    monkeypatch.setattr(kernels, "CHUNK_BYTES", 4096)  # 48 inputs x 4 bytes: 21 rows per chunk
+    monkeypatch.setattr(kernels, "SMALL_BYTES", 0)
     rng = np.random.default_rng(6)
     w = rng.standard_normal((48, 1000), dtype=np.float32)
     b = rng.standard_normal(1000, dtype=np.float32)
-    lin = gpt2.Linear.from_checkpoint(w, b)
+    lin = kernels.Linear.from_checkpoint(w, b)
     part = lin.parts[0]
     n_chunks, _, chunk, _ = part.chunks.shape
     assert n_chunks > 1 and n_chunks * chunk < part.stop - part.start, "the test must exercise chunks and leftover rows"
     for n_seq in range(1, 20):
         x = rng.standard_normal((n_seq, 48), dtype=np.float32)
-        y = gpt2.linear(x, lin)
+        y = kernels.linear(x, lin)
         assert y.dtype == np.float32 and y.shape == (n_seq, 1000)
         np.testing.assert_allclose(y, x.astype(np.float64) @ w + b, atol=1e-4, rtol=1e-5)
 
 
 def test_cache_equivalence_through_the_chunked_path(monkeypatch):
     """The KV-cache equivalence again, with every matrix taking the chunked path."""
-    import specdec.gpt2 as gpt2
+    import specdec.model.kernels as kernels
 
-    monkeypatch.setattr(gpt2, "CHUNK_BYTES", 2048)
-    monkeypatch.setattr(gpt2, "SMALL_BYTES", 0)
+    monkeypatch.setattr(kernels, "CHUNK_BYTES", 2048)
+    monkeypatch.setattr(kernels, "SMALL_BYTES", 0)
     model = tiny_model(seed=8)  # built after the patch: its Linears are chunked
     assert model.weights.blocks[0].mlp_c_fc.parts[0].chunks.shape[0] > 1
     tokens = np.random.default_rng(9).integers(0, model.n_vocab, size=17)
     cache, rows = model.new_cache(), []
     for start, stop in ((0, 5), (5, 6), (6, 14), (14, 17)):
         rows.append(model.forward(tokens[start:stop], cache))
-    monkeypatch.setattr(gpt2, "MAX_CHUNKED_ROWS", 0)  # reference: plain matmul everywhere
+    monkeypatch.setattr(kernels, "MAX_CHUNKED_ROWS", 0)  # reference: plain matmul everywhere
     np.testing.assert_allclose(np.concatenate(rows), model(tokens), atol=ATOL, rtol=0)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from specdec import autoregressive_sample, speculative_sample
-from specdec.gpt2 import GPT2, HParams
-
 from conftest import tiny_model
 from helpers import perturbed
+
+from specdec import autoregressive_sample, speculative_sample
+from specdec.model.gpt2 import GPT2, HParams
 
 
 @pytest.fixture(scope="module")

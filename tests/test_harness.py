@@ -4,12 +4,11 @@ import json
 import math
 
 import pytest
+from conftest import tiny_model
+from helpers import perturbed
 
 from specdec import race
 from specdec.timing import measure_costs, time_calls, verify_curve
-
-from conftest import tiny_model
-from helpers import perturbed
 
 
 @pytest.fixture(scope="module")

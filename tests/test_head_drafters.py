@@ -12,18 +12,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import SMALL, chi_square_passes, exact_continuations, sample_many
+from test_train import learnable_model
 
-from specdec import autoregressive_sample, medusa, speculative_sample
-from specdec.eagle import EagleDrafter, EagleModel
-from specdec.eagle import init_params as eagle_init
-from specdec.gpt2 import GPT2, random_weights
-from specdec.heads import DraftVocab
+from specdec import autoregressive_sample, speculative_sample
+from specdec.drafters import medusa
+from specdec.drafters.eagle import EagleDrafter, EagleModel
+from specdec.drafters.eagle import init_params as eagle_init
+from specdec.drafters.heads import DraftVocab
+from specdec.drafters.medusa import MedusaDrafter
 from specdec.interfaces import Drafter, Proposal
-from specdec.medusa import MedusaDrafter
+from specdec.model.gpt2 import GPT2, random_weights
 from specdec.sampling import SamplingParams, probabilities
 from specdec.train import train
 from specdec.verify import greedy_tree, sampled_tree
-from test_train import learnable_model
 
 PROMPT = [1, 2]
 
@@ -291,7 +292,7 @@ def test_tree_sampling_with_head_drafters_keeps_the_target_distribution(small_ta
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_cost_measurement_works_with_head_drafters(trained, kind):
     """The harness times a draft step as propose + an empty commit; the drafters take it in their stride."""
-    from specdec.harness import measure_costs
+    from specdec.race import measure_costs
 
     target, out = trained
     costs = measure_costs(target, f"{kind}:{out / kind}", [63, 1, 2, 3, 4], m_max=3, repeats=2)

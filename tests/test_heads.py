@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import tiny_model
 
-from specdec import eagle, medusa
-from specdec.gpt2 import GPT2, HParams, random_weights
-from specdec.heads import (
-    AdamW,
+from specdec.drafters import eagle, medusa
+from specdec.drafters.heads import (
     DraftVocab,
     HeadFileError,
     cross_entropy,
@@ -23,7 +22,8 @@ from specdec.heads import (
     smooth_l1,
     top_tokens,
 )
-from conftest import tiny_model
+from specdec.model.gpt2 import GPT2, HParams, random_weights
+from specdec.train.optim import AdamW
 
 E, H, V = 8, 2, 13  # width, heads, vocabulary of the gradient-check problems
 

@@ -1,15 +1,15 @@
-"""The transposed weights kept beside a checkpoint (specdec/layoutcache.py): used when they
+"""The transposed weights kept beside a checkpoint (specdec/checkpoints/layout.py): used when they
 match the checkpoint, never when it has changed, and never in the way of a load."""
 
 import os
 
 import numpy as np
 import pytest
-
 from conftest import hub_tensors, tiny_model, write_checkpoint
-from specdec import layoutcache
-from specdec.checkpoint import LINEARS, CheckpointError, block_linear, load_folder
-from specdec.safetensors import read_metadata, write_safetensors
+
+from specdec.checkpoints import layout as layoutcache
+from specdec.checkpoints.load import LINEARS, block_linear, load_folder
+from specdec.checkpoints.safetensors import CheckpointError, read_metadata, write_safetensors
 
 TOKENS = np.array([5, 70, 200, 3, 9])
 
@@ -79,7 +79,7 @@ def test_a_changed_checkpoint_with_its_old_modification_time_is_not_served_stale
 def test_a_checkpoint_replaced_while_it_is_read_is_copied_not_mixed(tmp_path, monkeypatch):
     """The stamp is taken again after reading: a checkpoint swapped in meanwhile (as a re-download's
     rename does) gets neither the old kept weights nor a file filed under the wrong stamp."""
-    import specdec.checkpoint as checkpoint
+    import specdec.checkpoints.load as checkpoint
 
     folder = write_checkpoint(tmp_path / "m", tiny_model(seed=1))
     load_folder(folder)

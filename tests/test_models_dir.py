@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from conftest import tiny_model, write_checkpoint
 
-from specdec.checkpoint import load_model
-from specdec.hub import CHECKPOINT_FILES, DownloadError, default_models_dir, resolve_model
+from specdec.checkpoints.hub import CHECKPOINT_FILES, DownloadError, default_models_dir, resolve_model
+from specdec.checkpoints.load import load_model
 
 
 def test_default_folder_follows_the_environment(monkeypatch, tmp_path):
@@ -59,7 +59,7 @@ def test_no_empty_folder_is_left_after_a_failed_download(fake_hub, tmp_path):
 
 
 def test_main_times_the_download_apart_from_the_load(fake_hub, tmp_path, capsys):
-    import main
+    from specdec import __main__ as main
 
     fake_hub.add_checkpoint("org/tiny", write_checkpoint(tmp_path / "src", tiny_model()))
     argv = ["--target_model_size", "org/tiny", "--draft", "ngram", "--models_dir", str(tmp_path / "models"),
@@ -76,8 +76,8 @@ def test_main_times_the_download_apart_from_the_load(fake_hub, tmp_path, capsys)
 def test_a_dead_network_points_to_the_shipped_models(tmp_path):
     import socket
 
-    from specdec import family
-    from specdec.hub import HubSettings
+    from specdec.checkpoints import family
+    from specdec.checkpoints.hub import HubSettings
 
     with socket.socket() as s:  # a port nothing listens on: every request is refused
         s.bind(("127.0.0.1", 0))
@@ -89,7 +89,7 @@ def test_a_dead_network_points_to_the_shipped_models(tmp_path):
 
 
 def test_an_endpoint_that_is_not_a_url_is_refused_before_any_work(monkeypatch, tmp_path):
-    from specdec.hub import HubSettings
+    from specdec.checkpoints.hub import HubSettings
 
     monkeypatch.setenv("HF_ENDPOINT", "notaurl")
     with pytest.raises(ValueError, match="HF_ENDPOINT must be a URL"):

@@ -1,4 +1,4 @@
-"""specdec.plot: the data behind each plot (no matplotlib needed), then the figures
+"""specdec.bench.plot: the data behind each plot (no matplotlib needed), then the figures
 themselves when matplotlib is installed (`pip install -e '.[notebook]'`)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from conftest import tiny_model
 
-from specdec import plot, speculative_sample
+from specdec import speculative_sample
+from specdec.bench import plot
 from specdec.costmodel import drafts_judged, predicted_speedup
 
 

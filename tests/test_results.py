@@ -12,7 +12,7 @@ from helpers import perturbed
 
 from specdec import autoregressive_sample, load_folder, race, speculative_sample
 from specdec.display import KIND_COLOURS, sparkline
-from specdec.harness import jsonable
+from specdec.race import jsonable
 from specdec.result import DecodeResult
 
 

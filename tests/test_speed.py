@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import near_tie_model
-from specdec import gpt2
+
+from specdec.model import kernels
+from specdec.model.gpt2 import GPT2, HParams, random_weights
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (15, 7), (16, 3), (17, 40), (48, 1000), (100, 33)])
 def test_transposed_copy_is_an_exact_contiguous_transpose(shape):
     """Band edges: fewer rows than one band, exactly one band, one row over, many bands."""
     w = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
-    w_t = gpt2.transposed_copy(w)
+    w_t = kernels.transposed_copy(w)
     assert w_t.flags.c_contiguous and w_t.dtype == np.float32 and w_t.shape == shape[::-1]
     assert np.array_equal(w_t, w.T)
     assert not np.shares_memory(w_t, w)
@@ -22,16 +23,17 @@ def test_transposed_copy_is_an_exact_contiguous_transpose(shape):
 @pytest.mark.parametrize("parts", [1, 2, 3])
 def test_transposed_copy_split_over_threads_covers_every_band(monkeypatch, parts):
     """Each worker copies its own bands of W's rows; together, every row exactly once."""
-    monkeypatch.setattr(gpt2, "SPLIT_PARTS", parts)
+    monkeypatch.setattr(kernels, "SPLIT_PARTS", parts)
     w = np.random.default_rng(2).standard_normal((16 * 7 + 5, 300), dtype=np.float32)
-    assert np.array_equal(gpt2.transposed_copy(w), w.T)
+    assert np.array_equal(kernels.transposed_copy(w), w.T)
 
 
 @pytest.mark.parametrize("where", [0, 1_500_000, 3_000_000 - 1])
 def test_the_load_time_nan_scan_finds_a_bad_value_in_any_worker_s_share(monkeypatch, where):
-    from specdec.checkpoint import CheckpointError, _check_finite
+    from specdec.checkpoints.load import _check_finite
+    from specdec.checkpoints.safetensors import CheckpointError
 
-    monkeypatch.setattr(gpt2, "SPLIT_PARTS", 3)  # one chunk per worker, whatever this machine has
+    monkeypatch.setattr(kernels, "SPLIT_PARTS", 3)  # one chunk per worker, whatever this machine has
 
     w = np.zeros(3_000_000, np.float32)  # three scan chunks of 2**20, shared between the workers
     _check_finite(w, "w", "test")
@@ -45,8 +47,8 @@ def test_transposed_copy_reads_a_memory_map(tmp_path):
     w = np.random.default_rng(1).standard_normal((37, 21), dtype=np.float32)
     w.tofile(tmp_path / "w.bin")
     mapped = np.memmap(tmp_path / "w.bin", dtype=np.float32, mode="r", shape=w.shape)
-    assert np.array_equal(gpt2.transposed_copy(mapped), w.T)
-    assert np.array_equal(gpt2.Linear.from_checkpoint(mapped, None).weight, w)
+    assert np.array_equal(kernels.transposed_copy(mapped), w.T)
+    assert np.array_equal(kernels.Linear.from_checkpoint(mapped, None).weight, w)
 
 
 # --- the row split over specdec's own threads ----------------------------------------------
@@ -57,46 +59,46 @@ def test_transposed_copy_reads_a_memory_map(tmp_path):
 @pytest.mark.parametrize("n_in, n_out", [(48, 1000), (100, 37), (7, 300)])
 def test_split_linear_matches_plain_matmul(monkeypatch, n_parts, n_in, n_out, small_gemm):
     """Every path of linear(): 1 token, 2..16 (stacked chunks or small GEMMs), 17+ (plain), any number of parts."""
-    monkeypatch.setattr(gpt2, "SPLIT_PARTS", n_parts)
-    monkeypatch.setattr(gpt2, "SMALL_GEMM", small_gemm)
-    monkeypatch.setattr(gpt2, "SPLIT_ONE_TOKEN", not small_gemm)  # both 1-token paths too
-    monkeypatch.setattr(gpt2, "SMALL_GEMM_MNK", 16 * 50 * 4)  # 16-row blocks up to 4 tokens, leftover rows
-    monkeypatch.setattr(gpt2, "SMALL_BYTES", 0)
-    monkeypatch.setattr(gpt2, "CHUNK_BYTES", 2048)  # several chunks and leftover rows per part
+    monkeypatch.setattr(kernels, "SPLIT_PARTS", n_parts)
+    monkeypatch.setattr(kernels, "SMALL_GEMM", small_gemm)
+    monkeypatch.setattr(kernels, "SPLIT_ONE_TOKEN", not small_gemm)  # both 1-token paths too
+    monkeypatch.setattr(kernels, "SMALL_GEMM_MNK", 16 * 50 * 4)  # 16-row blocks up to 4 tokens, leftover rows
+    monkeypatch.setattr(kernels, "SMALL_BYTES", 0)
+    monkeypatch.setattr(kernels, "CHUNK_BYTES", 2048)  # several chunks and leftover rows per part
     rng = np.random.default_rng(n_parts)
     w = rng.standard_normal((n_in, n_out), dtype=np.float32)
     b = rng.standard_normal(n_out, dtype=np.float32)
-    lin = gpt2.Linear.from_checkpoint(w, b)
+    lin = kernels.Linear.from_checkpoint(w, b)
     assert len(lin.parts) == min(n_parts, n_out // 16)
     assert [p.start for p in lin.parts[1:]] == [p.stop for p in lin.parts[:-1]] and lin.parts[-1].stop == n_out
     for n_seq in range(1, 20):
         x = rng.standard_normal((n_seq, n_in), dtype=np.float32)
-        y = gpt2.linear(x, lin)
+        y = kernels.linear(x, lin)
         assert y.dtype == np.float32 and y.shape == (n_seq, n_out)
         np.testing.assert_allclose(y, x.astype(np.float64) @ w + b, atol=1e-4, rtol=1e-5)
 
 
 def test_openblas_is_single_threaded_only_inside_a_split_product(monkeypatch):
-    from specdec import threads
+    from specdec.model import threads
 
     if threads.BLAS is None:
         pytest.skip("NumPy's OpenBLAS was not found: linear() does not split")
-    monkeypatch.setattr(gpt2, "SPLIT_PARTS", 2)
-    monkeypatch.setattr(gpt2, "SMALL_BYTES", 1 << 16)
+    monkeypatch.setattr(kernels, "SPLIT_PARTS", 2)
+    monkeypatch.setattr(kernels, "SMALL_BYTES", 1 << 16)
     seen = []
-    lin = gpt2.Linear.from_checkpoint(np.ones((64, 512), np.float32), None)  # 128 kB, over 64 kB: split in 2
+    lin = kernels.Linear.from_checkpoint(np.ones((64, 512), np.float32), None)  # 128 kB, over 64 kB: split in 2
     assert len(lin.parts) == 2
-    original = gpt2.part_product
+    original = kernels.part_product
 
     def spy(x, part, out):
         seen.append(threads.BLAS.get())
         original(x, part, out)
 
-    monkeypatch.setattr(gpt2, "part_product", spy)
+    monkeypatch.setattr(kernels, "part_product", spy)
     before = threads.BLAS.get()
     threads.BLAS.set(2)
     try:
-        y = gpt2.linear(np.ones((3, 64), np.float32), lin)
+        y = kernels.linear(np.ones((3, 64), np.float32), lin)
         assert threads.BLAS.get() == 2, "the thread count must be put back"
     finally:
         threads.BLAS.set(before)
@@ -104,7 +106,7 @@ def test_openblas_is_single_threaded_only_inside_a_split_product(monkeypatch):
 
 
 def test_an_error_in_a_worker_reaches_the_caller_and_the_pool_still_works():
-    from specdec import threads
+    from specdec.model import threads
 
     pool = threads.Workers(3, threads.BLAS)
     done = []
@@ -123,18 +125,18 @@ def test_linear_from_several_threads_at_once(monkeypatch):
     """The pool is shared: a second caller while it is busy computes inline, and gets the same numbers."""
     import threading
 
-    monkeypatch.setattr(gpt2, "SPLIT_PARTS", 2)
-    monkeypatch.setattr(gpt2, "SMALL_BYTES", 0)
+    monkeypatch.setattr(kernels, "SPLIT_PARTS", 2)
+    monkeypatch.setattr(kernels, "SMALL_BYTES", 0)
     rng = np.random.default_rng(3)
     w = rng.standard_normal((64, 2000), dtype=np.float32)
-    lin = gpt2.Linear.from_checkpoint(w, None)
+    lin = kernels.Linear.from_checkpoint(w, None)
     xs = [rng.standard_normal((1 + i % 5, 64), dtype=np.float32) for i in range(8)]
     expected = [x @ w for x in xs]
     errors = []
 
     def work(i):
         for _ in range(20):
-            if not np.allclose(gpt2.linear(xs[i], lin), expected[i], atol=1e-3):
+            if not np.allclose(kernels.linear(xs[i], lin), expected[i], atol=1e-3):
                 errors.append(i)
 
     workers = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
@@ -190,7 +192,8 @@ def test_astype_float64():
 
 def test_restricted_head_logits_are_the_full_ones_on_its_tokens_and_minus_inf_elsewhere():
     from conftest import tiny_model
-    from specdec.restricted import restrict
+
+    from specdec.drafters.restricted import restrict
 
     model = tiny_model(seed=4)
     draft = restrict(model, 50)
@@ -217,12 +220,12 @@ def test_restricted_draft_keeps_greedy_and_sampled_output_exact(monkeypatch):
     """Greedy: token for token. Sampling: the target's exact distribution (chi-square), and a
     broken verification rule fails the same check."""
     from conftest import tiny_model
-    from specdec import autoregressive_sample, speculative_sample
-    from specdec.restricted import restrict
-    from specdec.sampling import SamplingParams
     from helpers import chi_square_passes, exact_continuations, sample_many, verify_resample_target_on_reject
 
     import specdec.verify as verify
+    from specdec import autoregressive_sample, speculative_sample
+    from specdec.drafters.restricted import restrict
+    from specdec.sampling import SamplingParams
 
     target = tiny_model(seed=1)
     draft = restrict(tiny_model(seed=1), 120)  # the target's own weights, minus most of its head
@@ -230,8 +233,8 @@ def test_restricted_draft_keeps_greedy_and_sampled_output_exact(monkeypatch):
         for K in (1, 3, 6):
             assert speculative_sample(target, draft, prompt, 25, K=K).tokens == autoregressive_sample(target, prompt, 25).tokens
 
-    hp = gpt2.HParams(n_vocab=12, n_ctx=16, n_embd=16, n_head=2, n_layer=2)
-    small = gpt2.GPT2(hp, gpt2.random_weights(hp, seed=11, scale=0.6))
+    hp = HParams(n_vocab=12, n_ctx=16, n_embd=16, n_head=2, n_layer=2)
+    small = GPT2(hp, random_weights(hp, seed=11, scale=0.6))
     small_draft = restrict(small, 5)  # tokens 0..3 and 11: more than half the vocabulary never drafted
     prompt = [1, 2, 1]
     exact = exact_continuations(small, prompt, 2, SamplingParams(1.0))
@@ -254,7 +257,7 @@ def test_bench_sections_kernel_restricted_exact(tmp_path):
     import json
     import math
 
-    import specdec.bench as bench
+    import specdec.bench.speed as bench
 
     path = tmp_path / "bench.json"
     bench.main(["--quick", "--sizes", "tiny,tiny2", "--only", "kernel,restricted,exact", "--json", str(path)])

@@ -1,4 +1,4 @@
-"""specdec.suite: the committed prompt suite, the per-category benchmark and the alpha table,
+"""specdec.bench.suite: the committed prompt suite, the per-category benchmark and the alpha table,
 on tiny checkpoints with a tiny tokenizer (the real runs need real weights)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from conftest import SHARED_TOKENIZER, TINY_HPARAMS, tiny_model, write_checkpoint
 
-from specdec import suite
-from specdec.checkpoint import load_folder
+from specdec.bench import suite
+from specdec.checkpoints.load import load_folder
 
 HPARAMS = dataclasses.replace(TINY_HPARAMS, n_ctx=512)  # the suite's prompts are a few hundred bytes
 CATEGORIES = {"copy", "code", "continuation", "lists", "dialogue"}
@@ -38,7 +38,7 @@ def test_the_committed_suite():
     assert all(len(ps) >= 4 for ps in prompts.values())
     assert len({p for ps in prompts.values() for p in ps}) == sum(map(len, prompts.values()))  # no duplicates
     if (SHARED_TOKENIZER / "vocab.json").is_file():  # with GPT-2's tokenizer: every prompt leaves room to generate
-        from specdec.tokenizer import load_tokenizer
+        from specdec.model.tokenizer import load_tokenizer
 
         enc = load_tokenizer(SHARED_TOKENIZER / "vocab.json", SHARED_TOKENIZER / "merges.txt")
         assert max(len(enc.encode(p)) for ps in prompts.values() for p in ps) < 128
@@ -127,7 +127,7 @@ def test_bad_flags(argv, message, capsys):
 
 
 def test_bench_alpha_table_is_the_suites(folders, capsys):
-    from specdec import bench
+    import specdec.bench.speed as bench
 
     argv = ["--alpha-table", "--models", f"{folders['small']},{folders['twin']}", "--n-tokens", "4",
             "--categories", "lists", "--temperatures", "0"]  # fmt: skip

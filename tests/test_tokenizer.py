@@ -3,10 +3,9 @@
 import json
 
 import pytest
-
-from specdec.tokenizer import byte_decoder, load_tokenizer
-
 from conftest import SHARED_TOKENIZER, TINY_MERGES, tiny_vocab
+
+from specdec.model.tokenizer import byte_decoder, load_tokenizer
 
 needs_real_tokenizer = pytest.mark.skipif(
     not (SHARED_TOKENIZER / "vocab.json").is_file(),

@@ -6,13 +6,12 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import tiny_model, write_checkpoint
 
-from specdec import train as train_module
-from specdec.gpt2 import GPT2, HParams, random_weights
-from specdec.heads import load_heads
-from specdec.safetensors import read_safetensors
+from specdec.checkpoints.safetensors import read_safetensors
+from specdec.drafters.heads import load_heads
+from specdec.model.gpt2 import GPT2, HParams, random_weights
+from specdec.train import loop as train_module
 from specdec.train import main, self_distill, train
 
 # A small random GPT-2 whose vocabulary fits its width (64 tokens, 64 dims), with

@@ -1,20 +1,18 @@
-"""Growing draft trees (specdec/trees.py) and the tree cost model (specdec/treecost.py)."""
+"""Growing draft trees (specdec/drafters/trees.py) and the tree cost model (specdec/costmodel.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from specdec.costmodel import expected_tokens_per_round
-from specdec.drafters import NgramDrafter
-from specdec.gpt2 import tree_mask
-from specdec.sampling import SamplingParams
-from specdec.treecost import TreeAcceptance, TreePolicy
-from specdec.trees import dynamic_tree, ngram_tree
-from specdec.verify import sampled_tree
-
 from helpers import chi_square_passes
 from test_tree_rules import N_BROKEN, N_SAMPLES, T1, World
+
+from specdec.costmodel import TreeAcceptance, TreePolicy, expected_tokens_per_round
+from specdec.drafters import NgramDrafter
+from specdec.drafters.trees import dynamic_tree, ngram_tree
+from specdec.model.gpt2 import tree_mask
+from specdec.sampling import SamplingParams
+from specdec.verify import sampled_tree
 
 # --- the n-gram trie ----------------------------------------------------------------------
 
@@ -209,7 +207,8 @@ def test_tree_policy_follows_the_verification_cost():
 @pytest.mark.parametrize("n_layer", [None, 1])
 def test_model_tree_children_are_the_models_top_tokens(n_layer):
     from conftest import tiny_model
-    from specdec.trees import model_tree
+
+    from specdec.drafters.trees import model_tree
 
     model = tiny_model(seed=2)
     text = [3, 14, 15, 92, 65]
@@ -226,7 +225,7 @@ def test_model_tree_children_are_the_models_top_tokens(n_layer):
 
 
 def test_tree_policies():
-    from specdec.treecost import make_tree_policy
+    from specdec.costmodel import make_tree_policy
 
     assert make_tree_policy(None, None, None).next_nodes() is None
     assert make_tree_policy(6, None, None).next_nodes() == 6

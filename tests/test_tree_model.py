@@ -2,10 +2,9 @@
 
 import numpy as np
 import pytest
-
-from specdec.gpt2 import tree_mask
-
 from conftest import tiny_model
+
+from specdec.model.gpt2 import tree_mask
 
 TREE_ATOL = 1e-5  # a tree pass against one-token-at-a-time passes
 

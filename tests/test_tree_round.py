@@ -11,13 +11,6 @@ import json
 
 import numpy as np
 import pytest
-
-import specdec.verify as verify_module
-from specdec import autoregressive_sample, speculative_sample
-from specdec.drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter
-from specdec.sampling import SamplingParams
-from specdec.treecost import TreeAcceptance, TreePolicy
-
 from conftest import tiny_model
 from helpers import (
     N_BROKEN,
@@ -30,6 +23,12 @@ from helpers import (
     small_model,
 )
 from test_tree_rules import verify_residual_not_updated
+
+import specdec.verify as verify_module
+from specdec import autoregressive_sample, speculative_sample
+from specdec.costmodel import TreeAcceptance, TreePolicy
+from specdec.drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter
+from specdec.sampling import SamplingParams
 
 NEAR_TIE = 1e-4  # logit gap below which float32 rounding may pick either token
 
@@ -208,7 +207,7 @@ def test_cli_tree(tmp_path, capsys, tree):
     from conftest import ROOT, write_checkpoint
 
     sys.path.insert(0, str(ROOT))
-    import main
+    from specdec import __main__ as main
 
     target = tiny_model(seed=1)
     write_checkpoint(tmp_path / "target", target)

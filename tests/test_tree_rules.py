@@ -16,19 +16,18 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers import chi_square_passes
 
 from specdec.sampling import SamplingParams, draw, probabilities
 from specdec.verify import (
     children_of,
     draw_iid,
     draw_without_replacement,
-    top_k_distinct,
     greedy_tree,
     sampled_tree,
+    top_k_distinct,
     typical_tree,
 )
-
-from helpers import chi_square_passes
 
 V = 4  # vocabulary
 N_OUT = 3  # tokens per sample: the joint over V**N_OUT = 64 outputs

@@ -1,25 +1,17 @@
-"""The two small languages a user types, each parsed in exactly one place.
+"""The draft spec, the small language a user types to name a drafter, parsed in one place.
 
     draft spec   "ngram" | "ngram:N" | "early_exit:L" | "medusa:DIR" | "eagle:DIR" (trained heads)
                  | a model (a name such as 124M, a Hub repo id owner/name, or a local folder)
-    K spec       an integer 1..K_LIMIT | "adaptive" | "auto"  (or a KPolicy object)
 
-main.py parses flags with these before it downloads anything; the harness and
-the samplers turn the parsed specs into drafters and K policies.
+The CLI parses flags with this before it downloads anything; make_drafter turns
+the parsed spec into a drafter. (The K spec is parsed in costmodel.parse_k.)
 """
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
-from typing import Callable
 
-from .costmodel import AdaptiveK, CostModelK, FixedK
-from .interfaces import KPolicy
-
-K_LIMIT = 32  # the most drafts a round may ask for: a verification pass over 33 tokens is far past any gain
 NGRAM_DEFAULT = 3  # "ngram" alone matches suffixes of up to 3 tokens
-K_NAMES = ("adaptive", "auto")
 HEADS = {"medusa": "Medusa", "eagle": "EAGLE"}  # draft specs kind:DIR for heads trained on the target
 
 
@@ -70,44 +62,3 @@ def _positive(text: str, need: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"{need}, got {text!r}")
     return int(text)
-
-
-def parse_k(spec) -> int | str:
-    """An int in 1..K_LIMIT, "adaptive" or "auto", from a string, an int or a NumPy int.
-
-    >>> parse_k("4"), parse_k(6), parse_k("auto")
-    (4, 6, 'auto')
-    """
-    if isinstance(spec, str):
-        if spec in K_NAMES:
-            return spec
-        spec = int(spec) if spec.strip().lstrip("-").isdigit() else spec
-    if isinstance(spec, bool) or not isinstance(spec, numbers.Integral):
-        raise ValueError(f"K must be an integer >= 1, 'adaptive' or 'auto', not {spec!r}")
-    if spec < 1:
-        raise ValueError(f"K must be at least 1 (it is the number of draft tokens per round), got {spec}")
-    if spec > K_LIMIT:
-        raise ValueError(f"K must be at most {K_LIMIT} (a verification pass over K+1 tokens), got {spec}")
-    return int(spec)
-
-
-def make_k_policy(spec, k_max: int = 8, costs: Callable | None = None) -> KPolicy:
-    """A fresh K policy for one run.
-
-    spec: an int (FixedK), "adaptive" (AdaptiveK from min(4, k_max) within 1..k_max),
-    "auto" (CostModelK: best predicted speedup for the measured costs and the running
-    acceptance rate; `costs()` is called to measure them), or a KPolicy, used as it is.
-    """
-    if isinstance(spec, KPolicy):
-        return spec
-    spec = parse_k(spec)
-    if not 1 <= k_max <= K_LIMIT:
-        raise ValueError(f"k_max must be in 1..{K_LIMIT}, got {k_max}")
-    if spec == "adaptive":
-        return AdaptiveK(min(4, k_max), 1, k_max)
-    if spec == "auto":
-        if costs is None:
-            raise ValueError("K='auto' needs measured costs (c, r): pass costs=, or use race(), which measures them")
-        measured = costs()
-        return CostModelK(measured.c, measured.r, k_max=k_max)
-    return FixedK(spec)

@@ -1,7 +1,7 @@
 """The prompt suite: how well each drafter does on each kind of text.
 
 What it adds over the library: measurements on a fixed, committed set of
-prompts (specdec/prompts.json) in five categories: copying from the prompt,
+prompts (specdec/bench/prompts.json) in five categories: copying from the prompt,
 code, free continuation, lists and templates, dialogue. It is a CPU-sized take
 on Spec-Bench (Xia et al., arXiv 2401.07851), which showed that a drafter's
 speedup depends strongly on the kind of text.
@@ -45,10 +45,10 @@ from typing import Callable, TextIO
 
 import numpy as np
 
-from .autoregressive import autoregressive_sample
-from .gpt2 import GPT2, HParams
-from .sampling import SamplingParams, probabilities
-from .speculative import speculative_sample
+from ..autoregressive import autoregressive_sample
+from ..model.gpt2 import GPT2, HParams
+from ..sampling import SamplingParams, probabilities
+from ..speculative import speculative_sample
 
 # The released GPT-2 family, smallest first (distilgpt2 has 6 layers of 124M's width).
 GPT2_FAMILY = ("distilgpt2", "124M", "355M", "774M", "1558M")
@@ -58,7 +58,7 @@ TEMPERATURES = (0.0, 0.7, 1.0)
 def load_prompts(path: str | Path | None = None) -> dict[str, list[str]]:
     """{category: [prompt, ...]} from the committed suite (or a JSON file of the same layout)."""
     if path is None:
-        text = resources.files("specdec").joinpath("prompts.json").read_text(encoding="utf-8")
+        text = resources.files("specdec.bench").joinpath("prompts.json").read_text(encoding="utf-8")
     else:
         text = Path(path).read_text(encoding="utf-8")
     data = json.loads(text)
@@ -273,14 +273,14 @@ def alpha_markdown(table: list[dict], out: TextIO) -> None:
 
 def model_hparams(name: str, models_dir: str | Path | None) -> HParams:
     """A model's shapes from its config.json, without loading the weights."""
-    from .checkpoint import read_hparams, resolve_model
+    from ..checkpoints.load import read_hparams, resolve_model
 
     return read_hparams(resolve_model(name, models_dir)[0] / "config.json")
 
 
 def present_models(models_dir: str | Path | None, names=GPT2_FAMILY) -> list[str]:
     """The names among `names` whose checkpoint files are all in models_dir (no download)."""
-    from .checkpoint import CHECKPOINT_FILES, resolve_model
+    from ..checkpoints.load import CHECKPOINT_FILES, resolve_model
 
     present = []
     for name in names:
@@ -343,8 +343,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from .checkpoint import CheckpointError, DownloadError, load_model
-    from .hub import default_models_dir
+    from ..checkpoints.hub import default_models_dir
+    from ..checkpoints.load import DownloadError, load_model
+    from ..checkpoints.safetensors import CheckpointError
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -387,7 +388,7 @@ def main(argv=None) -> int:
         say(f"python -m specdec.suite: error: {e}")
         return 1
     if args.json:
-        from .harness import jsonable
+        from ..race import jsonable
 
         Path(args.json).write_text(json.dumps(jsonable(numbers), indent=1, allow_nan=False) + "\n")
     return 0

@@ -32,17 +32,16 @@ from pathlib import Path
 
 import numpy as np
 
-from . import eagle, medusa
-from .autoregressive import autoregressive_sample
-from .checkpoint import load_model
-from .drafters import make_drafter
-from .gpt2 import GPT2, HParams, random_weights
-from .heads import DraftVocab
-from .sampling import SamplingParams
-from .speculative import speculative_sample
-from .shapes import GPT2_SHAPES
-from .timing import time_calls
-from .train import eagle_step, medusa_step
+from ..autoregressive import autoregressive_sample
+from ..checkpoints.load import load_model
+from ..drafters import eagle, make_drafter, medusa
+from ..drafters.heads import DraftVocab
+from ..model.gpt2 import GPT2, HParams, random_weights
+from ..model.shapes import GPT2_SHAPES
+from ..sampling import SamplingParams
+from ..speculative import speculative_sample
+from ..timing import time_calls
+from ..train.loop import eagle_step, medusa_step
 
 SHAPES = GPT2_SHAPES
 RESTRICTED = 8192  # an 8k draft vocabulary (EAGLE-3 / FR-Spec use 32k for LLaMA-3's 128k)

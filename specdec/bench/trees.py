@@ -27,12 +27,12 @@ import time
 
 import numpy as np
 
-from .autoregressive import autoregressive_sample
-from .bench import SIZES, VERIFY_CTX, filled_cache, stats_ms, table
-from .checkpoint import load_model
-from .gpt2 import GPT2, random_weights
-from .speculative import speculative_sample
-from .timing import time_calls
+from ..autoregressive import autoregressive_sample
+from ..checkpoints.load import load_model
+from ..model.gpt2 import GPT2, random_weights
+from ..speculative import speculative_sample
+from ..timing import time_calls
+from .speed import SIZES, VERIFY_CTX, filled_cache, stats_ms, table
 
 N_MAX = 16  # tree nodes per pass: up to 17 new tokens
 

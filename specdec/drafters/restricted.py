@@ -27,7 +27,8 @@ import dataclasses
 
 import numpy as np
 
-from .gpt2 import GPT2, Linear
+from ..model.gpt2 import GPT2
+from ..model.kernels import Linear
 from .heads import DraftVocab, top_tokens
 
 

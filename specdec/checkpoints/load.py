@@ -16,8 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gpt2, layoutcache, threads
-from .gpt2 import GPT2, Block, HParams, Linear, Weights
+from ..model import kernels, threads
+from ..model.gpt2 import GPT2, Block, HParams, Weights
+from ..model.kernels import Linear
+from ..model.tokenizer import load_tokenizer
+from . import layout
 from .hub import (  # noqa: F401 (re-exported: the names other code imports from here)
     CHECKPOINT_FILES,
     MODEL_REPOS,
@@ -28,7 +31,6 @@ from .hub import (  # noqa: F401 (re-exported: the names other code imports from
     resolve_model,
 )
 from .safetensors import CheckpointError, read_safetensors, release_pages, write_safetensors  # noqa: F401
-from .tokenizer import load_tokenizer
 
 # ---------------------------------------------------------------------------
 # From tensors to a model.
@@ -116,7 +118,7 @@ def weights_from_tensors(
 
     Accepts keys with or without the "transformer." prefix (distilgpt2 and
     files saved from GPT2LMHeadModel have it; openai-community/gpt2 does not).
-    transposed: {"h.N.<linear>.weight": W.T} from layoutcache.read, used instead of
+    transposed: {"h.N.<linear>.weight": W.T} from layout.read, used instead of
     copying (those weights were checked for NaN when the copies were made).
     """
     named = {}
@@ -149,8 +151,8 @@ def weights_from_tensors(
         def w(suffix):
             return named[f"h.{i}.{suffix}"]
 
-        def linear(name):  # stored transposed for speed: a one-time copy (see gpt2.Linear)
-            if transposed is not None:  # or kept from an earlier load (layoutcache.py)
+        def linear(name):  # stored transposed for speed: a one-time copy (see kernels.Linear)
+            if transposed is not None:  # or kept from an earlier load (layout.py)
                 return Linear(transposed[f"h.{i}.{name}.weight"], w(f"{name}.bias"))
             weight = w(f"{name}.weight")
             lin = Linear.from_checkpoint(weight, w(f"{name}.bias"))
@@ -183,7 +185,7 @@ def _check_finite(array: np.ndarray, name: str, source: str) -> None:
     flat = np.asarray(array).reshape(-1)  # a plain view: slicing an np.memmap costs a Python object per slice
     chunk = 1 << 20
     starts = range(0, flat.size, chunk)
-    n_parts = max(1, min(gpt2.SPLIT_PARTS, len(starts)))
+    n_parts = max(1, min(kernels.SPLIT_PARTS, len(starts)))
     finite = [True] * n_parts
 
     def scan(part: int) -> None:
@@ -200,25 +202,6 @@ def _check_finite(array: np.ndarray, name: str, source: str) -> None:
         )
 
 
-def check_finite_logits(logits: np.ndarray, model_name: str) -> np.ndarray:
-    """Return `logits` unchanged, or raise ValueError naming the model if any is NaN or infinite.
-
-    Loading refuses non-finite weights, but a model built in memory (or weights
-    so large that float32 overflows) can still produce them; without this
-    check greedy decoding emits token 0 forever and sampling fails deep inside.
-    Costs one pass over n_vocab floats per call.
-
-    >>> check_finite_logits(np.array([[0.0, np.nan]], np.float32), "124M")  # doctest: +SKIP
-    ValueError: model 124M produced NaN or infinite logits ...
-    """
-    if not np.isfinite(logits).all():
-        raise ValueError(
-            f"model {model_name} produced NaN or infinite logits: its weights or config.json are broken "
-            f"(or its activations overflow float32); reload it from a good checkpoint"
-        )
-    return logits
-
-
 def load_model(
     name_or_path: str = "124M",
     models_dir: str | os.PathLike | None = None,
@@ -229,7 +212,7 @@ def load_model(
     """Load a GPT-2 by short name ("124M", "355M", "774M", "1558M", "distilgpt2"),
     Hub repo id ("owner/name") or local folder, downloading it on first use
     into models_dir (default: ~/.cache/specdec/models, or $SPECDEC_HOME/models;
-    see specdec.hub.default_models_dir).
+    see specdec.checkpoints.hub.default_models_dir).
 
     >>> model = load_model("124M")          # doctest: +SKIP
     >>> model.n_layer, model.tokenizer.encode("Hello world")  # doctest: +SKIP
@@ -248,7 +231,7 @@ def load_folder(
 
     For a checkpoint of 64 MB or more, the first load also writes its linear weights,
     transposed, to specdec-transposed.safetensors in the folder, and later loads
-    memory-map that file instead of copying (layoutcache.py). keep_layout=False, or
+    memory-map that file instead of copying (layout.py). keep_layout=False, or
     SPECDEC_NO_LAYOUT_CACHE=1 when keep_layout is None, turns this off.
 
     NOTE: a first (copying) load gives writable weight arrays; a later one gives
@@ -261,18 +244,18 @@ def load_folder(
         raise CheckpointError(f"{folder} is missing {', '.join(missing)}; a model folder needs {', '.join(needed)}")
     hparams = read_hparams(folder / "config.json")
     weights_path = folder / "model.safetensors"
-    # The transposed copies of an earlier load, if any, still matching this checkpoint (layoutcache.py).
-    stamp = layoutcache.stamp(weights_path) if layoutcache.enabled(weights_path, keep_layout) else None
+    # The transposed copies of an earlier load, if any, still matching this checkpoint (layout.py).
+    stamp = layout.stamp(weights_path) if layout.enabled(weights_path, keep_layout) else None
     shapes = {key: shape for key, shape in expected_shapes(hparams).items() if key.endswith(_LINEAR_WEIGHTS)}
-    transposed = layoutcache.read(weights_path, stamp, shapes) if stamp else None
+    transposed = layout.read(weights_path, stamp, shapes) if stamp else None
     tensors = read_safetensors(weights_path)
-    if stamp and layoutcache.stamp(weights_path) != stamp:  # replaced while we read: trust neither, copy
+    if stamp and layout.stamp(weights_path) != stamp:  # replaced while we read: trust neither, copy
         stamp = transposed = None
     weights = weights_from_tensors(tensors, hparams, str(weights_path), transposed)
     if stamp and transposed is None:
         blocks = enumerate(weights.blocks)
         kept = {f"h.{i}.{name}.weight": block_linear(b, name).w_t for i, b in blocks for name in LINEARS}
-        layoutcache.write(weights_path, stamp, kept)
+        layout.write(weights_path, stamp, kept)
     tokenizer = None
     if with_tokenizer:
         try:

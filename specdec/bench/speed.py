@@ -52,16 +52,19 @@ from typing import Callable
 
 import numpy as np
 
-from . import costmodel, gpt2, threads
-from .autoregressive import autoregressive_sample
-from .checkpoint import load_folder, save_folder
-from .costmodel import AdaptiveK
-from .gpt2 import F32, GPT2, HParams, KVCache, linear, random_weights
-from .harness import jsonable
-from .safetensors import read_safetensors
-from .shapes import GPT2_SHAPES
-from .speculative import speculative_sample
-from .timing import pass_calls, time_calls, verify_curve
+from .. import costmodel
+from ..autoregressive import autoregressive_sample
+from ..checkpoints.load import load_folder, save_folder
+from ..checkpoints.safetensors import read_safetensors
+from ..costmodel import AdaptiveK
+from ..model import kernels, threads
+from ..model.cache import KVCache
+from ..model.gpt2 import F32, GPT2, HParams, random_weights
+from ..model.kernels import linear
+from ..model.shapes import GPT2_SHAPES
+from ..race import jsonable
+from ..speculative import speculative_sample
+from ..timing import pass_calls, time_calls, verify_curve
 
 SIZES = GPT2_SHAPES  # 124M, 355M, 774M, 1558M
 # Tiny shapes for the smoke test (--quick): not offered in --help.
@@ -347,8 +350,8 @@ def section_costcheck(bench: Bench) -> None:
     """For each drafter: race() times greedy speculative against autoregressive decoding;
     measure_costs() times c and r(m) at the run's mean context; the cost model predicts the
     speedup from them two ways: eq. 1 from the measured alpha, and from the run's own rounds."""
-    from .harness import race
-    from .timing import measure_costs
+    from ..race import race
+    from ..timing import measure_costs
 
     n = bench.args.drafter_tokens
     res, rows = {"n_tokens": n, "runs": []}, []
@@ -539,8 +542,8 @@ RESTRICTED_N = (4096, 8192, 16384)  # draft vocabularies of the restricted secti
 def kernel_name() -> str:
     """How linear() multiplies a few rows on this machine (gpt2.py's constants, threads.py)."""
     core = threads.BLAS.core if threads.BLAS else "not found"
-    how = "stacks of small GEMMs" if gpt2.SMALL_GEMM else "stacked matrix-vector chunks"
-    return f"OpenBLAS kernels {core}; {gpt2.SPLIT_PARTS} part(s) per matrix; {how}"
+    how = "stacks of small GEMMs" if kernels.SMALL_GEMM else "stacked matrix-vector chunks"
+    return f"OpenBLAS kernels {core}; {kernels.SPLIT_PARTS} part(s) per matrix; {how}"
 
 
 def section_kernel(bench: Bench) -> None:
@@ -565,7 +568,7 @@ def section_kernel(bench: Bench) -> None:
 
 def section_restricted(bench: Bench) -> None:
     """c = draft step / target step for drafts whose LM head scores only N tokens (restricted.py)."""
-    from .restricted import restrict
+    from ..drafters.restricted import restrict
 
     if bench.args.quick:  # tiny shapes: the smallest drafts for the largest, with a quarter and half the vocabulary
         shapes, targets = {bench.args.sizes[0]: ALL_SIZES[bench.args.sizes[0]]}, bench.args.sizes[-1:]

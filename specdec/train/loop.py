@@ -1,149 +1,23 @@
-"""Train Medusa or EAGLE draft heads for a GPT-2, in NumPy.
-
-    python -m specdec.train medusa --model 124M --tokens 20000 --out heads/medusa-124M
-    python -m specdec.train eagle  --model models/tiny --tokens 4000 --out heads/eagle-tiny --vocab-top 2000
-
-Then draft with them: speculative_sample(target, "medusa:DIR", ...), or
-`python main.py --draft medusa:DIR`.
-
-What it does, in order:
-1. Data by self-distillation (Medusa section 3.3.2; EAGLE trains on the target's
-   features too): the target generates its own training text, starting from
-   <|endoftext|>; each sequence starts with a few tokens sampled at T=1 (a prompt
-   the model itself finds likely), then continues greedily or sampled at T=1 (the
-   two decoding modes the heads will serve). While generating, the target's
-   hidden state after ln_f is kept at every position: those are the features
-   both heads read. No text corpus is read, so no held-out text is ever trained
-   on. Tokens and features are cached in DIR/data.npz.
-2. Labels: by default the target's own next-token DISTRIBUTION at each position
-   (softmax of its logits, T=1): a head is trained towards what the target would
-   draw, not one sampled token (`--labels tokens` uses the generated tokens).
-3. Training with hand-written gradients (medusa.py, eagle.py) and AdamW, a
-   cosine learning rate after a warm-up; DIR/checkpoint.* after every
-   `--save-every` steps, so `--resume` continues an interrupted run.
-4. Held-out evaluation: teacher-forced top-1 / top-5 accuracy per head on a
-   separately generated set (another seed), before and after training.
-5. DIR/heads.safetensors + DIR/heads.json (naming the model they belong to).
-"""
+"""The training loop for draft heads: one step per kind, held-out accuracy, checkpoints, the run."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from . import eagle, medusa
-from .gpt2 import GPT2
-from .heads import (
-    AdamW,
-    DraftVocab,
-    cosine_lr,
-    model_fingerprint,
-    one_hot,
-    save_heads,
-    target_distributions,
-    top_tokens,
-)
-from .safetensors import read_safetensors, write_safetensors
-from .sampling import SamplingParams, draw, greedy, probabilities
+from ..checkpoints.safetensors import read_safetensors, write_safetensors
+from ..drafters import eagle, medusa
+from ..drafters.heads import DraftVocab, model_fingerprint, one_hot, save_heads, target_distributions, top_tokens
+from ..model.gpt2 import GPT2
+from .data import load_or_make_data, text_data
+from .optim import AdamW, cosine_lr
 
 F32 = np.float32
 DEFAULT_LR = {"medusa": 1e-3, "eagle": 1e-3}
-
-
-# ---------------------------------------------------------------------------
-# 1. Self-distillation data.
-# ---------------------------------------------------------------------------
-
-
-def bos_token(target: GPT2) -> int:
-    """<|endoftext|>, which GPT-2 tokenizers put last: every sequence starts with it."""
-    return target.tokenizer.eot_token if target.tokenizer is not None else target.n_vocab - 1
-
-
-def self_distill(
-    target: GPT2,
-    n_tokens: int,
-    seq_len: int,
-    rng: np.random.Generator,
-    greedy_frac: float = 0.5,
-    prompt_len: int = 4,
-    progress: bool = True,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Text the target writes itself, with its features.
-
-    Returns tokens [n_seq, seq_len] int64 and features [n_seq, seq_len, n_embd]
-    float32, features[s, t] being the target's hidden state (after ln_f) after
-    reading tokens[s, :t+1], the one whose logits chose tokens[s, t+1].
-    A fraction greedy_frac of the sequences continue greedily after their
-    sampled prompt of prompt_len tokens; the others keep sampling at T=1.
-    """
-    if seq_len > target.n_ctx:
-        raise ValueError(f"--seq-len {seq_len} exceeds the model's context of {target.n_ctx}")
-    n_seq = max(1, math.ceil(n_tokens / seq_len))
-    tokens = np.zeros((n_seq, seq_len), np.int64)
-    features = np.zeros((n_seq, seq_len, target.n_embd), F32)
-    sample = SamplingParams(temperature=1.0)
-    bar = tqdm(total=n_seq * seq_len, desc="self-distillation", unit="tok", disable=not progress, leave=False)
-    for s in range(n_seq):
-        greedy_run = rng.random() < greedy_frac
-        cache = target.new_cache(seq_len)
-        token = bos_token(target)
-        for t in range(seq_len):
-            tokens[s, t] = token
-            logits, hidden = target.forward([token], cache, return_hidden=True)
-            features[s, t] = hidden[0]
-            if greedy_run and t >= prompt_len:
-                token = greedy(logits[0])
-            else:
-                token = draw(probabilities(logits, sample)[0], rng)
-            bar.update()
-    bar.close()
-    return tokens, features
-
-
-def load_or_make_data(path: Path, target: GPT2, n_tokens: int, seq_len: int, seed: int, greedy_frac: float, progress):
-    """Self-distillation data, cached in `path` (reused when made for the same model and settings)."""
-    meta = {
-        "model_fingerprint": model_fingerprint(target),
-        "n_tokens": n_tokens,
-        "seq_len": seq_len,
-        "seed": seed,
-        "greedy_frac": greedy_frac,
-    }
-    if path.is_file():
-        with np.load(path) as data:
-            if json.loads(str(data["meta"])) == meta:
-                return data["tokens"], data["features"]
-    rng = np.random.default_rng(seed)
-    tokens, features = self_distill(target, n_tokens, seq_len, rng, greedy_frac, progress=progress)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, tokens=tokens, features=features, meta=json.dumps(meta))
-    tmp.replace(path)
-    return tokens, features
-
-
-def text_data(target: GPT2, text: str, seq_len: int, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """Held-out text for teacher-forced evaluation: windows of seq_len tokens and the target's features.
-
-    Returns tokens [n_seq, seq_len] and features [n_seq, seq_len, n_embd], as self_distill does,
-    from consecutive windows of the text (at most max_tokens tokens in all).
-    """
-    if target.tokenizer is None:
-        raise ValueError(f"--eval-text needs a tokenizer, and the model {target.name!r} has none")
-    ids = target.tokenizer.encode(text, allowed_special="all")[:max_tokens]
-    n_seq = len(ids) // seq_len
-    if n_seq == 0:
-        raise ValueError(f"--eval-text: {len(ids)} tokens are fewer than one window of --seq-len {seq_len}")
-    tokens = np.array(ids[: n_seq * seq_len], np.int64).reshape(n_seq, seq_len)
-    features = np.stack([target.forward(row, target.new_cache(seq_len), return_hidden=True)[1] for row in tokens])
-    return tokens, features
 
 
 # ---------------------------------------------------------------------------
@@ -378,51 +252,3 @@ def load_checkpoint(out: Path, settings: dict, opt: AdamW) -> int:
         w[...] = tensors[name]
     opt.load_state(tensors, saved["adam_t"])
     return int(saved["step"])
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m specdec.train", description="Train Medusa or EAGLE draft heads for a GPT-2, in NumPy."
-    )
-    parser.add_argument("kind", choices=["medusa", "eagle"])
-    parser.add_argument("--model", required=True, help="the target: a name (124M, ...), a Hub repo id or a folder")
-    parser.add_argument("--tokens", type=int, required=True, help="self-distilled training tokens to generate")
-    parser.add_argument("--out", required=True, help="folder for the heads (and data/checkpoint caches)")
-    parser.add_argument("--heads", type=int, default=4, help="Medusa heads (default 4)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default: about 4 epochs)")
-    parser.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
-    parser.add_argument("--seq-len", type=int, default=64, help="tokens per generated sequence (default 64)")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
-    parser.add_argument("--vocab-top", type=int, default=None, help="draft only the N most frequent tokens")
-    parser.add_argument("--labels", choices=["dist", "tokens"], default="dist",
-                        help="train towards the target's distributions (default) or its sampled tokens")  # fmt: skip
-    parser.add_argument("--greedy-frac", type=float, default=0.5, help="fraction of greedy sequences (default 0.5)")
-    parser.add_argument("--eval-tokens", type=int, default=None, help="held-out self-distilled tokens")
-    parser.add_argument("--eval-text", metavar="FILE", help="also report accuracy on this held-out text file")
-    parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (default 100)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.*")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    args = parser.parse_args(argv)
-    try:
-        from .checkpoint import load_model
-
-        target = load_model(args.model, progress=not args.quiet)
-        eval_text = Path(args.eval_text).read_text(encoding="utf-8") if args.eval_text else None
-        train(
-            args.kind, target, args.tokens, args.out, n_heads=args.heads, steps=args.steps, batch=args.batch,
-            seq_len=args.seq_len, lr=args.lr, vocab_top=args.vocab_top, label_kind=args.labels,
-            greedy_frac=args.greedy_frac, seed=args.seed, resume=args.resume, eval_tokens=args.eval_tokens,
-            save_every=args.save_every, progress=not args.quiet, eval_text=eval_text,
-        )  # fmt: skip
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; continue with --resume (checkpoint in {args.out})", file=sys.stderr)
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

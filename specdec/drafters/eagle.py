@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gpt2 import _GELU_A, _GELU_C, Block, HParams, KVCache, Linear, gelu, softmax, transformer_block
-from .gpt2 import linear as gpt2_linear
+from ..interfaces import Proposal
+from ..model.cache import KVCache
+from ..model.gpt2 import _GELU_A, _GELU_C, Block, HParams, gelu, softmax, transformer_block
+from ..model.kernels import Linear
+from ..model.kernels import linear as gpt2_linear
+from ..sampling import draw
 from .heads import DraftVocab, draft_argmax, draft_distribution, head_cross_entropy, load_heads, smooth_l1
-from .interfaces import Proposal
-from .sampling import draw
 from .trees import dynamic_tree
 
 F32 = np.float32

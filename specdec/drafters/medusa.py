@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .gpt2 import Linear, linear
+from ..interfaces import Proposal
+from ..model.kernels import Linear, linear
+from ..sampling import draw
 from .heads import DraftVocab, draft_argmax, draft_distribution, head_cross_entropy, load_heads
-from .interfaces import Proposal
-from .sampling import draw
 from .trees import dynamic_tree
 
 F32 = np.float32

@@ -1,6 +1,6 @@
 """Growing draft trees: what a drafter proposes when a round may verify a tree.
 
-What this adds over drafters.py's chains: two ways of spending a budget of
+What this adds over the chains of drafters/__init__.py: two ways of spending a budget of
 `nodes` draft tokens on several candidate continuations at once, so that one
 target pass (gpt2.forward with `parents`) can accept the longest path the
 target agrees with (verify.py decides which).
@@ -34,9 +34,10 @@ from typing import Callable
 
 import numpy as np
 
-from .gpt2 import GPT2, KVCache, softmax
-from .sampling import SamplingParams, point_mass, probabilities
-from .verify import draw_without_replacement, top_k_tokens
+from ..model.cache import KVCache
+from ..model.gpt2 import GPT2, softmax
+from ..sampling import SamplingParams, point_mass, probabilities
+from ..verify import draw_without_replacement, top_k_tokens
 
 
 def continuation(text: np.ndarray, start: int, k: int) -> list[int]:

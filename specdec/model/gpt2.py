@@ -2,7 +2,7 @@
 
 This file is pure math: hyperparameters, weights as plain float32 arrays named as in
 the checkpoint, the KV cache, and the forward pass. Reading checkpoints from disk
-lives in checkpoint.py; nothing here does I/O.
+lives in checkpoints/load.py; nothing here does I/O.
 
 What it adds over a minimal NumPy GPT-2 (such as picoGPT): a KV cache that is
 explicit data with O(1) rollback, a forward pass over *several* new tokens at
@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import threads
+from .cache import KVCache
+from .kernels import Linear, linear
 
 F32 = np.float32
 
@@ -53,6 +54,10 @@ class HParams:
     def d_head(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def n_kv_head(self) -> int:
+        return self.n_head  # one key/value head per query head (KVCache reads this)
+
     def __post_init__(self):
         for field in ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer"):
             value = getattr(self, field)
@@ -60,112 +65,6 @@ class HParams:
                 raise ValueError(f"hyperparameter {field} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-
-
-# The kernel's constants, all measured on GPT-2 shapes (README, "Performance"):
-# Rows of a transposed weight matrix handled per gemv in a multi-token linear():
-# about 256 KB, so one chunk stays in its core's L2 cache (1 MB here) while every
-# token uses it (measured best of 64 KB..1.5 MB on an idle machine).
-CHUNK_BYTES = 1 << 18
-# Below this a matrix sits in cache anyway, and handing its parts to the workers costs more than
-# splitting saves: plain x @ W. It is GPT-2 124M's smallest matrix (768 x 768 floats), which is
-# split; every matrix of the shipped stdlib family is smaller (its step: 2.1 ms split, 0.32 ms not).
-SMALL_BYTES = 768 * 768 * 4
-MAX_CHUNKED_ROWS = 16  # measured crossover: above ~16 tokens, plain x @ W (OpenBLAS's own threads) wins
-# Parts each weight matrix's rows are split into, one per core, multiplied on
-# specdec's own threads (threads.py); 1 = no split, OpenBLAS threads every product.
-SPLIT_PARTS = threads.default_workers()
-SPLIT_ONE_TOKEN = True  # split 1-token products too (False: OpenBLAS's own threads for them)
-# Where OpenBLAS has small-matrix GEMM kernels (threads.SMALL_GEMM_CORES), a few tokens go through
-# a stack of [rows, n_in] x [n_in, n_seq] products small enough for them: rows * n_in * n_seq at
-# most SMALL_GEMM_MNK, OpenBLAS's own limit for them. Each weight is then read once into registers
-# and used for every token, instead of once per token from L2 cache.
-SMALL_GEMM = threads.small_gemm_kernels()
-SMALL_GEMM_MNK = 1_000_000
-SMALL_GEMM_ROWS = 64  # rows per small product, at most (measured: 32..640)
-
-
-TRANSPOSE_ROWS = 16  # input rows per step of transposed_copy (measured best of 4..64 and 2-D tiles)
-
-
-def split_edges(n: int, n_parts: int, multiple: int = 16) -> list[int]:
-    """Boundaries cutting range(n) into n_parts near-equal parts, the inner ones on multiples of `multiple`.
-
-        split_edges(100, 2)   # [0, 48, 100]
-    """
-    return [0, *(round(n * i / n_parts / multiple) * multiple for i in range(1, n_parts)), n]
-
-
-def transposed_copy(w: np.ndarray) -> np.ndarray:
-    """W [n_in, n_out] -> a new C-contiguous float32 W.T [n_out, n_in], 16 rows of W at a time, on every core.
-
-    np.ascontiguousarray(w.T) walks W with a stride of n_out floats and runs at
-    about 0.5 GB/s. Copying a band of 16 whole rows of W at a time reads W
-    sequentially and writes 64-byte runs of each output row, which keeps both
-    sides in cache: 4-5 GB/s on one core, the bulk of `load_model`'s time
-    otherwise. NumPy releases the GIL while it copies, so specdec's workers
-    (threads.py) each take a share of the bands: 8-9 GB/s on two cores.
-    """
-    w = np.asarray(w)  # a plain view: slicing an np.memmap costs a Python object per slice
-    n_in, n_out = w.shape
-    w_t = np.empty((n_out, n_in), dtype=F32)
-
-    def copy_bands(start: int, stop: int) -> None:
-        for i in range(start, stop, TRANSPOSE_ROWS):
-            w_t[:, i : i + TRANSPOSE_ROWS] = w[i : i + TRANSPOSE_ROWS].T  # [16, n_out] -> [n_out, 16]
-
-    n_parts = max(1, min(SPLIT_PARTS, n_in // TRANSPOSE_ROWS))
-    edges = split_edges(n_in, n_parts, TRANSPOSE_ROWS)
-    threads.workers(n_parts).run([lambda a=a, b=b: copy_bands(a, b) for a, b in zip(edges, edges[1:])], blas=False)
-    return w_t
-
-
-@dataclass(frozen=True)
-class RowPart:
-    """Rows [start, stop) of a transposed weight, also viewed as a stack of L2-sized chunks."""
-
-    start: int
-    stop: int
-    w_t: np.ndarray  # [stop - start, n_in], a view
-    chunks: np.ndarray  # [n_chunks, 1, chunk, n_in]: a view of the first n_chunks * chunk rows
-
-    @classmethod
-    def of(cls, w_t: np.ndarray, start: int, stop: int) -> "RowPart":
-        rows = w_t[start:stop]
-        n_rows, n_in = rows.shape
-        n_chunks = max(1, -(-rows.nbytes // CHUNK_BYTES))  # ceil
-        chunk = max(1, n_rows // n_chunks)
-        n_chunks = n_rows // chunk
-        return cls(start, stop, rows, rows[: n_chunks * chunk].reshape(n_chunks, 1, chunk, n_in))
-
-
-class Linear:
-    """A projection y = x @ W + b, with W kept transposed for speed.
-
-    GPT-2's checkpoint stores W as [n_in, n_out] (its Conv1D layout). We keep
-    w_t = W.T as a contiguous [n_out, n_in] array, made once at load time,
-    because of how OpenBLAS treats a handful of rows (see `linear`), and split
-    its rows into SPLIT_PARTS parts, one per core (views, no copies).
-    `weight` gives W back as the checkpoint has it (a view, no copy).
-    """
-
-    def __init__(self, w_t: np.ndarray, b: np.ndarray | None):
-        self.w_t = np.ascontiguousarray(w_t)  # [n_out, n_in], float32 (float64 for the exact-greedy option)
-        assert self.w_t.dtype in (np.float32, np.float64), f"weights must be float32 or float64, not {w_t.dtype}"
-        self.b = b  # [n_out], or None for the bias-free LM head
-        n_out = self.w_t.shape[0]
-        n_parts = max(1, min(SPLIT_PARTS, n_out // 16)) if self.w_t.nbytes >= SMALL_BYTES else 1
-        # Part boundaries on multiples of 16 rows (whole cache lines of y), the last part takes the rest.
-        edges = split_edges(n_out, n_parts)
-        self.parts = [RowPart.of(self.w_t, a, b) for a, b in zip(edges, edges[1:])]
-
-    @classmethod
-    def from_checkpoint(cls, w: np.ndarray, b: np.ndarray | None) -> "Linear":
-        return cls(transposed_copy(w), b)  # [n_in, n_out] -> [n_out, n_in]
-
-    @property
-    def weight(self) -> np.ndarray:
-        return self.w_t.T  # [n_in, n_out], as in the checkpoint
 
 
 @dataclass
@@ -198,93 +97,6 @@ class Weights:
         # Linear wants for x @ wte.T: this wraps it without copying.
         if self.lm_head is None:
             self.lm_head = Linear(self.wte, None)
-
-
-class KVCache:
-    """Keys and values of every layer for the tokens processed so far.
-
-    Indexed by position, like llama2.c's run state: `length` is the number of
-    valid positions; the forward pass writes new keys/values at
-    [length, length + n_seq) and then advances it.
-
-    Rolling back is just `cache.length = n` (see `rollback`): the entries past n
-    are stale and get overwritten by the next forward call. Speculative decoding
-    does this after every round to drop the rejected draft tokens.
-
-    Storage grows geometrically up to `capacity` (default n_ctx), so a short
-    generation does not hold memory for the whole context. (np.zeros is not
-    reliably lazy: with transparent huge pages, one write can make a whole
-    large array resident.)
-    """
-
-    def __init__(self, hparams: HParams, capacity: int | None = None, reserve: int = 64, dtype=F32):
-        self.dtype = np.dtype(dtype)  # the model's: float32, or float64 under GPT2.astype(np.float64)
-        self.capacity = hparams.n_ctx if capacity is None else capacity
-        if not 1 <= self.capacity <= hparams.n_ctx:
-            raise ValueError(f"cache capacity must be in 1..{hparams.n_ctx}, got {self.capacity}")
-        self.hparams = hparams
-        self.length = 0
-        self.k = self.v = None  # each [n_layer, n_head, allocated positions, d_head]
-        self._allocate(min(reserve, self.capacity))
-
-    def _allocate(self, n_positions: int) -> None:
-        h = self.hparams
-        shape = (h.n_layer, h.n_head, n_positions, h.d_head)
-        k, v = np.zeros(shape, dtype=self.dtype), np.zeros(shape, dtype=self.dtype)
-        if self.k is not None:  # keep what is cached
-            k[:, :, : self.length] = self.k[:, :, : self.length]
-            v[:, :, : self.length] = self.v[:, :, : self.length]
-        self.k, self.v = k, v
-
-    def reserve(self, n_positions: int) -> None:
-        """Make room for n_positions in all, doubling the storage as needed."""
-        if n_positions > self.capacity:
-            raise ValueError(
-                f"{n_positions} positions exceed the cache capacity of {self.capacity} "
-                f"(the model's context is {self.hparams.n_ctx})"
-            )
-        allocated = self.k.shape[2]
-        if n_positions > allocated:
-            self._allocate(min(self.capacity, max(n_positions, 2 * allocated)))
-
-    def rollback(self, length: int) -> None:
-        """Forget every position from `length` on (O(1): nothing is copied)."""
-        assert 0 <= length <= self.length, f"cannot roll back to {length} from {self.length}"
-        self.length = length
-
-    def keep(self, start: int, rows) -> None:
-        """Keep, of the positions from `start` on, only `rows`, moved to start, start + 1, ...
-
-        After a tree round the cache holds one entry per tree node, in the flat
-        order of the verification pass: the accepted path's keys and values lie
-        scattered among rejected siblings. `rows` lists the path's offsets from
-        `start` (increasing: a parent precedes its children); they are copied to
-        contiguous positions, so the next round's queries see exactly the
-        accepted text at positions start .. start + len(rows) - 1.
-
-        NOTE: a key's position is baked in only through the position embedding
-        added to the token *before* the first layer, and the tree already gave
-        each node position start + depth. So a node at depth d, moved to
-        start + d, carries exactly the keys/values a plain pass over the
-        accepted text would have written there: a copy, no recomputation.
-
-        For example keep(10, [0, 2, 5]) moves positions 10, 12, 15 to 10, 11, 12
-        and sets the length to 13. The leading rows already in place (rows[j] == j)
-        are not copied: a chain round (rows = 0, 1, .., m-1) is a zero-copy
-        rollback, as before trees.
-        """
-        rows = np.asarray(rows, dtype=np.intp)
-        m = len(rows)
-        assert m == 0 or (rows[0] >= 0 and np.all(np.diff(rows) > 0)), f"rows must increase from 0 or more: {rows}"
-        assert start + (rows[-1] + 1 if m else 0) <= self.length, f"rows {rows} past the cache end {self.length}"
-        moved = np.flatnonzero(rows != np.arange(m))  # rows[j] != j from the first moved one on
-        if len(moved):
-            j = int(moved[0])
-            # NOTE: fancy indexing on the right makes a copy first, so sources and
-            # destinations may overlap (they do: rows[j] > j for every moved row).
-            self.k[:, :, start + j : start + m] = self.k[:, :, start + rows[j:]]
-            self.v[:, :, start + j : start + m] = self.v[:, :, start + rows[j:]]
-        self.length = start + m
 
 
 # ---------------------------------------------------------------------------
@@ -326,67 +138,6 @@ def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.nd
     y *= g
     y += b
     return y
-
-
-def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
-    """[n_seq, n_in] @ [n_in, n_out] + [n_out] -> [n_seq, n_out]
-
-    Decoding is memory-bound: each weight matrix is read from RAM once per
-    forward call, and for one token that read is the whole cost. For 2..16
-    tokens, OpenBLAS's matrix-matrix kernel first repacks all of W, costing
-    about 3.6x a 1-token call; instead each core takes its part of W's rows
-    (`Linear.parts`, on specdec's own threads, threads.py) and hands np.matmul
-    a stack of matrix-vector products over L2-sized chunks of those rows
-    (`part_product`). Measurements and the variants that did not help: README,
-    "Performance".
-    """
-    n_seq = x.shape[0]
-    unsplit = len(lin.parts) == 1 or n_seq == 1 and not SPLIT_ONE_TOKEN
-    if n_seq > MAX_CHUNKED_ROWS or unsplit and (n_seq == 1 or lin.w_t.nbytes < SMALL_BYTES):
-        # Many tokens (a prompt): the matrix-matrix kernel's repacking pays off,
-        # with OpenBLAS's own threads. Unsplit, one token is OpenBLAS's matrix-vector
-        # product over both cores, and a tiny matrix is cached anyway.
-        y = x @ lin.w_t.T
-    else:
-        y = np.empty((n_seq, lin.w_t.shape[0]), dtype=np.result_type(x, lin.w_t))
-        jobs = [lambda part=part: part_product(x, part, y[:, part.start : part.stop]) for part in lin.parts]
-        threads.workers(len(jobs)).run(jobs)
-    if lin.b is not None:
-        y += lin.b
-    return y  # [n_seq, n_out]
-
-
-def part_product(x: np.ndarray, part: RowPart, out: np.ndarray) -> None:
-    """out = x @ part.w_t.T: [n_seq, n_in] -> [n_seq, stop - start], into the caller's columns of y.
-
-    One token: one matrix-vector product. A few tokens: a stack of them, one per
-    (chunk, token); np.matmul loops over the stack in C with the chunk
-    outermost, so each chunk comes from RAM once and is re-read from L2 cache for
-    the other tokens.
-    """
-    n_seq, n_in = x.shape
-    if n_seq == 1:
-        np.matmul(x, part.w_t.T, out=out)
-        return
-    rows = min(SMALL_GEMM_ROWS, SMALL_GEMM_MNK // (n_in * n_seq) // 8 * 8)  # a multiple of 8 (32-byte runs of y)
-    if SMALL_GEMM and rows >= 8:
-        n_blocks = out.shape[1] // rows
-        n_main = n_blocks * rows
-        blocks = part.w_t[:n_main].reshape(n_blocks, rows, n_in)  # a view
-        # [n_blocks, rows, n_in] @ [n_in, n_seq] -> [n_blocks, rows, n_seq]
-        out[:, :n_main] = np.matmul(blocks, x.T).reshape(n_main, n_seq).T
-        if n_main < out.shape[1]:
-            out[:, n_main:] = x @ part.w_t[n_main:].T
-        return
-    n_chunks, _, chunk, _ = part.chunks.shape
-    n_main = n_chunks * chunk
-    # [n_chunks, 1, chunk, n_in] @ [1, n_seq, n_in, 1] -> [n_chunks, n_seq, chunk, 1]
-    # NOTE: let matmul allocate this chunk-major output; an out= view with
-    # the token axis first makes NumPy reorder the loop and lose the cache reuse.
-    stacked = np.matmul(part.chunks, x[None, :, :, None])
-    out[:, :n_main] = stacked.reshape(n_chunks, n_seq, chunk).transpose(1, 0, 2).reshape(n_seq, n_main)
-    if n_main < out.shape[1]:  # the few rows left over after even chunks
-        out[:, n_main:] = x @ part.w_t[n_main:].T
 
 
 def tree_mask(parents) -> np.ndarray:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..interfaces import Drafter, Proposal
+from ..model.cache import KVCache
+from ..model.gpt2 import GPT2
+from ..sampling import SamplingParams, draw, greedy, probabilities
 from .eagle import EagleDrafter
-from .gpt2 import GPT2, KVCache
-from .interfaces import Drafter, Proposal
 from .medusa import MedusaDrafter
-from .sampling import SamplingParams, draw, greedy, point_mass, probabilities
 from .specs import parse_draft
 from .trees import model_tree, ngram_tree, point_masses
 

@@ -32,14 +32,15 @@ import sys
 
 import numpy as np
 
-from . import costmodel, family
-from .autoregressive import autoregressive_sample
-from .bench import SIZES, table
-from .checkpoint import load_model
-from .gpt2 import GPT2, random_weights
-from .harness import jsonable
-from .speculative import speculative_sample
-from .timing import measure_costs, time_calls
+from .. import costmodel
+from ..autoregressive import autoregressive_sample
+from ..checkpoints import family
+from ..checkpoints.load import load_model
+from ..model.gpt2 import GPT2, random_weights
+from ..race import jsonable
+from ..speculative import speculative_sample
+from ..timing import measure_costs, time_calls
+from .speed import SIZES, table
 
 GPT2_DRAFT, GPT2_TARGET = "124M", "355M"
 

@@ -22,17 +22,25 @@ from typing import Callable
 
 import numpy as np
 
-from .autoregressive import autoregressive_sample, check_request
 from . import display
-from .costmodel import best_k, expected_tokens_per_round, predicted_speedup, speedup_from_rounds
+from .autoregressive import autoregressive_sample, check_request
+from .costmodel import (
+    K_LIMIT,
+    TreePolicy,
+    best_k,
+    expected_tokens_per_round,
+    make_k_policy,
+    make_tree_policy,
+    parse_k,
+    predicted_speedup,
+    speedup_from_rounds,
+)
 from .drafters import make_drafter
-from .gpt2 import GPT2
+from .model.gpt2 import GPT2
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams
-from .specs import K_LIMIT, make_k_policy, parse_k
 from .speculative import speculative_sample
 from .timing import Costs, measure_costs
-from .treecost import TreePolicy, make_tree_policy
 
 DECODERS = ("autoregressive", "speculative")
 

@@ -30,9 +30,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .costmodel import predicted_speedup
-from .display import KIND_COLOURS  # one colour per way a token was produced, as in the HTML trace
-from .result import acceptance_by_position as _acceptance_by_position
+from ..costmodel import predicted_speedup
+from ..display import KIND_COLOURS  # one colour per way a token was produced, as in the HTML trace
+from ..result import acceptance_by_position as _acceptance_by_position
 
 INSTALL_HINT = "pip install -e '.[notebook]'"
 
@@ -45,7 +45,7 @@ def _figure(ax, size=(6.4, 3.6)):
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise ImportError(f"specdec.plot needs matplotlib, which is not installed: {INSTALL_HINT}") from None
+        raise ImportError(f"specdec.bench.plot needs matplotlib, which is not installed: {INSTALL_HINT}") from None
     fig = Figure(figsize=size, layout="constrained")
     return fig, fig.add_subplot()
 

@@ -1,0 +1,264 @@
+"""`python -m specdec` (also the `specdec` command and `python main.py`): race autoregressive and
+speculative decoding, and explain the result.
+
+    python -m specdec                                   # 355M target, 124M draft, K=4, greedy
+    python -m specdec --prompt "The meaning of life is" --K 6 --temperature 0.8 --seed 1
+    python -m specdec --draft ngram --target_model_size 124M
+    python -m specdec --K auto --json
+    python -m specdec --target_model_size stdlib-6L --draft stdlib-2L --prompt "def parse(line):"   # offline
+    python -m specdec --draft ngram --tree auto          # token trees: up to N draft tokens per round, or auto
+
+This file is flags and printing only: specdec.race.race runs and times both
+decoders and returns a report, which this prints as text or JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+import os
+import sys
+import time
+
+try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print an import traceback
+    import numpy as np
+
+    from specdec import CheckpointError, DownloadError, SamplingParams, load_folder, race
+    from specdec.checkpoints.family import NAMES as FAMILY
+    from specdec.checkpoints.hub import (
+        CHECKPOINT_FILES,
+        MODEL_REPOS,
+        HubSettings,
+        default_models_dir,
+        ensure_files,
+        resolve_model,
+    )
+    from specdec.costmodel import K_LIMIT, parse_k
+    from specdec.drafters.specs import DraftSpec, parse_draft
+except KeyboardInterrupt:
+    sys.exit(130)
+
+DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
+
+# ANSI colours for the speculative trace, by how each token was produced.
+COLOURS = {"draft": "\033[32m", "target": "\033[33m", "bonus": "\033[36m"}
+RESET = "\033[0m"
+LEGEND = {"draft": "accepted draft token", "target": "sampled by the target (corrected)",
+          "bonus": "bonus token (all drafts accepted)"}  # fmt: skip
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit code 2, not a usage dump
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
+    """Parse and check every flag that needs no model, before anything is downloaded."""
+    p = Parser(prog=prog, description="Race plain autoregressive decoding against speculative decoding on GPT-2.",
+               epilog="Models come from the Hugging Face Hub (HF_ENDPOINT for a mirror, HF_HUB_OFFLINE=1 to stay "
+                      "offline, HF_TOKEN for private repos); the default pair is about 2.1 GB on first use.")
+    add = p.add_argument
+    add("--prompt", default=DEFAULT_PROMPT,
+        help="text to continue (default: %(default)r); empty starts from <|endoftext|>")
+    add("--n_tokens_to_generate", type=int, default=40, metavar="N",
+        help="new tokens per decoder (default: %(default)s)")
+    add("--target_model_size", default="355M", metavar="MODEL",
+        help=f"the model whose output we want: {', '.join(MODEL_REPOS)} (downloaded), {', '.join(FAMILY)} "
+             "(shipped with specdec, trained on Python's standard library), a Hub repo id or a local folder "
+             "(default: %(default)s)")
+    add("--draft_model_size", "--draft", dest="draft", default="124M", metavar="DRAFT",
+        help="the drafter: a model as above, 'ngram[:N]' (prompt lookup, no model), 'early_exit:L' (the target's "
+             "first L layers), or 'medusa:DIR' / 'eagle:DIR' (trained heads) (default: %(default)s)")
+    add("--ngram_max", type=int, default=3, help="longest suffix 'ngram' matches (default: %(default)s)")
+    add("--K", default="4", help="draft tokens per round: an integer 1..32, 'auto' (chosen from measured costs and "
+        "the running acceptance rate) or 'adaptive' (grow on full acceptance, shrink on rejection) "
+        "(default: %(default)s)")
+    add("--tree", default=None, metavar="N|auto", help="draft a token tree of up to N tokens (depth K) per round "
+        "instead of a chain of K, or 'auto' (the tree cost model picks N each round); default: a chain")
+    add("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
+    add("--temperature", type=float, default=0.0, help="0 is greedy decoding (default: %(default)s)")
+    add("--top_k", type=int, default=None, help="keep only the k most likely tokens")
+    add("--top_p", type=float, default=None,
+        help="keep the smallest set of tokens with this much probability, in (0, 1]")
+    add("--seed", type=int, default=0, help="random seed for sampling, >= 0 (default: %(default)s)")
+    add("--models_dir", help=f"where checkpoints are downloaded and looked for (default: {default_models_dir()}; "
+        "set SPECDEC_HOME to move it)")
+    add("--only", choices=["autoregressive", "speculative"], help="run just one of the two decoders")
+    add("--repeats", type=int, default=1, help="timed runs per decoder; the median is reported (default: %(default)s)")
+    add("--no_warmup", action="store_true", help="skip the short untimed warm-up run")
+    add("--float64", action="store_true", help="run the target in float64: greedy speculative output then equals "
+        "greedy autoregressive output even where float32 would see a near-tie (about 1.8-1.9x slower per step)")
+    add("--json", action="store_true", help="print the measurements as one JSON object instead of text")  # fmt: skip
+    args = p.parse_args(argv)
+
+    checks = [
+        (args.n_tokens_to_generate >= 1, "--n_tokens_to_generate must be >= 1"),
+        (args.repeats >= 1, "--repeats must be >= 1"),
+        (1 <= args.k_max <= K_LIMIT, f"--k_max must be in 1..{K_LIMIT}"),
+        (args.ngram_max >= 1, "--ngram_max must be >= 1"),
+        (args.seed >= 0, "--seed must be >= 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            p.error(message)
+    try:
+        args.K = parse_k(args.K)
+        args.tree = parse_tree(args.tree)
+        args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
+        SamplingParams(args.temperature, args.top_k, args.top_p)
+        for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):
+            if name is not None:
+                resolve_model(name, args.models_dir)
+    except ValueError as e:
+        p.error(f"--{e}" if str(e).startswith("K ") else str(e))
+    return args
+
+
+def main(argv=None, prog: str = "specdec") -> int:
+    """The command line; prog names it in messages ("main.py" when run through the wrapper)."""
+    for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets "?", not a crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+    args = parse_args(argv, prog)
+    try:
+        return run(args)
+    except (ValueError, CheckpointError, DownloadError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # the output piped into `head`, say: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except OSError as e:  # a models_dir that cannot be created or written, a full disk
+        print(f"{prog}: error: {e.strerror or e}: {e.filename or ''} (check --models_dir)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+def load(name: str, args) -> tuple:
+    """(model, seconds to load it): a first run's download is timed apart, and said."""
+    folder, repo = resolve_model(name, args.models_dir)
+    missing = not all((folder / f).is_file() for f in CHECKPOINT_FILES)
+    start = time.perf_counter()
+    ensure_files(folder, repo, HubSettings.from_env(), progress=not args.json)
+    if missing and not args.json:
+        print(f"(downloaded {name} in {time.perf_counter() - start:.0f} s)")
+    start = time.perf_counter()
+    return load_folder(folder, name=name), time.perf_counter() - start
+
+
+def run(args) -> int:
+    say = (lambda *a, **k: None) if args.json else print
+    target, target_load = load(args.target_model_size, args)
+    spec, draft_load = args.draft_spec, 0.0
+    draft, draft_label = str(spec), spec.describe()
+    if args.only == "autoregressive":
+        draft, draft_label = None, "none (--only autoregressive)"
+    elif spec.kind == "model" and spec.arg == args.target_model_size:
+        draft, draft_label = target, f"{spec.arg} (the target itself" + (", float32)" if args.float64 else ")")
+    elif spec.kind == "model":
+        draft, draft_load = load(spec.arg, args)
+        draft_label = f"{spec.arg} ({plural(draft.n_layer, 'layer')}, {draft.n_embd} wide)"
+        check_same_tokenizer(target, draft, args)
+
+    if args.float64:  # the target only: a draft (even the target itself) stays float32
+        target = target.astype(np.float64)
+    tokenizer = target.tokenizer
+    prompt_ids = tokenizer.encode(args.prompt, allowed_special="all") or [tokenizer.eot_token]
+    if not args.prompt:
+        say("(empty prompt: starting from <|endoftext|>, as GPT-2 does)")
+    sampling = "greedy (temperature 0)" if args.temperature == 0 else f"temperature {args.temperature}"
+    sampling += f", top-k {args.top_k}" if args.top_k and args.temperature else ""
+    sampling += f", top-p {args.top_p}" if args.top_p and args.temperature else ""
+    say(f"target: {args.target_model_size} ({plural(target.n_layer, 'layer')}, {target.n_embd} wide"
+        f"{', float64' if args.float64 else ''}), loaded in {target_load:.2f} s")  # fmt: skip
+    say(f"draft:  {draft_label}" + (f", loaded in {draft_load:.2f} s" if draft_load else ""))
+    say(f"prompt: {shorten(args.prompt)!r} ({plural(len(prompt_ids), 'token')})")
+    tree = f", tree={args.tree}" if args.tree else ""
+    say(f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}")
+    say("(measuring the forward-pass costs" + (", then a short untimed warm-up)" if not args.no_warmup else ")"))
+
+    stream = Stream(args, tokenizer, draft_label) if not args.json else None
+    decoders = [d for d in ("autoregressive", "speculative") if args.only in (None, d)]
+    report = race(target, draft, prompt_ids, args.n_tokens_to_generate, K=args.K, temperature=args.temperature,
+                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats, warmup=not args.no_warmup,
+                  k_max=args.k_max, decoders=decoders, on_token=stream, on_decoder=stream and stream.start,
+                  tree=args.tree)  # fmt: skip
+    if stream:
+        stream.finish()
+        print()
+    if args.json:
+        out = report.to_dict()
+        out["settings"].update(prompt=args.prompt, target=args.target_model_size, draft=str(spec),
+                               float64=args.float64)  # fmt: skip
+        out["load_seconds"] = {"target": target_load, "draft": draft_load}
+        print(json.dumps(out, indent=2, allow_nan=False))
+    else:
+        print(report)
+    return 0
+
+
+class Stream:
+    """Prints each decoder's tokens as they come: a section title, the prompt, then text,
+    decoding UTF-8 across token boundaries; the speculative trace is coloured on a terminal."""
+
+    def __init__(self, args, tokenizer, draft_label: str):
+        self.args, self.tokenizer, self.draft_label, out = args, tokenizer, draft_label, sys.stdout
+        self.out = out
+        self.colour = out.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+        self.decoder, self.kind = None, None
+
+    def start(self, decoder: str) -> None:
+        self.finish()
+        self.kind, self.decoder = decoder, codecs.getincrementaldecoder("utf-8")(errors="replace")
+        a = self.args
+        title = (f"autoregressive ({a.target_model_size} alone)" if decoder == "autoregressive"
+                 else f"speculative (draft: {self.draft_label}, K={a.K}" + (f", tree={a.tree})" if a.tree else ")"))  # fmt: skip
+        print(f"\n── {title} " + "─" * max(3, 70 - len(title)), file=self.out)
+        if decoder == "speculative" and self.colour:
+            print("legend: " + "  ".join(f"{COLOURS[k]}{v}{RESET}" for k, v in LEGEND.items()), file=self.out)
+        self.out.write(shorten(a.prompt))
+
+    def __call__(self, token: int, kind: str) -> None:
+        text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token))
+        if self.colour and self.kind == "speculative":
+            text = f"{COLOURS[kind]}{text}{RESET}"
+        self.out.write(text)
+        self.out.flush()
+
+    def finish(self) -> None:
+        if self.decoder is not None:
+            self.out.write(self.decoder.decode(b"", final=True) + "\n")
+            self.decoder = None
+
+
+def check_same_tokenizer(target, draft, args) -> None:
+    probe = "Tokenizers must agree: 123 ünïcode <|endoftext|>"
+    encode = lambda model: model.tokenizer.encode(probe, allowed_special="all")  # noqa: E731
+    if target.tokenizer and draft.tokenizer and encode(target) != encode(draft):
+        raise ValueError(f"the draft {args.draft} and target {args.target_model_size} tokenize text differently; "
+                         f"speculative decoding needs a draft with the target's tokenizer")
+
+
+def parse_tree(text: str | None):
+    """--tree: None (a chain), a node budget 1..64, or 'auto'."""
+    if text is None or text == "auto":
+        return text
+    if not text.isdigit() or not 1 <= int(text) <= 64:
+        raise ValueError(f"--tree must be a node budget 1..64 or 'auto', got {text!r}")
+    return int(text)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def shorten(text: str, limit: int = 300) -> str:
+    """A long prompt is echoed by its start and end only."""
+    return text if len(text) <= limit else f"{text[:limit // 2]} [...] {text[-limit // 2:]}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

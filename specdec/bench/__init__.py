@@ -1,0 +1,1 @@
+"""Benchmarks: one `python -m specdec.bench` with sections; the prompt suite; plots."""

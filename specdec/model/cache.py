@@ -1,0 +1,105 @@
+"""The KV cache: keys and values of every layer, indexed by position, with O(1) rollback.
+
+Shared by every architecture in model/: it needs only n_layer, n_kv_head (GPT-2: one
+key/value head per query head; Llama's grouped-query attention: fewer), d_head and
+n_ctx from the model's hyperparameters.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .gpt2 import HParams
+
+F32 = np.float32
+
+
+class KVCache:
+    """Keys and values of every layer for the tokens processed so far.
+
+    Indexed by position, like llama2.c's run state: `length` is the number of
+    valid positions; the forward pass writes new keys/values at
+    [length, length + n_seq) and then advances it.
+
+    Rolling back is just `cache.length = n` (see `rollback`): the entries past n
+    are stale and get overwritten by the next forward call. Speculative decoding
+    does this after every round to drop the rejected draft tokens.
+
+    Storage grows geometrically up to `capacity` (default n_ctx), so a short
+    generation does not hold memory for the whole context. (np.zeros is not
+    reliably lazy: with transparent huge pages, one write can make a whole
+    large array resident.)
+    """
+
+    def __init__(self, hparams: HParams, capacity: int | None = None, reserve: int = 64, dtype=F32):
+        self.dtype = np.dtype(dtype)  # the model's: float32, or float64 under GPT2.astype(np.float64)
+        self.capacity = hparams.n_ctx if capacity is None else capacity
+        if not 1 <= self.capacity <= hparams.n_ctx:
+            raise ValueError(f"cache capacity must be in 1..{hparams.n_ctx}, got {self.capacity}")
+        self.hparams = hparams
+        self.length = 0
+        self.k = self.v = None  # each [n_layer, n_kv_head, allocated positions, d_head]
+        self._allocate(min(reserve, self.capacity))
+
+    def _allocate(self, n_positions: int) -> None:
+        h = self.hparams
+        shape = (h.n_layer, h.n_kv_head, n_positions, h.d_head)
+        k, v = np.zeros(shape, dtype=self.dtype), np.zeros(shape, dtype=self.dtype)
+        if self.k is not None:  # keep what is cached
+            k[:, :, : self.length] = self.k[:, :, : self.length]
+            v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v = k, v
+
+    def reserve(self, n_positions: int) -> None:
+        """Make room for n_positions in all, doubling the storage as needed."""
+        if n_positions > self.capacity:
+            raise ValueError(
+                f"{n_positions} positions exceed the cache capacity of {self.capacity} "
+                f"(the model's context is {self.hparams.n_ctx})"
+            )
+        allocated = self.k.shape[2]
+        if n_positions > allocated:
+            self._allocate(min(self.capacity, max(n_positions, 2 * allocated)))
+
+    def rollback(self, length: int) -> None:
+        """Forget every position from `length` on (O(1): nothing is copied)."""
+        assert 0 <= length <= self.length, f"cannot roll back to {length} from {self.length}"
+        self.length = length
+
+    def keep(self, start: int, rows) -> None:
+        """Keep, of the positions from `start` on, only `rows`, moved to start, start + 1, ...
+
+        After a tree round the cache holds one entry per tree node, in the flat
+        order of the verification pass: the accepted path's keys and values lie
+        scattered among rejected siblings. `rows` lists the path's offsets from
+        `start` (increasing: a parent precedes its children); they are copied to
+        contiguous positions, so the next round's queries see exactly the
+        accepted text at positions start .. start + len(rows) - 1.
+
+        NOTE: a key's position is baked in only by the position the forward pass
+        gave its token (GPT-2 adds a position embedding before the first layer,
+        Llama rotates keys by it), and the tree already gave each node position
+        start + depth. So a node at depth d, moved to start + d, carries exactly
+        the keys/values a plain pass over the accepted text would have written
+        there: a copy, no recomputation.
+
+        For example keep(10, [0, 2, 5]) moves positions 10, 12, 15 to 10, 11, 12
+        and sets the length to 13. The leading rows already in place (rows[j] == j)
+        are not copied: a chain round (rows = 0, 1, .., m-1) is a zero-copy
+        rollback, as before trees.
+        """
+        rows = np.asarray(rows, dtype=np.intp)
+        m = len(rows)
+        assert m == 0 or (rows[0] >= 0 and np.all(np.diff(rows) > 0)), f"rows must increase from 0 or more: {rows}"
+        assert start + (rows[-1] + 1 if m else 0) <= self.length, f"rows {rows} past the cache end {self.length}"
+        moved = np.flatnonzero(rows != np.arange(m))  # rows[j] != j from the first moved one on
+        if len(moved):
+            j = int(moved[0])
+            # NOTE: fancy indexing on the right makes a copy first, so sources and
+            # destinations may overlap (they do: rows[j] > j for every moved row).
+            self.k[:, :, start + j : start + m] = self.k[:, :, start + rows[j:]]
+            self.v[:, :, start + j : start + m] = self.v[:, :, start + rows[j:]]
+        self.length = start + m

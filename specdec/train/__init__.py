@@ -1,0 +1,33 @@
+"""Train Medusa or EAGLE draft heads for a GPT-2, in NumPy.
+
+    python -m specdec.train medusa --model 124M --tokens 20000 --out heads/medusa-124M
+    python -m specdec.train eagle  --model models/tiny --tokens 4000 --out heads/eagle-tiny --vocab-top 2000
+
+Then draft with them: speculative_sample(target, "medusa:DIR", ...), or
+`python main.py --draft medusa:DIR`.
+
+What it does, in order:
+1. Data by self-distillation (Medusa section 3.3.2; EAGLE trains on the target's
+   features too): the target generates its own training text, starting from
+   <|endoftext|>; each sequence starts with a few tokens sampled at T=1 (a prompt
+   the model itself finds likely), then continues greedily or sampled at T=1 (the
+   two decoding modes the heads will serve). While generating, the target's
+   hidden state after ln_f is kept at every position: those are the features
+   both heads read. No text corpus is read, so no held-out text is ever trained
+   on. Tokens and features are cached in DIR/data.npz.
+2. Labels: by default the target's own next-token DISTRIBUTION at each position
+   (softmax of its logits, T=1): a head is trained towards what the target would
+   draw, not one sampled token (`--labels tokens` uses the generated tokens).
+3. Training with hand-written gradients (medusa.py, eagle.py) and AdamW, a
+   cosine learning rate after a warm-up; DIR/checkpoint.* after every
+   `--save-every` steps, so `--resume` continues an interrupted run.
+4. Held-out evaluation: teacher-forced top-1 / top-5 accuracy per head on a
+   separately generated set (another seed), before and after training.
+5. DIR/heads.safetensors + DIR/heads.json (naming the model they belong to).
+"""
+
+from .cli import main
+from .data import self_distill
+from .loop import train
+
+__all__ = ["train", "self_distill", "main"]

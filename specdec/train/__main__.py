@@ -1,0 +1,7 @@
+"""`python -m specdec.train medusa|eagle ...`: see specdec/train/cli.py."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""`python -m specdec.train`: the command line of the training loop (specdec/train/loop.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .loop import train
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specdec.train", description="Train Medusa or EAGLE draft heads for a GPT-2, in NumPy."
+    )
+    parser.add_argument("kind", choices=["medusa", "eagle"])
+    parser.add_argument("--model", required=True, help="the target: a name (124M, ...), a Hub repo id or a folder")
+    parser.add_argument("--tokens", type=int, required=True, help="self-distilled training tokens to generate")
+    parser.add_argument("--out", required=True, help="folder for the heads (and data/checkpoint caches)")
+    parser.add_argument("--heads", type=int, default=4, help="Medusa heads (default 4)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: about 4 epochs)")
+    parser.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
+    parser.add_argument("--seq-len", type=int, default=64, help="tokens per generated sequence (default 64)")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
+    parser.add_argument("--vocab-top", type=int, default=None, help="draft only the N most frequent tokens")
+    parser.add_argument("--labels", choices=["dist", "tokens"], default="dist",
+                        help="train towards the target's distributions (default) or its sampled tokens")  # fmt: skip
+    parser.add_argument("--greedy-frac", type=float, default=0.5, help="fraction of greedy sequences (default 0.5)")
+    parser.add_argument("--eval-tokens", type=int, default=None, help="held-out self-distilled tokens")
+    parser.add_argument("--eval-text", metavar="FILE", help="also report accuracy on this held-out text file")
+    parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (default 100)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.*")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    try:
+        from ..checkpoints.load import load_model
+
+        target = load_model(args.model, progress=not args.quiet)
+        eval_text = Path(args.eval_text).read_text(encoding="utf-8") if args.eval_text else None
+        train(
+            args.kind, target, args.tokens, args.out, n_heads=args.heads, steps=args.steps, batch=args.batch,
+            seq_len=args.seq_len, lr=args.lr, vocab_top=args.vocab_top, label_kind=args.labels,
+            greedy_frac=args.greedy_frac, seed=args.seed, resume=args.resume, eval_tokens=args.eval_tokens,
+            save_every=args.save_every, progress=not args.quiet, eval_text=eval_text,
+        )  # fmt: skip
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; continue with --resume (checkpoint in {args.out})", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Training data for draft heads: the target's own text and features (self-distillation).
+
+Medusa (Cai et al., arXiv 2401.10774, section 3.3.2) and EAGLE (Li et al., arXiv
+2401.15077) both train on what the target itself generates; see the package
+docstring (specdec/train/__init__.py) for the whole recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..drafters.heads import model_fingerprint
+from ..model.gpt2 import GPT2
+from ..sampling import SamplingParams, draw, greedy, probabilities
+
+F32 = np.float32
+
+
+# ---------------------------------------------------------------------------
+# 1. Self-distillation data.
+# ---------------------------------------------------------------------------
+
+
+def bos_token(target: GPT2) -> int:
+    """<|endoftext|>, which GPT-2 tokenizers put last: every sequence starts with it."""
+    return target.tokenizer.eot_token if target.tokenizer is not None else target.n_vocab - 1
+
+
+def self_distill(
+    target: GPT2,
+    n_tokens: int,
+    seq_len: int,
+    rng: np.random.Generator,
+    greedy_frac: float = 0.5,
+    prompt_len: int = 4,
+    progress: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Text the target writes itself, with its features.
+
+    Returns tokens [n_seq, seq_len] int64 and features [n_seq, seq_len, n_embd]
+    float32, features[s, t] being the target's hidden state (after ln_f) after
+    reading tokens[s, :t+1], the one whose logits chose tokens[s, t+1].
+    A fraction greedy_frac of the sequences continue greedily after their
+    sampled prompt of prompt_len tokens; the others keep sampling at T=1.
+    """
+    if seq_len > target.n_ctx:
+        raise ValueError(f"--seq-len {seq_len} exceeds the model's context of {target.n_ctx}")
+    n_seq = max(1, math.ceil(n_tokens / seq_len))
+    tokens = np.zeros((n_seq, seq_len), np.int64)
+    features = np.zeros((n_seq, seq_len, target.n_embd), F32)
+    sample = SamplingParams(temperature=1.0)
+    bar = tqdm(total=n_seq * seq_len, desc="self-distillation", unit="tok", disable=not progress, leave=False)
+    for s in range(n_seq):
+        greedy_run = rng.random() < greedy_frac
+        cache = target.new_cache(seq_len)
+        token = bos_token(target)
+        for t in range(seq_len):
+            tokens[s, t] = token
+            logits, hidden = target.forward([token], cache, return_hidden=True)
+            features[s, t] = hidden[0]
+            if greedy_run and t >= prompt_len:
+                token = greedy(logits[0])
+            else:
+                token = draw(probabilities(logits, sample)[0], rng)
+            bar.update()
+    bar.close()
+    return tokens, features
+
+
+def load_or_make_data(path: Path, target: GPT2, n_tokens: int, seq_len: int, seed: int, greedy_frac: float, progress):
+    """Self-distillation data, cached in `path` (reused when made for the same model and settings)."""
+    meta = {
+        "model_fingerprint": model_fingerprint(target),
+        "n_tokens": n_tokens,
+        "seq_len": seq_len,
+        "seed": seed,
+        "greedy_frac": greedy_frac,
+    }
+    if path.is_file():
+        with np.load(path) as data:
+            if json.loads(str(data["meta"])) == meta:
+                return data["tokens"], data["features"]
+    rng = np.random.default_rng(seed)
+    tokens, features = self_distill(target, n_tokens, seq_len, rng, greedy_frac, progress=progress)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, tokens=tokens, features=features, meta=json.dumps(meta))
+    tmp.replace(path)
+    return tokens, features
+
+
+def text_data(target: GPT2, text: str, seq_len: int, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """Held-out text for teacher-forced evaluation: windows of seq_len tokens and the target's features.
+
+    Returns tokens [n_seq, seq_len] and features [n_seq, seq_len, n_embd], as self_distill does,
+    from consecutive windows of the text (at most max_tokens tokens in all).
+    """
+    if target.tokenizer is None:
+        raise ValueError(f"--eval-text needs a tokenizer, and the model {target.name!r} has none")
+    ids = target.tokenizer.encode(text, allowed_special="all")[:max_tokens]
+    n_seq = len(ids) // seq_len
+    if n_seq == 0:
+        raise ValueError(f"--eval-text: {len(ids)} tokens are fewer than one window of --seq-len {seq_len}")
+    tokens = np.array(ids[: n_seq * seq_len], np.int64).reshape(n_seq, seq_len)
+    features = np.stack([target.forward(row, target.new_cache(seq_len), return_hidden=True)[1] for row in tokens])
+    return tokens, features
