@@ -382,7 +382,7 @@ class TreePolicy:
 
 
 # A verification curve r(m), m = 1 .. 16, for GPT-2 124M's shapes on a 2-core CPU
-# (python -m specdec.treebench --only r --sizes 124M --repeats 10, rounded and made monotone): the
+# (python -m specdec.bench --only tree-r --sizes 124M --repeats 10, rounded and made monotone): the
 # default for tree="auto" when none is measured. A 17-token pass left the few-row path and cost
 # 40+ steps there, so trees stop at 15 nodes (TreePolicy's n_max).
 CPU_R = [1.0, 1.33, 1.52, 1.67, 1.82, 2.18, 2.2, 2.32, 2.6, 2.88, 3.28, 3.4, 3.45, 3.94, 4.33, 4.35]

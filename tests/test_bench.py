@@ -116,3 +116,24 @@ def test_check_report_catches_a_broken_report(report, corrupt):
     corrupt(broken)
     with pytest.raises((AssertionError, KeyError)):
         check_report(broken)
+
+
+def test_one_bench_command_routes_each_section_to_its_group(monkeypatch, capsys):
+    """`python -m specdec.bench --only X`: every section reaches its group's code with its flags; an
+    unknown section, or sections of groups with different flags, are one error line (exit 2)."""
+    from specdec.bench import __main__ as cli
+
+    calls = []
+    for name, (group, _) in cli.SECTIONS.items():
+        monkeypatch.setitem(cli.SECTIONS, name, (lambda argv, g=group: calls.append((g.__module__, argv)) or 0,
+                                                 cli.SECTIONS[name][1]))  # fmt: skip
+    assert cli.main(["--only", "tree-r", "--sizes", "124M"]) == 0
+    assert cli.main(["--only", "alpha-table", "--models", "a,b"]) == 0
+    assert cli.main(["--only=family", "--prompts", "2"]) == 0
+    assert calls == [("specdec.bench.trees", ["--only", "r", "--sizes", "124M"]),
+                     ("specdec.bench.suite", ["--alpha-table", "--models", "a,b"]),
+                     ("specdec.bench.family", ["--prompts", "2"])]  # fmt: skip
+    assert cli.main(["--only", "bogus"]) == 2
+    assert cli.main(["--only", "decode,family"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "unknown section bogus" in err[0] and "different flags" in err[1]

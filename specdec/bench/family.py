@@ -19,9 +19,9 @@ Three tables:
      what the cost model predicts if a GPT-2 pair accepted as often as the family.
 
 Commands:
-    python -m specdec.family_bench                      # the README's tables (a few minutes)
-    python -m specdec.family_bench --prompts 8 --tokens 32 --no-gpt2   # a quick look
-    python -m specdec.family_bench --json /tmp/family.json
+    python -m specdec.bench --only family               # the README's tables (a few minutes)
+    python -m specdec.bench --only family --prompts 8 --tokens 32 --no-gpt2   # a quick look
+    python -m specdec.bench --only family --json /tmp/family.json
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def costs_of(target: GPT2, drafters: dict, K: int, context: list[int]) -> tuple[
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m specdec.family_bench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m specdec.bench --only family", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--prompts", type=int, default=32, help="held-out prompts (default 32, at most 64)")
@@ -151,7 +151,3 @@ def main(argv=None) -> dict:
         with open(args.json, "w") as f:
             json.dump(jsonable(res), f, indent=1)
     return res
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,8 @@
 """What Medusa and EAGLE heads cost, on GPT-2-shaped random weights: draft cost c and training speed.
 
-    python -m specdec.headbench                    # 124M and 355M shapes (a few minutes)
-    python -m specdec.headbench --sizes 124M --repeats 5
-    python -m specdec.headbench --accept --target stdlib-6L --prompts-file P.json \
+    python -m specdec.bench --only heads             # 124M and 355M shapes (a few minutes)
+    python -m specdec.bench --only heads --sizes 124M --repeats 5
+    python -m specdec.bench --only heads-accept --target stdlib-6L --prompts-file P.json \
         --drafts medusa:DIR,eagle:DIR,stdlib-2L,early_exit:2,ngram   # acceptance on a trained model
 
 Prints, per model shape (speed only: random weights, so nothing here says how
@@ -122,7 +122,7 @@ def accept(target: GPT2, drafts: list[str], prompts: list[list[int]], n_tokens: 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec.headbench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m specdec.bench --only heads|heads-accept", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="124M,355M", help="comma-separated: 124M, 355M")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--accept", action="store_true", help="measure acceptance and speedup on a trained target")
@@ -164,7 +164,3 @@ def main(argv=None) -> int:
             hours = (1e6 / gen + 1e6 / train_rate) / 3600
             print(f"  1M positions, 1 epoch, {label}: {hours:.1f} h (generation {1e6 / gen / 3600:.1f} h)")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

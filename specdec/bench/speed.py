@@ -16,7 +16,7 @@ Commands:
     python -m specdec.bench --only io                # checkpoint I/O and peak memory (writes ~2 GB under /tmp)
     python -m specdec.bench --quick                  # a smoke run on tiny shapes (what tests/test_bench.py runs)
     python -m specdec.bench --write-checkpoints DIR  # random-weight checkpoints for an offline main.py run
-    python -m specdec.bench --alpha-table            # alpha of every GPT-2 pair on disk (real weights; specdec.suite)
+    python -m specdec.bench --only alpha-table       # alpha of every GPT-2 pair on disk (real weights; suite.py)
 
 Sections (`--only`, comma-separated; default all but io):
     decode    ms per KV-cached 1-token step at context 32 / 256 / 1000, and without a KV cache
@@ -640,7 +640,7 @@ def _pairs(text: str) -> list[tuple[str, str]]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     paragraphs = __doc__.split("\n\n")
-    p = argparse.ArgumentParser(prog="python -m specdec.bench", description=paragraphs[0],
+    p = argparse.ArgumentParser(prog="python -m specdec.bench --only <speed sections>", description=paragraphs[0],
                                 epilog="\n\n".join(x for x in paragraphs if x.startswith(("Commands", "Sections"))),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add = p.add_argument
@@ -659,9 +659,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         "into DIR/<size>/ with the tokenizer files from --tokenizer, so main.py --models_dir DIR runs offline")
     add("--tokenizer", metavar="DIR", default="../shared/gpt2-tokenizer",
         help="folder with GPT-2's vocab.json and merges.txt, for --write-checkpoints (default: %(default)s)")
-    add("--alpha-table", action="store_true", help="instead of timing: the acceptance rate of every draft/target "
-        "pair of the GPT-2 family on disk at T = 0, 0.7, 1, as a markdown table (real weights only; its flags: "
-        "python -m specdec.suite --help)")
     add("--rss-child", nargs=2, metavar=("DRAFT_DIR", "TARGET_DIR"), help=argparse.SUPPRESS)
     add("--rss-tokens", type=int, default=20, help=argparse.SUPPRESS)  # fmt: skip
     args = p.parse_args(argv)
@@ -702,10 +699,6 @@ def environment() -> dict:
 
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    if "--alpha-table" in argv:  # measured on the committed prompt suite, by specdec.suite (its own flags)
-        from . import suite
-
-        sys.exit(suite.main(argv))
     args = parse_args(argv)
     if args.rss_child:
         rss_child(*args.rss_child, args.rss_tokens)
@@ -738,7 +731,3 @@ def main(argv=None) -> dict:
             Path(args.json).write_text(text + "\n")
             bench.say(f"wrote {args.json}")
     return bench.results
-
-
-if __name__ == "__main__":
-    main()

@@ -8,12 +8,12 @@ speedup depends strongly on the kind of text.
 
 Two measurements:
 
-    python -m specdec.suite --target 355M --drafts 124M,ngram,early_exit:12
+    python -m specdec.bench --only suite --target 355M --drafts 124M,ngram,early_exit:12
         per category and drafter: speedup (autoregressive time / speculative
         time), tau (tokens per verification round, the bonus or corrected token
         included; 1 for plain decoding) and alpha (accepted / judged drafts).
 
-    python -m specdec.suite --alpha-table
+    python -m specdec.bench --only alpha-table
         the acceptance rate alpha of every draft -> target pair of the GPT-2
         family found on disk (distilgpt2, 124M, 355M, 774M, 1558M) at
         temperatures 0, 0.7 and 1, as a markdown table. Real weights only: it
@@ -297,7 +297,7 @@ def present_models(models_dir: str | Path | None, names=GPT2_FAMILY) -> list[str
 
 def parse_args(argv=None) -> argparse.Namespace:
     paragraphs = __doc__.split("\n\n")
-    p = argparse.ArgumentParser(prog="python -m specdec.suite", description=paragraphs[0],
+    p = argparse.ArgumentParser(prog="python -m specdec.bench --only suite|alpha-table", description=paragraphs[0],
                                 epilog="\n\n".join(paragraphs[2:4]), formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--alpha-table", action="store_true", help="measure alpha of every draft/target pair on disk")
     p.add_argument("--models", help="--alpha-table: comma-separated names or folders (default: the GPT-2 family "
@@ -359,7 +359,7 @@ def main(argv=None) -> int:
             names = args.models.split(",") if args.models else present_models(args.models_dir)
             missing = [name for name in names if not present_models(args.models_dir, [name])]
             if missing:
-                say(f"python -m specdec.suite: error: not on disk: {', '.join(missing)} (the alpha table never "
+                say(f"python -m specdec.bench: error: not on disk: {', '.join(missing)} (the alpha table never "
                     f"downloads; looked in {where})")  # fmt: skip
                 return 1
             if len(names) < 2:
@@ -385,14 +385,10 @@ def main(argv=None) -> int:
                                 args.repeats, say)  # fmt: skip
             suite_table(numbers, sys.stdout)
     except (ValueError, CheckpointError, DownloadError, OSError) as e:
-        say(f"python -m specdec.suite: error: {e}")
+        say(f"python -m specdec.bench: error: {e}")
         return 1
     if args.json:
         from ..race import jsonable
 
         Path(args.json).write_text(json.dumps(jsonable(numbers), indent=1, allow_nan=False) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,15 +4,15 @@ What it adds over specdec.bench: the tree-specific numbers. Like specdec.bench,
 a script that prints tables (never a test).
 
 Commands:
-    python -m specdec.treebench --only r                          # r(N + 1) for N = 0..16 tree nodes, 124M and 355M
-    python -m specdec.treebench --only tau --target 124M --draft ngram,early_exit:4
-    python -m specdec.treebench --only tau --target stdlib-6L --draft stdlib-2L,early_exit:2,ngram
+    python -m specdec.bench --only tree-r                          # r(N + 1) for N = 0..16 tree nodes, 124M and 355M
+    python -m specdec.bench --only tree-tau --target 124M --draft ngram,early_exit:4
+    python -m specdec.bench --only tree-tau --target stdlib-6L --draft stdlib-2L,early_exit:2,ngram
 
-Sections (`--only`, comma-separated):
-    r      time of one target pass over the root and N tree nodes (a breadth-first
+Sections (`python -m specdec.bench --only tree-r,tree-tau`):
+    tree-r    time of one target pass over the root and N tree nodes (a breadth-first
            binary tree, with its mask) and over a chain of the same length,
            relative to a 1-token step, at context 256, on GPT-2-shaped random weights
-    tau    speculative decoding with chains and trees (--trees) at --temperatures:
+    tree-tau  speculative decoding with chains and trees (--trees) at --temperatures:
            tau (tokens per verification pass), acceptance by depth, nodes drafted
            per round, and the wall-time speedup over autoregressive decoding of the
            same request. Targets and drafts: a GPT-2 shape name (random weights:
@@ -141,7 +141,7 @@ def tree_setting(text: str):
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m specdec.treebench", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m specdec.bench --only tree-r|tree-tau", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--only", default="r", help=f"sections, from {','.join(SECTIONS)} (default r)")
     p.add_argument("--sizes", default="124M,355M", help="r: GPT-2 shapes (default 124M,355M)")
@@ -168,7 +168,3 @@ def main(argv=None) -> dict:
     if bad:
         p.error(f"unknown size or section: {', '.join(bad)} (sizes: {', '.join(SIZES)}; sections: {', '.join(SECTIONS)})")
     return {name: SECTIONS[name](args, sys.stdout) for name in args.only.split(",")}
-
-
-if __name__ == "__main__":
-    main()

@@ -18,7 +18,7 @@ merges.txt), and each folder under `weights/` is a complete GPT-2 checkpoint
 `weights/family.json` records how they were made (corpus, split, sizes,
 steps, held-out bits per byte) by tests/fixtures/train_family.py;
 `weights/prompts.json` holds prompts from held-out files for tests and the
-benchmark (`python -m specdec.family_bench`).
+benchmark (`python -m specdec.bench --only family`).
 """
 
 from __future__ import annotations
