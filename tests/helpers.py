@@ -158,3 +158,11 @@ def near_tie_model(eps: float = 1e-5, hparams: HParams = TIE_HPARAMS) -> GPT2:
     w.wte[11] = 3 * v + np.float32(eps) * u
     w.ln_f_bias[:] = 10 * v
     return GPT2(hparams, w, name="near-tie")
+
+
+LEARNABLE = HParams(n_vocab=64, n_ctx=64, n_embd=64, n_head=4, n_layer=2)
+
+
+def learnable_model() -> GPT2:
+    """A tiny GPT-2 whose large random weights make its next-token distributions sharp: heads can learn it."""
+    return GPT2(LEARNABLE, random_weights(LEARNABLE, seed=0, scale=1.0), name="learnable")

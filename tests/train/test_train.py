@@ -7,23 +7,17 @@ import json
 import numpy as np
 import pytest
 from conftest import tiny_model, write_checkpoint
+from helpers import learnable_model
 
 from specdec.checkpoints.safetensors import read_safetensors
 from specdec.drafters.heads import load_heads
-from specdec.model.gpt2 import GPT2, HParams, random_weights
 from specdec.train import loop as train_module
 from specdec.train import main, self_distill, train
+
 
 # A small random GPT-2 whose vocabulary fits its width (64 tokens, 64 dims), with
 # peaky distributions (scale 1): its greedy and sampled text has structure that
 # a head can learn in a few hundred steps, which a flat random model lacks.
-LEARNABLE = HParams(n_vocab=64, n_ctx=64, n_embd=64, n_head=4, n_layer=2)
-
-
-def learnable_model() -> GPT2:
-    return GPT2(LEARNABLE, random_weights(LEARNABLE, seed=0, scale=1.0), name="learnable")
-
-
 def quiet(*_):
     pass
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import SMALL, chi_square_passes, exact_continuations, sample_many
-from test_train import learnable_model
+from helpers import SMALL, chi_square_passes, exact_continuations, learnable_model, sample_many
 
 from specdec import autoregressive_sample, speculative_sample
 from specdec.drafters import medusa

@@ -15,7 +15,7 @@ from specdec.checkpoints import family
 from specdec.costmodel import drafts_judged
 from specdec.model.gpt2 import GPT2, random_weights
 
-REFERENCE = Path(__file__).parent / "fixtures" / "family_reference.npz"
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "family_reference.npz"
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +155,6 @@ def test_main_help_lists_the_family():
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, str(root / "main.py"), "--help"], capture_output=True, text=True, cwd=root)
     assert out.returncode == 0 and all(name in out.stdout for name in family.NAMES), out.stdout
