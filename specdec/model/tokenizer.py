@@ -135,3 +135,111 @@ def _check_merges(vocab: dict, merges: list[str], vocab_path: str, merges_path: 
             raise ValueError(
                 f"{merges_path}: merge {line_no} ({line!r}) does not create token id {256 + line_no} in {vocab_path}"
             )
+
+
+# ---------------------------------------------------------------------------
+# Byte-level BPE from a GGUF file's metadata (SmolLM2 and other GPT-2-style vocabularies).
+# ---------------------------------------------------------------------------
+
+# Pre-tokenizers by the name a GGUF gives in tokenizer.ggml.pre. SmolLM2 ("smollm") splits every digit
+# on its own BEFORE GPT-2's pattern runs on what lies between (llama.cpp, src/llama-vocab.cpp; Hugging
+# Face's Digits(individual_digits=True) then ByteLevel). tiktoken takes one pattern, so the two steps
+# become one: \p{N} first, and a digit ends a whitespace run as the end of a piece would ("x  1" ->
+# "x", "  ", "1"). GPT-2's " ?\p{N}+" is gone: a space never joins a digit.
+PRE_TOKENIZERS = {
+    "gpt2": GPT2_PATTERN,
+    "smollm": r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+""",
+}
+CONTROL = 3  # tokenizer.ggml.token_type of special (control) tokens such as <|im_start|>
+
+
+class GGUFEncoding(tiktoken.Encoding):
+    """A tiktoken Encoding that refuses text it cannot encode with one clear error.
+
+    subtle: SmolLM2's vocabulary has no token for 21 of the 256 byte values (bytes
+    that never occur in UTF-8 text, such as 0xC0, 0xC1 and 0xF5..0xFF, and a few
+    control characters). Byte-level BPE falls back to single bytes, so such text
+    has no encoding at all; tiktoken would panic deep inside.
+    """
+
+    def __init__(self, *args, missing_bytes: frozenset[int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.missing_bytes = missing_bytes
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        if self.missing_bytes:
+            bad = sorted({c for c in text if self.missing_bytes.intersection(c.encode("utf-8"))})
+            if bad:
+                raise ValueError(
+                    f"this model's vocabulary has no token for the character(s) {', '.join(map(repr, bad))}: "
+                    "remove or replace them"
+                )
+        return super().encode(text, **kwargs)
+
+
+def gguf_encoding(metadata: dict, source) -> GGUFEncoding:
+    """The tiktoken Encoding a GGUF's tokenizer.ggml.* metadata describes (model "gpt2": byte-level BPE).
+
+    Checks, as load_tokenizer does for GPT-2's files, that token ids follow merge
+    order (so ranks = ids), and takes control tokens (token_type 3) as specials.
+    """
+    model = metadata.get("tokenizer.ggml.model")
+    pre = metadata.get("tokenizer.ggml.pre", "gpt2")
+    if model != "gpt2":
+        raise ValueError(f"{source}: tokenizer {model!r}; specdec reads byte-level BPE GGUF tokenizers ('gpt2')")
+    if pre not in PRE_TOKENIZERS:
+        raise ValueError(f"{source}: pre-tokenizer {pre!r} is unknown to specdec (known: {', '.join(PRE_TOKENIZERS)})")
+    tokens, types = metadata.get("tokenizer.ggml.tokens"), metadata.get("tokenizer.ggml.token_type")
+    merges = metadata.get("tokenizer.ggml.merges")
+    if not (isinstance(tokens, list) and isinstance(types, list) and isinstance(merges, list)) or len(types) != len(
+        tokens
+    ):
+        raise ValueError(f"{source}: tokenizer.ggml.tokens, token_type and merges are missing or disagree")
+    decode = byte_decoder()
+    ranks, special = {}, {}
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        if kind == CONTROL:
+            special[token] = i
+            continue
+        try:
+            ranks[bytes(decode[c] for c in token)] = i
+        except (KeyError, TypeError):
+            raise ValueError(f"{source}: token {i} ({token!r}) is not in GPT-2's byte alphabet") from None
+    # subtle: tiktoken merges the pair whose merged token has the lowest rank; the original BPE merges
+    # the pair listed first. They agree when every merge's result has a higher id than the one before.
+    last = -1
+    for line in merges:
+        left, _, right = line.partition(" ")
+        merged = ranks.get(bytes(decode[c] for c in left + right))
+        if merged is None or merged <= last:
+            raise ValueError(f"{source}: merge {line!r} is out of id order; tiktoken would tokenize differently")
+        last = merged
+    missing = frozenset(b for b in range(256) if bytes([b]) not in ranks)
+    try:
+        return GGUFEncoding(name=f"gguf-{pre}", pat_str=PRE_TOKENIZERS[pre], mergeable_ranks=ranks,
+                            special_tokens=special, missing_bytes=missing)  # fmt: skip
+    except BaseException as e:  # noqa: B036 (tiktoken's Rust panics are BaseExceptions)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise ValueError(f"{source}: tiktoken refused this vocabulary ({type(e).__name__}: {e})") from None
+
+
+def chat_prompt(tokenizer, text: str, system: str | None = None) -> list[int]:
+    """ChatML, as SmolLM2's chat template writes one user turn (with its default system turn):
+
+        <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{text}<|im_end|>\\n<|im_start|>assistant\\n
+
+    The model then writes the reply and ends it with <|im_end|>. `text` itself is
+    encoded as plain text: a "<|im_end|>" typed inside it is not a control token.
+    """
+    system = DEFAULT_SYSTEM if system is None else system
+    ids: list[int] = []
+    for role, content in (("system", system), ("user", text)):
+        ids += tokenizer.encode(f"<|im_start|>{role}\n", allowed_special="all")
+        ids += tokenizer.encode(content, disallowed_special=())
+        ids += tokenizer.encode("<|im_end|>\n", allowed_special="all")
+    return ids + tokenizer.encode("<|im_start|>assistant\n", allowed_special="all")
+
+
+# SmolLM2-Instruct's chat template adds this system turn when a conversation has none.
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

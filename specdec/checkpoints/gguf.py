@@ -1,0 +1,322 @@
+"""GGUF files (llama.cpp's format): header, metadata, tensor table, and dequantization to float32.
+
+What it adds over safetensors.py: a file that carries its own hyperparameters
+and tokenizer in a metadata table, and quantized tensors. specdec reads GGUF
+to run real Llama-architecture models (SmolLM2) in NumPy; every weight is
+dequantized to float32 once, at load, and the model is float32 from then on.
+
+The layout (ggml's docs/gguf.md, version 3; every integer little-endian):
+    magic "GGUF", version u32, tensor count u64, metadata count u64
+    metadata: key (string), value type u32, value      (string = u64 length + UTF-8 bytes)
+    tensor table: name (string), n_dims u32, dims u64[n_dims], ggml type u32, offset u64
+    padding to `general.alignment` (default 32), then the tensor data; each
+    tensor's offset is relative to the data section's start and aligned too.
+NOTE: dims are listed fastest-varying first, so NumPy's shape is the reverse:
+a matrix with dims [n_in, n_out] is the array [n_out, n_in] (row = output).
+
+Block quantizations, 32 weights per block (ggml's ggml-common.h):
+    Q8_0  f16 d, int8 q[32]                      w = d * q
+    Q4_0  f16 d, u8 qs[16]                       w = d * (q - 8)
+    Q4_1  f16 d, f16 m, u8 qs[16]                w = d * q + m
+NOTE: in Q4_0 / Q4_1 the LOW nibbles of qs[0..15] are weights 0..15 of the
+block and the HIGH nibbles are weights 16..31 (not interleaved pairs).
+
+Everything read from the file is checked before it is used: a hostile or
+truncated file is a CheckpointError naming the file (and the tensor), never a
+traceback or a silently wrong model.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .safetensors import CheckpointError
+
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)  # version 2 has the same layout with u64 counts; 1 used u32 counts and is long gone
+DEFAULT_ALIGNMENT = 32
+MAX_COUNT = 1 << 24  # metadata entries, array items, tensors: far above any real file
+MAX_STRING = 1 << 26  # bytes in one string (a chat template is a few kB; merges are many short strings)
+MAX_DIMS = 4
+
+# Metadata value types -> struct format (scalars); 8 = string, 9 = array.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """A ggml tensor type: how many weights share a block and how many bytes a block takes."""
+
+    name: str
+    block: int  # weights per block
+    nbytes: int  # bytes per block
+
+
+# The types specdec dequantizes; ggml's enum values (ggml.h).
+TYPES = {
+    0: QuantType("F32", 1, 4),
+    1: QuantType("F16", 1, 2),
+    2: QuantType("Q4_0", 32, 18),
+    3: QuantType("Q4_1", 32, 20),
+    8: QuantType("Q8_0", 32, 34),
+    30: QuantType("BF16", 1, 2),
+}
+# Names of the types it refuses, so the message can say what the file holds.
+OTHER_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
+               15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S",
+               22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # NumPy order (the file's dims reversed)
+    qtype: QuantType
+    start: int  # absolute byte offset in the file
+    nbytes: int
+
+
+class GGUFFile:
+    """An open GGUF file: `metadata` (a dict), `tensors` (name -> TensorInfo), and `tensor(name)` as float32.
+
+    The file is memory-mapped; only the tensors asked for are read.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            raise self.error("is empty, not a GGUF file") from None
+        except OSError as e:
+            raise CheckpointError(f"{self.path}: cannot read it ({e.strerror or e})") from None
+        self._pos = 0
+        self.metadata: dict = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        self._parse()
+
+    def error(self, what: str, tensor: str | None = None) -> CheckpointError:
+        where = f"{self.path}" + (f", tensor {tensor!r}" if tensor else "")
+        return CheckpointError(f"{where}: {what}; the file is truncated or not a GGUF model: download it again")
+
+    # -- the header and tables -------------------------------------------------------------------------
+
+    def _read(self, n: int) -> bytes:
+        if n < 0 or self._pos + n > len(self._map):
+            raise self.error(f"ends at byte {len(self._map)} where {n} more bytes were expected at {self._pos}")
+        data = self._map[self._pos : self._pos + n]
+        self._pos += n
+        return data
+
+    def _unpack(self, fmt: str):
+        return struct.unpack(fmt, self._read(struct.calcsize(fmt)))[0]
+
+    def _string(self) -> str:
+        n = self._unpack("<Q")
+        if n > MAX_STRING:
+            raise self.error(f"has a string of {n} bytes")
+        try:
+            return self._read(n).decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.error("has a string that is not UTF-8") from None
+
+    def _count(self, what: str) -> int:
+        n = self._unpack("<Q")
+        if n > MAX_COUNT:
+            raise self.error(f"claims {n} {what}")
+        return n
+
+    def _value(self, kind: int, depth: int = 0):
+        if kind in _SCALARS:
+            return self._unpack(_SCALARS[kind])
+        if kind == _STRING:
+            return self._string()
+        if kind == _ARRAY and depth == 0:  # arrays of arrays do not occur in models
+            item = self._unpack("<I")
+            n = self._count("array items")
+            if item in _SCALARS:  # numbers: one read, not a Python object per item
+                fmt = _SCALARS[item]
+                raw = self._read(n * struct.calcsize(fmt))
+                return np.frombuffer(raw, dtype=np.dtype(fmt)).tolist()
+            return [self._value(item, depth + 1) for _ in range(n)]
+        raise self.error(f"has a metadata value of unknown type {kind}")
+
+    def _parse(self) -> None:
+        if self._read(4) != MAGIC:
+            raise self.error("does not start with the GGUF magic bytes")
+        version = self._unpack("<I")
+        if version not in VERSIONS:
+            raise CheckpointError(f"{self.path}: GGUF version {version} is not supported (only {VERSIONS})")
+        n_tensors, n_meta = self._count("tensors"), self._count("metadata entries")
+        for _ in range(n_meta):
+            key = self._string()
+            self.metadata[key] = self._value(self._unpack("<I"))
+        infos = []
+        for _ in range(n_tensors):
+            name = self._string()
+            n_dims = self._unpack("<I")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise self.error(f"gives {n_dims} dimensions", name)
+            dims = [self._unpack("<Q") for _ in range(n_dims)]
+            kind, offset = self._unpack("<I"), self._unpack("<Q")
+            infos.append((name, dims, kind, offset))
+        alignment = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
+            raise self.error(f"has general.alignment {alignment!r}, not a power of two")
+        data_start = -(-self._pos // alignment) * alignment
+        for name, dims, kind, offset in infos:
+            self.tensors[name] = self._tensor_info(name, dims, kind, offset, data_start, alignment)
+
+    def _tensor_info(self, name, dims, kind, offset, data_start, alignment) -> TensorInfo:
+        if name in self.tensors:
+            raise self.error("names a tensor twice", name)
+        if kind not in TYPES:
+            what = OTHER_TYPES.get(kind, f"type {kind}")
+            raise CheckpointError(
+                f"{self.path}, tensor {name!r}: {what} quantization is not supported; specdec reads "
+                f"{', '.join(t.name for t in TYPES.values())} (re-quantize the model to one of those, e.g. Q8_0)"
+            )
+        qtype = TYPES[kind]
+        if any(d < 1 or d > 1 << 40 for d in dims):
+            raise self.error(f"gives dimensions {dims}", name)
+        count = int(np.prod(dims, dtype=object))
+        if dims[0] % qtype.block:
+            raise self.error(f"has rows of {dims[0]} weights, not whole {qtype.name} blocks of {qtype.block}", name)
+        nbytes = count // qtype.block * qtype.nbytes
+        start = data_start + offset
+        if offset % alignment or start + nbytes > len(self._map):
+            raise self.error(f"lies at bytes {start}..{start + nbytes} of a {len(self._map)}-byte file", name)
+        return TensorInfo(name, tuple(reversed(dims)), qtype, start, nbytes)
+
+    # -- tensors ---------------------------------------------------------------------------------------
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as a read-only uint8 view of the mapped file."""
+        t = self.tensors[name]
+        return np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.start)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The tensor dequantized to a new float32 array of its NumPy shape; refuses NaN or infinite values."""
+        if name not in self.tensors:
+            raise CheckpointError(f"{self.path}: no tensor {name!r}; this is not the model the loader expects")
+        t = self.tensors[name]
+        values = dequantize(self.raw(name), t.qtype).reshape(t.shape)
+        if not np.isfinite(values).all():
+            raise CheckpointError(f"{self.path}, tensor {name!r}: holds NaN or infinite values; the file is corrupt")
+        return values
+
+
+def dequantize(raw: np.ndarray, qtype: QuantType) -> np.ndarray:
+    """Bytes of whole blocks -> float32 weights, flat, in the file's order."""
+    if qtype.name == "F32":
+        return raw.view("<f4").astype(np.float32)
+    if qtype.name == "F16":
+        return raw.view("<f2").astype(np.float32)
+    if qtype.name == "BF16":  # the top 16 bits of a float32
+        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    blocks = raw.reshape(-1, qtype.nbytes)  # [n_blocks, bytes per block]
+    d = blocks[:, 0:2].copy().view("<f2").astype(np.float32)  # [n_blocks, 1]
+    if qtype.name == "Q8_0":
+        q = blocks[:, 2:].view(np.int8).astype(np.float32)  # [n_blocks, 32]
+        return (d * q).reshape(-1)
+    qs = blocks[:, -16:]  # [n_blocks, 16]: two 4-bit weights per byte
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)  # low nibbles first: weights 0..15, 16..31
+    if qtype.name == "Q4_0":
+        return (d * (q - np.float32(8))).reshape(-1)
+    m = blocks[:, 2:4].copy().view("<f2").astype(np.float32)  # Q4_1's minimum
+    return (d * q + m).reshape(-1)
+
+
+# ---------------------------------------------------------------------------
+# A Llama-architecture model from a GGUF file.
+# ---------------------------------------------------------------------------
+
+
+def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's reordering of W_q's (or W_k's) rows: [n_heads * d_head, n_in] -> the same, Hugging Face's order.
+
+    Within each head, Hugging Face's Llama pairs dimension i with i + d_head/2 for
+    the rotation; llama.cpp pairs 2i with 2i + 1, so its converter moved row
+    i + half*(d_head/2) of a head to row 2i + half. Reading the head's rows as
+    [d_head/2, 2] and swapping the axes puts them back.
+    """
+    n_out, n_in = w.shape
+    d_head = n_out // n_heads
+    return w.reshape(n_heads, d_head // 2, 2, n_in).swapaxes(1, 2).reshape(n_out, n_in)
+
+
+def load_gguf(path: str | Path, name: str | None = None):
+    """A specdec Llama (model/llama.py) with its tokenizer, from a Llama-architecture GGUF file."""
+    from ..model.kernels import Linear
+    from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
+    from ..model.tokenizer import gguf_encoding
+
+    f = GGUFFile(path)
+    meta = f.metadata
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise CheckpointError(f"{f.path}: architecture {arch!r}; specdec runs GGUF files of the 'llama' architecture")
+
+    def number(key: str, kind=int, default=None):
+        value = meta.get(f"llama.{key}", default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            raise CheckpointError(f"{f.path}: metadata llama.{key} is {value!r}, not a number; the file is broken")
+        return kind(value)
+
+    tokens = meta.get("tokenizer.ggml.tokens")
+    try:
+        h = LlamaHParams(
+            n_vocab=len(tokens) if isinstance(tokens, list) else number("vocab_size"),
+            n_ctx=number("context_length"), n_embd=number("embedding_length"),
+            n_head=number("attention.head_count"), n_kv_head=number("attention.head_count_kv"),
+            n_layer=number("block_count"), n_ff=number("feed_forward_length"),
+            rope_theta=number("rope.freq_base", float, 10000.0),
+            rms_eps=number("attention.layer_norm_rms_epsilon", float, 1e-5),
+        )  # fmt: skip
+    except ValueError as e:
+        raise CheckpointError(f"{f.path}: {e}") from None
+    kv = h.n_kv_head * h.d_head
+    expected = {"token_embd.weight": (h.n_vocab, h.n_embd), "output_norm.weight": (h.n_embd,)}
+    for i in range(h.n_layer):
+        p = f"blk.{i}."
+        expected.update({p + "attn_norm.weight": (h.n_embd,), p + "attn_q.weight": (h.n_embd, h.n_embd),
+                         p + "attn_k.weight": (kv, h.n_embd), p + "attn_v.weight": (kv, h.n_embd),
+                         p + "attn_output.weight": (h.n_embd, h.n_embd), p + "ffn_norm.weight": (h.n_embd,),
+                         p + "ffn_gate.weight": (h.n_ff, h.n_embd), p + "ffn_up.weight": (h.n_ff, h.n_embd),
+                         p + "ffn_down.weight": (h.n_embd, h.n_ff)})  # fmt: skip
+    if "output.weight" in f.tensors:
+        expected["output.weight"] = (h.n_vocab, h.n_embd)
+    for key, shape in expected.items():
+        if key not in f.tensors:
+            raise CheckpointError(f"{f.path}: no tensor {key!r}; a Llama GGUF with {h.n_layer} blocks needs it")
+        if f.tensors[key].shape != shape:
+            raise CheckpointError(f"{f.path}, tensor {key!r}: shape {f.tensors[key].shape}, expected {shape} from "
+                                  "the file's own metadata")  # fmt: skip
+    extra = sorted(set(f.tensors) - set(expected) - {"rope_freqs.weight"})
+    if extra:
+        raise CheckpointError(f"{f.path}: unexpected tensors {', '.join(extra[:4])}: not a plain Llama")
+
+    def lin(key: str, heads: int | None = None) -> Linear:
+        w = f.tensor(key)  # [n_out, n_in]: already the transposed layout Linear keeps
+        return Linear(unpermute_rows(w, heads) if heads else w, None)
+
+    blocks = []
+    for i in range(h.n_layer):
+        p = f"blk.{i}."
+        blocks.append(LlamaBlock(
+            attn_norm=f.tensor(p + "attn_norm.weight"), attn_q=lin(p + "attn_q.weight", h.n_head),
+            attn_k=lin(p + "attn_k.weight", h.n_kv_head), attn_v=lin(p + "attn_v.weight"),
+            attn_output=lin(p + "attn_output.weight"), ffn_norm=f.tensor(p + "ffn_norm.weight"),
+            ffn_gate=lin(p + "ffn_gate.weight"), ffn_up=lin(p + "ffn_up.weight"), ffn_down=lin(p + "ffn_down.weight"),
+        ))  # fmt: skip
+    head = lin("output.weight") if "output.weight" in f.tensors else None
+    weights = LlamaWeights(f.tensor("token_embd.weight"), blocks, f.tensor("output_norm.weight"), head)
+    tokenizer = gguf_encoding(meta, f.path) if isinstance(tokens, list) else None
+    return Llama(h, weights, tokenizer, name=name or f.path.stem)

@@ -1,0 +1,296 @@
+"""A Llama-architecture forward pass in NumPy (SmolLM2, and the models built like it), with the same KV cache.
+
+Read it next to gpt2.py: the interface is the same (forward over a chain or a
+tree of new tokens against a KVCache, early exit, hidden states, float64), so
+every sampler and drafter in specdec runs on either. What changed between
+GPT-2's block (2019) and Llama's (Touvron et al., arXiv 2302.13971), which
+nearly every model since is built from:
+
+    GPT-2                               Llama
+    LayerNorm (mean, variance, bias)    RMSNorm: scale by 1/rms, no mean, no bias (Zhang & Sennrich, 1910.07467)
+    learned position embedding wpe      rotary embedding of q and k (RoPE; Su et al., arXiv 2104.09864)
+    n_head key/value heads              n_kv_head < n_head: grouped-query attention (Ainslie et al., 2305.13245)
+    MLP: gelu(x W1) W2, 4x wide         SwiGLU: (silu(x W_gate) * (x W_up)) W_down (Shazeer, 2002.05202)
+    biases everywhere                   no biases
+    LM head = wte (tied)                tied in SmolLM2 too; other Llamas ship an output matrix
+
+Shape notation as in gpt2.py, plus:
+    n_kv_head  key/value heads; query head h reads key/value head h // (n_head // n_kv_head)
+    n_ff       the SwiGLU hidden width (1536 for SmolLM2-135M)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cache import KVCache
+from .gpt2 import attention, softmax, tree_mask  # noqa: F401 (softmax: the same one, for readers of both)
+from .kernels import Linear, linear
+
+F32 = np.float32
+
+
+@dataclass(frozen=True)
+class LlamaHParams:
+    """Llama hyperparameters, as a GGUF's `llama.*` metadata gives them."""
+
+    n_vocab: int
+    n_ctx: int  # llama.context_length
+    n_embd: int  # llama.embedding_length
+    n_head: int  # llama.attention.head_count
+    n_kv_head: int  # llama.attention.head_count_kv
+    n_layer: int  # llama.block_count
+    n_ff: int  # llama.feed_forward_length
+    rope_theta: float = 10000.0  # llama.rope.freq_base
+    rms_eps: float = 1e-5  # llama.attention.layer_norm_rms_epsilon
+
+    @property
+    def d_head(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def layer_norm_epsilon(self) -> float:
+        return self.rms_eps  # the name draft heads read (eagle.py builds its own small block with it)
+
+    def __post_init__(self):
+        for field in ("n_vocab", "n_ctx", "n_embd", "n_head", "n_kv_head", "n_layer", "n_ff"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"hyperparameter {field} must be a positive integer, got {value!r}")
+        if self.n_embd % self.n_head or self.n_head % self.n_kv_head or self.d_head % 2:
+            raise ValueError(
+                f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) heads of even width, and n_head "
+                f"into groups of n_kv_head ({self.n_kv_head})"
+            )
+
+
+@dataclass
+class LlamaBlock:
+    """One block's weights; names follow the GGUF tensors blk.N.<name>. Every matrix is a bias-free Linear."""
+
+    attn_norm: np.ndarray  # [n_embd]
+    attn_q: Linear  # [n_embd] -> [n_head * d_head]
+    attn_k: Linear  # [n_embd] -> [n_kv_head * d_head]
+    attn_v: Linear  # [n_embd] -> [n_kv_head * d_head]
+    attn_output: Linear  # [n_embd] -> [n_embd]
+    ffn_norm: np.ndarray  # [n_embd]
+    ffn_gate: Linear  # [n_embd] -> [n_ff]
+    ffn_up: Linear  # [n_embd] -> [n_ff]
+    ffn_down: Linear  # [n_ff] -> [n_embd]
+
+
+@dataclass
+class LlamaWeights:
+    wte: np.ndarray  # [n_vocab, n_embd] token embedding ("token_embd")
+    blocks: list[LlamaBlock]
+    norm_f: np.ndarray  # [n_embd] the final RMSNorm ("output_norm")
+    lm_head: Linear | None = None  # "output", or wte itself when tied (no copy)
+
+    def __post_init__(self):
+        if self.lm_head is None:
+            self.lm_head = Linear(self.wte, None)
+
+
+# ---------------------------------------------------------------------------
+# The building blocks, smallest first.
+# ---------------------------------------------------------------------------
+
+
+def rms_norm(x: np.ndarray, g: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * g, per row: no mean subtracted, no bias.  [n_seq, n_embd]"""
+    ms = np.square(x).sum(axis=-1, keepdims=True) / F32(x.shape[-1])  # [n_seq, 1]
+    return x / np.sqrt(ms + F32(eps)) * g
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), the gate of SwiGLU."""
+    return x / (F32(1.0) + np.exp(-x))
+
+
+def rope_tables(positions: np.ndarray, d_head: int, theta: float, dtype=F32) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of each position's rotation angles: [n_seq] -> two [n_seq, d_head].
+
+    Pair i of a head (dimensions i and i + d_head/2, as Hugging Face's Llama
+    pairs them) turns by position * theta^(-2i / d_head): fast-turning pairs
+    see nearby tokens, slow ones far-away tokens, and the dot product of a
+    rotated query and key depends only on their distance.
+    """
+    inv_freq = (F32(1.0) / F32(theta) ** (np.arange(0, d_head, 2, dtype=F32) / F32(d_head))).astype(dtype)  # [d/2]
+    angles = positions.astype(dtype)[:, None] * inv_freq[None, :]  # [n_seq, d_head/2]
+    angles = np.concatenate([angles, angles], axis=1)  # [n_seq, d_head]: both halves of a pair turn alike
+    return np.cos(angles), np.sin(angles)
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Apply the rotation to q or k: [heads, n_seq, d_head], each pair (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
+
+    NOTE: this pairs dimension i with i + d_head/2 ("rotate half"). llama.cpp pairs
+    2i with 2i + 1, and its GGUF converter permutes the rows of W_q and W_k to
+    match; checkpoints/gguf.py (load_gguf) undoes that permutation when loading.
+    """
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)  # rotate_half(x)
+    return x * cos + rotated * sin
+
+
+def grouped_attention(q, k, v, bias, n_kv_head: int) -> np.ndarray:
+    """Grouped-query attention with gpt2.attention: q [n_head, n_seq, d], k, v [n_kv_head, n_kv, d] -> [n_head, n_seq, d].
+
+    The n_head // n_kv_head query heads of a group share one key/value head, so
+    they are stacked as extra query rows of that head: [n_kv_head, group * n_seq, d].
+    """
+    n_head, n_seq, d_head = q.shape
+    group = n_head // n_kv_head
+    q = q.reshape(n_kv_head, group * n_seq, d_head)  # query head h = kv head h // group
+    bias = None if bias is None else np.tile(bias, (group, 1))  # [group * n_seq, n_kv]
+    return attention(q, k, v, bias).reshape(n_head, n_seq, d_head)
+
+
+def llama_block(x, block: LlamaBlock, h: LlamaHParams, cache: KVCache, layer: int, bias, cos, sin) -> np.ndarray:
+    """x + attn(rms_norm(x)), then x + swiglu(rms_norm(x)).  [n_seq, n_embd]; writes this layer's k, v to the cache."""
+    n_seq = x.shape[0]
+    n_past = cache.length
+    n_kv = n_past + n_seq
+
+    a = rms_norm(x, block.attn_norm, h.rms_eps)  # [n_seq, n_embd]
+    q = linear(a, block.attn_q).reshape(n_seq, h.n_head, h.d_head).transpose(1, 0, 2)  # [n_head, n_seq, d]
+    k = linear(a, block.attn_k).reshape(n_seq, h.n_kv_head, h.d_head).transpose(1, 0, 2)  # [n_kv_head, n_seq, d]
+    v = linear(a, block.attn_v).reshape(n_seq, h.n_kv_head, h.d_head).transpose(1, 0, 2)  # [n_kv_head, n_seq, d]
+    # NOTE: keys are cached AFTER rotation, so a cached key carries its position for good.
+    cache.k[layer, :, n_past:n_kv] = rotate(k, cos, sin)
+    cache.v[layer, :, n_past:n_kv] = v
+    out = grouped_attention(rotate(q, cos, sin), cache.k[layer, :, :n_kv], cache.v[layer, :, :n_kv], bias, h.n_kv_head)
+    x = x + linear(out.transpose(1, 0, 2).reshape(n_seq, h.n_embd), block.attn_output)
+
+    f = rms_norm(x, block.ffn_norm, h.rms_eps)  # [n_seq, n_embd]
+    gated = silu(linear(f, block.ffn_gate)) * linear(f, block.ffn_up)  # [n_seq, n_ff]
+    return x + linear(gated, block.ffn_down)  # [n_seq, n_embd]
+
+
+def forward(weights: LlamaWeights, h: LlamaHParams, tokens, cache: KVCache, last_only=False, n_layer=None,
+            return_hidden=False, parents=None):  # fmt: skip
+    """Run n_seq new tokens after the cache's n_past: as gpt2.forward (see there for every argument).
+
+    The only difference in the plumbing: positions enter through the rotation of
+    q and k in every layer instead of an embedding added once.
+    """
+    n_seq, n_past = len(tokens), cache.length
+    n_layer = h.n_layer if n_layer is None else n_layer
+    if not 1 <= n_layer <= h.n_layer:
+        raise ValueError(f"n_layer must be in 1..{h.n_layer}, got {n_layer}")
+    if n_seq < 1:
+        raise ValueError("forward needs at least one new token")
+    cache.reserve(n_past + n_seq)
+    tokens = np.asarray(tokens)
+    if tokens.min() < 0 or tokens.max() >= h.n_vocab:
+        raise ValueError(f"token ids must lie in 0..{h.n_vocab - 1}")
+
+    if parents is None:
+        visible = np.tri(n_seq, dtype=bool)  # [n_seq, n_seq]
+        positions = n_past + np.arange(n_seq)
+    else:
+        if len(parents) != n_seq:
+            raise ValueError(f"parents has {len(parents)} entries for {n_seq} tokens: give one per token")
+        visible = tree_mask(parents)
+        positions = n_past + visible.sum(axis=1) - 1  # NOTE: a tree node sits at n_past + its depth
+    bias = None
+    if n_seq > 1:
+        seen = np.concatenate([np.ones((n_seq, n_past), dtype=bool), visible], axis=1)  # [n_seq, n_kv]
+        bias = np.where(seen, F32(0), F32(-np.inf)).astype(weights.wte.dtype)
+    cos, sin = rope_tables(positions, h.d_head, h.rope_theta, weights.wte.dtype)  # [n_seq, d_head] each
+
+    x = weights.wte[tokens]  # [n_seq, n_embd]: no position embedding
+    for layer in range(n_layer):
+        x = llama_block(x, weights.blocks[layer], h, cache, layer, bias, cos, sin)
+    cache.length = n_past + n_seq
+
+    if last_only and not return_hidden:
+        x = x[-1:]
+    x = rms_norm(x, weights.norm_f, h.rms_eps)
+    logits = linear(x[-1:] if last_only else x, weights.lm_head)  # [n_seq (or 1), n_vocab]
+    return (logits, x) if return_hidden else logits
+
+
+class Llama:
+    """A Llama ready to run, with GPT2's interface (see gpt2.GPT2): forward, new_cache, astype, __call__."""
+
+    def __init__(self, hparams: LlamaHParams, weights: LlamaWeights, tokenizer=None, name: str = "llama"):
+        self.hparams = hparams
+        self.weights = weights
+        self.tokenizer = tokenizer  # a tiktoken.Encoding (tokenizer.gguf_encoding), or None
+        self.name = name
+
+    def __repr__(self) -> str:
+        h = self.hparams
+        return (f"Llama({self.name!r}, n_layer={h.n_layer}, n_embd={h.n_embd}, n_head={h.n_head}, "
+                f"n_kv_head={h.n_kv_head}, n_vocab={h.n_vocab}, n_ctx={h.n_ctx})")  # fmt: skip
+
+    n_vocab = property(lambda self: self.hparams.n_vocab)
+    n_ctx = property(lambda self: self.hparams.n_ctx)
+    n_embd = property(lambda self: self.hparams.n_embd)
+    n_head = property(lambda self: self.hparams.n_head)
+    n_layer = property(lambda self: self.hparams.n_layer)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.weights.wte.dtype
+
+    def step_weights(self, n_layer: int | None = None) -> int:
+        """Weights read by one decoding step through n_layer blocks and the LM head (the cost model's c)."""
+        h = self.hparams
+        n_layer = h.n_layer if n_layer is None else n_layer
+        per_block = h.n_embd * (2 * h.n_embd + 2 * h.n_kv_head * h.d_head) + 3 * h.n_embd * h.n_ff
+        return n_layer * per_block + h.n_vocab * h.n_embd
+
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        return KVCache(self.hparams, capacity, dtype=self.dtype)
+
+    def astype(self, dtype) -> "Llama":
+        """A copy with every weight in `dtype` (np.float32 or np.float64; see GPT2.astype for why float64)."""
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise ValueError(f"a Llama computes in float32 or float64, not {dtype}")
+
+        def cast(value):
+            return Linear(value.w_t.astype(dtype), None) if isinstance(value, Linear) else value.astype(dtype)
+
+        w = self.weights
+        blocks = [LlamaBlock(**{name: cast(value) for name, value in vars(b).items()}) for b in w.blocks]
+        tied = w.lm_head.w_t is w.wte
+        wte = cast(w.wte)
+        weights = LlamaWeights(wte, blocks, cast(w.norm_f), None if tied else cast(w.lm_head))
+        return Llama(self.hparams, weights, self.tokenizer, name=self.name)
+
+    def forward(self, tokens, cache: KVCache, last_only: bool = False, n_layer: int | None = None,
+                return_hidden: bool = False, parents=None):  # fmt: skip
+        """Append `tokens` (a chain, or a tree given `parents`) to `cache`; logits, or (logits, hidden)."""
+        return forward(self.weights, self.hparams, tokens, cache, last_only, n_layer, return_hidden, parents)
+
+    def __call__(self, tokens) -> np.ndarray:
+        """[n_seq] token ids -> [n_seq, n_vocab] logits, no cache kept."""
+        tokens = np.asarray(tokens)
+        if not 1 <= len(tokens) <= self.n_ctx:
+            raise ValueError(f"need 1..{self.n_ctx} tokens, got {len(tokens)}")
+        return self.forward(tokens, self.new_cache(len(tokens)))
+
+
+def random_llama(hparams: LlamaHParams | None = None, seed: int = 0, scale: float = 0.02) -> Llama:
+    """A Llama with random weights (tests and benchmarks): by default a tiny one with grouped-query attention."""
+    h = hparams or LlamaHParams(n_vocab=64, n_ctx=64, n_embd=32, n_head=4, n_kv_head=2, n_layer=2, n_ff=48)
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, std=scale):
+        return (rng.standard_normal(shape, dtype=F32) * F32(std)).astype(F32)
+
+    def lin(n_in, n_out):
+        return Linear(normal(n_out, n_in), None)  # stored as [n_out, n_in], as GGUF has it
+
+    kv = h.n_kv_head * h.d_head
+    blocks = [LlamaBlock(F32(1) + normal(h.n_embd, std=0.1), lin(h.n_embd, h.n_embd), lin(h.n_embd, kv),
+                         lin(h.n_embd, kv), lin(h.n_embd, h.n_embd), F32(1) + normal(h.n_embd, std=0.1),
+                         lin(h.n_embd, h.n_ff), lin(h.n_embd, h.n_ff), lin(h.n_ff, h.n_embd))
+              for _ in range(h.n_layer)]  # fmt: skip
+    return Llama(h, LlamaWeights(normal(h.n_vocab, h.n_embd), blocks, F32(1) + normal(h.n_embd, std=0.1)),
+                 name="random-llama")  # fmt: skip

@@ -1,0 +1,190 @@
+"""The Llama architecture (specdec/model/llama.py): the math on a tiny random model, then SmolLM2-135M-Instruct
+against transformers' logits for the same GGUF file (tests/fixtures/make_smollm2_reference.py made them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import BROKEN_RULES, chi_square_passes, sample_many
+
+import specdec.verify as verify
+from specdec import autoregressive_sample, speculative_sample
+from specdec.checkpoints.gguf import GGUFFile, load_gguf, unpermute_rows
+from specdec.model.llama import LlamaHParams, grouped_attention, random_llama, rms_norm
+from specdec.model.tokenizer import chat_prompt
+from specdec.sampling import SamplingParams, probabilities
+
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2_reference.npz"
+
+
+# --- the math, on a tiny random Llama --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return random_llama(seed=3, scale=0.3)
+
+
+def test_cached_steps_equal_one_pass_and_a_tree_equals_its_chains(tiny):
+    tokens = [5, 9, 2, 33, 7, 61]
+    whole = tiny(tokens)
+    cache = tiny.new_cache()
+    stepped = np.concatenate([tiny.forward(tokens[:3], cache), *(tiny.forward([t], cache) for t in tokens[3:])])
+    np.testing.assert_allclose(stepped, whole, atol=1e-5)
+    # A tree [root, a, b] with b a sibling of a: b's row equals the chain [root, b] (same position, not the next).
+    cache = tiny.new_cache()
+    tiny.forward(tokens[:3], cache)
+    tree = tiny.forward([tokens[3], 7, 61], cache, parents=[-1, 0, 0])
+    fresh = tiny.new_cache()
+    tiny.forward(tokens[:3], fresh)
+    np.testing.assert_allclose(tree[[0, 2]], tiny.forward([tokens[3], 61], fresh), atol=1e-5)
+    # keep() compacts the accepted path [root, b]: the next step matches a plain pass over that text.
+    cache.keep(3, [0, 2])
+    np.testing.assert_allclose(tiny.forward([1], cache), tiny([*tokens[:4], 61, 1])[-1:], atol=1e-5)
+
+
+def test_early_exit_hidden_states_and_float64(tiny):
+    tokens = [1, 2, 3, 4]
+    logits, hidden = tiny.forward(tokens, tiny.new_cache(), return_hidden=True)
+    assert logits.dtype == hidden.dtype == np.float32 and hidden.shape == (4, tiny.n_embd)
+    np.testing.assert_allclose(hidden @ tiny.weights.wte.T, logits, atol=1e-5)  # tied LM head
+    one = tiny.forward(tokens, tiny.new_cache(), n_layer=1)
+    assert not np.allclose(one, logits)  # one block is not two
+    wide = tiny.astype(np.float64)
+    out = wide(tokens)
+    assert out.dtype == np.float64 and np.allclose(out, logits, atol=1e-4)
+
+
+def test_grouped_query_attention_is_each_query_head_on_its_own_kv_head():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in [(6, 3, 8), (2, 5, 8), (2, 5, 8)])
+    bias = np.where(np.tri(3, 5, 2, dtype=bool), 0, -np.inf).astype(np.float32)
+    out = grouped_attention(q, k, v, bias, n_kv_head=2)
+    for h in range(6):  # head h reads kv head h // 3, as transformers' repeat_kv gives it
+        s = q[h] @ k[h // 3].T / np.sqrt(8) + bias
+        w = np.exp(s - s.max(-1, keepdims=True))
+        np.testing.assert_allclose(out[h], (w / w.sum(-1, keepdims=True)) @ v[h // 3], atol=1e-5)
+
+
+def test_rms_norm_and_the_rows_unpermuted():
+    x = np.array([[3.0, 4.0]], np.float32)
+    np.testing.assert_allclose(rms_norm(x, np.array([1.0, 2.0], np.float32), 0.0), [[3 / 12.5**0.5, 8 / 12.5**0.5]])
+    # llama.cpp's converter: rows (head, half, i) -> (head, i, half); unpermute_rows reverses it.
+    w = np.arange(2 * 8 * 3, dtype=np.float32).reshape(16, 3)
+    permuted = w.reshape(2, 2, 4, 3).swapaxes(1, 2).reshape(16, 3)
+    np.testing.assert_array_equal(unpermute_rows(permuted, 2), w)
+
+
+def test_hyperparameters_are_checked():
+    with pytest.raises(ValueError, match="groups of n_kv_head"):
+        LlamaHParams(n_vocab=8, n_ctx=8, n_embd=12, n_head=4, n_kv_head=3, n_layer=1, n_ff=8)
+
+
+def test_greedy_speculative_equals_greedy_autoregressive_on_a_tiny_llama(tiny):
+    plain = autoregressive_sample(tiny, [1, 2, 3], 20).tokens
+    for draft, tree in [("early_exit:1", None), ("ngram", None), ("early_exit:1", 6), ("ngram", "auto")]:
+        assert speculative_sample(tiny, draft, [1, 2, 3], 20, K=3, tree=tree).tokens == plain, (draft, tree)
+
+
+# --- SmolLM2-135M-Instruct against transformers ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_gguf):
+    return load_gguf(smollm2_gguf, name="smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def ref():
+    with np.load(REFERENCE, allow_pickle=False) as f:
+        return {k: f[k] for k in f.files}
+
+
+def assert_rows_match(logits, ref, prefix, atol=1e-3):
+    cols = ref["cols"]
+    np.testing.assert_allclose(logits[:, cols], ref[f"{prefix}_cols"], atol=atol, rtol=0)
+    np.testing.assert_allclose(logits[-1], ref[f"{prefix}_last"], atol=atol, rtol=0)
+    m = logits.max(-1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(logits - m).sum(-1))
+    np.testing.assert_allclose(lse, ref[f"{prefix}_lse"], atol=atol, rtol=0)
+    top = np.take_along_axis(logits, ref[f"{prefix}_top_ids"], axis=-1)
+    np.testing.assert_allclose(top, ref[f"{prefix}_top_vals"], atol=atol, rtol=0)
+
+
+def test_logits_equal_transformers_whole_prompt_and_through_the_cache(smollm2, ref):
+    for i in range(len(json.loads(str(ref["prompts"])))):
+        assert_rows_match(smollm2(ref[f"prompt_{i}"]), ref, f"logits_{i}")
+    ids = ref["prompt_0"].tolist()
+    n, cache = len(ids), smollm2.new_cache()
+    rows = [smollm2.forward(ids[: n - 4], cache)[-1:], smollm2.forward(ids[n - 4 : n - 3], cache),
+            smollm2.forward(ids[n - 3 :], cache)]  # fmt: skip
+    assert_rows_match(np.concatenate(rows), ref, "cached")
+
+
+def test_greedy_continuations_equal_transformers(smollm2, ref):
+    for i in range(len(json.loads(str(ref["prompts"])))):
+        out = autoregressive_sample(smollm2, ref[f"prompt_{i}"].tolist(), len(ref[f"greedy_{i}"]))
+        assert out.tokens == ref[f"greedy_{i}"].tolist(), smollm2.tokenizer.decode(out.tokens)
+    assert smollm2.tokenizer.decode(ref["greedy_0"].tolist()).startswith(" Paris")
+
+
+def test_every_tensor_dequantizes_as_the_gguf_package_does(smollm2_gguf, ref):
+    f = GGUFFile(smollm2_gguf)
+    rows = json.loads(str(ref["dequant"]))
+    assert {r["name"] for r in rows} == set(f.tensors)
+    for r in rows:
+        t = f.tensors[r["name"]]
+        assert t.qtype.name == r["type"] and list(t.shape) == r["shape"], r["name"]
+        values = f.tensor(r["name"]).astype(np.float64).reshape(-1)
+        np.testing.assert_allclose(values[r["idx"]], r["values"], rtol=0, atol=0, err_msg=r["name"])
+        assert np.isclose(values.sum(), r["sum"], rtol=1e-9, atol=1e-6), r["name"]
+        assert np.isclose(np.square(values).sum(), r["sumsq"], rtol=1e-9), r["name"]
+
+
+def test_the_tokenizer_equals_smollm2s(smollm2, ref):
+    tok = smollm2.tokenizer
+    for j, text in enumerate(json.loads(str(ref["tokenizer_texts"]))):
+        assert tok.encode(text, allowed_special="all") == ref[f"tokenizer_ids_{j}"].tolist(), text
+    # Digits: ids from SmolLM2's own pre-tokenizer (every digit alone, then GPT-2's pattern in between).
+    for j, text in enumerate(json.loads(str(ref["digit_texts"]))):
+        assert tok.encode(text) == ref[f"digit_ids_{j}"].tolist(), text
+    pieces = [tok.decode([t]) for t in tok.encode("In 2024,  x1")]
+    assert pieces == ["In", " ", "2", "0", "2", "4", ",", " ", " x", "1"]  # a space before a digit: its own piece
+    assert tok.encode("In 2024") != tok.encode("In 2024".replace(" 2", "2"))
+    with pytest.raises(ValueError, match="no token for the character"):
+        tok.encode("end of transmission \x04")
+    assert tok.decode(chat_prompt(tok, "Hi")).endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+@pytest.mark.slow
+def test_greedy_speculative_equals_greedy_autoregressive_on_smollm2(smollm2):
+    prompt = chat_prompt(smollm2.tokenizer, "Repeat exactly: the quick brown fox jumps over the lazy dog.")
+    plain = autoregressive_sample(smollm2, prompt, 24).tokens
+    for draft, tree in [("ngram", None), ("early_exit:20", None), ("ngram", 6), ("early_exit:20", "auto")]:
+        assert speculative_sample(smollm2, draft, prompt, 24, K=4, tree=tree).tokens == plain, (draft, tree)
+
+
+@pytest.mark.slow
+def test_speculative_sampling_on_smollm2_is_its_distribution_with_top_k(smollm2, monkeypatch):
+    """Two tokens at T=1, top-k 3, drafted by SmolLM2's first 20 layers: the joint distribution of the
+    two tokens is the target's (enumerated exactly: 1 + 3 passes); broken rules fail the same check."""
+    prompt = smollm2.tokenizer.encode("My favourite colour is")
+    params = SamplingParams(1.0, top_k=3)
+    p0 = probabilities(smollm2(prompt)[-1:], params)[0]
+    exact = {}
+    for x0 in np.flatnonzero(p0):
+        p1 = probabilities(smollm2([*prompt, int(x0)])[-1:], params)[0]
+        exact.update({(int(x0), int(x1)): float(p0[x0]) * float(p1[x1]) for x1 in np.flatnonzero(p1)})
+
+    def run(rng):
+        return speculative_sample(smollm2, "early_exit:20", prompt, 2, K=1, temperature=1.0, top_k=3, rng=rng)
+
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=1500), exact)
+    assert ok, f"chi2={stat:.1f} df={df}"
+    for broken in BROKEN_RULES:
+        monkeypatch.setattr(verify, "sampled_chain", broken)
+        ok, stat, df = chi_square_passes(sample_many(run, n_samples=600), exact)
+        assert not ok, f"{broken.__name__} passed (chi2={stat:.1f}, df={df})"
