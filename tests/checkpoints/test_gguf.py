@@ -1,0 +1,189 @@
+"""GGUF files (specdec/checkpoints/gguf.py) written here: every supported type dequantizes to what was
+quantized, and hostile or truncated files are one CheckpointError naming the file (and the tensor)."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from specdec.checkpoints.gguf import GGUFFile, load_gguf
+from specdec.checkpoints.safetensors import CheckpointError
+from specdec.model.llama import LlamaHParams, random_llama
+
+TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
+
+
+def s(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack("<Q", len(data)) + data
+
+
+def value(v) -> bytes:
+    if isinstance(v, str):
+        return struct.pack("<I", 8) + s(v)
+    if isinstance(v, float):
+        return struct.pack("<If", 6, v)
+    if isinstance(v, list):  # arrays of strings or of int32
+        if v and isinstance(v[0], str):
+            return struct.pack("<IIQ", 9, 8, len(v)) + b"".join(s(x) for x in v)
+        return struct.pack("<IIQ", 9, 5, len(v)) + struct.pack(f"<{len(v)}i", *v)
+    return struct.pack("<II", 4, v)
+
+
+def quantize(w: np.ndarray, kind: str) -> bytes:
+    """The reference quantizers, written from ggml's block layouts (low nibbles = first 16 weights)."""
+    flat = w.astype(np.float32).reshape(-1)
+    if kind == "F32":
+        return flat.tobytes()
+    if kind == "F16":
+        return flat.astype("<f2").tobytes()
+    if kind == "BF16":
+        return (flat.view(np.uint32) >> 16).astype("<u2").tobytes()
+    out = b""
+    for block in flat.reshape(-1, 32):
+        if kind == "Q8_0":
+            d = np.float16(np.abs(block).max() / 127)
+            q = np.round(block / np.float32(d)).astype(np.int8) if d else np.zeros(32, np.int8)
+            out += d.tobytes() + q.tobytes()
+            continue
+        if kind == "Q4_0":
+            d = np.float16(np.abs(block).max() / 7)
+            q = np.clip(np.round(block / np.float32(d)) + 8, 0, 15).astype(np.uint8)
+            out += d.tobytes() + (q[:16] | (q[16:] << 4)).tobytes()
+        else:  # Q4_1
+            lo, hi = block.min(), block.max()
+            d, m = np.float16((hi - lo) / 15), np.float16(lo)
+            q = np.clip(np.round((block - np.float32(m)) / np.float32(d)), 0, 15).astype(np.uint8)
+            out += d.tobytes() + m.tobytes() + (q[:16] | (q[16:] << 4)).tobytes()
+    return out
+
+
+def dequantized_reference(w: np.ndarray, kind: str) -> np.ndarray:
+    """What the quantized bytes mean, computed from the same rounding as quantize()."""
+    flat = w.astype(np.float32).reshape(-1, 32) if kind.startswith("Q") else w.astype(np.float32)
+    if kind == "F32":
+        return flat
+    if kind == "F16":
+        return flat.astype(np.float16).astype(np.float32)
+    if kind == "BF16":
+        return ((flat.view(np.uint32) >> 16) << 16).view(np.float32)
+    rows = []
+    for block in flat:
+        if kind == "Q8_0":
+            d = np.float32(np.float16(np.abs(block).max() / 127))
+            rows.append(np.round(block / d) * d)
+        elif kind == "Q4_0":
+            d = np.float32(np.float16(np.abs(block).max() / 7))
+            rows.append((np.clip(np.round(block / d) + 8, 0, 15) - 8) * d)
+        else:
+            d, m = (np.float32(np.float16(x)) for x in ((block.max() - block.min()) / 15, block.min()))
+            rows.append(np.clip(np.round((block - m) / d), 0, 15) * d + m)
+    return np.array(rows, np.float32).reshape(w.shape)
+
+
+def write_gguf(path, tensors: dict, metadata: dict | None = None, align: int = 32, version: int = 3) -> None:
+    """tensors: name -> (array in NumPy shape, type name)."""
+    meta = metadata or {}
+    head = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(meta))
+    head += b"".join(s(k) + value(v) for k, v in meta.items())
+    blobs, offset, table = [], 0, b""
+    for name, (w, kind) in tensors.items():
+        data = quantize(w, kind)
+        dims = list(reversed(w.shape))
+        table += s(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+        table += struct.pack("<IQ", TYPE_IDS[kind], offset)
+        pad = -len(data) % align
+        blobs.append(data + b"\0" * pad)
+        offset += len(data) + pad
+    body = head + table
+    path.write_bytes(body + b"\0" * (-len(body) % align) + b"".join(blobs))
+
+
+@pytest.mark.parametrize("kind", list(TYPE_IDS))
+def test_every_type_dequantizes_to_what_was_written(tmp_path, kind):
+    w = np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32)
+    write_gguf(tmp_path / "m.gguf", {"w": (w, kind)})
+    got = GGUFFile(tmp_path / "m.gguf").tensor("w")
+    assert got.dtype == np.float32 and got.shape == (3, 64)
+    np.testing.assert_array_equal(got, dequantized_reference(w, kind))
+    if kind.startswith("Q4"):  # the nibble order matters: interleaving the halves gives other weights
+        swapped = dequantized_reference(w.reshape(-1, 2, 16).swapaxes(1, 2).reshape(3, 64), kind)
+        assert not np.array_equal(got, swapped)
+
+
+def tiny_llama_gguf(path, model, **changes) -> None:
+    """A whole tiny Llama as a GGUF (F32), with llama.cpp's Q/K row order, and a toy byte-level vocabulary."""
+    h = model.hparams
+    meta = {"general.architecture": "llama", "llama.context_length": h.n_ctx, "llama.embedding_length": h.n_embd,
+            "llama.block_count": h.n_layer, "llama.feed_forward_length": h.n_ff,
+            "llama.attention.head_count": h.n_head, "llama.attention.head_count_kv": h.n_kv_head,
+            "llama.rope.freq_base": float(h.rope_theta), "llama.attention.layer_norm_rms_epsilon": float(h.rms_eps),
+            "llama.vocab_size": h.n_vocab}  # fmt: skip
+    meta.update(changes.pop("meta", {}))
+
+    def permute(w, n):  # what llama.cpp's converter does to W_q and W_k
+        return w.reshape(n, 2, w.shape[0] // n // 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
+
+    t = {"token_embd.weight": model.weights.wte, "output_norm.weight": model.weights.norm_f}
+    for i, b in enumerate(model.weights.blocks):
+        p = f"blk.{i}."
+        t.update({p + "attn_norm.weight": b.attn_norm, p + "attn_q.weight": permute(b.attn_q.w_t, h.n_head),
+                  p + "attn_k.weight": permute(b.attn_k.w_t, h.n_kv_head), p + "attn_v.weight": b.attn_v.w_t,
+                  p + "attn_output.weight": b.attn_output.w_t, p + "ffn_norm.weight": b.ffn_norm,
+                  p + "ffn_gate.weight": b.ffn_gate.w_t, p + "ffn_up.weight": b.ffn_up.w_t,
+                  p + "ffn_down.weight": b.ffn_down.w_t})  # fmt: skip
+    t.update(changes.pop("tensors", {}))
+    write_gguf(path, {k: (v, "F32") for k, v in t.items() if v is not None}, meta)
+
+
+def test_a_llama_written_as_gguf_loads_with_the_same_logits(tmp_path):
+    model = random_llama(LlamaHParams(n_vocab=64, n_ctx=32, n_embd=64, n_head=4, n_kv_head=2, n_layer=2, n_ff=64),
+                         seed=5, scale=0.3)  # fmt: skip
+    tiny_llama_gguf(tmp_path / "m.gguf", model)
+    loaded = load_gguf(tmp_path / "m.gguf")
+    tokens = [3, 1, 4, 1, 5, 9]
+    np.testing.assert_allclose(loaded(tokens), model(tokens), atol=1e-5)
+    tiny_llama_gguf(tmp_path / "bad.gguf", model, meta={"llama.attention.head_count_kv": 4})  # K rows mis-sized
+    with pytest.raises(CheckpointError, match="attn_k.weight.*expected"):
+        load_gguf(tmp_path / "bad.gguf")
+    tiny_llama_gguf(tmp_path / "gpt.gguf", model, meta={"general.architecture": "gpt2"})
+    with pytest.raises(CheckpointError, match="architecture 'gpt2'"):
+        load_gguf(tmp_path / "gpt.gguf")
+    nan = model.weights.blocks[0].ffn_up.w_t.copy()
+    nan[0, 0] = np.nan
+    tiny_llama_gguf(tmp_path / "nan.gguf", model, tensors={"blk.0.ffn_up.weight": nan})
+    with pytest.raises(CheckpointError, match="'blk.0.ffn_up.weight': holds NaN"):
+        load_gguf(tmp_path / "nan.gguf")
+
+
+HOSTILE = {
+    "empty": lambda good: b"",
+    "not gguf": lambda good: b"GGML" + good[4:],
+    "version 9": lambda good: good[:4] + struct.pack("<I", 9) + good[8:],
+    "truncated header": lambda good: good[:30],
+    "truncated data": lambda good: good[:-40],  # past the 28 bytes of padding, into the blocks
+    "a billion tensors": lambda good: good[:8] + struct.pack("<Q", 10**9) + good[16:],
+    "huge string": lambda good: good[:24] + struct.pack("<Q", 1 << 40) + good[32:],
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_files_are_one_checkpoint_error_naming_the_file(tmp_path, case):
+    write_gguf(tmp_path / "good.gguf", {"w": (np.ones((2, 32), np.float32), "Q8_0")}, {"general.name": "x"})
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(HOSTILE[case](path.with_name("good.gguf").read_bytes()))
+    with pytest.raises(CheckpointError) as e:
+        GGUFFile(path).tensor("w")
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unsupported_quantizations_are_refused_by_name(tmp_path):
+    write_gguf(tmp_path / "m.gguf", {"w": (np.ones((2, 32), np.float32), "F32")})
+    data = bytearray((tmp_path / "m.gguf").read_bytes())
+    at = data.index(b"w") + 1 + 4 + 16  # after the name: n_dims u32, two u64 dims, then the type
+    data[at : at + 4] = struct.pack("<I", 12)  # Q4_K
+    (tmp_path / "k.gguf").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="tensor 'w': Q4_K quantization is not supported"):
+        GGUFFile(tmp_path / "k.gguf")
