@@ -37,7 +37,6 @@ import re
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
@@ -45,6 +44,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from . import family
+from .locks import exclusive
 from .safetensors import CheckpointError, index_safetensors
 
 log = logging.getLogger(__name__)  # retries are reported as warnings (stderr unless configured)
@@ -269,57 +269,6 @@ def _digest_of(path: Path, digest, prefix: bytes = b"") -> str:
     return digest.hexdigest()
 
 
-@contextmanager
-def _file_lock(path: Path, what: str):
-    """Hold an exclusive lock on `path` (created if needed) for the with-block.
-
-    fcntl.flock on POSIX, msvcrt.locking on Windows: both are released by the
-    operating system if the process dies, so a crash never leaves a stale lock.
-    The lock file stays (deleting it would let two processes lock two files).
-    """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    try:
-        if not _try_lock(fd):
-            log.warning("waiting for another process that is downloading %s", what)
-            while not _try_lock(fd, block=True):
-                time.sleep(0.1)
-        yield
-    finally:
-        _unlock(fd)
-        os.close(fd)
-
-
-if sys.platform == "win32":
-    import msvcrt
-
-    def _try_lock(fd: int, block: bool = False) -> bool:
-        os.lseek(fd, 0, os.SEEK_SET)
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # LK_LOCK gives up after 10 s: poll instead
-            return True
-        except OSError:
-            return False
-
-    def _unlock(fd: int) -> None:
-        os.lseek(fd, 0, os.SEEK_SET)
-        try:
-            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-        except OSError:
-            pass
-else:
-    import fcntl
-
-    def _try_lock(fd: int, block: bool = False) -> bool:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False
-
-    def _unlock(fd: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-
-
 def _open_partial(partial: Path, append: bool):
     """The partial file for writing, never through a symbolic link planted under its name."""
     if partial.is_symlink():
@@ -357,7 +306,11 @@ def download_file(
     dest = Path(dest)
     lock_dir = dest.parent / ".locks" if lock_dir is None else Path(lock_dir)
     lock_dir.mkdir(parents=True, exist_ok=True)
-    with _file_lock(lock_dir / f"{dest.name}.lock", str(dest)):
+
+    def waiting():
+        log.warning("waiting for another process that is downloading %s", dest)
+
+    with exclusive(lock_dir / f"{dest.name}.lock", on_wait=waiting):
         if dest.is_file():
             return dest  # another process finished it while we waited
         dest.parent.mkdir(parents=True, exist_ok=True)  # (again: a failed process removes an empty folder)
