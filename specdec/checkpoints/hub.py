@@ -367,7 +367,9 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
             # Transient: retry, resuming from what arrived; but without DNS, retrying will not help.
             error = e
             if attempt == retries or _is_name_resolution_error(e):
-                keep = partial.is_file() and _resumable(remote)
+                # NOTE: remote is None when no answer came in this run (refused, no DNS, 5xx/429 on every
+                # try): the server has said nothing against the partial an earlier run left, so it stays.
+                keep = partial.is_file() and (remote is None or _resumable(remote))
                 if not keep:
                     partial.unlink(missing_ok=True)
                 raise DownloadError(
@@ -385,9 +387,9 @@ def _redirect_loop(url: str) -> str:
     return f"{url}: the server keeps redirecting (a loop); check HF_ENDPOINT or try again later"
 
 
-def _resumable(remote: _Remote | None) -> bool:
-    """Only a partial whose whole will be checked by a sha256 is worth keeping."""
-    return remote is not None and remote.sha256 is not None
+def _resumable(remote: _Remote) -> bool:
+    """Only a partial whose whole will be checked by a sha256 is worth resuming."""
+    return remote.sha256 is not None
 
 
 def _problem(partial: Path, remote: _Remote, validate) -> str | None:
