@@ -129,6 +129,8 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike | None = None
     models_dir None: default_models_dir().
     """
     name = str(name_or_path)
+    if models_dir is not None and not isinstance(models_dir, (str, os.PathLike)):
+        raise ValueError(f"models_dir must be a folder path (a str or os.PathLike) or None, got {models_dir!r:.80}")
     if models_dir is not None and not str(models_dir):
         raise ValueError("models_dir is empty: give a folder, or leave it out for the default " + _default_dir_text())
     models_dir = default_models_dir() if models_dir is None else Path(models_dir)
