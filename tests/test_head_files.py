@@ -15,7 +15,7 @@ from conftest import tiny_model, write_checkpoint
 from specdec.__main__ import main
 from specdec.checkpoints.safetensors import read_safetensors, write_safetensors
 from specdec.drafters import eagle, make_drafter, medusa
-from specdec.drafters.heads import DraftVocab, HeadFileError, load_heads, model_fingerprint, save_heads
+from specdec.drafters.heads import DraftVocab, HeadFileError, model_fingerprint, save_heads
 from specdec.model.gpt2 import GPT2, Weights
 
 TARGET = tiny_model(seed=0)  # n_embd 32, n_head 4, n_vocab 262
@@ -244,18 +244,18 @@ def test_good_heads_load_and_a_tilde_is_expanded(tmp_path, monkeypatch, kind):
 def test_a_save_interrupted_between_its_two_files_leaves_the_old_pair(tmp_path, monkeypatch):
     """heads.json names its weights file (by content): the new weights file is written first, heads.json
     replaced second, so a kill in between leaves the old heads.json naming the old (still present) weights."""
-    import specdec.drafters.heads as heads
+    from specdec.checkpoints import pairs
 
     folder = make_heads(tmp_path / "m", "medusa")
     old = load("medusa", folder).params["w"].copy()
-    real_replace = heads.os.replace
+    real_replace = pairs.os.replace
 
     def killed_before_the_json(src, dst):
         if str(dst).endswith("heads.json"):
             raise KeyboardInterrupt
         return real_replace(src, dst)
 
-    monkeypatch.setattr(heads.os, "replace", killed_before_the_json)
+    monkeypatch.setattr(pairs.os, "replace", killed_before_the_json)
     params = {"w": np.ones((2, 32, 32), np.float32), "b": np.zeros((2, 32), np.float32)}
     with pytest.raises(KeyboardInterrupt):
         save_heads(folder, "medusa", TARGET, params, {"n_heads": 2}, DraftVocab.of(TARGET, IDS))

@@ -22,16 +22,13 @@ n_vocab the full vocabulary, N the draft vocabulary (N = n_vocab unrestricted).
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..checkpoints.safetensors import CheckpointError, read_safetensors, write_safetensors
+from ..checkpoints.pairs import read_json, show, weights_named, write_pair
+from ..checkpoints.safetensors import CheckpointError, read_safetensors
 from ..model.gpt2 import GPT2, softmax
 from ..model.kernels import MAX_CHUNKED_ROWS, Linear, linear
 from ..sampling import SamplingParams, greedy, probabilities
@@ -176,10 +173,9 @@ def smooth_l1(pred: np.ndarray, target: np.ndarray, beta: float = 1.0) -> tuple[
 # ---------------------------------------------------------------------------
 
 CONFIG_FILE = "heads.json"
-WEIGHTS_FILE = re.compile(r"heads-[0-9a-f]{16}\.safetensors")  # named by its sha256: see save_heads
+WEIGHTS_STEM = "heads"  # heads.json names heads-<sha256 prefix>.safetensors (checkpoints/pairs.py)
 FINGERPRINT = "v2"  # what model_fingerprint hashes; bump when that changes
 FINGERPRINT_SAMPLES = 4096  # values read from each tensor
-MAX_CONFIG_BYTES = 1 << 20  # a heads.json is about 2 kB
 MAX_HEADS = 64
 
 
@@ -220,15 +216,11 @@ def model_fingerprint(target: GPT2) -> str:
 
 
 def save_heads(folder, kind: str, target: GPT2, params: dict[str, np.ndarray], config: dict, vocab: DraftVocab) -> Path:
-    """Write trained heads: the tensors as safetensors, and heads.json naming them and the model they
-    belong to. Returns the weights file's path. Refuses (ValueError) heads holding NaN or inf.
-
-    NOTE: the pair is swapped atomically. The weights file is named by its own sha256
-    (heads-<16 hex>.safetensors) and written first, under a temporary name, then renamed;
-    heads.json, which names it, is replaced second. A process killed at any moment
-    leaves either the old heads.json with the old weights file (still there) or the new
-    pair; weights files no heads.json names are removed after the switch. One writer
-    per folder (python -m specdec.train holds a lock on its --out).
+    """Write trained heads: heads.json, naming the model they belong to, and the tensors it names,
+    heads-<sha256 prefix>.safetensors. Returns the tensors' path. Refuses (ValueError) heads holding
+    NaN or inf. The two files are replaced as one (checkpoints/pairs.py): a process killed while
+    saving leaves the old pair or the new, never a mix. One writer per folder (python -m
+    specdec.train holds a lock on its --out).
     """
     folder = Path(folder).expanduser()
     bad = [name for name, a in params.items() if not np.isfinite(a).all()]
@@ -238,59 +230,18 @@ def save_heads(folder, kind: str, target: GPT2, params: dict[str, np.ndarray], c
     tensors = dict(params)
     if vocab.restricted:  # token ids < 2^24 are exact in float32
         tensors["vocab_ids"] = vocab.ids.astype(F32)
-    tmp = _temporary(folder, "heads")
-    try:
-        write_safetensors(tmp, tensors)
-        _fsync(tmp)
-        sha256 = _sha256(tmp)
-        weights = folder / f"heads-{sha256[:16]}.safetensors"
-        os.replace(tmp, weights)
-        meta = {
-            "kind": kind,
-            "model": target.name,
-            "model_fingerprint": model_fingerprint(target),
-            "n_embd": target.n_embd,
-            "n_vocab": target.n_vocab,
-            "n_head": target.n_head,  # what training used (EAGLE's block splits attention by it)
-            "layer_norm_epsilon": target.hparams.layer_norm_epsilon,
-            "draft_vocab": len(vocab.ids),
-            **config,
-            "weights_file": weights.name,
-            "weights_sha256": sha256,
-        }
-        tmp = _temporary(folder, "heads.json")
-        tmp.write_text(json.dumps(meta, indent=1))
-        _fsync(tmp)
-        os.replace(tmp, folder / CONFIG_FILE)  # the switch
-        tmp = None
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-    for old in [*folder.glob("heads-*.safetensors"), folder / "heads.safetensors"]:  # (the name before v2)
-        if old != weights and old.is_file():
-            old.unlink()
-    return weights
-
-
-def _temporary(folder: Path, what: str) -> Path:
-    """A new, unique, empty file in folder for writing `what` (a fixed name would be shared by two writers)."""
-    fd, name = tempfile.mkstemp(prefix=f".{what}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    return Path(name)
-
-
-def _fsync(path: Path) -> None:
-    """On disk before it is renamed: a power cut then leaves the old file, not zeros."""
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    meta = {
+        "kind": kind,
+        "model": target.name,
+        "model_fingerprint": model_fingerprint(target),
+        "n_embd": target.n_embd,
+        "n_vocab": target.n_vocab,
+        "n_head": target.n_head,  # what training used (EAGLE's block splits attention by it)
+        "layer_norm_epsilon": target.hparams.layer_norm_epsilon,
+        "draft_vocab": len(vocab.ids),
+        **config,
+    }
+    return write_pair(folder, CONFIG_FILE, WEIGHTS_STEM, tensors, meta)
 
 
 def load_heads(folder, kind: str, target: GPT2) -> tuple[dict, dict[str, np.ndarray], DraftVocab]:
@@ -312,7 +263,10 @@ def load_heads(folder, kind: str, target: GPT2) -> tuple[dict, dict[str, np.ndar
     retrain = f"train heads with: python -m specdec.train {kind} --model MODEL --tokens N --out {folder}"
     if not config_path.is_file():
         raise HeadFileError(f"{folder}: no trained heads here (no {CONFIG_FILE}); {retrain}")
-    config = _read_config(config_path)
+    try:
+        config = read_json(config_path)
+    except ValueError as e:
+        raise HeadFileError(f"{config_path}: {e}") from e
 
     def bad(what: str):
         return HeadFileError(f"{config_path}: {what}; {retrain}")
@@ -323,22 +277,22 @@ def load_heads(folder, kind: str, target: GPT2) -> tuple[dict, dict[str, np.ndar
     if have != kind:
         if isinstance(have, str) and have in HEADS:
             raise HeadFileError(f"{folder} holds {have} heads, not {kind!r}: use '{have}:{folder}'")
-        raise bad(f"'kind' is {_show(have)}, expected one of {', '.join(map(repr, HEADS))}")
-    model = _show(config.get("model"))
+        raise bad(f"'kind' is {show(have)}, expected one of {', '.join(map(repr, HEADS))}")
+    model = show(config.get("model"))
     for field, want in (("n_embd", target.n_embd), ("n_vocab", target.n_vocab), ("n_head", target.n_head),
                         ("layer_norm_epsilon", target.hparams.layer_norm_epsilon)):  # fmt: skip
         if field not in config:
             raise bad(f"{field!r} is missing")
         if type(config[field]) is not type(want) or config[field] != want:  # (NOTE: JSON's true is no int here)
             raise HeadFileError(
-                f"{config_path}: these heads were trained for {model} with {field}={_show(config[field])}, but the "
+                f"{config_path}: these heads were trained for {model} with {field}={show(config[field])}, but the "
                 f"target {target.name!r} has {field}={want}; train heads for this model"
             )
     n_heads = _whole(config, "n_heads", 1, MAX_HEADS, bad)
     draft_vocab = _whole(config, "draft_vocab", 1, target.n_vocab, bad)
     fingerprint = config.get("model_fingerprint")
     if not isinstance(fingerprint, str):
-        raise bad(f"'model_fingerprint' is {_show(fingerprint)}, not a string")
+        raise bad(f"'model_fingerprint' is {show(fingerprint)}, not a string")
     if not fingerprint.startswith(f"{FINGERPRINT}-"):
         raise bad("its model fingerprint is of an older kind (these heads were saved by an older specdec)")
     if fingerprint != model_fingerprint(target):
@@ -346,14 +300,10 @@ def load_heads(folder, kind: str, target: GPT2) -> tuple[dict, dict[str, np.ndar
             f"{config_path}: these heads were trained for {model}, whose weights differ from the target "
             f"{target.name!r} (same shape, other weights); train heads for this model"
         )
-    name, sha256 = config.get("weights_file"), config.get("weights_sha256")
-    if not isinstance(name, str) or not WEIGHTS_FILE.fullmatch(name) or not isinstance(sha256, str):
-        raise bad(f"'weights_file' is {_show(name)} (with 'weights_sha256' {_show(sha256)}), not a file it wrote")
-    weights_path = folder / name
-    if not weights_path.is_file():
-        raise bad(f"it names {name}, which is missing (an interrupted copy or save?)")
-    if _sha256(weights_path) != sha256:
-        raise bad(f"{name} is not the file it names (its sha256 differs: damaged or replaced)")
+    try:
+        weights_path = weights_named(folder, config, WEIGHTS_STEM)
+    except ValueError as e:
+        raise bad(str(e)) from e
     try:
         tensors = {k: np.array(v) for k, v in read_safetensors(weights_path).items()}  # writable copies
     except CheckpointError as e:  # (its message advises a download: not what heads need)
@@ -366,7 +316,7 @@ def load_heads(folder, kind: str, target: GPT2) -> tuple[dict, dict[str, np.ndar
     if missing:
         raise HeadFileError(f"{weights_path}: tensor {missing[0]!r} is missing; {retrain}")
     if unexpected:
-        raise HeadFileError(f"{weights_path}: unexpected tensor {_show(unexpected[0])}; {retrain}")
+        raise HeadFileError(f"{weights_path}: unexpected tensor {show(unexpected[0])}; {retrain}")
     for tensor, shape in shapes.items():
         if tensors[tensor].shape != shape:
             raise HeadFileError(f"{weights_path}: tensor {tensor!r} has shape {tensors[tensor].shape}, "
@@ -383,32 +333,11 @@ def load_heads(folder, kind: str, target: GPT2) -> tuple[dict, dict[str, np.ndar
     return config, tensors, DraftVocab.of(target, ids)
 
 
-def _read_config(path: Path) -> dict:
-    """heads.json as a dict: at most MAX_CONFIG_BYTES, UTF-8, JSON, an object."""
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise HeadFileError(f"{path}: {path.stat().st_size} bytes is too large for a heads.json (about 2 kB)")
-    try:
-        config = json.loads(path.read_bytes().decode("utf-8"))
-    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
-        reason = "nested too deep" if isinstance(e, RecursionError) else _show(str(e), 120)
-        raise HeadFileError(f"{path}: not valid JSON ({reason})") from e
-    if not isinstance(config, dict):
-        raise HeadFileError(f"{path}: expected a JSON object, got a JSON {type(config).__name__}")
-    return config
-
-
 def _whole(config: dict, field: str, low: int, high: int, bad) -> int:
     value = config.get(field)
     if type(value) is not int or not low <= value <= high:
-        raise bad(f"{field!r} must be a whole number in {low}..{high}, got {_show(value)}")
+        raise bad(f"{field!r} must be a whole number in {low}..{high}, got {show(value)}")
     return value
-
-
-def _show(value, limit: int = 60) -> str:
-    """A value from a file, for a message: repr() escapes control characters (no raw escape sequences
-    reach the terminal) and the length is capped."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ---------------------------------------------------------------------------
