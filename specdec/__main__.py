@@ -25,6 +25,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     import numpy as np
 
     from specdec import CheckpointError, DownloadError, SamplingParams, load_folder, race
+    from specdec.autoregressive import check_seed, whole_number
     from specdec.checkpoints.family import NAMES as FAMILY
     from specdec.checkpoints.hub import (
         CHECKPOINT_FILES,
@@ -92,17 +93,12 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     add("--json", action="store_true", help="print the measurements as one JSON object instead of text")  # fmt: skip
     args = p.parse_args(argv)
 
-    checks = [
-        (args.n_tokens_to_generate >= 1, "--n_tokens_to_generate must be >= 1"),
-        (args.repeats >= 1, "--repeats must be >= 1"),
-        (1 <= args.k_max <= K_LIMIT, f"--k_max must be in 1..{K_LIMIT}"),
-        (args.ngram_max >= 1, "--ngram_max must be >= 1"),
-        (args.seed >= 0, "--seed must be >= 0"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            p.error(message)
-    try:
+    try:  # the API's own checks (autoregressive.py, sampling.py, ...), so both refuse alike
+        whole_number(args.n_tokens_to_generate, "--n_tokens_to_generate", 1)
+        whole_number(args.repeats, "--repeats", 1)
+        whole_number(args.k_max, "--k_max", 1, K_LIMIT)
+        whole_number(args.ngram_max, "--ngram_max", 1)
+        check_seed(args.seed, "--seed")
         args.K = parse_k(args.K)
         args.tree = parse_tree(args.tree)
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)

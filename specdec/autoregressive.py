@@ -7,6 +7,8 @@ both samplers share.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from .model.gpt2 import GPT2
@@ -24,16 +26,13 @@ def check_request(model: GPT2, prompt, n_tokens: int) -> list[int]:
                 "the tokenizer the model was trained with)"
             )
         prompt = model.tokenizer.encode(prompt, allowed_special="all")
-    prompt = [int(t) for t in np.asarray(prompt, dtype=np.int64).reshape(-1)]
+    prompt = check_token_ids(prompt, model.n_vocab)
     if not prompt:
         raise ValueError(
             "the prompt is empty: GPT-2 needs at least one token to condition on; to start "
             "from nothing pass [tokenizer.eot_token] (<|endoftext|>, id 50256), as GPT-2 was trained"
         )
-    if min(prompt) < 0 or max(prompt) >= model.n_vocab:
-        raise ValueError(f"prompt token ids must lie in 0..{model.n_vocab - 1}")
-    if not isinstance(n_tokens, (int, np.integer)) or n_tokens < 0:
-        raise ValueError(f"n_tokens must be a non-negative integer, got {n_tokens!r}")
+    n_tokens = whole_number(n_tokens, "n_tokens")
     if len(prompt) + n_tokens > model.n_ctx:
         raise ValueError(
             f"prompt ({len(prompt)} tokens) + n_tokens ({n_tokens}) exceeds the context window "
@@ -42,10 +41,47 @@ def check_request(model: GPT2, prompt, n_tokens: int) -> list[int]:
     return prompt
 
 
+def check_token_ids(ids, n_vocab: int) -> list[int]:
+    """A flat list, tuple or 1-D integer array of token ids in 0..n_vocab-1, as a list of ints.
+
+    NOTE: checked one by one as Python values, before any conversion: np.asarray would
+    raise OverflowError on 2**70, truncate 2.7 to 2, flatten [[1, 2], [3]] and take True as 1.
+    """
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1:
+            raise ValueError(f"the prompt must be text or a flat list of token ids, got a {ids.ndim}-D array")
+        if ids.size and ids.dtype.kind not in "iu":
+            raise ValueError(f"the prompt must be text or a flat list of token ids, got an array of {ids.dtype}")
+        ids = ids.tolist()
+    elif not isinstance(ids, (list, tuple, range)):
+        raise ValueError(f"the prompt must be text or a flat list of token ids, got {type(ids).__name__}")
+    for i, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < n_vocab:
+            raise ValueError(f"prompt token ids must be whole numbers in 0..{n_vocab - 1}; got {t!r:.40} at position {i}")
+    return [int(t) for t in ids]
+
+
+def whole_number(value, name: str, low: int = 0, high: int | None = None) -> int:
+    """value as an int if it is a whole number in low..high (an int or NumPy integer, never a bool), else a
+    ValueError naming it. The CLI checks its flags with this too (name "--seed"), so both say the same."""
+    ok = not isinstance(value, bool) and isinstance(value, numbers.Integral)
+    if ok and value >= low and (high is None or value <= high):
+        return int(value)
+    limits = f">= {low}" if high is None else f"in {low}..{high}"
+    raise ValueError(f"{name} must be {limits} (a whole number), got {value!r:.80}")
+
+
+def check_seed(seed, name: str = "seed") -> int | None:
+    """None (fresh randomness) or a whole number >= 0."""
+    return None if seed is None else whole_number(seed, name)
+
+
 def make_rng(seed: int | None, rng: np.random.Generator | None) -> np.random.Generator:
     if seed is not None and rng is not None:
         raise ValueError("pass either seed or rng, not both")
-    return rng if rng is not None else np.random.default_rng(seed)
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)), got {rng!r:.80}")
+    return rng if rng is not None else np.random.default_rng(check_seed(seed))
 
 
 def autoregressive_sample(

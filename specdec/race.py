@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from . import display
-from .autoregressive import autoregressive_sample, check_request
+from .autoregressive import autoregressive_sample, check_request, check_seed, whole_number
 from .costmodel import (
     K_LIMIT,
     TreePolicy,
@@ -336,6 +336,7 @@ def race(
     # Check the whole request before spending time on measurements.
     SamplingParams(temperature, top_k, top_p)
     prompt = check_request(target, prompt, n_tokens)
+    check_seed(seed)
     unknown = set(decoders) - set(DECODERS)
     if unknown or not decoders:
         raise ValueError(f"decoders must be some of {DECODERS}, got {tuple(decoders)}")
@@ -344,10 +345,8 @@ def race(
     if run_speculative:
         K = parse_k(K)  # a word or an int: each run gets a fresh policy
         make_tree_policy(tree, None, target)  # checks `tree`
-    if not 1 <= k_max <= K_LIMIT:
-        raise ValueError(f"k_max must be in 1..{K_LIMIT}, got {k_max}")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    whole_number(k_max, "k_max", 1, K_LIMIT)
+    whole_number(repeats, "repeats", 1)
     m_max = max(k_max, K if isinstance(K, int) else 0) + 1  # up to the widest verification pass
     if tree is not None:
         m_max = max(m_max, (tree if isinstance(tree, int) else TreePolicy(0.0).n_max) + 1)

@@ -59,12 +59,12 @@ def speculative_sample(
     """
     params = SamplingParams(temperature, top_k, top_p)
     prompt = check_request(target, prompt_ids, n_tokens)
+    rng = make_rng(seed, rng)
     drafter = make_drafter(draft, target)
     k_policy = make_k_policy(K, costs=lambda: measure_costs(target, drafter, prompt))  # "auto" times passes first
     tree_policy = make_tree_policy(tree, drafter, target)
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
-    rng = make_rng(seed, rng)
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
     result = DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer)
     draft_calls_before = drafter.calls  # a drafter object may be reused across runs

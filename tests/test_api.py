@@ -47,6 +47,63 @@ def test_bad_requests_are_clear_errors(target, kwargs, message):
         speculative_sample(**args)
 
 
+BAD_PROMPTS = [
+    ([2**70], "whole numbers in 0..261; got 1180591620717411303424 at position 0"),
+    ([1, 2.0], "got 2.0 at position 1"),
+    ([1, 2.7], "got 2.7 at position 1"),
+    ([[1, 2], [3]], "got [1, 2] at position 0"),
+    ([1, True], "got True at position 1"),
+    ([1, -1], "got -1 at position 1"),
+    (None, "text or a flat list of token ids, got NoneType"),
+    (5, "text or a flat list of token ids, got int"),
+    (np.array([1.5, 2.0]), "text or a flat list of token ids, got an array of float64"),
+    (np.array([[1, 2]]), "text or a flat list of token ids, got a 2-D array"),
+]
+BAD_SETTINGS = [
+    (dict(seed="x"), "seed must be >= 0 (a whole number), got 'x'"),
+    (dict(seed=1.5), "seed must be >= 0 (a whole number), got 1.5"),
+    (dict(seed=True), "seed must be >= 0 (a whole number), got True"),
+    (dict(seed=-1), "seed must be >= 0 (a whole number), got -1"),
+    (dict(n_tokens=True), "n_tokens must be >= 0 (a whole number), got True"),
+    (dict(n_tokens=2.0), "n_tokens must be >= 0 (a whole number), got 2.0"),
+    (dict(rng=np.random.default_rng), "rng must be a numpy.random.Generator"),
+]
+
+
+@pytest.mark.parametrize("entry", ["autoregressive_sample", "speculative_sample", "race"])
+@pytest.mark.parametrize("kwargs,message", [(dict(prompt=p), m) for p, m in BAD_PROMPTS] + BAD_SETTINGS)
+def test_every_entry_point_refuses_bad_requests_with_one_message(target, entry, kwargs, message):
+    """What the API takes is checked in one place (autoregressive.py) for every entry point: no
+    OverflowError, TypeError or silent truncation, flattening or True-as-1."""
+    if entry == "race" and "rng" in kwargs:
+        return  # race takes a seed only
+    kwargs = dict(kwargs)  # (shared by the parametrized cases)
+    prompt = kwargs.pop("prompt", [1, 2])
+    args = {"n_tokens": 3, **kwargs}
+    call = {"autoregressive_sample": lambda: autoregressive_sample(target, prompt, **args),
+            "speculative_sample": lambda: speculative_sample(target, "ngram", prompt, **args),
+            "race": lambda: specdec.race(target, "ngram", prompt, warmup=False, **args)}[entry]  # fmt: skip
+    with pytest.raises(ValueError) as e:
+        call()
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("models_dir", [5, 2.5, b"models", ["models"]])
+def test_models_dir_must_be_a_path(models_dir):
+    with pytest.raises(ValueError, match="models_dir must be a folder path"):
+        specdec.load_model("124M", models_dir=models_dir, progress=False)
+
+
+def test_the_cli_and_the_api_refuse_a_seed_with_the_same_message(target, capsys):
+    from specdec.__main__ import main
+
+    with pytest.raises(ValueError) as api:
+        autoregressive_sample(target, [1, 2], 3, seed=-1)
+    with pytest.raises(SystemExit):
+        main(["--seed", "-1", "--draft", "ngram", "--target_model_size", "stdlib-2L"])
+    assert f"--{api.value}" in capsys.readouterr().err
+
+
 def test_spec_parsers():
     assert parse_draft("ngram") == DraftSpec("ngram", 3) and str(parse_draft("ngram:4")) == "ngram:4"
     assert parse_draft("early_exit:6") == DraftSpec("early_exit", 6)

@@ -37,7 +37,6 @@ import re
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
@@ -45,6 +44,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from . import family
+from .locks import exclusive
 from .safetensors import CheckpointError, index_safetensors
 
 log = logging.getLogger(__name__)  # retries are reported as warnings (stderr unless configured)
@@ -129,6 +129,8 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike | None = None
     models_dir None: default_models_dir().
     """
     name = str(name_or_path)
+    if models_dir is not None and not isinstance(models_dir, (str, os.PathLike)):
+        raise ValueError(f"models_dir must be a folder path (a str or os.PathLike) or None, got {models_dir!r:.80}")
     if models_dir is not None and not str(models_dir):
         raise ValueError("models_dir is empty: give a folder, or leave it out for the default " + _default_dir_text())
     models_dir = default_models_dir() if models_dir is None else Path(models_dir)
@@ -269,57 +271,6 @@ def _digest_of(path: Path, digest, prefix: bytes = b"") -> str:
     return digest.hexdigest()
 
 
-@contextmanager
-def _file_lock(path: Path, what: str):
-    """Hold an exclusive lock on `path` (created if needed) for the with-block.
-
-    fcntl.flock on POSIX, msvcrt.locking on Windows: both are released by the
-    operating system if the process dies, so a crash never leaves a stale lock.
-    The lock file stays (deleting it would let two processes lock two files).
-    """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    try:
-        if not _try_lock(fd):
-            log.warning("waiting for another process that is downloading %s", what)
-            while not _try_lock(fd, block=True):
-                time.sleep(0.1)
-        yield
-    finally:
-        _unlock(fd)
-        os.close(fd)
-
-
-if sys.platform == "win32":
-    import msvcrt
-
-    def _try_lock(fd: int, block: bool = False) -> bool:
-        os.lseek(fd, 0, os.SEEK_SET)
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # LK_LOCK gives up after 10 s: poll instead
-            return True
-        except OSError:
-            return False
-
-    def _unlock(fd: int) -> None:
-        os.lseek(fd, 0, os.SEEK_SET)
-        try:
-            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
-        except OSError:
-            pass
-else:
-    import fcntl
-
-    def _try_lock(fd: int, block: bool = False) -> bool:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            return False
-
-    def _unlock(fd: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-
-
 def _open_partial(partial: Path, append: bool):
     """The partial file for writing, never through a symbolic link planted under its name."""
     if partial.is_symlink():
@@ -357,7 +308,11 @@ def download_file(
     dest = Path(dest)
     lock_dir = dest.parent / ".locks" if lock_dir is None else Path(lock_dir)
     lock_dir.mkdir(parents=True, exist_ok=True)
-    with _file_lock(lock_dir / f"{dest.name}.lock", str(dest)):
+
+    def waiting():
+        log.warning("waiting for another process that is downloading %s", dest)
+
+    with exclusive(lock_dir / f"{dest.name}.lock", on_wait=waiting):
         if dest.is_file():
             return dest  # another process finished it while we waited
         dest.parent.mkdir(parents=True, exist_ok=True)  # (again: a failed process removes an empty folder)
@@ -414,7 +369,9 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
             # Transient: retry, resuming from what arrived; but without DNS, retrying will not help.
             error = e
             if attempt == retries or _is_name_resolution_error(e):
-                keep = partial.is_file() and _resumable(remote)
+                # NOTE: remote is None when no answer came in this run (refused, no DNS, 5xx/429 on every
+                # try): the server has said nothing against the partial an earlier run left, so it stays.
+                keep = partial.is_file() and (remote is None or _resumable(remote))
                 if not keep:
                     partial.unlink(missing_ok=True)
                 raise DownloadError(
@@ -432,9 +389,9 @@ def _redirect_loop(url: str) -> str:
     return f"{url}: the server keeps redirecting (a loop); check HF_ENDPOINT or try again later"
 
 
-def _resumable(remote: _Remote | None) -> bool:
-    """Only a partial whose whole will be checked by a sha256 is worth keeping."""
-    return remote is not None and remote.sha256 is not None
+def _resumable(remote: _Remote) -> bool:
+    """Only a partial whose whole will be checked by a sha256 is worth resuming."""
+    return remote.sha256 is not None
 
 
 def _problem(partial: Path, remote: _Remote, validate) -> str | None:

@@ -120,7 +120,7 @@ def weights_from_tensors(
     Accepts keys with or without the "transformer." prefix (distilgpt2 and
     files saved from GPT2LMHeadModel have it; openai-community/gpt2 does not).
     transposed: {"h.N.<linear>.weight": W.T} from layout.read, used instead of
-    copying (those weights were checked for NaN when the copies were made).
+    copying (layout.read checked them against their checksums and for NaN).
     """
     named = {}
     for key, array in tensors.items():
@@ -261,7 +261,7 @@ def load_folder(
     # The transposed copies of an earlier load, if any, still matching this checkpoint (layout.py).
     stamp = layout.stamp(weights_path) if layout.enabled(weights_path, keep_layout) else None
     shapes = {key: shape for key, shape in expected_shapes(hparams).items() if key.endswith(_LINEAR_WEIGHTS)}
-    transposed = layout.read(weights_path, stamp, shapes) if stamp else None
+    transposed, problem = layout.read(weights_path, stamp, shapes) if stamp else (None, None)
     tensors = read_safetensors(weights_path)
     if stamp and layout.stamp(weights_path) != stamp:  # replaced while we read: trust neither, copy
         stamp = transposed = None
@@ -269,7 +269,7 @@ def load_folder(
     if stamp and transposed is None:
         blocks = enumerate(weights.blocks)
         kept = {f"h.{i}.{name}.weight": block_linear(b, name).w_t for i, b in blocks for name in LINEARS}
-        layout.write(weights_path, stamp, kept)
+        layout.write(weights_path, stamp, kept, problem)
     tokenizer = None
     if with_tokenizer:
         try:

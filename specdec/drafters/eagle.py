@@ -58,15 +58,28 @@ LINEARS = {  # name: (n_in, n_out) in units of n_embd
 }
 
 
+def param_shapes(n_heads: int, n_embd: int) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape (also what a head file must hold: heads.load_heads).
+    n_heads: 1, EAGLE's one draft model (the argument is there to match medusa.param_shapes)."""
+    shapes = {}
+    for name, (a, b) in LINEARS.items():
+        shapes[name + ".weight"] = (a * n_embd, b * n_embd)  # [n_in, n_out]
+        shapes[name + ".bias"] = (b * n_embd,)
+    for ln in ("ln_1", "ln_2"):
+        shapes[ln + ".weight"] = shapes[ln + ".bias"] = (n_embd,)
+    return shapes
+
+
 def init_params(n_embd: int, rng: np.random.Generator, std: float = 0.02) -> dict[str, np.ndarray]:
     """GPT-2's initialisation: weights ~ N(0, 0.02^2), biases 0, LayerNorm gains 1."""
     p = {}
-    for name, (a, b) in LINEARS.items():
-        p[name + ".weight"] = (rng.standard_normal((a * n_embd, b * n_embd)) * std).astype(F32)  # [n_in, n_out]
-        p[name + ".bias"] = np.zeros(b * n_embd, F32)
-    for ln in ("ln_1", "ln_2"):
-        p[ln + ".weight"] = np.ones(n_embd, F32)
-        p[ln + ".bias"] = np.zeros(n_embd, F32)
+    for name, shape in param_shapes(1, n_embd).items():
+        if name.endswith(".bias"):
+            p[name] = np.zeros(shape, F32)
+        elif name.startswith("ln_"):
+            p[name] = np.ones(shape, F32)
+        else:
+            p[name] = (rng.standard_normal(shape) * std).astype(F32)
     return p
 
 

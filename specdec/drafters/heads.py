@@ -22,16 +22,17 @@ n_vocab the full vocabulary, N the draft vocabulary (N = n_vocab unrestricted).
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..checkpoints.safetensors import read_safetensors, write_safetensors
+from ..checkpoints.pairs import read_json, show, weights_named, write_pair
+from ..checkpoints.safetensors import CheckpointError, read_safetensors
 from ..model.gpt2 import GPT2, softmax
 from ..model.kernels import MAX_CHUNKED_ROWS, Linear, linear
 from ..sampling import SamplingParams, greedy, probabilities
+from .specs import HEADS
 
 F32 = np.float32
 
@@ -168,11 +169,14 @@ def smooth_l1(pred: np.ndarray, target: np.ndarray, beta: float = 1.0) -> tuple[
 
 
 # ---------------------------------------------------------------------------
-# ---------------------------------------------------------------------------
-# Head files: DIR/heads.safetensors + DIR/heads.json.
+# Head files: DIR/heads.json, naming DIR/heads-<sha256 prefix>.safetensors.
 # ---------------------------------------------------------------------------
 
-WEIGHTS_FILE, CONFIG_FILE = "heads.safetensors", "heads.json"
+CONFIG_FILE = "heads.json"
+WEIGHTS_STEM = "heads"  # heads.json names heads-<sha256 prefix>.safetensors (checkpoints/pairs.py)
+FINGERPRINT = "v2"  # what model_fingerprint hashes; bump when that changes
+FINGERPRINT_SAMPLES = 4096  # values read from each tensor
+MAX_HEADS = 64
 
 
 class HeadFileError(ValueError):
@@ -180,17 +184,48 @@ class HeadFileError(ValueError):
 
 
 def model_fingerprint(target: GPT2) -> str:
-    """A short hash of the target's embedding and final LayerNorm: tells apart two models of one shape."""
+    """A short hash that tells models apart: "v2-" + 16 hex digits.
+
+    Every tensor of the model goes in, by name and shape, with FINGERPRINT_SAMPLES
+    of its values, evenly spaced from its first to its last, as float32 (a float64
+    copy of a model has the same fingerprint, and so has a load through the kept
+    layout). Two checkpoints that differ anywhere but in a few unsampled values
+    therefore differ here: another model, a fine-tune, every block changed.
+    Measured (docs/checkpoints.md): 18 ms for GPT-2 124M, 28 ms for 355M, where
+    sha256 over every byte takes 0.44 s and 1.2 s.
+    NOTE: a fingerprint, not a signature: heads for the wrong model could only
+    draft badly, never change the output (the target verifies every token).
+    """
     w = target.weights
-    digest = hashlib.sha256()
-    for a in (w.wte[:64], w.wte[-64:], w.ln_f_weight, w.ln_f_bias):
-        digest.update(np.ascontiguousarray(a, dtype=F32).tobytes())
-    return digest.hexdigest()[:16]
+    named = [("wte", w.wte), ("wpe", w.wpe), ("ln_f.weight", w.ln_f_weight), ("ln_f.bias", w.ln_f_bias)]
+    for i, block in enumerate(w.blocks):
+        for field, value in vars(block).items():
+            if isinstance(value, Linear):  # w_t: [n_out, n_in], however it was loaded
+                named += [(f"h.{i}.{field}.w_t", value.w_t), (f"h.{i}.{field}.b", value.b)]
+            else:
+                named.append((f"h.{i}.{field}", value))
+    digest = hashlib.sha256(FINGERPRINT.encode())
+    for name, array in named:
+        if array is None:  # a Linear without bias
+            continue
+        flat = np.asarray(array).reshape(-1)
+        at = np.linspace(0, flat.size - 1, min(flat.size, FINGERPRINT_SAMPLES)).astype(np.int64)
+        digest.update(f"{name}{array.shape}".encode())
+        digest.update(np.ascontiguousarray(flat[at], dtype=F32).tobytes())
+    return f"{FINGERPRINT}-{digest.hexdigest()[:16]}"
 
 
-def save_heads(folder, kind: str, target: GPT2, params: dict[str, np.ndarray], config: dict, vocab: DraftVocab):
-    """Write trained heads: tensors as safetensors, and a JSON config naming the model they belong to."""
-    folder = Path(folder)
+def save_heads(folder, kind: str, target: GPT2, params: dict[str, np.ndarray], config: dict, vocab: DraftVocab) -> Path:
+    """Write trained heads: heads.json, naming the model they belong to, and the tensors it names,
+    heads-<sha256 prefix>.safetensors. Returns the tensors' path. Refuses (ValueError) heads holding
+    NaN or inf. The two files are replaced as one (checkpoints/pairs.py): a process killed while
+    saving leaves the old pair or the new, never a mix. One writer per folder (python -m
+    specdec.train holds a lock on its --out).
+    """
+    folder = Path(folder).expanduser()
+    bad = [name for name, a in params.items() if not np.isfinite(a).all()]
+    if bad:
+        raise ValueError(f"the {kind} heads hold NaN or infinite values (tensor {bad[0]!r}); nothing was saved")
     folder.mkdir(parents=True, exist_ok=True)
     tensors = dict(params)
     if vocab.restricted:  # token ids < 2^24 are exact in float32
@@ -201,54 +236,108 @@ def save_heads(folder, kind: str, target: GPT2, params: dict[str, np.ndarray], c
         "model_fingerprint": model_fingerprint(target),
         "n_embd": target.n_embd,
         "n_vocab": target.n_vocab,
+        "n_head": target.n_head,  # what training used (EAGLE's block splits attention by it)
+        "layer_norm_epsilon": target.hparams.layer_norm_epsilon,
         "draft_vocab": len(vocab.ids),
         **config,
     }
-    # Write to temporary names, then rename: an interrupted save never leaves a half-written pair.
-    write_safetensors(folder / (WEIGHTS_FILE + ".tmp"), tensors)
-    (folder / (CONFIG_FILE + ".tmp")).write_text(json.dumps(meta, indent=1))
-    (folder / (WEIGHTS_FILE + ".tmp")).replace(folder / WEIGHTS_FILE)
-    (folder / (CONFIG_FILE + ".tmp")).replace(folder / CONFIG_FILE)
+    return write_pair(folder, CONFIG_FILE, WEIGHTS_STEM, tensors, meta)
 
 
 def load_heads(folder, kind: str, target: GPT2) -> tuple[dict, dict[str, np.ndarray], DraftVocab]:
-    """Read heads written by save_heads and check they were trained for this target.
+    """Read heads written by save_heads, check every part, and check they were trained for this target.
 
-    Returns (config, params, vocab). Refuses, with a message that says what to do,
-    a folder without heads, heads of another kind, and heads whose width,
-    vocabulary or model fingerprint differ from the target's.
+    Returns (config, params, vocab). Refuses with a HeadFileError of one line, naming
+    the file and saying what to do: a folder without heads; heads.json that is not a
+    JSON object of the expected fields (each of the right type, and those training
+    took from the target equal to the target's); a weights file that is missing, is
+    not the one heads.json names (sha256), or is not safetensors; a tensor missing,
+    extra, of the wrong shape or not finite; draft vocabulary ids that are not
+    distinct whole numbers in range; and heads made for another model.
+    NOTE: values from the file are shown with repr() (escaped), never raw.
     """
-    folder = Path(folder)
-    config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-    if not config_path.is_file() or not weights_path.is_file():
+    from . import eagle, medusa  # (here: they import this module)
+
+    folder = Path(folder).expanduser()
+    config_path = folder / CONFIG_FILE
+    retrain = f"train heads with: python -m specdec.train {kind} --model MODEL --tokens N --out {folder}"
+    if not config_path.is_file():
+        raise HeadFileError(f"{folder}: no trained heads here (no {CONFIG_FILE}); {retrain}")
+    try:
+        config = read_json(config_path)
+    except ValueError as e:
+        raise HeadFileError(f"{config_path}: {e}") from e
+
+    def bad(what: str):
+        return HeadFileError(f"{config_path}: {what}; {retrain}")
+
+    if "kind" not in config:
+        raise bad("no 'kind' field: not a heads.json written by python -m specdec.train")
+    have = config["kind"]
+    if have != kind:
+        if isinstance(have, str) and have in HEADS:
+            raise HeadFileError(f"{folder} holds {have} heads, not {kind!r}: use '{have}:{folder}'")
+        raise bad(f"'kind' is {show(have)}, expected one of {', '.join(map(repr, HEADS))}")
+    model = show(config.get("model"))
+    for field, want in (("n_embd", target.n_embd), ("n_vocab", target.n_vocab), ("n_head", target.n_head),
+                        ("layer_norm_epsilon", target.hparams.layer_norm_epsilon)):  # fmt: skip
+        if field not in config:
+            raise bad(f"{field!r} is missing")
+        if type(config[field]) is not type(want) or config[field] != want:  # (NOTE: JSON's true is no int here)
+            raise HeadFileError(
+                f"{config_path}: these heads were trained for {model} with {field}={show(config[field])}, but the "
+                f"target {target.name!r} has {field}={want}; train heads for this model"
+            )
+    n_heads = _whole(config, "n_heads", 1, MAX_HEADS, bad)
+    draft_vocab = _whole(config, "draft_vocab", 1, target.n_vocab, bad)
+    fingerprint = config.get("model_fingerprint")
+    if not isinstance(fingerprint, str):
+        raise bad(f"'model_fingerprint' is {show(fingerprint)}, not a string")
+    if not fingerprint.startswith(f"{FINGERPRINT}-"):
+        raise bad("its model fingerprint is of an older kind (these heads were saved by an older specdec)")
+    if fingerprint != model_fingerprint(target):
         raise HeadFileError(
-            f"{folder}: no trained heads here (need {CONFIG_FILE} and {WEIGHTS_FILE}); "
-            f"make them with: python -m specdec.train {kind} --model MODEL --tokens N --out {folder}"
+            f"{config_path}: these heads were trained for {model}, whose weights differ from the target "
+            f"{target.name!r} (same shape, other weights); train heads for this model"
         )
     try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as e:
-        raise HeadFileError(f"{config_path}: not valid JSON ({e})") from e
-    if config.get("kind") != kind:
-        have = config.get("kind")
-        raise HeadFileError(f"{folder} holds {have!r} heads, not {kind!r}: use '{have}:{folder}'")
-    for field, have in (("n_embd", target.n_embd), ("n_vocab", target.n_vocab)):
-        if config.get(field) != have:
-            raise HeadFileError(
-                f"{folder}: these heads were trained for {config.get('model')!r} with {field}={config.get(field)}, "
-                f"but the target {target.name!r} has {field}={have}; train heads for this model"
-            )
-    if config.get("model_fingerprint") != model_fingerprint(target):
-        raise HeadFileError(
-            f"{folder}: these heads were trained for {config.get('model')!r}, whose weights differ from the "
-            f"target {target.name!r} (same shape, other weights); train heads for this model"
-        )
-    tensors = {k: np.array(v) for k, v in read_safetensors(weights_path).items()}  # writable copies
+        weights_path = weights_named(folder, config, WEIGHTS_STEM)
+    except ValueError as e:
+        raise bad(str(e)) from e
+    try:
+        tensors = {k: np.array(v) for k, v in read_safetensors(weights_path).items()}  # writable copies
+    except CheckpointError as e:  # (its message advises a download: not what heads need)
+        raise HeadFileError(f"{weights_path}: not a readable safetensors file; {retrain}") from e
+
+    shapes = (medusa if kind == "medusa" else eagle).param_shapes(n_heads, target.n_embd)
+    if draft_vocab < target.n_vocab:
+        shapes["vocab_ids"] = (draft_vocab,)
+    missing, unexpected = sorted(shapes.keys() - tensors.keys()), sorted(tensors.keys() - shapes.keys())
+    if missing:
+        raise HeadFileError(f"{weights_path}: tensor {missing[0]!r} is missing; {retrain}")
+    if unexpected:
+        raise HeadFileError(f"{weights_path}: unexpected tensor {show(unexpected[0])}; {retrain}")
+    for tensor, shape in shapes.items():
+        if tensors[tensor].shape != shape:
+            raise HeadFileError(f"{weights_path}: tensor {tensor!r} has shape {tensors[tensor].shape}, "
+                                f"{CONFIG_FILE} and the target imply {shape}; {retrain}")  # fmt: skip
+        if not np.isfinite(tensors[tensor]).all():
+            raise HeadFileError(f"{weights_path}: tensor {tensor!r} holds NaN or infinite values; {retrain}")
     ids = tensors.pop("vocab_ids", None)
-    vocab = DraftVocab.of(target, None if ids is None else ids.astype(np.int64))
-    if len(vocab.ids) != config.get("draft_vocab"):
-        raise HeadFileError(f"{folder}: {len(vocab.ids)} draft vocabulary ids, config says {config.get('draft_vocab')}")
-    return config, tensors, vocab
+    if ids is not None:
+        whole = ids == np.round(ids)
+        if not (whole.all() and ids.min() >= 0 and ids.max() < target.n_vocab and len(np.unique(ids)) == len(ids)):
+            raise HeadFileError(f"{weights_path}: vocab_ids must be distinct whole numbers in 0..{target.n_vocab - 1}; "
+                                f"{retrain}")  # fmt: skip
+        ids = ids.astype(np.int64)
+    return config, tensors, DraftVocab.of(target, ids)
+
+
+def _whole(config: dict, field: str, low: int, high: int, bad) -> int:
+    value = config.get(field)
+    if type(value) is not int or not low <= value <= high:
+        raise bad(f"{field!r} must be a whole number in {low}..{high}, got {show(value)}")
+    return value
 
 
 # ---------------------------------------------------------------------------

@@ -39,12 +39,17 @@ F32 = np.float32
 DECAY = 0.8  # lambda_i = DECAY^(i+1), Medusa-1's per-head loss weight
 
 
+def param_shapes(n_heads: int, n_embd: int) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape (also what a head file must hold: heads.load_heads)."""
+    return {
+        "w": (n_heads, n_embd, n_embd),  # y = h @ w[i]
+        "b": (n_heads, n_embd),
+    }
+
+
 def init_params(n_heads: int, n_embd: int) -> dict[str, np.ndarray]:
     """Medusa's initialisation: W = 0 and b = 0, so every head starts as the LM head."""
-    return {
-        "w": np.zeros((n_heads, n_embd, n_embd), F32),  # [n_heads, n_embd, n_embd], y = h @ w[i]
-        "b": np.zeros((n_heads, n_embd), F32),  # [n_heads, n_embd]
-    }
+    return {name: np.zeros(shape, F32) for name, shape in param_shapes(n_heads, n_embd).items()}
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

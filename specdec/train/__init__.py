@@ -23,7 +23,8 @@ What it does, in order:
    `--save-every` steps, so `--resume` continues an interrupted run.
 4. Held-out evaluation: teacher-forced top-1 / top-5 accuracy per head on a
    separately generated set (another seed), before and after training.
-5. DIR/heads.safetensors + DIR/heads.json (naming the model they belong to).
+5. DIR/heads.json, naming the model the heads belong to and their weights file,
+   DIR/heads-<sha256 prefix>.safetensors (the pair is replaced atomically).
 """
 
 from .cli import main

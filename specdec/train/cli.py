@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .loop import train
+from .loop import check_settings, train
 
 
 def main(argv=None) -> int:
@@ -36,6 +36,9 @@ def main(argv=None) -> int:
     try:
         from ..checkpoints.load import load_model
 
+        check_settings(args.kind, args.tokens, args.heads, args.steps, args.batch, args.seq_len, args.lr,
+                       args.vocab_top, args.labels, args.greedy_frac, args.eval_tokens, args.save_every)  # fmt: skip
+
         target = load_model(args.model, progress=not args.quiet)
         eval_text = Path(args.eval_text).read_text(encoding="utf-8") if args.eval_text else None
         train(
@@ -46,6 +49,10 @@ def main(argv=None) -> int:
         )  # fmt: skip
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError:  # (the data's size is checked first: this is the rest of training)
+        print(f"error: out of memory training {args.kind} heads in {args.out}; use fewer --tokens or a smaller "
+              f"--batch", file=sys.stderr)  # fmt: skip
         return 2
     except KeyboardInterrupt:
         print(f"\ninterrupted; continue with --resume (checkpoint in {args.out})", file=sys.stderr)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from ..checkpoints.pairs import fsync, show, temporary
 from ..drafters.heads import model_fingerprint
 from ..model.gpt2 import GPT2
 from ..sampling import SamplingParams, draw, greedy, probabilities
@@ -72,8 +75,10 @@ def self_distill(
     return tokens, features
 
 
-def load_or_make_data(path: Path, target: GPT2, n_tokens: int, seq_len: int, seed: int, greedy_frac: float, progress):
-    """Self-distillation data, cached in `path` (reused when made for the same model and settings)."""
+def load_or_make_data(path: Path, target: GPT2, n_tokens: int, seq_len: int, seed: int, greedy_frac: float,
+                      progress: bool) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Self-distillation data, cached in `path`: reused when made for the same model and settings
+    (and checked: read_data), made afresh otherwise."""
     meta = {
         "model_fingerprint": model_fingerprint(target),
         "n_tokens": n_tokens,
@@ -81,15 +86,56 @@ def load_or_make_data(path: Path, target: GPT2, n_tokens: int, seq_len: int, see
         "seed": seed,
         "greedy_frac": greedy_frac,
     }
-    if path.is_file():
-        with np.load(path) as data:
-            if json.loads(str(data["meta"])) == meta:
-                return data["tokens"], data["features"]
+    if path.exists() or path.is_symlink():
+        cached = read_data(path, meta, target)
+        if cached is not None:
+            return cached
     rng = np.random.default_rng(seed)
     tokens, features = self_distill(target, n_tokens, seq_len, rng, greedy_frac, progress=progress)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, tokens=tokens, features=features, meta=json.dumps(meta))
-    tmp.replace(path)
+    tmp = temporary(path.parent, path.name)  # a unique name, renamed when whole
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, tokens=tokens, features=features, meta=json.dumps(meta))
+        fsync(tmp)
+        os.replace(tmp, path)
+        tmp = None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+    return tokens, features
+
+
+def read_data(path: Path, meta: dict, target: GPT2) -> tuple[np.ndarray, np.ndarray] | None:
+    """The data cached in `path` if its meta is `meta` (None when made with other settings: it is made
+    again), after checking it: ValueError naming the file if it is not readable, not shaped as the
+    settings say, has token ids outside the vocabulary or features that are not finite."""
+    fix = "delete it and run again (it is a cache: it is made afresh)"
+    try:
+        if path.is_file() and not zipfile.is_zipfile(path):  # (np.load would try it as a pickle)
+            raise ValueError("it is not an .npz file: truncated, or something else")
+        with np.load(path) as data:  # allow_pickle=False: a pickled object is refused, never run
+            if "meta" not in data.files:
+                raise ValueError("it has no 'meta' entry")
+            if json.loads(str(data["meta"])) != meta:
+                return None
+            missing = [key for key in ("tokens", "features") if key not in data.files]
+            if missing:
+                raise ValueError(f"it has no {missing[0]!r} entry")
+            tokens, features = data["tokens"], data["features"]
+    except (OSError, ValueError, EOFError, RecursionError, zipfile.BadZipFile) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else show(str(e), 120).strip("'\"")
+        raise ValueError(f"{path}: not readable training data ({reason}); {fix}") from e
+    n_seq = max(1, math.ceil(meta["n_tokens"] / meta["seq_len"]))
+    if tokens.shape != (n_seq, meta["seq_len"]) or tokens.dtype.kind not in "iu":
+        raise ValueError(f"{path}: tokens are {tokens.dtype} of shape {tokens.shape}, not whole numbers of shape "
+                         f"{(n_seq, meta['seq_len'])}; {fix}")  # fmt: skip
+    if features.shape != (n_seq, meta["seq_len"], target.n_embd) or features.dtype != F32:
+        raise ValueError(f"{path}: features are {features.dtype} of shape {features.shape}, not float32 of shape "
+                         f"{(n_seq, meta['seq_len'], target.n_embd)}; {fix}")  # fmt: skip
+    if tokens.min() < 0 or tokens.max() >= target.n_vocab:
+        raise ValueError(f"{path}: token ids outside 0..{target.n_vocab - 1}; {fix}")
+    if not np.isfinite(features).all():
+        raise ValueError(f"{path}: features hold NaN or infinite values; {fix}")
     return tokens, features
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import json
+import math
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from ..checkpoints.safetensors import read_safetensors, write_safetensors
+from ..autoregressive import whole_number
+from ..checkpoints import locks
+from ..checkpoints.pairs import read_json, show, weights_named, write_pair
+from ..checkpoints.safetensors import read_safetensors
 from ..drafters import eagle, medusa
 from ..drafters.heads import DraftVocab, model_fingerprint, one_hot, save_heads, target_distributions, top_tokens
 from ..model.gpt2 import GPT2
@@ -18,6 +22,7 @@ from .optim import AdamW, cosine_lr
 
 F32 = np.float32
 DEFAULT_LR = {"medusa": 1e-3, "eagle": 1e-3}
+LOCK_FILE = ".specdec-train.lock"  # held by the training writing into a folder
 
 
 # ---------------------------------------------------------------------------
@@ -108,6 +113,41 @@ def accuracy_table(before, after) -> str:
 # ---------------------------------------------------------------------------
 
 
+def check_settings(
+    kind: str, n_tokens: int, n_heads: int, steps: int | None, batch: int, seq_len: int, lr: float | None,
+    vocab_top: int | None, label_kind: str, greedy_frac: float, eval_tokens: int | None, save_every: int,
+) -> None:  # fmt: skip
+    """The settings that need no model, checked before anything is loaded, generated or allocated
+    (ValueError naming the flag). train() calls it; the CLI calls it before loading the model."""
+    if kind not in ("medusa", "eagle"):
+        raise ValueError(f"kind must be 'medusa' or 'eagle', got {kind!r}")
+    for value, flag in ((n_tokens, "--tokens"), (n_heads, "--heads"), (batch, "--batch"), (seq_len, "--seq-len"),
+                        (save_every, "--save-every")):  # fmt: skip
+        whole_number(value, flag, 1)
+    for value, flag in ((steps, "--steps"), (vocab_top, "--vocab-top"), (eval_tokens, "--eval-tokens")):
+        if value is not None:
+            whole_number(value, flag, 1)
+    if label_kind not in ("dist", "tokens"):
+        raise ValueError(f"--labels must be 'dist' or 'tokens', got {label_kind!r}")
+    if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"--lr must be a finite number > 0, got {lr!r}")
+    if not (isinstance(greedy_frac, (int, float)) and 0 <= greedy_frac <= 1):  # (NaN fails both)
+        raise ValueError(f"--greedy-frac must be a number from 0 to 1, got {greedy_frac!r}")
+
+
+def data_bytes(n_tokens: int, seq_len: int, n_embd: int) -> int:
+    """Memory for self-distilled data: every position's token (int64) and feature vector (float32)."""
+    return max(1, math.ceil(n_tokens / seq_len)) * seq_len * (8 + 4 * n_embd)
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory, where the system says (None elsewhere)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def train(
     kind: str,
     target: GPT2,
@@ -129,94 +169,125 @@ def train(
     eval_text: str | None = None,
     log=print,
 ) -> dict:
-    """Make data, train heads, evaluate them, save them in `out`; returns the saved config."""
-    if kind not in ("medusa", "eagle"):
-        raise ValueError(f"kind must be 'medusa' or 'eagle', got {kind!r}")
-    if n_tokens < 1 or batch < 1 or n_heads < 1 or save_every < 1:
-        raise ValueError("--tokens, --batch, --heads and --save-every must be positive")
-    if label_kind not in ("dist", "tokens"):
-        raise ValueError(f"--labels must be 'dist' or 'tokens', got {label_kind!r}")
+    """Make data, train heads, evaluate them, save them in `out`; returns the saved config.
+
+    Everything is checked before the work it guards: the settings, the memory the data
+    will take, a checkpoint to resume from, the data cached in `out`. One training at a
+    time writes into `out` (a lock file there; a second one refuses at once: waiting
+    would only let it overwrite the first one's heads). A NaN or infinite loss stops the
+    run with a message, and heads are saved only if every value is finite.
+    """
+    check_settings(kind, n_tokens, n_heads, steps, batch, seq_len, lr, vocab_top, label_kind, greedy_frac,
+                   eval_tokens, save_every)  # fmt: skip
     seq_len = min(seq_len, target.n_ctx)
     if seq_len < n_heads + 3:
         raise ValueError(f"--seq-len {seq_len} is too short for {n_heads} heads (need at least {n_heads + 3})")
     if vocab_top is not None and not 1 <= vocab_top <= target.n_vocab:
         raise ValueError(f"--vocab-top must be in 1..{target.n_vocab}, got {vocab_top}")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    lr = DEFAULT_LR[kind] if lr is None else lr
-
-    t0 = time.perf_counter()
-    tokens, features = load_or_make_data(out / "data.npz", target, n_tokens, seq_len, seed, greedy_frac, progress)
     eval_tokens = eval_tokens or max(4 * seq_len, n_tokens // 8)
-    ev_tokens, ev_features = load_or_make_data(
-        out / "eval.npz", target, eval_tokens, seq_len, seed + 1_000_003, greedy_frac, progress
-    )
-    if eval_text is not None:  # checked (and its features computed) before any training
-        tx_tokens, tx_features = text_data(target, eval_text, seq_len, max(eval_tokens, 4096))
-    data_s = time.perf_counter() - t0
-    n_seq = len(tokens)
-    steps = steps if steps is not None else max(1, 4 * n_seq // batch)  # about 4 epochs
-    ids = None if vocab_top is None or vocab_top >= target.n_vocab else top_tokens(tokens, vocab_top, target.n_vocab)
-    vocab = DraftVocab.of(target, ids)
+    needed = data_bytes(n_tokens, seq_len, target.n_embd) + data_bytes(eval_tokens, seq_len, target.n_embd)
+    memory = memory_bytes()
+    if memory is not None and needed > memory:  # refused before allocating (or generating) anything
+        raise ValueError(
+            f"--tokens {n_tokens} and --eval-tokens {eval_tokens} need about {needed / 1e9:,.1f} GB for the "
+            f"target's features ({target.n_embd} float32 values per token), more than this machine's "
+            f"{memory / 1e9:,.1f} GB of memory: use fewer tokens"
+        )
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder (it is made if missing)")
+    out.mkdir(parents=True, exist_ok=True)
+    lr = DEFAULT_LR[kind] if lr is None else float(lr)
+    with locks.exclusive(out / LOCK_FILE, wait=False) as held:
+        if not held:
+            raise ValueError(f"{out}: another training is writing into this folder (it holds {out / LOCK_FILE}); "
+                             f"wait for it to end, or choose another --out")  # fmt: skip
+        if kind == "eagle":
+            n_heads = 1  # one draft model
+        shapes = (medusa if kind == "medusa" else eagle).param_shapes(n_heads, target.n_embd)
+        settings = {
+            "kind": kind, "model_fingerprint": model_fingerprint(target), "n_heads": n_heads, "vocab_top": vocab_top,
+            "labels": label_kind, "n_tokens": n_tokens, "seq_len": seq_len, "seed": seed, "batch": batch,
+        }  # fmt: skip
+        saved = read_checkpoint(out, settings, shapes, steps) if resume else None  # before hours of data making
 
-    rng = np.random.default_rng(seed)
-    if kind == "medusa":
-        params = medusa.init_params(n_heads, target.n_embd)
-    else:
-        params, n_heads = eagle.init_params(target.n_embd, rng), 1
-    initial = {name: a.copy() for name, a in params.items()}  # the untrained heads, the baseline
-    opt = AdamW(params, lr=lr, weight_decay=0.0)
-    settings = {
-        "kind": kind, "model_fingerprint": model_fingerprint(target), "n_heads": n_heads, "vocab_top": vocab_top,
-        "labels": label_kind, "n_tokens": n_tokens, "seq_len": seq_len, "seed": seed, "batch": batch,
-    }  # fmt: skip
-    start = 0
-    if resume:
-        start = load_checkpoint(out, settings, opt)
-        log(f"resuming from step {start} of {steps}")
+        t0 = time.perf_counter()
+        tokens, features = load_or_make_data(out / "data.npz", target, n_tokens, seq_len, seed, greedy_frac, progress)
+        ev_tokens, ev_features = load_or_make_data(
+            out / "eval.npz", target, eval_tokens, seq_len, seed + 1_000_003, greedy_frac, progress
+        )
+        if eval_text is not None:  # checked (and its features computed) before any training
+            tx_tokens, tx_features = text_data(target, eval_text, seq_len, max(eval_tokens, 4096))
+        data_s = time.perf_counter() - t0
+        n_seq = len(tokens)
+        steps = steps if steps is not None else max(1, 4 * n_seq // batch)  # about 4 epochs
+        ids = None if vocab_top is None or vocab_top >= target.n_vocab else top_tokens(tokens, vocab_top, target.n_vocab)
+        vocab = DraftVocab.of(target, ids)
 
-    before = accuracy(kind, initial, target, vocab, ev_tokens, ev_features, n_heads)
-    bar = tqdm(range(start, steps), desc=f"train {kind}", unit="step", disable=not progress, initial=start, total=steps)
-    t1 = time.perf_counter()
-    for step in bar:
-        order = np.random.default_rng([seed, step]).choice(n_seq, size=min(batch, n_seq), replace=False)
-        if kind == "medusa":
-            loss, parts, grads = medusa_step(params, target, vocab, tokens[order], features[order], n_heads, label_kind)
-        else:
-            loss, parts, grads = eagle_step(params, target, vocab, tokens[order], features[order], label_kind)
-        opt.step(grads, lr=cosine_lr(step, steps, lr, warmup=max(1, steps // 20)))
-        bar.set_postfix(loss=f"{loss:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
-        if (step + 1) % save_every == 0 or step + 1 == steps:
-            save_checkpoint(out, settings, opt, step + 1)
-    train_s = time.perf_counter() - t1
-    trained_rows = (steps - start) * min(batch, n_seq) * seq_len
+        rng = np.random.default_rng(seed)
+        params = medusa.init_params(n_heads, target.n_embd) if kind == "medusa" else eagle.init_params(target.n_embd, rng)
+        initial = {name: a.copy() for name, a in params.items()}  # the untrained heads, the baseline
+        opt = AdamW(params, lr=lr, weight_decay=0.0)
+        start = 0
+        if saved is not None:
+            start, adam_t, tensors = saved
+            if start > steps:
+                raise ValueError(f"--resume: the checkpoint in {out} is at step {start}, past --steps {steps}; "
+                                 f"use --steps {start} or more")  # fmt: skip
+            for name, w in opt.params.items():
+                w[...] = tensors[name]
+            opt.load_state(tensors, adam_t)
+            log(f"resuming from step {start} of {steps}")
 
-    after = accuracy(kind, params, target, vocab, ev_tokens, ev_features, n_heads)
-    held_out_text = None
-    if eval_text is not None:
-        held_out_text = {
-            "tokens": int(tx_tokens.size),
-            "top1_top5_untrained": accuracy(kind, initial, target, vocab, tx_tokens, tx_features, n_heads),
-            "top1_top5": accuracy(kind, params, target, vocab, tx_tokens, tx_features, n_heads),
+        before = accuracy(kind, initial, target, vocab, ev_tokens, ev_features, n_heads)
+        bar = tqdm(range(start, steps), desc=f"train {kind}", unit="step", disable=not progress, initial=start,
+                   total=steps)  # fmt: skip
+        t1 = time.perf_counter()
+        # NOTE: NumPy's overflow warnings are off while training: a diverging run is said below, in one line.
+        with np.errstate(over="ignore", invalid="ignore"):
+            for step in bar:
+                order = np.random.default_rng([seed, step]).choice(n_seq, size=min(batch, n_seq), replace=False)
+                if kind == "medusa":
+                    loss, parts, grads = medusa_step(params, target, vocab, tokens[order], features[order], n_heads,
+                                                     label_kind)  # fmt: skip
+                else:
+                    loss, parts, grads = eagle_step(params, target, vocab, tokens[order], features[order], label_kind)
+                if not math.isfinite(loss):  # NOTE: before the step: NaN gradients would make every weight NaN
+                    raise ValueError(f"the loss is {loss} at step {step + 1}: training diverged (NaN or infinite "
+                                     f"values) and no heads were saved; lower --lr (it is {lr:g}) and run again")  # fmt: skip
+                opt.step(grads, lr=cosine_lr(step, steps, lr, warmup=max(1, steps // 20)))
+                bar.set_postfix(loss=f"{loss:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
+                if (step + 1) % save_every == 0 or step + 1 == steps:
+                    _check_finite_weights(params, step + 1, lr)
+                    save_checkpoint(out, settings, opt, step + 1)
+        train_s = time.perf_counter() - t1
+        trained_rows = (steps - start) * min(batch, n_seq) * seq_len
+        _check_finite_weights(params, steps, lr)
+
+        after = accuracy(kind, params, target, vocab, ev_tokens, ev_features, n_heads)
+        held_out_text = None
+        if eval_text is not None:
+            held_out_text = {
+                "tokens": int(tx_tokens.size),
+                "top1_top5_untrained": accuracy(kind, initial, target, vocab, tx_tokens, tx_features, n_heads),
+                "top1_top5": accuracy(kind, params, target, vocab, tx_tokens, tx_features, n_heads),
+            }
+        config = {
+            "n_heads": n_heads,
+            "labels": label_kind,
+            "train_tokens": int(tokens.size),
+            "steps": steps,
+            "batch": batch,
+            "seq_len": seq_len,
+            "lr": lr,
+            "seed": seed,
+            "data_seconds": round(data_s, 2),
+            "train_seconds": round(train_s, 2),
+            "train_tokens_per_second": round(trained_rows / train_s, 1) if trained_rows and train_s > 0 else None,
+            "held_out": {"tokens": int(ev_tokens.size), "top1_top5_untrained": before, "top1_top5": after},
+            "held_out_text": held_out_text,
         }
-    config = {
-        "n_heads": n_heads,
-        "n_head": target.n_head,
-        "layer_norm_epsilon": target.hparams.layer_norm_epsilon,
-        "labels": label_kind,
-        "train_tokens": int(tokens.size),
-        "steps": steps,
-        "batch": batch,
-        "seq_len": seq_len,
-        "lr": lr,
-        "seed": seed,
-        "data_seconds": round(data_s, 2),
-        "train_seconds": round(train_s, 2),
-        "train_tokens_per_second": round(trained_rows / train_s, 1) if train_s > 0 else None,
-        "held_out": {"tokens": int(ev_tokens.size), "top1_top5_untrained": before, "top1_top5": after},
-        "held_out_text": held_out_text,
-    }
-    save_heads(out, kind, target, params, config, vocab)
+        save_heads(out, kind, target, params, config, vocab)
     log(f"held-out self-distilled text ({ev_tokens.size} tokens), teacher-forced:")
     log(accuracy_table(before, after))
     if held_out_text is not None:
@@ -227,28 +298,62 @@ def train(
     return config
 
 
+def _check_finite_weights(params: dict[str, np.ndarray], step: int, lr: float) -> None:
+    """A finite loss can still leave NaN weights behind (an infinite step): never save those."""
+    bad = [name for name, w in params.items() if not np.isfinite(w).all()]
+    if bad:
+        raise ValueError(f"the weights ({bad[0]!r}) are NaN or infinite after step {step}: training diverged and "
+                         f"no heads were saved; lower --lr (it is {lr:g}) and run again")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints: checkpoint.json naming checkpoint-<sha256 prefix>.safetensors (checkpoints/pairs.py).
+# ---------------------------------------------------------------------------
+
+CHECKPOINT_FILE, CHECKPOINT_STEM = "checkpoint.json", "checkpoint"
+
+
 def save_checkpoint(out: Path, settings: dict, opt: AdamW, step: int) -> None:
-    """Parameters and AdamW moments after `step` steps (temporary names, then renamed)."""
-    write_safetensors(out / "checkpoint.safetensors.tmp", {**opt.params, **opt.state()})
-    (out / "checkpoint.json.tmp").write_text(json.dumps({**settings, "step": step, "adam_t": opt.t}))
-    (out / "checkpoint.safetensors.tmp").replace(out / "checkpoint.safetensors")
-    (out / "checkpoint.json.tmp").replace(out / "checkpoint.json")
+    """Parameters and AdamW moments after `step` steps; the two files replaced as one."""
+    write_pair(out, CHECKPOINT_FILE, CHECKPOINT_STEM, {**opt.params, **opt.state()},
+               {**settings, "step": step, "adam_t": opt.t})  # fmt: skip
 
 
-def load_checkpoint(out: Path, settings: dict, opt: AdamW) -> int:
-    """Restore a checkpoint written with the same settings; returns the step to continue from."""
-    path = out / "checkpoint.json"
+def read_checkpoint(
+    out: Path, settings: dict, shapes: dict[str, tuple[int, ...]], steps: int | None
+) -> tuple[int, int, dict[str, np.ndarray]]:
+    """(step, AdamW's t, every tensor) of a checkpoint written with the same settings, each part checked:
+    ValueError naming the file otherwise. shapes: the parameters' (the moments have the same)."""
+    path = out / CHECKPOINT_FILE
     if not path.is_file():
         raise ValueError(f"--resume: no checkpoint in {out}; run without --resume to start")
-    saved = json.loads(path.read_text())
+    fix = "run without --resume to start over (or use another --out)"
+    try:
+        saved = read_json(path)
+    except ValueError as e:
+        raise ValueError(f"--resume: {path}: {e}; {fix}") from e
     differ = [k for k in settings if saved.get(k) != settings[k]]
     if differ:
         raise ValueError(
             f"--resume: the checkpoint in {out} was made with other settings ({', '.join(differ)}); "
             f"use the same options, or another --out to start over"
         )
-    tensors = read_safetensors(out / "checkpoint.safetensors")
-    for name, w in opt.params.items():
-        w[...] = tensors[name]
-    opt.load_state(tensors, saved["adam_t"])
-    return int(saved["step"])
+    for key in ("step", "adam_t"):
+        if type(saved.get(key)) is not int or saved[key] < 0:
+            raise ValueError(f"--resume: {path}: {key!r} is {show(saved.get(key))}, not a whole number >= 0; {fix}")
+    if steps is not None and saved["step"] > steps:
+        raise ValueError(f"--resume: the checkpoint in {out} is at step {saved['step']}, past --steps {steps}; "
+                         f"use --steps {saved['step']} or more")  # fmt: skip
+    try:
+        weights = weights_named(out, saved, CHECKPOINT_STEM)
+        tensors = read_safetensors(weights)
+    except (ValueError, OSError) as e:  # (CheckpointError is a ValueError)
+        raise ValueError(f"--resume: {path}: {e}; {fix}") from e
+    expected = {**shapes, **{f"adam.{m}.{k}": shape for k, shape in shapes.items() for m in "mv"}}
+    for name, shape in expected.items():
+        if name not in tensors or tensors[name].shape != shape:
+            have = "missing" if name not in tensors else f"of shape {tensors[name].shape}, not {shape}"
+            raise ValueError(f"--resume: {weights}: tensor {name!r} is {have}; {fix}")
+        if not np.isfinite(tensors[name]).all():
+            raise ValueError(f"--resume: {weights}: tensor {name!r} holds NaN or infinite values; {fix}")
+    return saved["step"], saved["adam_t"], tensors

@@ -331,6 +331,32 @@ def test_partial_file_from_an_earlier_run_is_resumed(served):
     assert any(r == "bytes=1000-" for (_, _, r) in hub.requests)
 
 
+@pytest.mark.parametrize("outage", ["503 on every try", "429 on every try", "connection refused"])
+def test_a_partial_survives_a_run_with_the_server_unreachable(served, outage):
+    """What arrived is kept, as promised, unless the server positively says the file is another one: a
+    run whose every request fails (no description of the file at all) must not delete it."""
+    hub, model, models_dir = served
+    key = f"{REPO}/model.safetensors"
+    folder = models_dir / "tiny-org--tiny-gpt2"
+    folder.mkdir(parents=True)
+    for name in ("config.json", "vocab.json", "merges.txt"):
+        (folder / name).write_bytes(hub.files[f"{REPO}/{name}"])
+    partial = folder / "model.safetensors.incomplete"
+    partial.write_bytes(hub.files[key][:1000])
+    settings = hub.settings(retries=1)
+    if outage == "connection refused":
+        hub.close()
+    else:
+        hub.status[key] = int(outage[:3])
+    with pytest.raises(DownloadError, match="what arrived is kept and the next run resumes"):
+        load_model(REPO, models_dir, progress=False, settings=settings)
+    assert partial.read_bytes() == hub.files[key][:1000], "the partial of an earlier run was deleted"
+    if outage != "connection refused":  # the server is back: the next run resumes from byte 1000
+        del hub.status[key]
+        assert_same_model(load_model(REPO, models_dir, progress=False, settings=settings), model)
+        assert any(r == "bytes=1000-" for (_, _, r) in hub.requests)
+
+
 def test_404_says_check_the_name(served):
     hub, _, models_dir = served
     with pytest.raises(DownloadError, match="HTTP 404.*check the model name"):
