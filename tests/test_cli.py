@@ -1,6 +1,7 @@
 """The command line: main.py end to end on tiny checkpoints (local folders and a loopback Hub), and its errors."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -215,3 +216,17 @@ def test_float64_runs_the_target_in_float64_and_greedy_texts_agree_on_near_ties(
     assert [identical(k, "draft", "--float64") for k in ("1", "3", "5")] == ["yes"] * 3
     assert identical("3", "target", "--float64") == "yes", "the target drafting for itself"
     assert dtypes == [(np.float32, np.float32)] + [(np.float64, np.float32)] * 4, "the draft stays float32"
+
+
+def test_chat_on_smollm2_prints_the_reply_and_a_race(smollm2_gguf, tmp_path):
+    """The first run a user sees: a chat request to the real model, drafted by prompt lookup."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "main.py"), "--target_model_size", str(smollm2_gguf), "--draft", "ngram",
+         "--chat", "--prompt", "What is the capital of France?", "--n_tokens_to_generate", "30", "--no_warmup"],
+        capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("The capital of France is Paris.<|im_end|>") == 2  # both decoders, same reply
+    assert re.search(r"identical text at temperature 0 +yes", proc.stdout)
+    refused = subprocess.run([sys.executable, str(ROOT / "main.py"), "--target_model_size", "stdlib-6L",
+                              "--draft", "ngram", "--chat", "--prompt", "hi"], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert refused.returncode == 1 and "--chat needs a chat model" in refused.stderr and "Traceback" not in refused.stderr

@@ -188,3 +188,15 @@ def test_speculative_sampling_on_smollm2_is_its_distribution_with_top_k(smollm2,
         monkeypatch.setattr(verify, "sampled_chain", broken)
         ok, stat, df = chi_square_passes(sample_many(run, n_samples=600), exact)
         assert not ok, f"{broken.__name__} passed (chi2={stat:.1f}, df={df})"
+
+
+def test_chat_wraps_the_prompt_and_both_decoders_stop_at_the_end_of_the_reply(smollm2, tiny):
+    question = "What is the capital of France?"
+    plain = autoregressive_sample(smollm2, question, 40, chat=True)
+    assert smollm2.tokenizer.decode(plain.tokens) == "The capital of France is Paris.<|im_end|>"
+    for draft in ("ngram", "early_exit:20"):
+        assert speculative_sample(smollm2, draft, question, 40, K=4, chat=True).tokens == plain.tokens
+    with pytest.raises(ValueError, match="chat needs a chat model"):
+        autoregressive_sample(tiny, [1, 2], 4, chat=True)
+    with pytest.raises(ValueError, match="pass text, not token ids"):
+        speculative_sample(smollm2, "ngram", [1, 2], 4, chat=True)
