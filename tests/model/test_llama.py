@@ -15,7 +15,8 @@ from specdec import autoregressive_sample, speculative_sample
 from specdec.checkpoints.gguf import GGUFFile, load_gguf, unpermute_rows
 from specdec.model.llama import LlamaHParams, grouped_attention, random_llama, rms_norm
 from specdec.model.tokenizer import chat_prompt
-from specdec.sampling import SamplingParams, probabilities
+from specdec.interfaces import Proposal
+from specdec.sampling import SamplingParams, draw, probabilities
 
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2_reference.npz"
 
@@ -168,25 +169,37 @@ def test_greedy_speculative_equals_greedy_autoregressive_on_smollm2(smollm2):
 
 
 @pytest.mark.slow
-def test_speculative_sampling_on_smollm2_is_its_distribution_with_top_k(smollm2, monkeypatch):
-    """Two tokens at T=1, top-k 3, drafted by SmolLM2's first 20 layers: the joint distribution of the
-    two tokens is the target's (enumerated exactly: 1 + 3 passes); broken rules fail the same check."""
-    prompt = smollm2.tokenizer.encode("My favourite colour is")
-    params = SamplingParams(1.0, top_k=3)
-    p0 = probabilities(smollm2(prompt)[-1:], params)[0]
-    exact = {}
-    for x0 in np.flatnonzero(p0):
-        p1 = probabilities(smollm2([*prompt, int(x0)])[-1:], params)[0]
-        exact.update({(int(x0), int(x1)): float(p0[x0]) * float(p1[x1]) for x1 in np.flatnonzero(p1)})
+def test_the_verification_rule_on_smollm2s_own_distributions_is_exact_with_top_k(smollm2, monkeypatch):
+    """One round (K=1) on SmolLM2's real rows at T=1, top-k 4: the target row p0 after a prompt, the draft row q0
+    from its first 29 layers (earlier exits share almost no top-4 token with the target here), and p1 = p(. | prompt, x0) for every x0 either can produce. The round emits x0 (an
+    accepted draft, or the target's correction) and, after an accepted draft, the bonus x1; a rejected round's
+    x1 comes from p1[x0], as the next round would give it. The pair must follow p0(x0) p1[x0](x1) exactly;
+    deliberately broken rules run through the same check and fail."""
+    prompt = smollm2.tokenizer.encode("I like to eat")
+    params = SamplingParams(1.0, top_k=4)
+    logits0 = smollm2(prompt)[-1]
+    q0 = probabilities(smollm2.forward(prompt, smollm2.new_cache(), last_only=True, n_layer=29), params)[0]
+    p0 = probabilities(logits0[None], params)[0]
+    rows1 = {int(x): smollm2([*prompt, int(x)])[-1] for x in np.union1d(np.flatnonzero(p0), np.flatnonzero(q0))}
+    p1 = {x: probabilities(row[None], params)[0] for x, row in rows1.items()}
+    exact = {(int(x0), int(x1)): float(p0[x0] * p1[int(x0)][x1]) for x0 in np.flatnonzero(p0) for x1 in np.flatnonzero(p1[int(x0)])}
 
-    def run(rng):
-        return speculative_sample(smollm2, "early_exit:20", prompt, 2, K=1, temperature=1.0, top_k=3, rng=rng)
+    def one_round(rng):
+        d0 = draw(q0, rng)
+        path, last = verify.verify(Proposal.chain([d0], q0[None]), np.stack([logits0, rows1[d0]]), params, rng)
+        if not path and last not in p1:  # a token no correct rule emits here (a broken rule may)
+            return type("Out", (), {"tokens": [last, -1]})
+        pair = (d0, last) if path else (last, draw(p1[last], rng))
+        return type("Out", (), {"tokens": list(pair)})
 
-    ok, stat, df = chi_square_passes(sample_many(run, n_samples=1500), exact)
+    ok, stat, df = chi_square_passes(sample_many(one_round, n_samples=6_000), exact)
     assert ok, f"chi2={stat:.1f} df={df}"
     for broken in BROKEN_RULES:
         monkeypatch.setattr(verify, "sampled_chain", broken)
-        ok, stat, df = chi_square_passes(sample_many(run, n_samples=600), exact)
+        try:
+            ok, stat, df = chi_square_passes(sample_many(one_round, n_samples=2_500), exact)
+        except AssertionError:  # it emitted a pair of probability 0
+            ok, stat, df = False, float("inf"), 0
         assert not ok, f"{broken.__name__} passed (chi2={stat:.1f}, df={df})"
 
 
