@@ -197,7 +197,10 @@ def model_fingerprint(target: GPT2) -> str:
     draft badly, never change the output (the target verifies every token).
     """
     w = target.weights
-    named = [("wte", w.wte), ("wpe", w.wpe), ("ln_f.weight", w.ln_f_weight), ("ln_f.bias", w.ln_f_bias)]
+    # Every weight outside the blocks (GPT-2: wte, wpe, ln_f; Llama: wte, norm_f), the LM head when it is its own.
+    named = [(name.replace("ln_f_", "ln_f."), value) for name, value in vars(w).items() if name not in ("blocks", "lm_head")]
+    if w.lm_head.w_t is not w.wte:
+        named.append(("lm_head.w_t", w.lm_head.w_t))
     for i, block in enumerate(w.blocks):
         for field, value in vars(block).items():
             if isinstance(value, Linear):  # w_t: [n_out, n_in], however it was loaded
