@@ -199,7 +199,8 @@ def target_folder(tmp_path_factory):
 @pytest.mark.parametrize("case", HOSTILE)
 def test_the_command_line_prints_one_line_and_exits_1(tmp_path, target_folder, capsys, case):
     kind, damage, _ = HOSTILE[case]
-    folder = damage(make_heads(tmp_path / "heads", kind)) or tmp_path / "heads"
+    folder = make_heads(tmp_path / "heads", kind)
+    damage(folder)
     code = main(["--target_model_size", str(target_folder), "--draft", f"{kind}:{folder}", "--prompt", "the",
                  "--n_tokens_to_generate", "2", "--no_warmup"])  # fmt: skip
     out, err = capsys.readouterr()
