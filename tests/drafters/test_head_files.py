@@ -273,3 +273,18 @@ def test_non_finite_heads_are_never_saved(tmp_path):
     with pytest.raises(ValueError, match="NaN"):
         save_heads(tmp_path / "m", "medusa", TARGET, params, {"n_heads": 2}, DraftVocab.of(TARGET))
     assert not (tmp_path / "m" / "heads.json").exists()
+
+
+def test_heads_for_a_llama_target_round_trip_and_tell_models_apart(tmp_path):
+    """The fingerprint walks whatever weights the model has (GPT-2's or Llama's), every array of them."""
+    from specdec.model.llama import random_llama
+
+    target = random_llama(seed=1, scale=0.3)
+    params = {"w": np.full((2, 32, 32), 0.01, np.float32), "b": np.zeros((2, 32), np.float32)}
+    save_heads(tmp_path / "m", "medusa", target, params, {"n_heads": 2}, DraftVocab.of(target))
+    drafter = medusa.MedusaDrafter.load(tmp_path / "m", target)
+    np.testing.assert_array_equal(drafter.params["w"], params["w"])
+    other = random_llama(seed=1, scale=0.3)
+    other.weights.blocks[-1].ffn_down.w_t.reshape(-1)[0] += 1  # one tensor of the last block
+    with pytest.raises(HeadFileError, match="other weights"):
+        medusa.MedusaDrafter.load(tmp_path / "m", other)
