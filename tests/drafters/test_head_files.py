@@ -199,7 +199,8 @@ def target_folder(tmp_path_factory):
 @pytest.mark.parametrize("case", HOSTILE)
 def test_the_command_line_prints_one_line_and_exits_1(tmp_path, target_folder, capsys, case):
     kind, damage, _ = HOSTILE[case]
-    folder = damage(make_heads(tmp_path / "heads", kind)) or tmp_path / "heads"
+    folder = make_heads(tmp_path / "heads", kind)
+    damage(folder)
     code = main(["--target_model_size", str(target_folder), "--draft", f"{kind}:{folder}", "--prompt", "the",
                  "--n_tokens_to_generate", "2", "--no_warmup"])  # fmt: skip
     out, err = capsys.readouterr()
@@ -272,3 +273,18 @@ def test_non_finite_heads_are_never_saved(tmp_path):
     with pytest.raises(ValueError, match="NaN"):
         save_heads(tmp_path / "m", "medusa", TARGET, params, {"n_heads": 2}, DraftVocab.of(TARGET))
     assert not (tmp_path / "m" / "heads.json").exists()
+
+
+def test_heads_for_a_llama_target_round_trip_and_tell_models_apart(tmp_path):
+    """The fingerprint walks whatever weights the model has (GPT-2's or Llama's), every array of them."""
+    from specdec.model.llama import random_llama
+
+    target = random_llama(seed=1, scale=0.3)
+    params = {"w": np.full((2, 32, 32), 0.01, np.float32), "b": np.zeros((2, 32), np.float32)}
+    save_heads(tmp_path / "m", "medusa", target, params, {"n_heads": 2}, DraftVocab.of(target))
+    drafter = medusa.MedusaDrafter.load(tmp_path / "m", target)
+    np.testing.assert_array_equal(drafter.params["w"], params["w"])
+    other = random_llama(seed=1, scale=0.3)
+    other.weights.blocks[-1].ffn_down.w_t.reshape(-1)[0] += 1  # one tensor of the last block
+    with pytest.raises(HeadFileError, match="other weights"):
+        medusa.MedusaDrafter.load(tmp_path / "m", other)
