@@ -138,11 +138,14 @@ def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
     """
     n_seq = x.shape[0]
     unsplit = len(lin.parts) == 1 or n_seq == 1 and not SPLIT_ONE_TOKEN
-    if n_seq > MAX_CHUNKED_ROWS or unsplit and (n_seq == 1 or lin.w_t.nbytes < SMALL_BYTES):
+    if n_seq > MAX_CHUNKED_ROWS or unsplit and n_seq == 1:
         # Many tokens (a prompt): the matrix-matrix kernel's repacking pays off,
         # with OpenBLAS's own threads. Unsplit, one token is OpenBLAS's matrix-vector
-        # product over both cores, and a tiny matrix is cached anyway.
+        # product over both cores.
         y = x @ lin.w_t.T
+    elif unsplit:  # a few tokens and a small matrix (cached anyway): one thread, see threads.one_blas_thread
+        with threads.one_blas_thread():
+            y = x @ lin.w_t.T
     else:
         y = np.empty((n_seq, lin.w_t.shape[0]), dtype=np.result_type(x, lin.w_t))
         jobs = [lambda part=part: part_product(x, part, y[:, part.start : part.stop]) for part in lin.parts]
