@@ -213,3 +213,21 @@ def test_chat_wraps_the_prompt_and_both_decoders_stop_at_the_end_of_the_reply(sm
         autoregressive_sample(tiny, [1, 2], 4, chat=True)
     with pytest.raises(ValueError, match="pass text, not token ids"):
         speculative_sample(smollm2, "ngram", [1, 2], 4, chat=True)
+
+
+# --- drafters take a Llama as they take a GPT2 ------------------------------------------------
+
+
+def test_a_llama_passed_as_the_draft_is_a_model_drafter(tiny):
+    draft = random_llama(LlamaHParams(**{**vars(tiny.hparams), "n_layer": 1}), seed=4, scale=0.3)
+    expected = autoregressive_sample(tiny, [3, 1, 4], 16).tokens
+    for K, tree in ((1, None), (4, None), ("auto", None), (3, 6)):
+        assert speculative_sample(tiny, draft, [3, 1, 4], 16, K=K, tree=tree).tokens == expected, (K, tree)
+    assert speculative_sample(tiny, tiny, [3, 1, 4], 16, K=4).acceptance_rate == 1.0
+
+
+def test_a_restricted_head_refuses_a_llama_by_name(tiny):
+    from specdec.drafters.restricted import restrict
+
+    with pytest.raises(ValueError, match="GPT-2 models, not Llama"):
+        restrict(tiny, 10)
