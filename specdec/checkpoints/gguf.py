@@ -153,10 +153,13 @@ class GGUFFile:
             raise self.error("does not start with the GGUF magic bytes")
         version = self._unpack("<I")
         if version not in VERSIONS:
-            raise CheckpointError(f"{self.path}: GGUF version {version} is not supported (only {VERSIONS})")
+            swapped = " (a big-endian file: specdec reads little-endian GGUF)" if version >= 1 << 16 else ""
+            raise CheckpointError(f"{self.path}: GGUF version {version}{swapped} is not supported (only {VERSIONS})")
         n_tensors, n_meta = self._count("tensors"), self._count("metadata entries")
         for _ in range(n_meta):
             key = self._string()
+            if key in self.metadata:  # which of the two would a reader believe?
+                raise self.error(f"gives metadata {key!r} twice")
             self.metadata[key] = self._value(self._unpack("<I"))
         infos = []
         for _ in range(n_tensors):
@@ -173,6 +176,10 @@ class GGUFFile:
         data_start = -(-self._pos // alignment) * alignment
         for name, dims, kind, offset in infos:
             self.tensors[name] = self._tensor_info(name, dims, kind, offset, data_start, alignment)
+        spans = sorted((t.start, t.start + t.nbytes, t.name) for t in self.tensors.values())
+        for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+            if start < end:  # two names reading the same bytes
+                raise self.error(f"overlaps tensor {first!r}", second)
 
     def _tensor_info(self, name, dims, kind, offset, data_start, alignment) -> TensorInfo:
         if name in self.tensors:
@@ -191,7 +198,9 @@ class GGUFFile:
             raise self.error(f"has rows of {dims[0]} weights, not whole {qtype.name} blocks of {qtype.block}", name)
         nbytes = count // qtype.block * qtype.nbytes
         start = data_start + offset
-        if offset % alignment or start + nbytes > len(self._map):
+        if offset % alignment:
+            raise self.error(f"starts at offset {offset}, not a multiple of the alignment {alignment}", name)
+        if start + nbytes > len(self._map):
             raise self.error(f"lies at bytes {start}..{start + nbytes} of a {len(self._map)}-byte file", name)
         return TensorInfo(name, tuple(reversed(dims)), qtype, start, nbytes)
 
