@@ -13,7 +13,7 @@ from helpers import BROKEN_RULES, chi_square_passes, sample_many
 import specdec.verify as verify
 from specdec import autoregressive_sample, speculative_sample
 from specdec.checkpoints.gguf import GGUFFile, load_gguf, unpermute_rows
-from specdec.model.llama import LlamaHParams, grouped_attention, random_llama, rms_norm
+from specdec.model.llama import LlamaHParams, grouped_attention, random_llama, rms_norm, silu
 from specdec.model.tokenizer import chat_prompt
 from specdec.interfaces import Proposal
 from specdec.sampling import SamplingParams, draw, probabilities
@@ -77,6 +77,14 @@ def test_rms_norm_and_the_rows_unpermuted():
     w = np.arange(2 * 8 * 3, dtype=np.float32).reshape(16, 3)
     permuted = w.reshape(2, 2, 4, 3).swapaxes(1, 2).reshape(16, 3)
     np.testing.assert_array_equal(unpermute_rows(permuted, 2), w)
+
+
+def test_silu_is_x_times_sigmoid_without_overflow_warnings():
+    x = np.float32([-1000, -20, -1, 0, 0.5, 3, 1000])
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        y = silu(x)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, x * (0.5 + 0.5 * np.tanh(x.astype(np.float64) / 2)), rtol=1e-6, atol=1e-30)
 
 
 def test_hyperparameters_are_checked():
