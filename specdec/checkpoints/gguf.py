@@ -291,6 +291,15 @@ def load_gguf(path: str | Path, name: str | None = None):
         )  # fmt: skip
     except ValueError as e:
         raise CheckpointError(f"{f.path}: {e}") from None
+    # What model/llama.py does not implement is refused, not ignored: it would run, and be silently wrong.
+    rope_dims, scaling = meta.get("llama.rope.dimension_count", h.d_head), meta.get("llama.rope.scaling.type", "none")
+    if rope_dims != h.d_head:
+        raise CheckpointError(f"{f.path}: llama.rope.dimension_count is {rope_dims!r}; specdec rotates all "
+                              f"{h.d_head} dimensions of a head (partial rotary embeddings are not implemented)")  # fmt: skip
+    if scaling != "none" or "rope_freqs.weight" in f.tensors:
+        what = f"llama.rope.scaling.type is {scaling!r}" if scaling != "none" else "it has rope_freqs.weight"
+        raise CheckpointError(f"{f.path}: {what} (Llama 3's scaled rotary frequencies); specdec implements "
+                              "plain rotary embeddings only")  # fmt: skip
     kv = h.n_kv_head * h.d_head
     expected = {"token_embd.weight": (h.n_vocab, h.n_embd), "output_norm.weight": (h.n_embd,)}
     for i in range(h.n_layer):
@@ -308,7 +317,7 @@ def load_gguf(path: str | Path, name: str | None = None):
         if f.tensors[key].shape != shape:
             raise CheckpointError(f"{f.path}, tensor {key!r}: shape {f.tensors[key].shape}, expected {shape} from "
                                   "the file's own metadata")  # fmt: skip
-    extra = sorted(set(f.tensors) - set(expected) - {"rope_freqs.weight"})
+    extra = sorted(set(f.tensors) - set(expected))
     if extra:
         raise CheckpointError(f"{f.path}: unexpected tensors {', '.join(extra[:4])}: not a plain Llama")
 

@@ -213,3 +213,19 @@ def test_more_hostile_tables_are_refused_by_what_is_wrong(tmp_path, case):
     with pytest.raises(CheckpointError, match=message) as e:
         GGUFFile(tmp_path / "bad.gguf")
     assert str(tmp_path / "bad.gguf") in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(tensors={"rope_freqs.weight": np.ones(8, np.float32)}), "rope_freqs.weight"),
+        (dict(meta={"llama.rope.scaling.type": "linear"}), "scaling.type is 'linear'"),
+        (dict(meta={"llama.rope.dimension_count": 8}), "partial rotary"),
+        (dict(tensors={"blk.0.attn_q_norm.weight": np.ones(16, np.float32)}), "unexpected tensors blk.0.attn_q_norm"),
+    ],
+)
+def test_llama_variants_it_does_not_implement_are_refused(tmp_path, changes, message):
+    model = random_llama(LlamaHParams(n_vocab=64, n_ctx=32, n_embd=64, n_head=4, n_kv_head=2, n_layer=1, n_ff=64))
+    tiny_llama_gguf(tmp_path / "v.gguf", model, **changes)
+    with pytest.raises(CheckpointError, match=message):
+        load_gguf(tmp_path / "v.gguf")
