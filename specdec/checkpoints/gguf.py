@@ -153,10 +153,13 @@ class GGUFFile:
             raise self.error("does not start with the GGUF magic bytes")
         version = self._unpack("<I")
         if version not in VERSIONS:
-            raise CheckpointError(f"{self.path}: GGUF version {version} is not supported (only {VERSIONS})")
+            swapped = " (a big-endian file: specdec reads little-endian GGUF)" if version >= 1 << 16 else ""
+            raise CheckpointError(f"{self.path}: GGUF version {version}{swapped} is not supported (only {VERSIONS})")
         n_tensors, n_meta = self._count("tensors"), self._count("metadata entries")
         for _ in range(n_meta):
             key = self._string()
+            if key in self.metadata:  # which of the two would a reader believe?
+                raise self.error(f"gives metadata {key!r} twice")
             self.metadata[key] = self._value(self._unpack("<I"))
         infos = []
         for _ in range(n_tensors):
@@ -173,6 +176,10 @@ class GGUFFile:
         data_start = -(-self._pos // alignment) * alignment
         for name, dims, kind, offset in infos:
             self.tensors[name] = self._tensor_info(name, dims, kind, offset, data_start, alignment)
+        spans = sorted((t.start, t.start + t.nbytes, t.name) for t in self.tensors.values())
+        for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+            if start < end:  # two names reading the same bytes
+                raise self.error(f"overlaps tensor {first!r}", second)
 
     def _tensor_info(self, name, dims, kind, offset, data_start, alignment) -> TensorInfo:
         if name in self.tensors:
@@ -191,7 +198,9 @@ class GGUFFile:
             raise self.error(f"has rows of {dims[0]} weights, not whole {qtype.name} blocks of {qtype.block}", name)
         nbytes = count // qtype.block * qtype.nbytes
         start = data_start + offset
-        if offset % alignment or start + nbytes > len(self._map):
+        if offset % alignment:
+            raise self.error(f"starts at offset {offset}, not a multiple of the alignment {alignment}", name)
+        if start + nbytes > len(self._map):
             raise self.error(f"lies at bytes {start}..{start + nbytes} of a {len(self._map)}-byte file", name)
         return TensorInfo(name, tuple(reversed(dims)), qtype, start, nbytes)
 
@@ -282,6 +291,15 @@ def load_gguf(path: str | Path, name: str | None = None):
         )  # fmt: skip
     except ValueError as e:
         raise CheckpointError(f"{f.path}: {e}") from None
+    # What model/llama.py does not implement is refused, not ignored: it would run, and be silently wrong.
+    rope_dims, scaling = meta.get("llama.rope.dimension_count", h.d_head), meta.get("llama.rope.scaling.type", "none")
+    if rope_dims != h.d_head:
+        raise CheckpointError(f"{f.path}: llama.rope.dimension_count is {rope_dims!r}; specdec rotates all "
+                              f"{h.d_head} dimensions of a head (partial rotary embeddings are not implemented)")  # fmt: skip
+    if scaling != "none" or "rope_freqs.weight" in f.tensors:
+        what = f"llama.rope.scaling.type is {scaling!r}" if scaling != "none" else "it has rope_freqs.weight"
+        raise CheckpointError(f"{f.path}: {what} (Llama 3's scaled rotary frequencies); specdec implements "
+                              "plain rotary embeddings only")  # fmt: skip
     kv = h.n_kv_head * h.d_head
     expected = {"token_embd.weight": (h.n_vocab, h.n_embd), "output_norm.weight": (h.n_embd,)}
     for i in range(h.n_layer):
@@ -299,7 +317,7 @@ def load_gguf(path: str | Path, name: str | None = None):
         if f.tensors[key].shape != shape:
             raise CheckpointError(f"{f.path}, tensor {key!r}: shape {f.tensors[key].shape}, expected {shape} from "
                                   "the file's own metadata")  # fmt: skip
-    extra = sorted(set(f.tensors) - set(expected) - {"rope_freqs.weight"})
+    extra = sorted(set(f.tensors) - set(expected))
     if extra:
         raise CheckpointError(f"{f.path}: unexpected tensors {', '.join(extra[:4])}: not a plain Llama")
 

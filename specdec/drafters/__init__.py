@@ -23,6 +23,7 @@ import numpy as np
 from ..interfaces import Drafter, Proposal
 from ..model.cache import KVCache
 from ..model.gpt2 import GPT2
+from ..model.llama import Llama
 from ..sampling import SamplingParams, draw, greedy, probabilities
 from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
@@ -208,7 +209,7 @@ class NgramDrafter:
 def make_drafter(draft, target: GPT2) -> Drafter:
     """Turn what a caller passed as `draft` into a drafter for `target`.
 
-    A GPT2 becomes a ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with
+    A GPT2 or a Llama becomes a ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with
     n_max N (default 3); "early_exit:L" an EarlyExitDrafter over the target's
     first L layers; a Drafter (interfaces.py) is used as it is.
     """
@@ -222,7 +223,7 @@ def make_drafter(draft, target: GPT2) -> Drafter:
 
 
 def _as_drafter(draft, target: GPT2) -> Drafter:
-    if isinstance(draft, GPT2):
+    if isinstance(draft, (GPT2, Llama)):
         return ModelDrafter(draft)  # even draft is target works: it gets its own cache
     if isinstance(draft, str):
         spec = parse_draft(draft)
@@ -239,6 +240,6 @@ def _as_drafter(draft, target: GPT2) -> Drafter:
     if isinstance(draft, Drafter):
         return draft
     raise TypeError(
-        f"draft must be a GPT2, 'ngram', 'early_exit:L' or a drafter (begin, propose, commit, n_vocab, n_ctx, "
+        f"draft must be a GPT2 or Llama, 'ngram', 'early_exit:L' or a drafter (begin, propose, commit, n_vocab, n_ctx, "
         f"calls: see specdec/interfaces.py), not {type(draft).__name__}"
     )

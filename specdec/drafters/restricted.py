@@ -40,6 +40,8 @@ class RestrictedHead(GPT2):
     """
 
     def __init__(self, model: GPT2, ids):
+        if not isinstance(model, GPT2):  # it subclasses GPT2, whose forward a Llama's weights do not fit
+            raise ValueError(f"a restricted head is implemented for GPT-2 models, not {type(model).__name__}")
         self.vocab = DraftVocab.of(model, ids)  # ids sorted, unique, checked; w = wte[ids]
         weights = dataclasses.replace(model.weights, lm_head=Linear(self.vocab.w, None))  # [N, n_embd]
         super().__init__(model.hparams, weights, model.tokenizer, name=f"{model.name}[{len(self.vocab.ids)} tokens]")

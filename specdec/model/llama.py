@@ -106,7 +106,8 @@ def rms_norm(x: np.ndarray, g: np.ndarray, eps: float) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     """x * sigmoid(x), the gate of SwiGLU."""
-    return x / (F32(1.0) + np.exp(-x))
+    with np.errstate(over="ignore"):  # e^-x is inf below x = -88 in float32: x / inf = -0, the right limit
+        return x / (F32(1.0) + np.exp(-x))
 
 
 def rope_tables(positions: np.ndarray, d_head: int, theta: float, dtype=F32) -> tuple[np.ndarray, np.ndarray]:

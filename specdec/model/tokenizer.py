@@ -150,7 +150,7 @@ PRE_TOKENIZERS = {
     "gpt2": GPT2_PATTERN,
     "smollm": r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+""",
 }
-CONTROL = 3  # tokenizer.ggml.token_type of special (control) tokens such as <|im_start|>
+NORMAL, CONTROL = 1, 3  # tokenizer.ggml.token_type of ordinary tokens and of special ones such as <|im_start|>
 
 
 class GGUFEncoding(tiktoken.Encoding):
@@ -166,15 +166,23 @@ class GGUFEncoding(tiktoken.Encoding):
         super().__init__(*args, **kwargs)
         self.missing_bytes = missing_bytes
 
-    def encode(self, text: str, **kwargs) -> list[int]:
+    def check_encodable(self, text: str) -> None:
+        """A ValueError naming the characters this vocabulary cannot spell (tiktoken would panic on them)."""
         if self.missing_bytes:
-            bad = sorted({c for c in text if self.missing_bytes.intersection(c.encode("utf-8"))})
+            bad = sorted({c for c in text if self.missing_bytes.intersection(c.encode("utf-8", "surrogatepass"))})
             if bad:
                 raise ValueError(
                     f"this model's vocabulary has no token for the character(s) {', '.join(map(repr, bad))}: "
                     "remove or replace them"
                 )
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        self.check_encodable(text)
         return super().encode(text, **kwargs)
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        self.check_encodable(text)
+        return super().encode_ordinary(text)
 
 
 def gguf_encoding(metadata: dict, source) -> GGUFEncoding:
@@ -196,24 +204,37 @@ def gguf_encoding(metadata: dict, source) -> GGUFEncoding:
     ):
         raise ValueError(f"{source}: tokenizer.ggml.tokens, token_type and merges are missing or disagree")
     decode = byte_decoder()
+
+    def spelt(token) -> bytes | None:  # a token's bytes, or None when it is not in GPT-2's byte alphabet
+        return bytes(decode[c] for c in token) if isinstance(token, str) and token and set(token) <= decode.keys() else None
+
     ranks, special = {}, {}
     for i, (token, kind) in enumerate(zip(tokens, types)):
         if kind == CONTROL:
             special[token] = i
             continue
-        try:
-            ranks[bytes(decode[c] for c in token)] = i
-        except (KeyError, TypeError):
-            raise ValueError(f"{source}: token {i} ({token!r}) is not in GPT-2's byte alphabet") from None
+        if kind != NORMAL:
+            raise ValueError(f"{source}: token {i} ({token!r:.40}) has type {kind!r}; specdec reads normal (1) and "
+                             "control (3) tokens")  # fmt: skip
+        b = spelt(token)
+        if b is None:
+            raise ValueError(f"{source}: token {i} ({token!r:.40}) is not in GPT-2's byte alphabet")
+        if b in ranks:
+            raise ValueError(f"{source}: tokens {ranks[b]} and {i} are the same bytes ({token!r:.40})")
+        ranks[b] = i
     # subtle: tiktoken merges the pair whose merged token has the lowest rank; the original BPE merges
-    # the pair listed first. They agree when every merge's result has a higher id than the one before.
-    last = -1
-    for line in merges:
-        left, _, right = line.partition(" ")
-        merged = ranks.get(bytes(decode[c] for c in left + right))
-        if merged is None or merged <= last:
-            raise ValueError(f"{source}: merge {line!r} is out of id order; tiktoken would tokenize differently")
-        last = merged
+    # the pair listed first. They agree when ids follow merge order: the multi-byte tokens, by id, are
+    # exactly the merges' results in merge order (SmolLM2: 235 bytes, then merge j makes id 252 + j).
+    merged = sorted(i for b, i in ranks.items() if len(b) > 1)
+    if len(merged) != len(merges):
+        raise ValueError(f"{source}: {len(merged)} multi-byte tokens but {len(merges)} merges; tiktoken would "
+                         "tokenize differently")  # fmt: skip
+    for j, (line, i) in enumerate(zip(merges, merged)):
+        parts = line.split(" ") if isinstance(line, str) else []
+        ids = [ranks.get(spelt(part)) for part in parts] if len(parts) == 2 else [None]
+        if None in ids or "".join(parts) != tokens[i] or max(ids) >= i:
+            raise ValueError(f"{source}: merge {j} ({line!r:.40}) does not make token {i} ({tokens[i]!r:.40}) from two "
+                             "earlier tokens: ids are out of merge order, so tiktoken would tokenize differently")  # fmt: skip
     missing = frozenset(b for b in range(256) if bytes([b]) not in ranks)
     try:
         return GGUFEncoding(name=f"gguf-{pre}", pat_str=PRE_TOKENIZERS[pre], mergeable_ranks=ranks,

@@ -187,3 +187,45 @@ def test_unsupported_quantizations_are_refused_by_name(tmp_path):
     (tmp_path / "k.gguf").write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="tensor 'w': Q4_K quantization is not supported"):
         GGUFFile(tmp_path / "k.gguf")
+
+
+def tensor_entry(name: str, dims: list[int], offset: int, kind: int = 0) -> bytes:
+    return s(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", kind, offset)
+
+
+def raw_gguf(entries: list[bytes], meta: bytes = b"", n_meta: int = 0, data: int = 512, version: int = 3) -> bytes:
+    body = b"GGUF" + struct.pack("<IQQ", version, len(entries), n_meta) + meta + b"".join(entries)
+    return body + b"\0" * (-len(body) % 32) + b"\0" * data
+
+
+MORE_HOSTILE = {
+    "big-endian": (raw_gguf([], version=3 << 24), "big-endian"),
+    "a key twice": (raw_gguf([], s("k") + value(1) + s("k") + value(2), n_meta=2), "metadata 'k' twice"),
+    "overlapping tensors": (raw_gguf([tensor_entry("a", [64], 0), tensor_entry("b", [64], 128)]), "'b': overlaps"),
+    "misaligned offset": (raw_gguf([tensor_entry("a", [4], 4)]), "'a': starts at offset 4, not a multiple"),
+}
+
+
+@pytest.mark.parametrize("case", list(MORE_HOSTILE))
+def test_more_hostile_tables_are_refused_by_what_is_wrong(tmp_path, case):
+    data, message = MORE_HOSTILE[case]
+    (tmp_path / "bad.gguf").write_bytes(data)
+    with pytest.raises(CheckpointError, match=message) as e:
+        GGUFFile(tmp_path / "bad.gguf")
+    assert str(tmp_path / "bad.gguf") in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (dict(tensors={"rope_freqs.weight": np.ones(8, np.float32)}), "rope_freqs.weight"),
+        (dict(meta={"llama.rope.scaling.type": "linear"}), "scaling.type is 'linear'"),
+        (dict(meta={"llama.rope.dimension_count": 8}), "partial rotary"),
+        (dict(tensors={"blk.0.attn_q_norm.weight": np.ones(16, np.float32)}), "unexpected tensors blk.0.attn_q_norm"),
+    ],
+)
+def test_llama_variants_it_does_not_implement_are_refused(tmp_path, changes, message):
+    model = random_llama(LlamaHParams(n_vocab=64, n_ctx=32, n_embd=64, n_head=4, n_kv_head=2, n_layer=1, n_ff=64))
+    tiny_llama_gguf(tmp_path / "v.gguf", model, **changes)
+    with pytest.raises(CheckpointError, match=message):
+        load_gguf(tmp_path / "v.gguf")

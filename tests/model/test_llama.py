@@ -13,7 +13,7 @@ from helpers import BROKEN_RULES, chi_square_passes, sample_many
 import specdec.verify as verify
 from specdec import autoregressive_sample, speculative_sample
 from specdec.checkpoints.gguf import GGUFFile, load_gguf, unpermute_rows
-from specdec.model.llama import LlamaHParams, grouped_attention, random_llama, rms_norm
+from specdec.model.llama import LlamaHParams, grouped_attention, random_llama, rms_norm, silu
 from specdec.model.tokenizer import chat_prompt
 from specdec.interfaces import Proposal
 from specdec.sampling import SamplingParams, draw, probabilities
@@ -77,6 +77,14 @@ def test_rms_norm_and_the_rows_unpermuted():
     w = np.arange(2 * 8 * 3, dtype=np.float32).reshape(16, 3)
     permuted = w.reshape(2, 2, 4, 3).swapaxes(1, 2).reshape(16, 3)
     np.testing.assert_array_equal(unpermute_rows(permuted, 2), w)
+
+
+def test_silu_is_x_times_sigmoid_without_overflow_warnings():
+    x = np.float32([-1000, -20, -1, 0, 0.5, 3, 1000])
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        y = silu(x)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, x * (0.5 + 0.5 * np.tanh(x.astype(np.float64) / 2)), rtol=1e-6, atol=1e-30)
 
 
 def test_hyperparameters_are_checked():
@@ -213,3 +221,21 @@ def test_chat_wraps_the_prompt_and_both_decoders_stop_at_the_end_of_the_reply(sm
         autoregressive_sample(tiny, [1, 2], 4, chat=True)
     with pytest.raises(ValueError, match="pass text, not token ids"):
         speculative_sample(smollm2, "ngram", [1, 2], 4, chat=True)
+
+
+# --- drafters take a Llama as they take a GPT2 ------------------------------------------------
+
+
+def test_a_llama_passed_as_the_draft_is_a_model_drafter(tiny):
+    draft = random_llama(LlamaHParams(**{**vars(tiny.hparams), "n_layer": 1}), seed=4, scale=0.3)
+    expected = autoregressive_sample(tiny, [3, 1, 4], 16).tokens
+    for K, tree in ((1, None), (4, None), ("auto", None), (3, 6)):
+        assert speculative_sample(tiny, draft, [3, 1, 4], 16, K=K, tree=tree).tokens == expected, (K, tree)
+    assert speculative_sample(tiny, tiny, [3, 1, 4], 16, K=4).acceptance_rate == 1.0
+
+
+def test_a_restricted_head_refuses_a_llama_by_name(tiny):
+    from specdec.drafters.restricted import restrict
+
+    with pytest.raises(ValueError, match="GPT-2 models, not Llama"):
+        restrict(tiny, 10)
