@@ -11,6 +11,9 @@ user actually runs. Two tables:
              the two columns saw the same machine load
     drafters c = one draft step / one target step, for each drafter, measured by
              timing.measure_costs on the first prompt of the suite
+    exits    how often the first L layers (then the final norm and LM head) pick
+             the full model's greedy token, along the full model's own greedy
+             reply to a chat request: early exit's acceptance at temperature 0
 Acceptance (alpha, tau) and wall-clock speedups per drafter and prompt category
 come from the suite section on the same target:
     python -m specdec.bench --only suite --target smollm2-135m --drafts ngram,early_exit:29 --temperature 0
@@ -25,6 +28,7 @@ import statistics
 
 import numpy as np
 
+from ..autoregressive import autoregressive_sample, check_request
 from ..checkpoints.load import load_model
 from ..model.shapes import random_model
 from ..timing import measure_costs, pass_calls, time_calls
@@ -32,6 +36,7 @@ from .suite import load_prompts
 
 M_MAX = 9
 CONTEXT = 256
+EXIT_PROMPT = "Explain to a ten-year-old why the sky is blue."
 
 
 def step_table(models: dict, repeats: int) -> dict:
@@ -53,6 +58,26 @@ def step_table(models: dict, repeats: int) -> dict:
     return out
 
 
+def exit_agreement(target, layers, n_tokens: int = 120, text: str = EXIT_PROMPT) -> dict[int, float]:
+    """{L: fraction of the reply's tokens that the first L layers' argmax predicts}, at temperature 0.
+
+    The full model writes its greedy reply to `text` (as a chat request on a chat model); one pass
+    over prompt + reply per L then gives the early exit's argmax at every
+    position, which is compared with the token the full model chose there.
+    """
+    special = getattr(target.tokenizer, "_special_tokens", {})
+    chat = "<|im_start|>" in special  # a chat model gets the request as a user turn
+    reply = autoregressive_sample(target, text, n_tokens, temperature=0.0, chat=chat).tokens
+    ids = check_request(target, text, n_tokens, chat=chat) + reply  # the prompt, as the decode saw it
+    start = len(ids) - len(reply)  # logits at position i predict token i + 1
+    out = {}
+    for n_layer in layers:
+        logits = target.forward(ids, target.new_cache(len(ids)), n_layer=n_layer)
+        guesses = logits[start - 1 : len(ids) - 1].argmax(axis=-1)
+        out[n_layer] = float(np.mean(guesses == np.asarray(reply)))
+    return out
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(prog="python -m specdec.bench --only real", description=__doc__.split("\n\n")[0],
                                 allow_abbrev=False)  # fmt: skip
@@ -60,6 +85,8 @@ def main(argv=None) -> dict:
     p.add_argument("--drafts", "--draft", default="ngram,early_exit:8,early_exit:15,early_exit:22,early_exit:29",
                    help="comma-separated drafters (default %(default)s)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=15, help="interleaved repeats per pass (default %(default)s)")
+    p.add_argument("--exit-layers", "--exit_layers", default="4,8,12,16,20,24,26,28,29",
+                   help="early-exit layers whose greedy agreement to measure ('' for none; default %(default)s)")  # fmt: skip
     args = p.parse_args(argv)
     target = load_model(args.target)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -80,6 +107,13 @@ def main(argv=None) -> dict:
         c = measure_costs(target, spec, prompt, m_max=2, repeats=args.repeats)
         costs[spec] = {"c": c.c, "draft_step_ms": 1e3 * c.draft_step, "target_step_ms": 1e3 * c.target_step}
         print(f"| {spec} | {c.c:.3f} | {1e3 * c.draft_step:.2f} |")
+    layers = [int(x) for x in args.exit_layers.split(",") if x.strip()]
+    agreement = exit_agreement(target, layers) if layers else {}
+    if agreement:
+        print(f"\nearly exit at temperature 0: the first L of {target.n_layer} layers against the full model's greedy reply")
+        print("| L | " + " | ".join(str(n) for n in agreement) + " |")
+        print("|---" * (len(agreement) + 1) + "|")
+        print("| agreement | " + " | ".join(f"{a:.2f}" for a in agreement.values()) + " |")
     end = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"\nload average {end:.2f} at the end; {statistics.median([load, end]):.2f} in between, roughly")
-    return {"steps": steps, "costs": costs, "load": (load, end)}
+    return {"steps": steps, "costs": costs, "exit_agreement": agreement, "load": (load, end)}

@@ -137,3 +137,15 @@ def test_one_bench_command_routes_each_section_to_its_group(monkeypatch, capsys)
     assert cli.main(["--only", "decode,family"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "unknown section bogus" in err[0] and "different flags" in err[1]
+
+
+def test_exit_agreement_counts_the_full_models_greedy_tokens():
+    """bench real's early-exit table: all layers agree with the full model's greedy reply exactly;
+    fewer layers agree on a fraction; a guess compared one position off would not give 1.0."""
+    from specdec.bench.real import exit_agreement
+    from specdec.checkpoints.load import load_model
+
+    model = load_model("stdlib-6L")
+    agreement = exit_agreement(model, [2, model.n_layer], n_tokens=24, text="def main(argv):\n    ")
+    assert agreement[model.n_layer] == 1.0
+    assert 0.0 <= agreement[2] <= 1.0
