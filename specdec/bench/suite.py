@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -341,6 +342,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def load_average() -> str:
+    """The 1-minute load average, printed beside timings (a busy machine slows every decoder unevenly)."""
+    return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "unknown"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from ..checkpoints.hub import default_models_dir
@@ -380,10 +386,11 @@ def main(argv=None) -> int:
                 model_free = label.split(":")[0] in ("ngram", "early_exit", "medusa", "eagle")
                 drafts[label] = label if model_free else target if label == args.target else load(label)
             say(f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "
-                f"{args.n_tokens} tokens per prompt")  # fmt: skip
+                f"{args.n_tokens} tokens per prompt, {args.repeats} timed run(s) each; load average {load_average()}")  # fmt: skip
             numbers = run_suite(target, drafts, args.suite, args.n_tokens, args.K, args.temperature, args.seed,
                                 args.repeats, say)  # fmt: skip
             suite_table(numbers, sys.stdout)
+            say(f"load average {load_average()} at the end (the speedups are wall-clock: read them with it)")
     except (ValueError, CheckpointError, DownloadError, OSError) as e:
         say(f"python -m specdec.bench: error: {e}")
         return 1
