@@ -61,7 +61,7 @@ class DraftVocab:
 
     @classmethod
     def of(cls, target: GPT2, ids: np.ndarray | None = None) -> "DraftVocab":
-        wte = target.weights.wte  # [n_vocab, n_embd]
+        wte = target.weights.lm_head.w_t  # [n_vocab, n_embd]: the LM head's rows (wte itself when tied)
         if ids is None:
             return cls(np.arange(target.n_vocab), wte, target.n_vocab)
         ids = np.unique(np.asarray(ids, dtype=np.int64))

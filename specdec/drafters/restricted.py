@@ -1,4 +1,4 @@
-"""A draft GPT-2 whose LM head scores only N tokens: cheaper draft steps, still exact.
+"""A draft model (GPT-2 or Llama) whose LM head scores only N tokens: cheaper draft steps, still exact.
 
 What it adds over a plain draft model: on a CPU a draft step is memory-bound
 like the target's, and GPT-2's LM head (wte, [50257, n_embd]) is a large part
@@ -16,8 +16,10 @@ price is acceptance: a draft cannot propose a token it cannot score.
     draft = restrict(load_model("124M"), 8192)      # the 8192 most frequent tokens
     speculative_sample(target, draft, ids, 40, K=4)
 
-`RestrictedHead` is a GPT2 like any other (it returns full-width logits, -inf
-outside the draft vocabulary), so every sampler and drafter takes it unchanged.
+`RestrictedHead` is a GPT2 like any other, and `RestrictedLlama` a Llama (both
+return full-width logits, -inf outside the draft vocabulary), so every sampler
+and drafter takes them unchanged. (SmolLM2's head is its 49,152 x 576
+embedding, a fifth of what one of its steps reads.)
 The vocabulary itself is heads.DraftVocab, which the Medusa and EAGLE heads use.
 """
 
@@ -29,25 +31,25 @@ import numpy as np
 
 from ..model.gpt2 import GPT2
 from ..model.kernels import Linear
+from ..model.llama import Llama
 from .heads import DraftVocab, top_tokens
 
 
-class RestrictedHead(GPT2):
+class Restricted:
     """`model` with its LM head cut to the rows of `ids`; logits are -inf for every other token.
 
-    Shares every weight with `model` (no copy) except the [N, n_embd] rows of wte
-    the new head reads, which are copied once to make them contiguous.
+    Shares every weight with `model` (no copy) except the [N, n_embd] rows of the
+    LM head the new head reads, which are copied once to make them contiguous.
+    Mixed into a model class: RestrictedHead (GPT-2) and RestrictedLlama below.
     """
 
-    def __init__(self, model: GPT2, ids):
-        if not isinstance(model, GPT2):  # it subclasses GPT2, whose forward a Llama's weights do not fit
-            raise ValueError(f"a restricted head is implemented for GPT-2 models, not {type(model).__name__}")
-        self.vocab = DraftVocab.of(model, ids)  # ids sorted, unique, checked; w = wte[ids]
+    def __init__(self, model, ids):
+        self.vocab = DraftVocab.of(model, ids)  # ids sorted, unique, checked; w = the head's rows [ids]
         weights = dataclasses.replace(model.weights, lm_head=Linear(self.vocab.w, None))  # [N, n_embd]
         super().__init__(model.hparams, weights, model.tokenizer, name=f"{model.name}[{len(self.vocab.ids)} tokens]")
 
     def forward(self, tokens, cache, last_only=False, n_layer=None, return_hidden=False, parents=None):
-        """As GPT2.forward, with [n_seq, n_vocab] logits that are -inf outside the draft vocabulary."""
+        """As the model's forward, with [n_seq, n_vocab] logits that are -inf outside the draft vocabulary."""
         out = super().forward(tokens, cache, last_only, n_layer, return_hidden, parents)
         if return_hidden:
             logits, hidden = out
@@ -55,7 +57,15 @@ class RestrictedHead(GPT2):
         return self.vocab.full(out)  # [n_seq, N] -> [n_seq, n_vocab]
 
 
-def restrict(model: GPT2, n: int, corpus_ids=None) -> RestrictedHead:
+class RestrictedHead(Restricted, GPT2):
+    """A GPT-2 scoring only the draft vocabulary."""
+
+
+class RestrictedLlama(Restricted, Llama):
+    """A Llama scoring only the draft vocabulary."""
+
+
+def restrict(model: GPT2 | Llama, n: int, corpus_ids=None) -> RestrictedHead | RestrictedLlama:
     """`model` scoring only n tokens: the n most frequent in `corpus_ids` (token ids of
     some representative text), or without a corpus, ids 0..n-2 and <|endoftext|>.
 
@@ -64,7 +74,11 @@ def restrict(model: GPT2, n: int, corpus_ids=None) -> RestrictedHead:
     so low ids are, roughly, the frequent pieces of GPT-2's training text (after
     the 256 single bytes, which are kept anyway: any text can be spelt with them).
     A corpus of the text you will decode does better; measure acceptance either way.
+    (A Llama's byte-level BPE numbers its tokens the same way; SmolLM2's special
+    tokens come first, ids 0-2, so they are kept too.)
     """
+    if not isinstance(model, (GPT2, Llama)):
+        raise ValueError(f"restrict takes a GPT-2 or Llama model, not {type(model).__name__}")
     n_vocab = model.n_vocab
     if not 1 <= n <= n_vocab:
         raise ValueError(f"a restricted head needs 1..{n_vocab} tokens, got {n}")
@@ -72,4 +86,4 @@ def restrict(model: GPT2, n: int, corpus_ids=None) -> RestrictedHead:
         ids = top_tokens(np.asarray(corpus_ids, dtype=np.int64), n, n_vocab)
     else:
         ids = np.append(np.arange(n - 1), n_vocab - 1)  # ... and the last id, GPT-2's <|endoftext|>
-    return RestrictedHead(model, ids)
+    return RestrictedLlama(model, ids) if isinstance(model, Llama) else RestrictedHead(model, ids)

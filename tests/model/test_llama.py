@@ -234,8 +234,17 @@ def test_a_llama_passed_as_the_draft_is_a_model_drafter(tiny):
     assert speculative_sample(tiny, tiny, [3, 1, 4], 16, K=4).acceptance_rate == 1.0
 
 
-def test_a_restricted_head_refuses_a_llama_by_name(tiny):
-    from specdec.drafters.restricted import restrict
+def test_a_restricted_llama_scores_only_its_tokens_and_stays_exact(tiny):
+    from specdec.drafters.restricted import RestrictedLlama, restrict
 
-    with pytest.raises(ValueError, match="GPT-2 models, not Llama"):
-        restrict(tiny, 10)
+    ids = [0, 2, 5, 7, 11, 13]
+    draft = restrict(tiny, len(ids), corpus_ids=ids * 3)
+    assert isinstance(draft, RestrictedLlama)
+    tokens = [3, 1, 4, 1, 5]
+    logits, full = draft(tokens), tiny(tokens)
+    np.testing.assert_allclose(logits[:, ids], full[:, ids], atol=1e-5)  # the same scores on the draft vocabulary
+    assert np.isneginf(np.delete(logits, ids, axis=1)).all()  # and none elsewhere
+    expected = autoregressive_sample(tiny, tokens, 16).tokens
+    assert speculative_sample(tiny, draft, tokens, 16, K=3).tokens == expected
+    with pytest.raises(ValueError, match="GPT-2 or Llama model"):
+        restrict(object(), 10)
