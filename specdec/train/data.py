@@ -19,6 +19,7 @@ from tqdm import tqdm
 from ..checkpoints.pairs import fsync, show, temporary
 from ..drafters.heads import model_fingerprint
 from ..model.gpt2 import GPT2
+from ..model.tokenizer import DEFAULT_SYSTEM
 from ..sampling import SamplingParams, draw, greedy, probabilities
 
 F32 = np.float32
@@ -34,6 +35,22 @@ def bos_token(target: GPT2) -> int:
     return target.tokenizer.eot_token if target.tokenizer is not None else target.n_vocab - 1
 
 
+def start_tokens(target: GPT2) -> list[int]:
+    """Where every self-distilled sequence starts: <|endoftext|> for a plain language model.
+
+    For a chat model (one with <|im_start|>, as SmolLM2-Instruct) it is the chat
+    template's system turn and the opening of a user turn: the model then writes
+    a request, closes it with <|im_end|>, and usually answers it, so the heads
+    learn from the model's own replies, the text they will draft at run time
+    (Medusa-2 and EAGLE self-distil from replies to chat prompts in the same spirit).
+    """
+    tokenizer = target.tokenizer
+    if "<|im_start|>" not in getattr(tokenizer, "_special_tokens", {}):
+        return [bos_token(target)]
+    return (tokenizer.encode("<|im_start|>system\n", allowed_special="all") + tokenizer.encode(DEFAULT_SYSTEM)
+            + tokenizer.encode("<|im_end|>\n<|im_start|>user\n", allowed_special="all"))  # fmt: skip
+
+
 def self_distill(
     target: GPT2,
     n_tokens: int,
@@ -46,13 +63,18 @@ def self_distill(
     """Text the target writes itself, with its features.
 
     Returns tokens [n_seq, seq_len] int64 and features [n_seq, seq_len, n_embd]
-    float32, features[s, t] being the target's hidden state (after ln_f) after
-    reading tokens[s, :t+1], the one whose logits chose tokens[s, t+1].
-    A fraction greedy_frac of the sequences continue greedily after their
-    sampled prompt of prompt_len tokens; the others keep sampling at T=1.
+    float32, features[s, t] being the target's hidden state (after the final norm)
+    after reading tokens[s, :t+1], the one whose logits chose tokens[s, t+1].
+    Every sequence begins with start_tokens(target). A fraction greedy_frac of
+    the sequences continue greedily after prompt_len sampled tokens; the others
+    keep sampling at T=1.
     """
     if seq_len > target.n_ctx:
         raise ValueError(f"--seq-len {seq_len} exceeds the model's context of {target.n_ctx}")
+    start = start_tokens(target)
+    if seq_len < len(start) + prompt_len:
+        raise ValueError(f"--seq-len {seq_len} leaves no room to write: each sequence starts with {len(start)} "
+                         f"tokens of {target.name}'s chat template; use at least {len(start) + 2 * prompt_len}")  # fmt: skip
     n_seq = max(1, math.ceil(n_tokens / seq_len))
     tokens = np.zeros((n_seq, seq_len), np.int64)
     features = np.zeros((n_seq, seq_len, target.n_embd), F32)
@@ -61,16 +83,20 @@ def self_distill(
     for s in range(n_seq):
         greedy_run = rng.random() < greedy_frac
         cache = target.new_cache(seq_len)
-        token = bos_token(target)
-        for t in range(seq_len):
+        tokens[s, : len(start)] = start
+        if len(start) > 1:  # the template's tokens in one pass, features kept
+            _, hidden = target.forward(start[:-1], cache, return_hidden=True)
+            features[s, : len(start) - 1] = hidden
+        token = start[-1]
+        for t in range(len(start) - 1, seq_len):
             tokens[s, t] = token
             logits, hidden = target.forward([token], cache, return_hidden=True)
             features[s, t] = hidden[0]
-            if greedy_run and t >= prompt_len:
+            if greedy_run and t >= len(start) - 1 + prompt_len:
                 token = greedy(logits[0])
             else:
                 token = draw(probabilities(logits, sample)[0], rng)
-            bar.update()
+        bar.update(seq_len)
     bar.close()
     return tokens, features
 
@@ -85,6 +111,7 @@ def load_or_make_data(path: Path, target: GPT2, n_tokens: int, seq_len: int, see
         "seq_len": seq_len,
         "seed": seed,
         "greedy_frac": greedy_frac,
+        "start": start_tokens(target),
     }
     if path.exists() or path.is_symlink():
         cached = read_data(path, meta, target)

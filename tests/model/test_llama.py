@@ -248,3 +248,11 @@ def test_a_restricted_llama_scores_only_its_tokens_and_stays_exact(tiny):
     assert speculative_sample(tiny, draft, tokens, 16, K=3).tokens == expected
     with pytest.raises(ValueError, match="GPT-2 or Llama model"):
         restrict(object(), 10)
+
+
+def test_heads_self_distil_smollm2_from_its_chat_template(smollm2):
+    """A chat model's training sequences start with its system turn and an open user turn."""
+    from specdec.train.data import start_tokens
+
+    text = smollm2.tokenizer.decode(start_tokens(smollm2))
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_end|>\n<|im_start|>user\n")

@@ -22,14 +22,25 @@ def quiet(*_):
     pass
 
 
-def test_self_distilled_features_are_the_targets_hidden_states():
+@pytest.mark.parametrize("start", [None, [5, 9, 2]], ids=["endoftext", "chat-template"])
+def test_self_distilled_features_are_the_targets_hidden_states(start, monkeypatch):
+    """Every sequence begins where start_tokens says (<|endoftext|>, or a chat model's template, here
+    three stand-in tokens), and every position's feature is the hidden state a plain pass computes."""
+    from specdec.train import data
+
     target = learnable_model()
+    if start is not None:
+        monkeypatch.setattr(data, "start_tokens", lambda target: start)
     tokens, features = self_distill(target, 40, 20, np.random.default_rng(0), greedy_frac=0.5, progress=False)
     assert tokens.shape == (2, 20) and features.shape == (2, 20, 64) and features.dtype == np.float32
-    assert (tokens[:, 0] == target.n_vocab - 1).all()  # every sequence starts at <|endoftext|>
+    expected = start or [target.n_vocab - 1]  # <|endoftext|>, last in a GPT-2 vocabulary
+    assert (tokens[:, : len(expected)] == expected).all()
     for s in range(2):
         logits, hidden = target.forward(tokens[s], target.new_cache(), return_hidden=True)
         np.testing.assert_allclose(features[s], hidden, rtol=1e-4, atol=1e-5)
+    if start is not None:
+        with pytest.raises(ValueError, match="leaves no room to write"):
+            self_distill(target, 40, 6, np.random.default_rng(0), progress=False)
 
 
 @pytest.mark.slow
