@@ -256,3 +256,49 @@ def test_heads_self_distil_smollm2_from_its_chat_template(smollm2):
 
     text = smollm2.tokenizer.decode(start_tokens(smollm2))
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_end|>\n<|im_start|>user\n")
+
+
+# --- every drafter on a Llama: greedy speculative equals greedy autoregressive ----------------
+
+
+def write_untrained_heads(folder, target, ids) -> dict[str, str]:
+    """Medusa and EAGLE heads at their initialisation (EAGLE's randomised), saved as training saves them:
+    draft specs for both. Untrained heads draft badly; greedy output must equal the target's anyway."""
+    from specdec.drafters import eagle, medusa
+    from specdec.drafters.heads import DraftVocab, save_heads
+
+    vocab = DraftVocab.of(target, ids)
+    params = {"medusa": medusa.init_params(3, target.n_embd),
+              "eagle": eagle.init_params(target.n_embd, np.random.default_rng(0), std=0.2)}  # fmt: skip
+    for kind, p in params.items():
+        save_heads(folder / kind, kind, target, p, {"n_heads": 3 if kind == "medusa" else 1}, vocab)
+    return {kind: f"{kind}:{folder / kind}" for kind in params}
+
+
+def every_drafter(target, folder, corpus) -> list:
+    from specdec.drafters.restricted import restrict
+
+    heads = write_untrained_heads(folder, target, np.unique(corpus))
+    return [("ngram", None), ("early_exit:1", None), ("ngram", 6), (heads["medusa"], None), (heads["medusa"], 6),
+            (heads["eagle"], None), (heads["eagle"], 6), (restrict(target, 64, corpus), None),
+            (restrict(target, 64, corpus), 5)]  # fmt: skip
+
+
+def test_every_drafter_runs_on_a_tiny_llama(tiny, tmp_path):
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    plain = autoregressive_sample(tiny, prompt, 20).tokens
+    for draft, tree in every_drafter(tiny, tmp_path, np.arange(0, tiny.n_vocab, 2)):
+        out = speculative_sample(tiny, draft, prompt, 20, K=3, tree=tree)
+        assert out.tokens == plain, (draft, tree)
+        assert sum(out.k_per_round) > 0 or draft == "ngram", (draft, tree)  # it drafted: drafts were judged
+
+
+@pytest.mark.slow
+def test_every_drafter_runs_on_smollm2(smollm2, tmp_path):
+    text = "Repeat exactly: the quick brown fox jumps over the lazy dog."
+    prompt = chat_prompt(smollm2.tokenizer, text)
+    plain = autoregressive_sample(smollm2, prompt, 16).tokens
+    for draft, tree in every_drafter(smollm2, tmp_path, prompt + plain):
+        if draft == "early_exit:1":
+            draft = "early_exit:24"
+        assert speculative_sample(smollm2, draft, prompt, 16, K=3, tree=tree).tokens == plain, (draft, tree)
