@@ -1,5 +1,7 @@
 """GPT-2's byte-level BPE tokenizer, as a tiktoken Encoding built from the
-checkpoint's own vocab.json and merges.txt.
+checkpoint's own vocab.json and merges.txt; and the same kind of tokenizer
+given as token strings and merges by a GGUF file or a Hugging Face
+tokenizer.json (SmolLM2), through one builder (`byte_level_bpe`).
 
 tiktoken does the fast encoding; this file only turns GPT-2's two files into
 what tiktoken wants: a map from each token's *bytes* to its rank.
@@ -138,7 +140,8 @@ def _check_merges(vocab: dict, merges: list[str], vocab_path: str, merges_path: 
 
 
 # ---------------------------------------------------------------------------
-# Byte-level BPE from a GGUF file's metadata (SmolLM2 and other GPT-2-style vocabularies).
+# Byte-level BPE given as token strings and merges: a GGUF file's metadata, or Hugging Face's
+# tokenizer.json (SmolLM2 and other GPT-2-style vocabularies). Both feed one builder, byte_level_bpe.
 # ---------------------------------------------------------------------------
 
 # Pre-tokenizers by the name a GGUF gives in tokenizer.ggml.pre. SmolLM2 ("smollm") splits every digit
@@ -153,7 +156,7 @@ PRE_TOKENIZERS = {
 NORMAL, CONTROL = 1, 3  # tokenizer.ggml.token_type of ordinary tokens and of special ones such as <|im_start|>
 
 
-class GGUFEncoding(tiktoken.Encoding):
+class ByteLevelEncoding(tiktoken.Encoding):
     """A tiktoken Encoding that refuses text it cannot encode with one clear error.
 
     subtle: SmolLM2's vocabulary has no token for 21 of the 256 byte values (bytes
@@ -185,43 +188,32 @@ class GGUFEncoding(tiktoken.Encoding):
         return super().encode_ordinary(text)
 
 
-def gguf_encoding(metadata: dict, source) -> GGUFEncoding:
-    """The tiktoken Encoding a GGUF's tokenizer.ggml.* metadata describes (model "gpt2": byte-level BPE).
+def byte_level_bpe(tokens: dict[int, str], special: dict[str, int], merges: list[str], pre: str,
+                   source) -> ByteLevelEncoding:  # fmt: skip
+    """The tiktoken Encoding for a byte-level BPE: ordinary tokens {id: token in GPT-2's byte alphabet},
+    special tokens {text: id}, merges "a b" in order, and a pre-tokenizer named in PRE_TOKENIZERS.
 
     Checks, as load_tokenizer does for GPT-2's files, that token ids follow merge
-    order (so ranks = ids), and takes control tokens (token_type 3) as specials.
+    order (so ranks = ids): every assumption tiktoken makes, with a message naming `source`.
     """
-    model = metadata.get("tokenizer.ggml.model")
-    pre = metadata.get("tokenizer.ggml.pre", "gpt2")
-    if model != "gpt2":
-        raise ValueError(f"{source}: tokenizer {model!r}; specdec reads byte-level BPE GGUF tokenizers ('gpt2')")
     if pre not in PRE_TOKENIZERS:
         raise ValueError(f"{source}: pre-tokenizer {pre!r} is unknown to specdec (known: {', '.join(PRE_TOKENIZERS)})")
-    tokens, types = metadata.get("tokenizer.ggml.tokens"), metadata.get("tokenizer.ggml.token_type")
-    merges = metadata.get("tokenizer.ggml.merges")
-    if not (isinstance(tokens, list) and isinstance(types, list) and isinstance(merges, list)) or len(types) != len(
-        tokens
-    ):
-        raise ValueError(f"{source}: tokenizer.ggml.tokens, token_type and merges are missing or disagree")
     decode = byte_decoder()
 
     def spelt(token) -> bytes | None:  # a token's bytes, or None when it is not in GPT-2's byte alphabet
         return bytes(decode[c] for c in token) if isinstance(token, str) and token and set(token) <= decode.keys() else None
 
-    ranks, special = {}, {}
-    for i, (token, kind) in enumerate(zip(tokens, types)):
-        if kind == CONTROL:
-            special[token] = i
-            continue
-        if kind != NORMAL:
-            raise ValueError(f"{source}: token {i} ({token!r:.40}) has type {kind!r}; specdec reads normal (1) and "
-                             "control (3) tokens")  # fmt: skip
+    ranks = {}
+    for i, token in tokens.items():
         b = spelt(token)
         if b is None:
             raise ValueError(f"{source}: token {i} ({token!r:.40}) is not in GPT-2's byte alphabet")
         if b in ranks:
             raise ValueError(f"{source}: tokens {ranks[b]} and {i} are the same bytes ({token!r:.40})")
         ranks[b] = i
+    clash = sorted(set(special.values()) & set(tokens))
+    if clash:
+        raise ValueError(f"{source}: id {clash[0]} is both a special token and an ordinary one")
     # subtle: tiktoken merges the pair whose merged token has the lowest rank; the original BPE merges
     # the pair listed first. They agree when ids follow merge order: the multi-byte tokens, by id, are
     # exactly the merges' results in merge order (SmolLM2: 235 bytes, then merge j makes id 252 + j).
@@ -237,12 +229,119 @@ def gguf_encoding(metadata: dict, source) -> GGUFEncoding:
                              "earlier tokens: ids are out of merge order, so tiktoken would tokenize differently")  # fmt: skip
     missing = frozenset(b for b in range(256) if bytes([b]) not in ranks)
     try:
-        return GGUFEncoding(name=f"gguf-{pre}", pat_str=PRE_TOKENIZERS[pre], mergeable_ranks=ranks,
-                            special_tokens=special, missing_bytes=missing)  # fmt: skip
+        return ByteLevelEncoding(name=f"bpe-{pre}", pat_str=PRE_TOKENIZERS[pre], mergeable_ranks=ranks,
+                                 special_tokens=special, missing_bytes=missing)  # fmt: skip
     except BaseException as e:  # noqa: B036 (tiktoken's Rust panics are BaseExceptions)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         raise ValueError(f"{source}: tiktoken refused this vocabulary ({type(e).__name__}: {e})") from None
+
+
+def gguf_encoding(metadata: dict, source) -> ByteLevelEncoding:
+    """The tiktoken Encoding a GGUF's tokenizer.ggml.* metadata describes (model "gpt2": byte-level BPE).
+
+    Ordinary tokens have token_type 1; control tokens (token_type 3) become specials.
+    """
+    model = metadata.get("tokenizer.ggml.model")
+    pre = metadata.get("tokenizer.ggml.pre", "gpt2")
+    if model != "gpt2":
+        raise ValueError(f"{source}: tokenizer {model!r}; specdec reads byte-level BPE GGUF tokenizers ('gpt2')")
+    if pre not in PRE_TOKENIZERS:
+        raise ValueError(f"{source}: pre-tokenizer {pre!r} is unknown to specdec (known: {', '.join(PRE_TOKENIZERS)})")
+    tokens, types = metadata.get("tokenizer.ggml.tokens"), metadata.get("tokenizer.ggml.token_type")
+    merges = metadata.get("tokenizer.ggml.merges")
+    if not (isinstance(tokens, list) and isinstance(types, list) and isinstance(merges, list)) or len(types) != len(
+        tokens
+    ):
+        raise ValueError(f"{source}: tokenizer.ggml.tokens, token_type and merges are missing or disagree")
+    ordinary, special = {}, {}
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        if kind == CONTROL:
+            special[token] = i
+        elif kind == NORMAL:
+            ordinary[i] = token
+        else:
+            raise ValueError(f"{source}: token {i} ({token!r:.40}) has type {kind!r}; specdec reads normal (1) and "
+                             "control (3) tokens")  # fmt: skip
+    return byte_level_bpe(ordinary, special, merges, pre, source)
+
+
+def hf_tokenizer_encoding(path: str | Path) -> ByteLevelEncoding:
+    """The tiktoken Encoding for a Hugging Face tokenizer.json holding a byte-level BPE (SmolLM2's, GPT-2's).
+
+    What is read: model.vocab {token: id} and model.merges (in order; "a b" strings, or
+    [a, b] pairs as newer `tokenizers` write them), added_tokens (each a special token,
+    such as <|im_start|>), and the pre-tokenizer, which must be one specdec knows:
+        ByteLevel(use_regex)                                  -> "gpt2"
+        Sequence[Digits(individual_digits), ByteLevel(...)]   -> "smollm" (SmolLM2)
+    Anything that would tokenize differently (a normalizer, byte fallback, a
+    word-suffix, another pre-tokenizer) is refused by name, not ignored.
+    """
+    path = Path(path)
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ValueError(f"{path} is missing: a Llama model folder needs tokenizer.json") from e
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON
+        raise ValueError(f"{path}: cannot read it as JSON ({e})") from e
+    model = spec.get("model") if isinstance(spec, dict) else None
+    if not isinstance(model, dict) or model.get("type", "BPE") != "BPE":
+        kind = model.get("type") if isinstance(model, dict) else None
+        raise ValueError(f"{path}: tokenizer model {kind!r}; specdec reads byte-level BPE tokenizers ('BPE')")
+    for key, harmless in (("byte_fallback", (None, False)), ("dropout", (None,)),
+                          ("continuing_subword_prefix", (None, "")), ("end_of_word_suffix", (None, ""))):  # fmt: skip
+        if model.get(key) not in harmless:
+            raise ValueError(f"{path}: model.{key} is {model.get(key)!r:.40}; specdec's BPE does not implement it")
+    if spec.get("normalizer") is not None:
+        kind = spec["normalizer"].get("type") if isinstance(spec["normalizer"], dict) else spec["normalizer"]
+        raise ValueError(f"{path}: normalizer {kind!r:.40}; specdec's tokenizer applies none")
+    pre = _hf_pre_tokenizer(spec.get("pre_tokenizer"), path)
+    vocab, merges, added = model.get("vocab"), model.get("merges"), spec.get("added_tokens", [])
+    if not isinstance(vocab, dict) or not isinstance(merges, list) or not isinstance(added, list):
+        raise ValueError(f"{path}: model.vocab, model.merges or added_tokens is missing or malformed")
+    special = {}
+    for entry in added:
+        ok = isinstance(entry, dict) and isinstance(entry.get("content"), str) and type(entry.get("id")) is int
+        if not ok:
+            raise ValueError(f"{path}: added_tokens entry {entry!r:.80} is malformed")
+        if not entry.get("special", False):
+            raise ValueError(f"{path}: added token {entry['content']!r:.40} is not special; specdec treats every "
+                             "added token as a special token")  # fmt: skip
+        special[entry["content"]] = entry["id"]
+    ordinary = {}
+    for token, i in vocab.items():
+        if type(i) is not int:
+            raise ValueError(f"{path}: token {token!r:.40} has id {i!r:.40}; ids must be whole numbers")
+        if token in special:
+            if special[token] != i:
+                raise ValueError(f"{path}: {token!r:.40} is id {i} in model.vocab but {special[token]} in added_tokens")
+            continue
+        if i in ordinary:
+            raise ValueError(f"{path}: id {i} is given to two tokens")
+        ordinary[i] = token
+    merges = [" ".join(m) if isinstance(m, list) and len(m) == 2 else m for m in merges]
+    return byte_level_bpe(ordinary, special, merges, pre, path)
+
+
+def _hf_pre_tokenizer(spec, path) -> str:
+    """The PRE_TOKENIZERS name for a tokenizer.json pre_tokenizer, or a ValueError naming what it is."""
+
+    def byte_level(p) -> bool:
+        return (isinstance(p, dict) and p.get("type") == "ByteLevel" and p.get("use_regex", True)
+                and not p.get("add_prefix_space", False))  # fmt: skip
+
+    if byte_level(spec):
+        return "gpt2"
+    steps = spec.get("pretokenizers") if isinstance(spec, dict) and spec.get("type") == "Sequence" else None
+    if (isinstance(steps, list) and len(steps) == 2 and isinstance(steps[0], dict) and steps[0].get("type") == "Digits"
+            and steps[0].get("individual_digits") is True and byte_level(steps[1])):  # fmt: skip
+        return "smollm"
+    if isinstance(spec, dict) and spec.get("type") == "Sequence" and isinstance(steps, list):
+        what = "Sequence[" + ", ".join(str(s.get("type")) if isinstance(s, dict) else "?" for s in steps) + "]"
+    else:
+        what = spec.get("type") if isinstance(spec, dict) else spec
+    raise ValueError(f"{path}: pre-tokenizer {what!r:.80} (with these settings) is unknown to specdec; it reads "
+                     "GPT-2's ByteLevel and SmolLM2's Digits + ByteLevel")  # fmt: skip
 
 
 def chat_prompt(tokenizer, text: str, system: str | None = None) -> list[int]:
