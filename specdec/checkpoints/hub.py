@@ -406,8 +406,9 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
                     partial.unlink(missing_ok=True)
                 raise DownloadError(
                     f"could not download {url} ({_one_line(e)}) after {attempt + 1} tries. Check the network, set "
-                    f"HF_ENDPOINT to a reachable mirror, or place {dest.name} (and the model's other files) in "
-                    f"{dest.parent} by hand" + ("; what arrived is kept and the next run resumes" if keep else "") + ". "
+                    f"HF_ENDPOINT to a reachable mirror, or place {dest.name} (and the model's other files) "
+                    f"in {dest.parent} by hand"
+                    + ("; what arrived is kept and the next run resumes" if keep else "") + ". "
                     f"Without a network, the small models shipped with specdec work: {family.TARGET} "
                     f"(target) and {family.DRAFT} (draft), e.g. python main.py --target_model_size "
                     f"{family.TARGET} --draft {family.DRAFT}"

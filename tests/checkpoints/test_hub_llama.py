@@ -56,7 +56,9 @@ N_VOCAB = len(tiny_tokens())
 
 
 def tiny_llama(seed=0, **shape) -> Llama:
-    h = dict(n_vocab=N_VOCAB, n_ctx=64, n_embd=32, n_head=4, n_kv_head=2, n_layer=2, n_ff=48, rope_theta=100000.0)
+    """A tiny random Llama with grouped-query attention; `shape` overrides LlamaHParams fields."""
+    h = {"n_vocab": N_VOCAB, "n_ctx": 64, "n_embd": 32, "n_head": 4, "n_kv_head": 2, "n_layer": 2, "n_ff": 48,
+         "rope_theta": 100000.0}  # fmt: skip
     return random_llama(LlamaHParams(**{**h, **shape}), seed=seed, scale=0.3)
 
 
@@ -112,7 +114,9 @@ def test_bf16_and_f16_tensors_read_to_the_exact_float32_values(tmp_path):
 
 def test_short_names_are_the_instruct_models_and_smollm2_135m_stays_the_wheel(tmp_path):
     assert resolve_model("smollm2-360m", tmp_path) == (
-        tmp_path / "HuggingFaceTB--SmolLM2-360M-Instruct", "HuggingFaceTB/SmolLM2-360M-Instruct")
+        tmp_path / "HuggingFaceTB--SmolLM2-360M-Instruct",
+        "HuggingFaceTB/SmolLM2-360M-Instruct",
+    )
     assert resolve_model("smollm2-1.7b", tmp_path)[1] == "HuggingFaceTB/SmolLM2-1.7B-Instruct"
     assert resolve_model("smollm2-135m-bf16", tmp_path)[1] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert resolve_model("smollm2-360m-base", tmp_path)[1] == "HuggingFaceTB/SmolLM2-360M"
@@ -167,8 +171,9 @@ def test_a_sharded_repo_downloads_the_index_and_every_shard(fake_hub, tmp_path):
     shards = {"model-00001-of-00002.safetensors": names[:7], "model-00002-of-00002.safetensors": names[7:]}
     for shard, keys in shards.items():
         write_safetensors(src / shard, {k: tensors[k] for k in keys})
-    (src / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    (src / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}})
+    )
     (src / "model.safetensors").unlink()
     fake_hub.add_checkpoint(REPO, src)
     loaded = load_model(REPO, tmp_path / "models", progress=False)
@@ -176,7 +181,8 @@ def test_a_sharded_repo_downloads_the_index_and_every_shard(fake_hub, tmp_path):
     heads = [p for m, p, _ in fake_hub.requests if m == "HEAD"]
     assert any(p.endswith("/model.safetensors") for p in heads)  # asked first, 404: then the index
     assert sorted({Path(p).name for m, p, _ in fake_hub.requests if m == "GET"}) == sorted(
-        ["config.json", "model.safetensors.index.json", *shards, "tokenizer.json"])
+        ["config.json", "model.safetensors.index.json", *shards, "tokenizer.json"]
+    )
 
 
 # --- hostile or unsupported files: one clear line -----------------------------------------------------------
@@ -355,3 +361,18 @@ def test_a_135m_shaped_draft_speculates_for_a_360m_shaped_target_by_their_names(
     assert speculative_sample(t, d, prompt, 24, K=3, tree=6).tokens == plain
     sampled = speculative_sample(t, d, prompt, 24, K=4, temperature=1.0, seed=0)
     assert len(sampled.tokens) == 24 and sum(sampled.accepted_per_round) <= sum(sampled.k_per_round)
+
+
+def test_the_cli_runs_the_smollm2_names_and_says_a_download_only_once(fake_hub, tmp_path, capsys):
+    from specdec import __main__ as cli
+
+    fake_hub.add_checkpoint(LLAMA_REPOS["smollm2-1.7b"], write_hf_folder(tmp_path / "t", tiny_llama(seed=6, n_ctx=128)))
+    fake_hub.add_checkpoint(LLAMA_REPOS["smollm2-360m"], write_hf_folder(tmp_path / "d", tiny_llama(seed=7, n_ctx=128)))
+    argv = ["--target_model_size", "smollm2-1.7b", "--draft", "smollm2-360m", "--models_dir", str(tmp_path / "models"),
+            "--n_tokens_to_generate", "6", "--chat", "--prompt", "Hi", "--no_warmup"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(downloaded smollm2-1.7b in" in out and "(downloaded smollm2-360m in" in out
+    assert "target: smollm2-1.7b (2 layers, 32 wide)" in out
+    assert cli.main(argv) == 0
+    assert "(downloaded" not in capsys.readouterr().out  # complete folders: nothing fetched, nothing said
