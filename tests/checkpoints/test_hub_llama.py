@@ -376,3 +376,35 @@ def test_the_cli_runs_the_smollm2_names_and_says_a_download_only_once(fake_hub, 
     assert "target: smollm2-1.7b (2 layers, 32 wide)" in out
     assert cli.main(argv) == 0
     assert "(downloaded" not in capsys.readouterr().out  # complete folders: nothing fetched, nothing said
+
+
+# The config.json fields SmolLM2's Hub repos carry (transformers 4.42's LlamaConfig plus nanotron's extras), with
+# each size's numbers from the model cards: the loader must read them, refusing nothing.
+SMOLLM2_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "initializer_range": 0.0417, "is_llama_config": True,
+    "max_position_embeddings": 8192, "model_type": "llama", "pad_token_id": 2, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_interleaved": False, "rope_scaling": None, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "transformers_version": "4.42.3", "use_cache": True, "vocab_size": 49152,
+}  # fmt: skip
+SIZES = {  # layers, hidden, heads, kv heads, intermediate, rope_theta
+    "135M": (30, 576, 9, 3, 1536, 100000),
+    "360M": (32, 960, 15, 5, 2560, 100000),
+    "1.7B": (24, 2048, 32, 32, 8192, 130000),
+}
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_smollm2_configs_as_the_hub_has_them_are_read(tmp_path, size):
+    from specdec.checkpoints.hf_llama import expected_shapes, read_llama_config
+
+    n_layer, n_embd, n_head, n_kv_head, n_ff, theta = SIZES[size]
+    config = {**SMOLLM2_CONFIG, "num_hidden_layers": n_layer, "hidden_size": n_embd, "num_attention_heads": n_head,
+              "num_key_value_heads": n_kv_head, "intermediate_size": n_ff, "rope_theta": theta}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    h, tied = read_llama_config(tmp_path / "config.json")
+    assert tied and (h.n_layer, h.n_embd, h.n_head, h.n_kv_head, h.n_ff, h.rope_theta) == SIZES[size]
+    assert (h.n_vocab, h.n_ctx, h.rms_eps, h.d_head) == (49152, 8192, 1e-5, 64)
+    n_params = sum(int(np.prod(s)) for s in expected_shapes(h, tied).values())
+    billions = {"135M": 0.1348, "360M": 0.3618, "1.7B": 1.7115}[size]  # parameters, tied head counted once
+    assert abs(n_params / 1e9 - billions) < 0.0005, n_params
