@@ -7,6 +7,11 @@ speculative decoding, and explain the result.
     python -m specdec --K auto --json
     python -m specdec --target_model_size stdlib-6L --draft stdlib-2L --prompt "def parse(line):"   # offline
     python -m specdec --draft ngram --tree auto          # token trees: up to N draft tokens per round, or auto
+    echo "The meaning of life is" | python -m specdec --prompt -     # the prompt from standard input
+
+Flags are strict (specdec/flags.py): no abbreviations, `--k-max` and `--k_max` alike,
+and a flag that would be ignored (`--k_max` with a fixed K, `--top_k` at temperature 0)
+is refused with one line saying why.
 
 This file is flags and printing only: specdec.race.race runs and times both
 decoders and returns a report, which this prints as text or JSON.
@@ -24,8 +29,9 @@ import time
 try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print an import traceback
     import numpy as np
 
-    from specdec import CheckpointError, DownloadError, SamplingParams, load_folder, race
+    from specdec import CheckpointError, DownloadError, SamplingParams, flags, load_folder, race
     from specdec.autoregressive import check_seed, whole_number
+    from specdec.checkpoints import names
     from specdec.checkpoints.family import NAMES as FAMILY
     from specdec.checkpoints.hub import (
         LLAMA_REPOS,
@@ -39,8 +45,8 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.checkpoints.load import load_model
     from specdec.checkpoints.wheel import WHEELS
     from specdec.costmodel import K_LIMIT, parse_k
-    from specdec.model.tokenizer import chat_prompt
     from specdec.drafters.specs import DraftSpec, parse_draft
+    from specdec.model.tokenizer import chat_prompt
 except KeyboardInterrupt:
     sys.exit(130)
 
@@ -53,19 +59,16 @@ LEGEND = {"draft": "accepted draft token", "target": "sampled by the target (cor
           "bonus": "bonus token (all drafts accepted)"}  # fmt: skip
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit code 2, not a usage dump
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     """Parse and check every flag that needs no model, before anything is downloaded."""
-    p = Parser(prog=prog, description="Race plain autoregressive decoding against speculative decoding (GPT-2, SmolLM2 or any Llama GGUF).",
+    p = flags.Parser(prog=prog, description="Race plain autoregressive decoding against speculative decoding (GPT-2, SmolLM2 or any Llama GGUF).",
                epilog="Models come from the Hugging Face Hub (HF_ENDPOINT for a mirror, HF_HUB_OFFLINE=1 to stay "
                       "offline, HF_TOKEN for private repos); the default pair is about 2.1 GB on first use.")
     add = p.add_argument
-    add("--prompt", default=DEFAULT_PROMPT,
-        help="text to continue (default: %(default)r); empty starts from <|endoftext|>")
+    add("--prompt", default=None,
+        help=f"text to continue, or - to read it from standard input (default: {DEFAULT_PROMPT!r}); empty starts "
+             "from the model's end-of-text token")
+    add("--prompt_file", metavar="PATH", help="read the prompt from this file (the whole file, UTF-8)")
     add("--n_tokens_to_generate", type=int, default=40, metavar="N",
         help="new tokens per decoder (default: %(default)s)")
     add("--target_model_size", default="355M", metavar="MODEL",
@@ -91,11 +94,12 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     add("--top_k", type=int, default=None, help="keep only the k most likely tokens")
     add("--top_p", type=float, default=None,
         help="keep the smallest set of tokens with this much probability, in (0, 1]")
-    add("--seed", type=int, default=0, help="random seed for sampling, >= 0 (default: %(default)s)")
+    add("--seed", type=int, default=0, help="random seed for sampling (temperature > 0), >= 0 (default: %(default)s)")
     add("--models_dir", help=f"where checkpoints are downloaded and looked for (default: {default_models_dir()}; "
         "set SPECDEC_HOME to move it)")
     add("--only", choices=["autoregressive", "speculative"], help="run just one of the two decoders")
-    add("--repeats", type=int, default=1, help="timed runs per decoder; the median is reported (default: %(default)s)")
+    add("--repeats", type=int, default=3, help="timed runs per decoder, interleaved; the median speedup, its spread "
+        "and a verdict are reported (default: %(default)s)")
     add("--no_warmup", action="store_true", help="skip the short untimed warm-up run")
     add("--float64", action="store_true", help="run the target in float64: greedy speculative output then equals "
         "greedy autoregressive output even where float32 would see a near-tie (about 1.8-1.9x slower per step)")
@@ -112,12 +116,46 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         args.tree = parse_tree(args.tree)
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
         SamplingParams(args.temperature, args.top_k, args.top_p)
+        check_names(args)  # by the names alone: nothing is fetched yet
+        args.prompt = flags.read_prompt(args.prompt, args.prompt_file)
+        if args.prompt is None:
+            args.prompt = DEFAULT_PROMPT
         for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):
             if name is not None and name not in WHEELS and not name.lower().endswith(".gguf"):
                 resolve_model(name, args.models_dir)
     except ValueError as e:
         p.error(f"--{e}" if str(e).startswith("K ") else str(e))
+    refuse_ignored(p, args)
     return args
+
+
+def check_names(args) -> None:
+    """Refuse a pair, layer or length that the models' names already rule out (checkpoints/names.py)."""
+    spec, speculative = args.draft_spec, args.only != "autoregressive"
+    widest = max(args.tree if isinstance(args.tree, int) else 0, args.K if isinstance(args.K, int) else args.k_max)
+    names.check_pair(
+        args.target_model_size,
+        draft_model=spec.arg if speculative and spec.kind == "model" else None,
+        early_exit=spec.arg if speculative and spec.kind == "early_exit" else None,
+        chat=args.chat, n_tokens=args.n_tokens_to_generate, k=widest if speculative else 0,
+    )  # fmt: skip
+
+
+def refuse_ignored(p, args) -> None:
+    """A flag the user typed that this run would not use is an error saying why, not a silent no-op."""
+    greedy, spec = args.temperature == 0, args.draft_spec
+    only_ar = args.only == "autoregressive"
+    flags.refuse_ignored(p, args, [
+        ("k_max", args.K not in ("auto", "adaptive"),
+         f"only bounds --K auto or adaptive; with --K {args.K} it would be ignored"),
+        ("top_k", greedy, "has no effect at temperature 0 (greedy decoding takes the top token); give --temperature"),
+        ("top_p", greedy, "has no effect at temperature 0 (greedy decoding takes the top token); give --temperature"),
+        ("seed", greedy, "has no effect at temperature 0 (greedy decoding draws nothing); give --temperature"),
+        ("ngram_max", spec.kind != "ngram", f"only applies to --draft ngram; the draft here is {args.draft}"),
+        ("ngram_max", args.draft != "ngram", f"and --draft {args.draft} both set the n-gram length; give one"),
+        *((dest, only_ar, "is about the speculative decoder, which --only autoregressive does not run")
+          for dest in ("draft", "K", "tree", "k_max", "ngram_max")),
+    ])  # fmt: skip
 
 
 def main(argv=None, prog: str = "specdec") -> int:

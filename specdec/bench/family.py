@@ -32,7 +32,7 @@ import sys
 
 import numpy as np
 
-from .. import costmodel
+from .. import costmodel, flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints import family
 from ..checkpoints.load import load_model
@@ -90,7 +90,7 @@ def costs_of(target: GPT2, drafters: dict, K: int, context: list[int]) -> tuple[
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench --only family", description=__doc__.split("\n\n")[0],
+    p = flags.Parser(prog="python -m specdec.bench --only family", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--prompts", type=int, default=32, help="held-out prompts (default 32, at most 64)")

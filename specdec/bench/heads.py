@@ -24,7 +24,6 @@ sampler's tree round).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
 from ..drafters import eagle, make_drafter, medusa
@@ -122,7 +122,7 @@ def accept(target: GPT2, drafts: list[str], prompts: list[list[int]], n_tokens: 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec.bench --only heads|heads-accept", description=__doc__.splitlines()[0])
+    parser = flags.Parser(prog="python -m specdec.bench --only heads|heads-accept", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="124M,355M", help="comma-separated: 124M, 355M")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--accept", action="store_true", help="measure acceptance and speedup on a trained target")

@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..costmodel import predicted_speedup
-from ..display import KIND_COLOURS  # one colour per way a token was produced, as in the HTML trace
+from ..result import KIND_COLOURS  # one colour per way a token was produced, as in the HTML trace
 from ..result import acceptance_by_position as _acceptance_by_position
 
 INSTALL_HINT = "pip install -e '.[notebook]'"

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from .. import flags
 from .loop import check_settings, train
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = flags.Parser(
         prog="python -m specdec.train", description="Train Medusa or EAGLE draft heads for a GPT-2, in NumPy."
     )
     parser.add_argument("kind", choices=["medusa", "eagle"])
