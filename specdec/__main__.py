@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from typing import Callable
 
 try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print an import traceback
     import numpy as np
@@ -47,6 +48,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.costmodel import K_LIMIT, parse_k
     from specdec.drafters.specs import DraftSpec, parse_draft
     from specdec.model.tokenizer import chat_prompt
+    from specdec.race import RaceInterrupted
 except KeyboardInterrupt:
     sys.exit(130)
 
@@ -220,7 +222,8 @@ def run(args) -> int:
     else:
         prompt_ids = tokenizer.encode(args.prompt, allowed_special="all") or [tokenizer.eot_token]
     if not args.prompt:
-        say("(empty prompt: starting from <|endoftext|>, as GPT-2 does)")
+        end = tokenizer.decode([tokenizer.eot_token])
+        say(f"(empty prompt: starting from the end-of-text token {end}, id {tokenizer.eot_token}, as GPT-2 does)")
     sampling = "greedy (temperature 0)" if args.temperature == 0 else f"temperature {args.temperature}"
     sampling += f", top-k {args.top_k}" if args.top_k and args.temperature else ""
     sampling += f", top-p {args.top_p}" if args.top_p and args.temperature else ""
@@ -230,40 +233,86 @@ def run(args) -> int:
     say(f"prompt: {shorten(args.prompt)!r} ({plural(len(prompt_ids), 'token')})")
     tree = f", tree={args.tree}" if args.tree else ""
     say(f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}")
-    say("(measuring the forward-pass costs" + (", then a short untimed warm-up)" if not args.no_warmup else ")"))
 
-    stream = Stream(args, tokenizer, draft_label) if not args.json else None
+    status = Status()
+    stream = Stream(args, tokenizer, draft_label, status) if not args.json else None
+    status.before = stream and stream.finish
     decoders = [d for d in ("autoregressive", "speculative") if args.only in (None, d)]
-    report = race(target, draft, args.prompt if args.chat else prompt_ids, args.n_tokens_to_generate, K=args.K, temperature=args.temperature,
-                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats, warmup=not args.no_warmup,
-                  k_max=args.k_max, decoders=decoders, on_token=stream, on_decoder=stream and stream.start,
-                  tree=args.tree, chat=args.chat)  # fmt: skip
+    interrupted = None
+    try:
+        report = race(target, draft, args.prompt if args.chat else prompt_ids, args.n_tokens_to_generate, K=args.K,
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                      repeats=args.repeats, warmup=not args.no_warmup, k_max=args.k_max, decoders=decoders,
+                      on_token=stream, on_decoder=stream and stream.start, tree=args.tree, chat=args.chat,
+                      on_status=status)  # fmt: skip
+    except RaceInterrupted as e:  # Ctrl-C: show what was measured, then exit 130
+        report, interrupted = e.report, e.during
+    status.clear()
     if stream:
         stream.finish()
         print()
-    if args.json:
-        out = report.to_dict()
-        out["settings"].update(prompt=args.prompt, target=args.target_model_size, draft=str(spec),
-                               float64=args.float64)  # fmt: skip
-        out["load_seconds"] = {"target": target_load, "draft": draft_load}
-        print(json.dumps(out, indent=2, allow_nan=False))
-    else:
-        print(report)
-    return 0
+    if interrupted:
+        print(f"interrupted while {interrupted}" + ("; nothing was timed yet" if not has_runs(report) else
+              "; what was measured so far:"), file=sys.stderr)  # fmt: skip
+    if report is not None and (has_runs(report) or not interrupted):
+        if args.json:
+            out = report.to_dict()
+            out["settings"].update(prompt=args.prompt, target=args.target_model_size, draft=str(spec),
+                                   float64=args.float64)  # fmt: skip
+            out["load_seconds"] = {"target": target_load, "draft": draft_load}
+            out["interrupted"] = interrupted
+            print(json.dumps(out, indent=2, allow_nan=False))
+        else:
+            print(report)
+    return 130 if interrupted else 0
+
+
+def has_runs(report) -> bool:
+    return report is not None and bool(report.autoregressive or report.speculative)
+
+
+class Status:
+    """What the race is doing, on standard error: one line rewritten in place on a terminal, one line per
+    change otherwise (so --json keeps standard output for the JSON alone)."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stderr
+        self.tty = self.out.isatty()
+        self.shown = False
+        self.before: Callable[[], None] | None = None  # e.g. end the streamed text's line first
+
+    def __call__(self, text: str) -> None:
+        if self.before:
+            self.before()
+        if self.tty:
+            self.out.write(f"\r\033[K({text})")
+            self.shown = True
+        else:
+            self.out.write(f"({text})\n")
+        self.out.flush()
+
+    def clear(self) -> None:
+        """Remove the status line (a terminal only) before other output."""
+        if self.shown:
+            self.out.write("\r\033[K")
+            self.out.flush()
+            self.shown = False
 
 
 class Stream:
     """Prints each decoder's tokens as they come: a section title, the prompt, then text,
     decoding UTF-8 across token boundaries; the speculative trace is coloured on a terminal."""
 
-    def __init__(self, args, tokenizer, draft_label: str):
+    def __init__(self, args, tokenizer, draft_label: str, status: Status | None = None):
         self.args, self.tokenizer, self.draft_label, out = args, tokenizer, draft_label, sys.stdout
-        self.out = out
+        self.out, self.status = out, status
         self.colour = out.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
         self.decoder, self.kind = None, None
 
     def start(self, decoder: str) -> None:
         self.finish()
+        if self.status:  # the status line (on a terminal, the same screen) gives way to the text
+            self.status.clear()
         self.kind, self.decoder = decoder, codecs.getincrementaldecoder("utf-8")(errors="replace")
         a = self.args
         title = (f"autoregressive ({a.target_model_size} alone)" if decoder == "autoregressive"

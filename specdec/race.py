@@ -77,6 +77,15 @@ class _Stopwatch:
         return False
 
 
+class RaceInterrupted(KeyboardInterrupt):
+    """Ctrl-C during race(): .report holds what was measured so far (None if the costs were not yet
+    measured), so a caller can still show it. A KeyboardInterrupt, so code that stops on Ctrl-C still does."""
+
+    def __init__(self, report: RaceReport | None, during: str):
+        super().__init__(f"interrupted while {during}")
+        self.report, self.during = report, during
+
+
 @dataclass
 class Run:
     """One timed run of one sampler."""
@@ -366,7 +375,7 @@ def race(
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = 0,
     repeats: int = 3, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
     on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
-    chat: bool = False,
+    chat: bool = False, on_status: Callable[[str], None] | None = None,
 ) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request, interleaved, and time them.
 
@@ -379,6 +388,8 @@ def race(
     of the repeats' speedups, report.spread their range and report.verdict the call in words.
     tree: None (chains), a node budget N, or "auto" (costmodel.TreePolicy on the measured c and r).
     chat: the prompt is a user message to a chat model, and both decoders stop at the end of the reply.
+    on_status(text) is told what the race is doing (measuring, warming up, which repeat), for a status
+    line. Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far.
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup, report.spread, report.verdict
@@ -401,7 +412,12 @@ def race(
     m_max = max(k_max, K if isinstance(K, int) else 0) + 1  # up to the widest verification pass
     if tree is not None:
         m_max = max(m_max, (tree if isinstance(tree, int) else TreePolicy(0.0).n_max) + 1)
-    costs = measure_costs(target, checked, prompt, m_max=m_max, repeats=3)
+    status = on_status or (lambda text: None)
+    status(f"measuring the forward-pass costs (c and r(m) for m = 1..{m_max})")
+    try:
+        costs = measure_costs(target, checked, prompt, m_max=m_max, repeats=3)
+    except KeyboardInterrupt:
+        raise RaceInterrupted(None, "measuring the costs") from None
     settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
                     top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
@@ -428,17 +444,24 @@ def race(
             seconds = time.perf_counter() - start
         return Run(result, seconds, drafting.seconds, verifying.seconds)
 
-    if warmup:  # page in weights, start BLAS threads, fill allocator pools
-        for name in (d for d in DECODERS if d in decoders):
-            run_once(name, min(4, n_tokens), None)
-    # Repeats interleave the decoders, so a burst of other work or a slow drift hits both alike; the
-    # order alternates (A B, B A, A B, ...) so neither always runs second, on warmer caches.
     order = [d for d in DECODERS if d in decoders]
-    for repeat in range(repeats):
-        for name in order if repeat % 2 == 0 else order[::-1]:
-            if repeat == 0 and on_decoder:
-                on_decoder(name)
-            getattr(report, name).append(run_once(name, n_tokens, on_token if repeat == 0 else None))
+    during = "warming up"
+    try:
+        if warmup:  # page in weights, start BLAS threads, fill allocator pools
+            status("warming up: a short untimed run of each decoder")
+            for name in order:
+                run_once(name, min(4, n_tokens), None)
+        # Repeats interleave the decoders, so a burst of other work or a slow drift hits both alike; the
+        # order alternates (A B, B A, A B, ...) so neither always runs second, on warmer caches.
+        for repeat in range(repeats):
+            for name in order if repeat % 2 == 0 else order[::-1]:
+                during = f"timing repeat {repeat + 1} of {repeats}: {name}"
+                status(during)
+                if repeat == 0 and on_decoder:
+                    on_decoder(name)
+                getattr(report, name).append(run_once(name, n_tokens, on_token if repeat == 0 else None))
+    except KeyboardInterrupt:
+        raise RaceInterrupted(report, during) from None
     return report
 
 
