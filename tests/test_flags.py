@@ -118,3 +118,9 @@ def test_train_takes_both_spellings_and_no_abbreviations(capsys):
     # --seq_len (underscore) reaches check_settings, which refuses the value: the flag itself was understood
     code = train_cli.main(["medusa", "--model", "x", "--tokens", "10", "--out", "o", "--seq_len", "0"])
     assert code == 2 and "seq_len" in capsys.readouterr().err.replace("-", "_")
+
+
+def test_train_refuses_heads_for_eagle(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        train_cli.main(["eagle", "--model", "x", "--tokens", "10", "--out", "o", "--heads", "3"])
+    assert exit_.value.code == 2 and "--heads only applies to medusa" in capsys.readouterr().err
