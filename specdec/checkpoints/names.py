@@ -6,7 +6,7 @@ names alone, so the command line refuses them before downloading gigabytes
 (`check_pair`). A name not in this table (a Hub repo id of someone else's model,
 a local folder, a GGUF file) is checked after it is loaded, as before.
 
-    card("355M")            # ModelCard(layers=24, width=1024, tokenizer='gpt2', n_ctx=1024, chat=False, ...)
+    card("355M")            # ModelCard(layers=24, width=1024, tokenizer='gpt2', n_ctx=1024, chat=False, download=...)
     card("gpt2-medium")     # the same: the Hub's short names are accepted too
     footprint(["355M", "124M"])   # (download bytes, kept-layout bytes) of a first run
 
@@ -38,7 +38,6 @@ class ModelCard:
     n_ctx: int  # the context window, in tokens
     chat: bool  # has a chat template (--chat)
     download: int  # bytes fetched on first use (0: shipped inside specdec)
-    end_token: str  # the token that ends a text (GPT-2) or a reply (chat models)
 
     @property
     def kept_layout(self) -> int:
@@ -50,13 +49,12 @@ class ModelCard:
 
 
 def _gpt2(layers: int, width: int, repo: str) -> ModelCard:
-    return ModelCard(layers, width, "gpt2", 1024, False, DOWNLOAD_SIZES[repo], "<|endoftext|>")
+    return ModelCard(layers, width, "gpt2", 1024, False, DOWNLOAD_SIZES[repo])
 
 
 def _smollm2(size: str, repo: str | None, chat: bool, download: int | None = None) -> ModelCard:
     layers, width = {"135m": (30, 576), "360m": (32, 960), "1.7b": (24, 2048)}[size]
-    end = "<|im_end|>" if chat else "<|endoftext|>"
-    return ModelCard(layers, width, "smollm2", 8192, chat, DOWNLOAD_SIZES[repo] if repo else download, end)
+    return ModelCard(layers, width, "smollm2", 8192, chat, DOWNLOAD_SIZES[repo] if repo else download)
 
 
 CARDS: dict[str, ModelCard] = {
@@ -65,8 +63,8 @@ CARDS: dict[str, ModelCard] = {
     "774M": _gpt2(36, 1280, MODEL_REPOS["774M"]),
     "1558M": _gpt2(48, 1600, MODEL_REPOS["1558M"]),
     "distilgpt2": _gpt2(6, 768, MODEL_REPOS["distilgpt2"]),
-    family.TARGET: ModelCard(6, 128, "stdlib", 256, False, 0, "<|endoftext|>"),
-    family.DRAFT: ModelCard(2, 96, "stdlib", 256, False, 0, "<|endoftext|>"),
+    family.TARGET: ModelCard(6, 128, "stdlib", 256, False, 0),
+    family.DRAFT: ModelCard(2, 96, "stdlib", 256, False, 0),
     "smollm2-135m": _smollm2("135m", None, True, wheel.SMOLLM2_135M.size),
     **{name: _smollm2(name.split("-")[1], repo, not name.endswith("-base")) for name, repo in LLAMA_REPOS.items()},
 }
