@@ -78,7 +78,7 @@ def measure_family(target: GPT2, draft: GPT2, args, rng: np.random.Generator) ->
                 continue
             alpha = t["accepted"] / t["judged"] if t["judged"] else float("nan")  # nan: nothing was drafted
             rows.append({"drafter": name, "T": temperature, "alpha": alpha,
-                         "tokens_per_pass": t["tokens"] / t["passes"], "speedup": base / t["seconds"],
+                         "tau": t["tokens"] / t["passes"], "speedup": base / t["seconds"],
                          "seconds": t["seconds"], "autoregressive_seconds": base})  # fmt: skip
     return rows
 
@@ -110,9 +110,10 @@ def main(argv=None) -> dict:
     res = {"args": vars(args), "family": measure_family(target, draft, args, rng)}
 
     table(out, f"1. measured on {family.TARGET}: {args.prompts} held-out prompts x {args.tokens} tokens, K={args.K}",
-          "alpha = accepted / judged drafts; tokens per target pass (autoregressive: 1); wall-clock speedup",
-          ["drafter", "T", "alpha", "tokens/pass", "speedup"],
-          [[r["drafter"], r["T"], r["alpha"], r["tokens_per_pass"], r["speedup"]] for r in res["family"]])  # fmt: skip
+          "alpha = accepted / judged drafts; tau = tokens per round = per target pass (autoregressive: 1); "
+          "wall-clock speedup",
+          ["drafter", "T", "alpha", "tau", "speedup"],
+          [[r["drafter"], r["T"], r["alpha"], r["tau"], r["speedup"]] for r in res["family"]])  # fmt: skip
 
     # 2. The cost model on the family's own measured costs.
     context = target.tokenizer.encode(family.prompts()[0]["text"])
