@@ -352,8 +352,7 @@ class RaceReport:
                 ("best K for these costs and alpha",
                  "none: plain decoding wins" if best == 0 else f"{best} (predicted {fmtx(summary['best_k_speedup'])})"),
             ]  # fmt: skip
-        lines_after = [f"NOTE: the costs c and r(m) were {self.costs.note}" if self.costs.note.startswith("measured")
-                       else f"NOTE: {self.costs.note}"] if self.costs.note else []
+        lines_after = [f"NOTE: the costs c and r(m): {self.costs.note}"] if self.costs.note else []
         if self.ar and "predicted_speedup" in summary and _far_apart(self.speedup, summary["predicted_speedup"]):
             lines_after.append(
                 "NOTE: the measured and predicted speedups differ by more than 1.5x, so the timings are noisy "

@@ -138,7 +138,7 @@ def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repea
         problem = implausible(costs.r)
         if problem is None:
             if problems:
-                costs.note = f"measured again after {problems[0]}"
+                costs.note = f"measured again, as the first measurement was implausible ({problems[0]})"
             return costs
         problems.append(problem)
     costs.r = plausible(costs.r)
