@@ -39,12 +39,12 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
         LLAMA_REPOS,
         MODEL_REPOS,
         HubSettings,
-        _human,
         default_models_dir,
         ensure_files,
         missing_files,
         resolve_model,
     )
+    from specdec.checkpoints.hub import _human as human
     from specdec.checkpoints.load import load_model
     from specdec.checkpoints.wheel import WHEELS
     from specdec.costmodel import K_LIMIT, parse_k
@@ -232,10 +232,6 @@ def cache(argv: list[str], prog: str) -> int:
     if found:
         print(f"remove one: {prog} --remove NAME; every kept layout: {prog} --remove-layouts")
     return 0
-
-
-def human(n: int) -> str:
-    return _human(n)
 
 
 def load(name: str, args) -> tuple:
