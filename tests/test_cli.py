@@ -222,7 +222,8 @@ def test_chat_on_smollm2_prints_the_reply_and_a_race(smollm2_gguf, tmp_path):
     """The first run a user sees: a chat request to the real model, drafted by prompt lookup."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "main.py"), "--target_model_size", str(smollm2_gguf), "--draft", "ngram",
-         "--chat", "--prompt", "What is the capital of France?", "--n_tokens_to_generate", "30", "--no_warmup"],
+         "--chat", "--prompt", "What is the capital of France?", "--n_tokens_to_generate", "30", "--no_warmup",
+         "--repeats", "1"],
         capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("The capital of France is Paris.<|im_end|>") == 2  # both decoders, same reply
