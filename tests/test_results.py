@@ -149,6 +149,9 @@ def test_the_printed_summary_agrees_with_itself(tiny_checkpoint, tree):  # noqa:
     assert sum(n * c for n, c in enumerate(histogram)) == accepted
     assert tokens == accepted + rounds  # each round: its accepted drafts + the target's one token
     _draft_passes, target_passes = numbers(rows["draft / target passes"])
+    if tree is None:  # k is over the rounds that drafted, and says how many did
+        k, drafting, all_rounds = numbers(rows["k, mean drafts per round that drafted"])
+        assert all_rounds == rounds and k == pytest.approx(drafted / drafting, abs=0.005)
     assert target_passes == rounds + prompt_passes
     timing = {name: numbers(line.split("]")[1])[:2] for line in text.splitlines() for name in ("autoregressive",
               "speculative") if line.startswith(f"[{name}]") and "tokens in" in line}  # fmt: skip
