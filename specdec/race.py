@@ -341,10 +341,10 @@ class RaceReport:
             ]
         if "predicted_speedup" in summary:
             k = round(summary["mean_k"])
-            best = summary["best_k"]
+            best, drafting = summary["best_k"], sum(drafts > 0 for drafts in r.k_per_round)
             rows += [
                 ("k, mean drafts per round that drafted",
-                 f"{summary['mean_k']:.2f}  ({sum(k > 0 for k in r.k_per_round)} of {plural(r.rounds, 'round')} drafted)"),
+                 f"{summary['mean_k']:.2f}  ({drafting} of {plural(r.rounds, 'round')} drafted)"),
                 (f"target pass over k+1={k + 1} tokens vs 1 token", fmtx(summary['verify_cost_ratio'])),
                 (f"tau expected from alpha, (1-a^{k + 1})/(1-a)", fmt(summary["tau_expected"])),
                 ("predicted speedup from alpha, k, c and r", fmtx(summary['predicted_speedup'])),
