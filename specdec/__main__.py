@@ -142,12 +142,17 @@ def check_names(args) -> None:
     """Refuse a pair, layer or length that the models' names already rule out (checkpoints/names.py)."""
     spec, speculative = args.draft_spec, args.only != "autoregressive"
     widest = max(args.tree if isinstance(args.tree, int) else 0, args.K if isinstance(args.K, int) else args.k_max)
-    names.check_pair(
-        args.target_model_size,
-        draft_model=spec.arg if speculative and spec.kind == "model" else None,
-        early_exit=spec.arg if speculative and spec.kind == "early_exit" else None,
-        chat=args.chat, n_tokens=args.n_tokens_to_generate, k=widest if speculative else 0,
-    )  # fmt: skip
+    try:
+        names.check_pair(
+            args.target_model_size,
+            draft_model=spec.arg if speculative and spec.kind == "model" else None,
+            early_exit=spec.arg if speculative and spec.kind == "early_exit" else None,
+            chat=args.chat, n_tokens=args.n_tokens_to_generate, k=widest if speculative else 0,
+        )  # fmt: skip
+    except ValueError as e:
+        if "tokenize text differently" in str(e) and "draft" not in flags.given(args):
+            raise ValueError(f"{e}; {spec.arg} is the default draft: give --draft (ngram works with any model)") from None
+        raise
 
 
 def refuse_ignored(p, args) -> None:

@@ -48,6 +48,7 @@ def test_the_default_pair_footprint():
         (["--target_model_size", "stdlib-6L", "--draft", "distilgpt2"], "tokenize text differently"),
         (["--target_model_size", "gpt2-xl", "--draft", "smollm2-135m"], "tokenize text differently"),
         (["--target_model_size", "124M", "--chat", "--draft", "ngram"], "--chat needs a chat model"),
+        (["--target_model_size", "stdlib-6L"], "124M is the default draft: give --draft"),
         (["--target_model_size", "smollm2-360m-base", "--chat", "--draft", "ngram"], "has no chat template"),
         (["--target_model_size", "355M", "--n_tokens_to_generate", "1024"], "context of 1024 tokens"),
     ],
