@@ -151,7 +151,8 @@ def check_names(args) -> None:
         )  # fmt: skip
     except ValueError as e:
         if "tokenize text differently" in str(e) and "draft" not in flags.given(args):
-            raise ValueError(f"{e}; {spec.arg} is the default draft: give --draft (ngram works with any model)") from None
+            hint = f"{spec.arg} is the default draft: give --draft (ngram works with any model)"
+            raise ValueError(f"{e}; {hint}") from None
         raise
 
 
