@@ -216,8 +216,8 @@ def test_cli_tree(tmp_path, capsys, tree):
             "--prompt", "the cat in the hat", "--n_tokens_to_generate", "20", "--K", "3", "--tree", tree]  # fmt: skip
     assert main.main(argv) == 0
     out = capsys.readouterr().out
-    assert f"tree={tree}" in out and "tau: tokens per verification pass" in out
-    assert "acceptance by depth" in out and "predicted speedup tau / (c * passes + r(nodes + 1))" in out
+    assert f"tree={tree}" in out and "tau (tokens per round = per target pass)" in out
+    assert "acceptance at depth 1..K" in out and "predicted speedup tau / (c * passes + r(nodes + 1))" in out
     assert out.split("identical text at temperature 0")[1].split()[0] == "yes"
     assert main.main([*argv, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)["summary"]
