@@ -171,12 +171,13 @@ class RaceReport:
         """The measured speedup with its spread, the verdict in words, and the cost model's prediction."""
         low, high = self.spread
         n = len(self.speedups)
-        spread = f"spread {fmtx(low)} .. {fmtx(high)} over {n} repeats" if n > 1 else "1 repeat: no spread measured"
+        spread = (f"the median of {n} repeats' own ratios, spread {fmtx(low)} .. {fmtx(high)}" if n > 1
+                  else "1 repeat: no spread measured")  # fmt: skip
         limit = 1 + self.margin if self.speedup >= 1 else 1 / (1 + self.margin)
         side = {"faster": "above", "slower": "below"}.get(self.verdict, "inside")
         bound = f"{fmtx(limit)}" if side != "inside" else f"{fmtx(1 / (1 + self.margin))} .. {fmtx(1 + self.margin)}"
         return [
-            ("speedup (autoregressive time / speculative time)", f"{fmtx(self.speedup)}  (median; {spread})"),
+            ("speedup (autoregressive time / speculative time)", f"{fmtx(self.speedup)}  ({spread})"),
             (f"verdict (margin ±{self.margin:.0%}: 20% or the spread)", f"{self.verdict}  ({side} {bound})"),
             ("predicted by the cost model (from the figures below)", fmtx(predicted)),
         ]

@@ -50,7 +50,7 @@ def test_the_verdict_does_not_flip_between_runs_that_differ_by_noise():
 
 def test_the_summary_states_speedup_spread_verdict_and_prediction():
     text = str(report_with([1.0, 1.1, 1.2], [0.5, 0.52, 0.61]))
-    assert "(median; spread" in text and "over 3 repeats" in text
+    assert "(the median of 3 repeats' own ratios, spread" in text
     assert "verdict (margin ±20%: 20% or the spread)" in text and "faster  (above 1.20x)" in text
     assert "predicted by the cost model" in text
     d = report_with([1.0, 1.1, 1.2], [0.5, 0.52, 0.61]).to_dict()["summary"]
