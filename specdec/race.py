@@ -22,7 +22,6 @@ from typing import Callable
 
 import numpy as np
 
-from . import display
 from .autoregressive import autoregressive_sample, check_request, check_seed, whole_number
 from .costmodel import (
     K_LIMIT,
@@ -37,12 +36,15 @@ from .costmodel import (
 )
 from .drafters import make_drafter
 from .model.gpt2 import GPT2
-from .result import DecodeResult, TokenCallback
+from .result import DecodeResult, TokenCallback, fmt, sparkline, token_pieces, trace_html
 from .sampling import SamplingParams
 from .speculative import speculative_sample
 from .timing import Costs, measure_costs
 
 DECODERS = ("autoregressive", "speculative")
+# The smallest margin a speedup must clear to be called faster or slower: identical runs on a busy
+# 2-core machine differed by this much and more (0.72x, 1.66x, 1.24x for one command).
+NOISE_FLOOR = 0.20
 
 
 class _Stopwatch:
@@ -73,6 +75,15 @@ class _Stopwatch:
     def __exit__(self, *exc):
         delattr(self.owner, self.name)
         return False
+
+
+class RaceInterrupted(KeyboardInterrupt):
+    """Ctrl-C during race(): .report holds what was measured so far (None if the costs were not yet
+    measured), so a caller can still show it. A KeyboardInterrupt, so code that stops on Ctrl-C still does."""
+
+    def __init__(self, report: RaceReport | None, during: str):
+        super().__init__(f"interrupted while {during}")
+        self.report, self.during = report, during
 
 
 @dataclass
@@ -120,13 +131,55 @@ class RaceReport:
         return self._median_run(self.speculative)
 
     @property
+    def speedups(self) -> list[float]:
+        """One speedup per repeat: speculative tokens per second / autoregressive tokens per second of
+        the two runs of that repeat, which ran back to back (> 1: speculative is faster). With the same
+        tokens (greedy, or a shared seed) this is the ratio of the times; where a chat reply ends early,
+        or sampling gives the two decoders different lengths, the rates keep it fair."""
+        return [s.tokens_per_second / a.tokens_per_second for a, s in zip(self.autoregressive, self.speculative)]
+
+    @property
     def speedup(self) -> float:
-        """Speculative tokens per second / autoregressive tokens per second, of the median runs (> 1: speculative
-        is faster). With the same tokens (greedy, or a shared seed) this is the ratio of the times; where a chat
-        reply ends early, or sampling gives the two decoders different lengths, the rates keep it fair."""
-        if not (self.ar and self.spec):
-            return math.nan
-        return self.spec.tokens_per_second / self.ar.tokens_per_second
+        """The median of the per-repeat speedups (nan unless both decoders ran)."""
+        return float(np.median(self.speedups)) if self.speedups else math.nan
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """(lowest, highest) per-repeat speedup: how far identical repeats disagreed."""
+        return (min(self.speedups), max(self.speedups)) if self.speedups else (math.nan, math.nan)
+
+    @property
+    def margin(self) -> float:
+        """How far from 1x a speedup must be to be called one: the measured spread relative to the
+        median, and never less than NOISE_FLOOR (a 2-core machine shared with other work varies by that
+        much between identical runs)."""
+        low, high = self.spread
+        return max(NOISE_FLOOR, (high - low) / self.speedup) if self.speedups else math.nan
+
+    @property
+    def verdict(self) -> str:
+        """"faster", "slower" or "within noise": the median speedup against 1x, give or take the margin."""
+        if not self.speedups:
+            return "-"
+        if self.speedup > 1 + self.margin:
+            return "faster"
+        if self.speedup < 1 / (1 + self.margin):
+            return "slower"
+        return "within noise"
+
+    def _speedup_rows(self, predicted: float) -> list[tuple[str, str]]:
+        """The measured speedup with its spread, the verdict in words, and the cost model's prediction."""
+        low, high = self.spread
+        n = len(self.speedups)
+        spread = f"spread {fmtx(low)} .. {fmtx(high)} over {n} repeats" if n > 1 else "1 repeat: no spread measured"
+        limit = 1 + self.margin if self.speedup >= 1 else 1 / (1 + self.margin)
+        side = {"faster": "above", "slower": "below"}.get(self.verdict, "inside")
+        bound = f"{fmtx(limit)}" if side != "inside" else f"{fmtx(1 / (1 + self.margin))} .. {fmtx(1 + self.margin)}"
+        return [
+            ("speedup (autoregressive time / speculative time)", f"{fmtx(self.speedup)}  (median; {spread})"),
+            (f"verdict (margin ±{self.margin:.0%}: 20% or the spread)", f"{self.verdict}  ({side} {bound})"),
+            ("predicted by the cost model (from the figures below)", fmtx(predicted)),
+        ]
 
     @property
     def texts_identical(self) -> bool | None:
@@ -148,14 +201,11 @@ class RaceReport:
         alpha, k_mean = res.alpha, res.mean_k
         out = {
             "alpha": alpha,
-            "acceptance_rate": res.acceptance_rate,
+            "tau": res.tau,
             "c": c,
             "r": r,
             "mean_k": k_mean,
-            "tokens_per_round": len(res.tokens) / res.rounds if res.rounds else math.nan,
-            "tokens_per_target_call": res.tokens_per_target_call,
             "measured_speedup": self.speedup,
-            "tau": res.tau,
             "depth_acceptance": res.acceptance_by_position,
         }
         if self.settings.get("tree") is not None and res.rounds:
@@ -168,7 +218,7 @@ class RaceReport:
             return out
         k = round(k_mean)
         if k and not math.isnan(alpha):
-            out["tokens_per_round_expected"] = expected_tokens_per_round(alpha, k)
+            out["tau_expected"] = expected_tokens_per_round(alpha, k)  # from alpha and k alone
             out["verify_cost_ratio"] = r[k] if k < len(r) else math.nan  # r(k+1)
             out["predicted_speedup"] = predicted_speedup(alpha, k, c, r)
             out["predicted_speedup_if_r_were_1"] = predicted_speedup(alpha, k, c, None)
@@ -194,23 +244,26 @@ class RaceReport:
                 "tokens": r.tokens,
                 "target_calls": r.target_calls,
                 "draft_calls": r.draft_calls,
-                "tokens_per_target_call": r.tokens_per_target_call,
+                "tau": r.tau,
             }
             if self.tokenizer is not None:
                 out[name]["text"] = self.tokenizer.decode(r.tokens)
             if name == "speculative":
                 out[name].update({
-                    "rounds": r.rounds, "drafted": r.drafted, "accepted": r.accepted,
-                    "acceptance_rate": r.acceptance_rate, "alpha": r.alpha, "tau": r.tau,
+                    "rounds": r.rounds, "prefill_calls": r.prefill_calls, "drafted": r.drafted,
+                    "judged": sum(r.judged), "accepted": r.accepted, "alpha": r.alpha,
                     "acceptance_by_position": r.acceptance_by_position, "kinds": r.kinds,
                     "accepted_histogram": r.accepted_histogram, "mean_k": r.mean_k,
                     "draft_seconds": run.draft_seconds, "verify_seconds": run.verify_seconds,
                     "sampler_seconds": run.sampler_seconds,
                 })  # fmt: skip
         c = self.costs
-        out["costs"] = {"target_step_seconds": c.target_step, "draft_step_seconds": c.draft_step, "c": c.c, "r": c.r}
+        out["costs"] = {"target_step_seconds": c.target_step, "draft_step_seconds": c.draft_step, "c": c.c, "r": c.r,
+                        "note": c.note}  # fmt: skip
         if self.spec:
-            out["summary"] = {"speedup": self.speedup, "texts_identical": self.texts_identical, **self.explain()}
+            out["summary"] = {"speedup": self.speedup, "speedups": self.speedups, "spread": list(self.spread),
+                              "margin": self.margin, "verdict": self.verdict, "texts_identical": self.texts_identical,
+                              **self.explain()}  # fmt: skip
         return jsonable(out)
 
     def __str__(self) -> str:
@@ -221,7 +274,7 @@ class RaceReport:
         parts = [f"speedup {self.speedup:.2f}x"] if self.ar and self.spec else []
         run = self.spec or self.ar
         if self.spec:
-            parts += [f"alpha {display.fmt(run.result.alpha)}", f"tau {display.fmt(run.result.tau)}"]
+            parts += [f"alpha {fmt(run.result.alpha)}", f"tau {fmt(run.result.tau)}"]
         parts += [f"K={self.settings.get('K')}"] if self.spec else []
         parts += [f"{len(run.result.tokens)} tokens"] if run else []
         return "RaceReport(" + ", ".join(parts) + ")"
@@ -231,7 +284,7 @@ class RaceReport:
         out = f'<pre style="margin:0">{html.escape(str(self))}</pre>'
         if self.spec and self.tokenizer is not None:
             r = self.spec.result
-            out += display.trace_html(display.token_pieces(self.tokenizer, r.tokens), r.kinds)
+            out += trace_html(token_pieces(self.tokenizer, r.tokens), r.kinds)
         return out
 
     def _timing_lines(self) -> list[str]:
@@ -241,7 +294,10 @@ class RaceReport:
             if run is None:
                 continue
             r = run.result
-            line = f"[{name}] {len(r.tokens)} tokens in {run.seconds:.2f} s ({run.tokens_per_second:.1f} tokens/s), "
+            n = len(getattr(self, name))
+            median = f", the median of {n} repeats" if n > 1 else ""
+            line = (f"[{name}] {len(r.tokens)} tokens in {run.seconds:.2f} s ({run.tokens_per_second:.1f} tokens/s"
+                    f"{median}), ")  # fmt: skip
             line += f"{r.target_calls} target passes"
             if name == "speculative":
                 line += f", {r.draft_calls} draft passes"
@@ -260,23 +316,19 @@ class RaceReport:
         if spec is None:
             return [f"target step {c.target_step * 1e3:.1f} ms"]
         r, summary = spec.result, self.explain()
-        if "tree_predicted_speedup" in summary:  # a tree: one pass checks several candidates per depth
-            tau = ("tau: tokens per verification pass", f"{r.tau:.2f}")
-            depth = ("acceptance by depth (1st, 2nd, ... drafted token)",
-                     " ".join(f"{a:.2f}" for a in summary["depth_acceptance"]) or "-")  # fmt: skip
-        else:
-            tau = ("tau (tokens per round: accepted drafts + 1)", f"{r.tau:.2f}")
-            depth = ("acceptance at draft position 1..K", "  ".join(display.fmt(a) for a in r.acceptance_by_position))
-        rows = [("speedup (autoregressive time / speculative time)", f"{self.speedup:.2f}x")] if self.ar else []
+        tree = "tree_predicted_speedup" in summary  # a tree: one pass checks several candidates per depth
+        prompt_pass = f"; +{plural(r.prefill_calls, 'pass')} over the prompt" if r.prefill_calls else ""
+        predicted = summary.get("tree_predicted_speedup", summary.get("predicted_speedup", math.nan))
+        rows = self._speedup_rows(predicted) if self.ar else []
         rows += [
-            ("acceptance rate (accepted / drafted)", f"{r.acceptance_rate:.2f}  ({r.accepted} of {r.drafted})"),
-            ("alpha (accepted / drafts actually judged)", f"{r.alpha:.2f}"),
-            ("tokens per target pass",
-             f"{r.tokens_per_target_call:.2f}  ({r.target_calls} passes incl. prompt, {r.rounds} rounds)"),
-            tau,
-            depth,
-            ("accepted drafts per round (0..K histogram)",
-             f"{r.accepted_histogram}  {display.sparkline(r.accepted_histogram)}"),
+            ("alpha (accepted / judged drafts)",
+             f"{fmt(r.alpha)}  ({r.accepted} accepted of {sum(r.judged)} judged; {r.drafted} drafted)"),
+            ("tau (tokens per round = per target pass)",
+             f"{fmt(r.tau)}  ({plural(len(r.tokens), 'token')} in {plural(r.rounds, 'round')}{prompt_pass})"),
+            (f"acceptance at {'depth' if tree else 'draft position'} 1..K",
+             "  ".join(fmt(a) for a in r.acceptance_by_position) or "-"),
+            ("rounds by drafts accepted (0, 1, ...)",
+             f"{r.accepted_histogram}  {sparkline(r.accepted_histogram)}"),
             ("draft / target passes", f"{r.draft_calls} / {r.target_calls}"),
             ("cost of a draft step, c = draft / target", costs),
         ]  # fmt: skip
@@ -284,24 +336,23 @@ class RaceReport:
             n = summary["mean_nodes"]
             rows += [
                 ("mean tree nodes per round", f"{n:.2f}  ({summary['draft_passes_per_round']:.2f} draft passes)"),
-                (f"target pass over {n + 1:.1f} tokens vs 1 token", f"{summary['tree_verify_cost_ratio']:.2f}x"),
-                ("predicted speedup tau / (c * passes + r(nodes + 1))", f"{summary['tree_predicted_speedup']:.2f}x"),
+                (f"target pass over {n + 1:.1f} tokens vs 1 token", fmtx(summary['tree_verify_cost_ratio'])),
+                ("predicted speedup tau / (c * passes + r(nodes + 1))", fmtx(summary['tree_predicted_speedup'])),
             ]
         if "predicted_speedup" in summary:
             k = round(summary["mean_k"])
             best = summary["best_k"]
             rows += [
                 ("mean drafts per round, k", f"{summary['mean_k']:.2f}"),
-                (f"target pass over k+1={k + 1} tokens vs 1 token", f"{summary['verify_cost_ratio']:.2f}x"),
-                (f"expected tokens per round (1-a^{k + 1})/(1-a)",
-                 f"{summary['tokens_per_round_expected']:.2f}  (measured {summary['tokens_per_round']:.2f})"),
-                ("predicted speedup from these measurements", f"{summary['predicted_speedup']:.2f}x"),
-                ("  ...from this run's own rounds", f"{summary['predicted_speedup_from_rounds']:.2f}x"),
-                ("  ...if verifying cost one step (GPU-like)", f"{summary['predicted_speedup_if_r_were_1']:.2f}x"),
+                (f"target pass over k+1={k + 1} tokens vs 1 token", fmtx(summary['verify_cost_ratio'])),
+                (f"tau expected from alpha, (1-a^{k + 1})/(1-a)", fmt(summary["tau_expected"])),
+                ("predicted speedup from alpha, k, c and r", fmtx(summary['predicted_speedup'])),
+                ("  ...from this run's own rounds", fmtx(summary['predicted_speedup_from_rounds'])),
+                ("  ...if verifying cost one step (GPU-like)", fmtx(summary['predicted_speedup_if_r_were_1'])),
                 ("best K for these costs and alpha",
-                 "none: plain decoding wins" if best == 0 else f"{best} (predicted {summary['best_k_speedup']:.2f}x)"),
+                 "none: plain decoding wins" if best == 0 else f"{best} (predicted {fmtx(summary['best_k_speedup'])})"),
             ]  # fmt: skip
-        lines_after = []
+        lines_after = [f"NOTE: the costs c and r(m): {self.costs.note}"] if self.costs.note else []
         if self.ar and "predicted_speedup" in summary and _far_apart(self.speedup, summary["predicted_speedup"]):
             lines_after.append(
                 "NOTE: the measured and predicted speedups differ by more than 1.5x, so the timings are noisy "
@@ -321,23 +372,26 @@ class RaceReport:
 def race(
     target: GPT2, draft, prompt, n_tokens: int, K=4,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = 0,
-    repeats: int = 1, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
+    repeats: int = 3, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
     on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
-    chat: bool = False,
+    chat: bool = False, on_status: Callable[[str], None] | None = None,
 ) -> RaceReport:  # fmt: skip
-    """Run both samplers `repeats` times on the same request and time them.
+    """Run both samplers `repeats` times on the same request, interleaved, and time them.
 
     prompt: token ids, or text when the target has a tokenizer. K: an int, "adaptive"
     (AdaptiveK from 4 within 1..k_max) or "auto" (the cost model picks k each round
     from the measured costs and the acceptance rate so far). decoders: which to run.
     on_token(token, kind) streams the first repeat, as in the samplers; on_decoder(name)
     is called before each decoder's streamed run. Every repeat uses the same seed, so
-    repeats produce the same tokens and differ only in time. tree: None (chains), a node
-    budget N, or "auto" (costmodel.TreePolicy on the measured c and r). chat: the prompt is a user
-    message to a chat model, and both decoders stop at the end of the reply.
+    repeats produce the same tokens and differ only in time: report.speedup is the median
+    of the repeats' speedups, report.spread their range and report.verdict the call in words.
+    tree: None (chains), a node budget N, or "auto" (costmodel.TreePolicy on the measured c and r).
+    chat: the prompt is a user message to a chat model, and both decoders stop at the end of the reply.
+    on_status(text) is told what the race is doing (measuring, warming up, which repeat), for a status
+    line. Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far.
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
-        print(report); report.speedup
+        print(report); report.speedup, report.spread, report.verdict
     """
     # Check the whole request before spending time on measurements.
     SamplingParams(temperature, top_k, top_p)
@@ -357,7 +411,12 @@ def race(
     m_max = max(k_max, K if isinstance(K, int) else 0) + 1  # up to the widest verification pass
     if tree is not None:
         m_max = max(m_max, (tree if isinstance(tree, int) else TreePolicy(0.0).n_max) + 1)
-    costs = measure_costs(target, checked, prompt, m_max=m_max, repeats=3)
+    status = on_status or (lambda text: None)
+    status(f"measuring the forward-pass costs (c and r(m) for m = 1..{m_max})")
+    try:
+        costs = measure_costs(target, checked, prompt, m_max=m_max, repeats=3)
+    except KeyboardInterrupt:
+        raise RaceInterrupted(None, "measuring the costs") from None
     settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
                     top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
@@ -384,15 +443,34 @@ def race(
             seconds = time.perf_counter() - start
         return Run(result, seconds, drafting.seconds, verifying.seconds)
 
-    if warmup:  # page in weights, start BLAS threads, fill allocator pools
-        for name in (d for d in DECODERS if d in decoders):
-            run_once(name, min(4, n_tokens), None)
-    for repeat in range(repeats):
-        for name in (d for d in DECODERS if d in decoders):
-            if repeat == 0 and on_decoder:
-                on_decoder(name)
-            getattr(report, name).append(run_once(name, n_tokens, on_token if repeat == 0 else None))
+    order = [d for d in DECODERS if d in decoders]
+    during = "warming up"
+    try:
+        if warmup:  # page in weights, start BLAS threads, fill allocator pools
+            status("warming up: a short untimed run of each decoder")
+            for name in order:
+                run_once(name, min(4, n_tokens), None)
+        # Repeats interleave the decoders, so a burst of other work or a slow drift hits both alike; the
+        # order alternates (A B, B A, A B, ...) so neither always runs second, on warmer caches.
+        for repeat in range(repeats):
+            for name in order if repeat % 2 == 0 else order[::-1]:
+                during = f"timing repeat {repeat + 1} of {repeats}: {name}"
+                status(during)
+                if repeat == 0 and on_decoder:
+                    on_decoder(name)
+                getattr(report, name).append(run_once(name, n_tokens, on_token if repeat == 0 else None))
+    except KeyboardInterrupt:
+        raise RaceInterrupted(report, during) from None
     return report
+
+
+def fmtx(x: float) -> str:
+    """A speedup: '1.42x', or '-' when there is none to show."""
+    return fmt(x) + ("x" if fmt(x) != "-" else "")
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("s") else "s")
 
 
 def _far_apart(measured: float, predicted: float, factor: float = 1.5) -> bool:

@@ -1,19 +1,29 @@
-"""What a sampler returns: the new tokens and what producing them cost.
+"""What a sampler returns: the new tokens and what producing them cost, and how results show themselves.
 
 Both samplers fill the same record; everything past the raw counters is
 derived from the per-round record (k drafted, n accepted), so the numbers
-cannot disagree with each other.
+cannot disagree with each other. One name per figure, the papers' names:
+
+    alpha   accepted drafts / judged drafts: the chance that one draft token is
+            accepted (Leviathan et al., section 3). A draft after the first
+            rejection is never judged, so it does not count against alpha.
+    tau     tokens per round: accepted drafts + the target's one token. Each round
+            is one target pass, so tau is also the tokens per decoding pass; the
+            prompt's pass (prefill) decides no token and is counted apart.
+    nan     a figure with nothing to measure (alpha when nothing was drafted):
+            printed as "-" everywhere (fmt), null in JSON.
 """
 
 from __future__ import annotations
 
+import codecs
+import html
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from . import display
 from .costmodel import drafts_judged
 
 # on_token(token, kind) is called once per emitted token, in order. kind is
@@ -65,32 +75,29 @@ class DecodeResult:
 
     @property
     def accepted_histogram(self) -> list[int]:
-        """[n] = rounds that drafted and accepted n of their drafts, n = 0..k_max ([] without drafting)."""
-        histogram = [0] * (self.k_max + 1) if self.k_max else []
-        for k, n in zip(self.k_per_round, self.accepted_per_round):
-            if k > 0:
-                histogram[n] += 1
+        """[n] = rounds that accepted n drafts, n = 0..k_max ([] without rounds). A round that drafted
+        nothing (the last one, say, with one token left) accepted 0: the counts sum to the rounds."""
+        if not self.rounds:
+            return []
+        histogram = [0] * (max(self.k_max, *self.accepted_per_round) + 1)
+        for n in self.accepted_per_round:
+            histogram[n] += 1
         return histogram
 
     @property
-    def acceptance_rate(self) -> float:
-        """Accepted / proposed draft tokens (nan when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else math.nan
-
-    @property
     def alpha(self) -> float:
-        """Estimated chance that one draft token is accepted (the paper's alpha):
-        accepted / drafts actually judged (see costmodel.drafts_judged). For a tree: the
-        chance that some candidate at a depth the path reached is accepted."""
-        judged = sum(self.judged)
+        """The chance that one draft token is accepted (the paper's alpha): accepted / drafts
+        actually judged (see costmodel.drafts_judged); nan when nothing was drafted. For a
+        tree: the chance that some candidate at a depth the path reached is accepted."""
+        judged = sum(self.judged) if self.drafted else 0
         return self.accepted / judged if judged else math.nan
 
     @property
     def judged(self) -> list[int]:
         """Per round, the depths at which candidates were tested (add_round's `judged`); for a
         record without them (chains), costmodel.drafts_judged of each round's k and n."""
-        if len(self.judged_per_round) == self.rounds:
-            return list(self.judged_per_round)
+        if len(self.judged_per_round) == self.rounds:  # (a round that drafted nothing judged nothing)
+            return [min(j, k) for j, k in zip(self.judged_per_round, self.k_per_round)]
         return [drafts_judged(k, n) for k, n in zip(self.k_per_round, self.accepted_per_round)]
 
     @property
@@ -106,13 +113,17 @@ class DecodeResult:
         return self.draft_calls if self.draft_calls else self.rounds
 
     @property
-    def tokens_per_target_call(self) -> float:
-        return len(self.tokens) / self.target_calls if self.target_calls else math.nan
+    def prefill_calls(self) -> int:
+        """Target passes over the prompt that decided no token: speculative decoding's prefill (its
+        rounds then start from the prompt's last token). Plain decoding's first pass decides a token."""
+        return self.target_calls - self.rounds if self.rounds else 0
 
     @property
     def tau(self) -> float:
-        """Tokens per speculative round (accepted drafts + the one target token); 1 for plain decoding's steps."""
-        return len(self.tokens) / self.rounds if self.rounds else math.nan
+        """Tokens per round (accepted drafts + the target's one token); each round is one target pass.
+        Plain decoding: tokens per target pass, 1. nan without tokens."""
+        passes = self.rounds if self.rounds else self.target_calls
+        return len(self.tokens) / passes if passes and self.tokens else math.nan
 
     @property
     def acceptance_by_position(self) -> list[float]:
@@ -147,22 +158,22 @@ class DecodeResult:
         return {
             "tokens": list(self.tokens), "text": self.text, "kinds": self.kinds,
             "target_calls": self.target_calls, "draft_calls": self.draft_calls, "rounds": self.rounds,
-            "drafted": self.drafted, "accepted": self.accepted, "acceptance_rate": self.acceptance_rate,
+            "drafted": self.drafted, "judged": sum(self.judged), "accepted": self.accepted,
             "alpha": self.alpha, "tau": self.tau, "acceptance_by_position": self.acceptance_by_position,
             "accepted_histogram": self.accepted_histogram, "k_per_round": list(self.k_per_round),
             "accepted_per_round": list(self.accepted_per_round), "mean_k": self.mean_k,
-            "tokens_per_target_call": self.tokens_per_target_call,
+            "prefill_calls": self.prefill_calls,
         }  # fmt: skip
 
     def __repr__(self) -> str:
-        return display.result_repr(self)
+        return result_repr(self)
 
     def __str__(self) -> str:
-        return display.result_summary(self)
+        return result_summary(self)
 
     def _repr_html_(self) -> str:
         """What a notebook shows: the summary, then the text with each token coloured by its kind."""
-        return display.result_html(self)
+        return result_html(self)
 
 
 def acceptance_by_position(k_per_round, accepted_per_round, k_max: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -187,3 +198,102 @@ def acceptance_by_position(k_per_round, accepted_per_round, k_max: int = 0) -> t
     rate = np.full(k_max, np.nan)
     np.divide(accepted, judged, out=rate, where=judged > 0)
     return rate, judged
+
+
+# ---------------------------------------------------------------------------
+# How results show themselves: a one-line repr, a short text summary, and an HTML
+# trace for notebooks where each token is coloured by how it was produced. Nothing
+# below computes a statistic; it only lays out the numbers above.
+#     draft   an accepted draft token
+#     target  sampled by the target (every autoregressive token; a corrected token after a rejection)
+#     bonus   the target's extra token after a round whose drafts were all accepted
+# ---------------------------------------------------------------------------
+# The same three colours as the terminal trace and specdec.bench.plot.
+KIND_COLOURS = {"draft": "#2ca02c", "target": "#ff7f0e", "bonus": "#1f77b4"}
+KIND_LEGEND = {
+    "draft": "accepted draft token",
+    "target": "sampled by the target",
+    "bonus": "bonus token (all drafts accepted)",
+}
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+def fmt(x: float, digits: int = 2) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def sparkline(counts) -> str:
+    """A histogram as block characters, tallest bar = the largest count: [1, 4, 0, 2] -> '▂█ ▄'."""
+    top = max(counts, default=0)
+    return "".join(BARS[math.ceil(c / top * (len(BARS) - 1))] if top else " " for c in counts)
+
+
+def token_pieces(tokenizer, tokens) -> list[str]:
+    """The text of each token, decoding UTF-8 across token boundaries (a character
+    split over two tokens shows up on the second; invalid bytes as U+FFFD)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pieces = [decoder.decode(tokenizer.decode_single_token_bytes(t)) for t in tokens]
+    if pieces:
+        pieces[-1] += decoder.decode(b"", final=True)
+    return pieces
+
+
+def result_repr(r) -> str:
+    """One line: DecodeResult(40 tokens, 12 rounds, alpha 0.78, tau 3.33)."""
+    parts = [f"{len(r.tokens)} tokens"]
+    if r.rounds:
+        parts += [f"{r.rounds} rounds", f"alpha {fmt(r.alpha)}", f"tau {fmt(r.tau)}"]
+    else:
+        parts.append(f"{r.target_calls} target passes")
+    return f"{type(r).__name__}(" + ", ".join(parts) + ")"
+
+
+def result_summary(r, text_width: int | None = 72) -> str:
+    """A few lines: what was produced, alpha and tau, acceptance per draft position, the histogram."""
+    lines = [result_repr(r)]
+    if r.rounds:
+        lines.append(
+            f"  alpha {fmt(r.alpha)} ({r.accepted} accepted of {sum(r.judged)} judged drafts; {r.drafted} drafted), "
+            f"tau {fmt(r.tau)} tokens per round"
+        )
+        per_position = "  ".join(f"{i}: {fmt(a)}" for i, a in enumerate(r.acceptance_by_position, start=1))
+        lines.append(f"  acceptance at draft position  {per_position}")
+        histogram = r.accepted_histogram
+        counts = " ".join(f"{n}:{c}" for n, c in enumerate(histogram))
+        lines.append(f"  rounds by drafts accepted     {counts}  {sparkline(histogram)}")
+        lines.append(f"  target passes {r.target_calls} ({passes(r)}), draft passes {r.draft_calls}")
+    text = r.text
+    if text is not None and text_width:
+        shown = text if len(text) <= text_width else text[: text_width - 1] + "…"
+        lines.append(f"  text {shown!r}")
+    return "\n".join(lines)
+
+
+def passes(r) -> str:
+    """What the target passes were: '1 over the prompt + 35 rounds'."""
+    if not r.rounds:
+        return "one per token"
+    return (f"{r.prefill_calls} over the prompt + " if r.prefill_calls else "") + f"{r.rounds} rounds"
+
+
+def trace_html(pieces: list[str], kinds: list[str], prompt: str = "") -> str:
+    """The tokens as coloured spans after the prompt in grey, with a legend of the kinds that occur."""
+    spans = [f'<span style="color:grey">{html.escape(prompt)}</span>'] if prompt else []
+    for piece, kind in zip(pieces, kinds):
+        colour = KIND_COLOURS.get(kind, "inherit")
+        spans.append(f'<span style="color:{colour}" title="{kind}">{html.escape(piece)}</span>')
+    legend = " ".join(
+        f'<span style="color:{KIND_COLOURS[k]}">■ {KIND_LEGEND[k]}</span>' for k in KIND_COLOURS if k in kinds
+    )
+    return (
+        f'<div style="font-family:monospace;white-space:pre-wrap;line-height:1.5">{"".join(spans)}</div>'
+        f'<div style="font-size:smaller">{legend}</div>'
+    )
+
+
+def result_html(r, prompt: str = "") -> str:
+    """A notebook's view of a result: the summary lines, then the coloured trace (when a tokenizer is known)."""
+    out = f'<pre style="margin:0">{html.escape(result_summary(r, text_width=None))}</pre>'
+    if r.tokenizer is not None and r.kinds:
+        out += trace_html(token_pieces(r.tokenizer, r.tokens), r.kinds, prompt)
+    return out

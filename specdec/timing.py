@@ -9,6 +9,13 @@ Machines are noisy (other processes, frequency changes, bursts of 10x), so the
 calls being compared are interleaved: every repeat times each call once, in a
 fresh shuffled order, and r(m) is the median over repeats of the ratio within
 the repeat, t_m / t_1. A burst or a slow drift then hits all calls alike.
+
+Even so a curve can come out impossible: r(8) = 20 says one pass over 8 tokens
+cost more than 8 one-token steps, which would only take longer if it did more
+work. measure_costs checks the curve (`implausible`: r(m) above m, or r falling
+where it must grow) and measures again, with more repeats, before anything uses
+it; a curve that stays implausible is repaired (capped at m, made non-decreasing)
+and says so in Costs.note.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ class Costs:
     target_step: float  # seconds for one 1-token target step (median)
     draft_step: float  # seconds for one draft step (0 with nothing to draft)
     r: list[float]  # r[m-1] = time(target pass over m tokens) / target_step, m = 1..len(r); r[0] == 1
+    note: str = ""  # what was implausible in the measurements and what was done about it ("" when nothing)
 
     @property
     def c(self) -> float:
@@ -80,16 +88,67 @@ def pass_calls(model: GPT2, cache: KVCache, m_values, token: int = 0) -> tuple[d
     return calls, (lambda key: cache.rollback(n))
 
 
+# How far a measured r may stray before it is called implausible: a pass over m tokens may cost up to
+# SLACK * m steps (r(m) is a median of ratios: a little above m is noise, 2.5x above it is not), and r may
+# dip below its running maximum by up to 1 - 1/SLACK (a kernel can switch paths between two m).
+SLACK = 1.25
+RETRIES = 2  # measurements after the first, each with twice the repeats
+
+
+def implausible(r: list[float]) -> str | None:
+    """Why a measured r(m) curve cannot describe this machine, or None.
+
+    >>> implausible([1.0, 1.1, 1.3, 1.6]) is None
+    True
+    >>> implausible([1.0, 1.2, 9.0])
+    'r(3) = 9.0 is above 3: one pass over 3 tokens cost more than 3 one-token steps'
+    """
+    for m, x in enumerate(r, start=1):
+        if x > SLACK * m:
+            return f"r({m}) = {x:.1f} is above {m}: one pass over {m} tokens cost more than {m} one-token steps"
+    for m in range(2, len(r) + 1):
+        top = max(r[: m - 1])
+        if r[m - 1] * SLACK < top:
+            return f"r({m}) = {r[m - 1]:.2f} is below r({r.index(top) + 1}) = {top:.2f}: a longer pass cost less"
+    return None
+
+
+def plausible(r: list[float]) -> list[float]:
+    """r capped at m and made non-decreasing: the least change that makes an implausible curve usable."""
+    out = []
+    for m, x in enumerate(r, start=1):
+        out.append(min(max(x, out[-1] if out else 1.0), float(m)))
+    return out
+
+
 def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repeats: int = 5, rng=None) -> Costs:
-    """Time 1..m_max-token target passes and one draft step after `context`, interleaved.
+    """Time 1..m_max-token target passes and one draft step after `context`, interleaved; measure again
+    (RETRIES times, doubling the repeats) while the r curve is implausible, and repair it if it stays so.
 
     draft: anything speculative_sample accepts, or None (nothing to draft). The draft
     step is the drafter's own `propose` of one token, whatever the drafter is: a
     model step, an early-exit step, an n-gram lookup.
 
         costs = measure_costs(target, draft, ids)
-        costs.c, costs.r
+        costs.c, costs.r, costs.note
     """
+    problems = []
+    for attempt in range(RETRIES + 1):
+        costs = _measure(target, draft, context, m_max, repeats * 2**attempt, rng)
+        problem = implausible(costs.r)
+        if problem is None:
+            if problems:
+                costs.note = f"measured again, as the first measurement was implausible ({problems[0]})"
+            return costs
+        problems.append(problem)
+    costs.r = plausible(costs.r)
+    costs.note = (f"r(m) stayed implausible over {RETRIES + 1} measurements ({problems[-1]}), so it was capped at m "
+                  "and made non-decreasing; the machine is too busy for these timings")  # fmt: skip
+    return costs
+
+
+def _measure(target: GPT2, draft, context: list[int], m_max: int, repeats: int, rng) -> Costs:
+    """One interleaved measurement of the passes and the draft step (measure_costs checks it)."""
     cache = target.new_cache()
     drafter = make_drafter(draft, target) if draft is not None else None
     if drafter is not None:

@@ -37,14 +37,14 @@ def test_greedy_speculative_equals_greedy_autoregressive(target):
 
 def test_draft_equal_to_target_accepts_everything(target):
     out = speculative_sample(target, target, [3, 4], 20, K=4)
-    assert out.acceptance_rate == 1.0
+    assert out.alpha == 1.0
     assert out.rounds == 4 and out.target_calls == 5  # 4 rounds of 5 tokens, plus the prefill
     assert out.accepted_histogram == [0, 0, 0, 0, 4]
     out = speculative_sample(target, target, [3, 4], 18, K=4)
     assert out.k_per_round == [4, 4, 4, 2]  # 3 tokens left: draft 2, and the bonus makes 3
     assert out.accepted_histogram == [0, 0, 1, 0, 3]
     out = speculative_sample(target, target, [3, 4], 20, K=4, temperature=0.9, seed=1)
-    assert out.acceptance_rate > 0.99
+    assert out.alpha > 0.99
 
 
 @pytest.mark.parametrize("n_tokens,K", [(0, 4), (1, 4), (2, 4), (3, 8), (7, 1)])

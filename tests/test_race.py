@@ -46,7 +46,7 @@ def test_race_report(models):
     assert 0 < spec.draft_seconds + spec.verify_seconds <= spec.seconds
     explained = report.explain()
     assert explained["measured_speedup"] == pytest.approx(report.speedup)
-    assert 0 <= explained["alpha"] <= 1 and explained["alpha"] >= explained["acceptance_rate"]
+    assert 0 <= explained["alpha"] <= 1 and explained["alpha"] >= spec.result.accepted / spec.result.drafted
     assert math.isfinite(explained["predicted_speedup"])
     out = spec.result
     assert explained["predicted_speedup_from_rounds"] == pytest.approx(
@@ -70,7 +70,8 @@ def test_race_streams_with_the_samplers_callback_and_names_each_decoder(models):
 
 def test_race_first_difference_and_noise_warning(models):
     target, draft = models
-    report = race(target, draft, [1, 2, 3], 6, K=2, warmup=False)
+    report = race(target, draft, [1, 2, 3], 6, K=2, warmup=False, repeats=1)
+    report.costs.note = ""  # (a note on re-measured costs is not the warning looked for here)
     report.speculative[0].result.tokens[3] += 1  # as if a float32 near-tie went the other way
     assert report.first_difference() == 3 and "from new token 3" in str(report)
     predicted = report.explain()["predicted_speedup"]

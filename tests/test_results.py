@@ -4,16 +4,15 @@
 from __future__ import annotations
 
 import json
-import math
+import re
 
 import pytest
 from conftest import tiny_checkpoint, tiny_model  # noqa: F401 (fixture)
 from helpers import perturbed
 
 from specdec import autoregressive_sample, load_folder, race, speculative_sample
-from specdec.display import KIND_COLOURS, sparkline
 from specdec.race import jsonable
-from specdec.result import DecodeResult
+from specdec.result import KIND_COLOURS, DecodeResult, sparkline
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +46,7 @@ def test_tau_and_acceptance_by_position(pair):
         sum(n > 0 for n in result.accepted_per_round) / sum(k > 0 for k in result.k_per_round)
     )
     plain = autoregressive_sample(target, [1, 2, 3], n_tokens=5)
-    assert math.isnan(plain.tau) and plain.acceptance_by_position == [] and plain.kinds == ["target"] * 5
+    assert plain.tau == 1.0 and plain.acceptance_by_position == [] and plain.kinds == ["target"] * 5  # a token a pass
 
 
 def test_text_needs_a_tokenizer(tiny_checkpoint):  # noqa: F811
@@ -76,7 +75,8 @@ def test_repr_is_one_short_line_and_str_a_summary():
     assert repr(result) == "DecodeResult(11 tokens, 4 rounds, alpha 0.70, tau 2.75)"  # 7 of 10 judged; 11 / 4
     lines = str(result).splitlines()
     assert lines[0] == repr(result)
-    assert "acceptance 0.50 (7 of 14 drafts)" in lines[1]
+    assert "alpha 0.70 (7 accepted of 10 judged drafts; 14 drafted), tau 2.75" in lines[1]
+    assert "target passes 5 (1 over the prompt + 4 rounds)" in lines[4]
     assert "1: 0.75  2: 0.67  3: 0.50  4: 1.00" in lines[2]  # judged 4, 3, 2, 1 times
     assert "0:1 1:1 2:1 3:0 4:1" in lines[3]
     assert repr(DecodeResult(tokens=[1, 2], target_calls=2)) == "DecodeResult(2 tokens, 2 target passes)"
@@ -109,10 +109,54 @@ def test_race_report_repr_html_and_json(tiny_checkpoint):  # noqa: F811
                             f"K=3, 12 tokens)")  # fmt: skip
     text = str(report)
     rows = dict(line.split("  ", 1) for line in text.splitlines() if "  " in line)
-    assert rows["tau (tokens per round: accepted drafts + 1)"].strip() == f"{spec.tau:.2f}"
+    assert rows["tau (tokens per round = per target pass)"].split()[0] == f"{spec.tau:.2f}"
     assert "acceptance at draft position 1..K" in text
     html = report._repr_html_()
     assert html.count('" title="') == 12 and "&lt;" not in html.split("</pre>")[1]  # the trace: one span per token
     d = report.to_dict()["speculative"]
     assert d["tau"] == spec.tau and d["acceptance_by_position"] == jsonable(spec.acceptance_by_position)  # nan: null
     assert d["kinds"] == spec.kinds and len(d["acceptance_by_position"]) == 3
+
+
+def summary_rows(text: str) -> dict[str, str]:
+    """The summary's rows, label -> value (labels and values are separated by two spaces or more)."""
+    body = text.split("── summary")[1].splitlines()[1:]
+    pairs = (re.split(r"( {2,})", line, maxsplit=1) for line in body if "  " in line)
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
+def numbers(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"-?\d+(?:\.\d+)?", text)]
+
+
+@pytest.mark.parametrize("tree", [None, 6])
+def test_the_printed_summary_agrees_with_itself(tiny_checkpoint, tree):  # noqa: F811
+    """Every figure of the printed summary, recomputed from the others it prints: alpha from its counts,
+    tau from tokens and rounds, the histogram's total and weighted sum, the passes, no nan anywhere."""
+    model = load_folder(tiny_checkpoint)
+    ids = model.tokenizer.encode("the cat")
+    report = race(model, perturbed(model, 0.3, seed=2), ids, 30, K=3, temperature=1.0, seed=1, warmup=False, tree=tree,
+                  repeats=1)  # fmt: skip
+    text = str(report)
+    assert "nan" not in text
+    rows = summary_rows(text)
+    alpha, accepted, judged, drafted = numbers(rows["alpha (accepted / judged drafts)"])
+    assert alpha == pytest.approx(accepted / judged, abs=0.005) and accepted <= judged <= drafted
+    tau, tokens, rounds, prompt_passes = numbers(rows["tau (tokens per round = per target pass)"])
+    assert tau == pytest.approx(tokens / rounds, abs=0.005) and tau >= 1 and tokens == 30
+    histogram = [int(x) for x in rows["rounds by drafts accepted (0, 1, ...)"].split("]")[0].strip("[").split(",")]
+    assert sum(histogram) == rounds  # every round, also one that drafted nothing
+    assert sum(n * c for n, c in enumerate(histogram)) == accepted
+    assert tokens == accepted + rounds  # each round: its accepted drafts + the target's one token
+    _draft_passes, target_passes = numbers(rows["draft / target passes"])
+    assert target_passes == rounds + prompt_passes
+    timing = {name: numbers(line.split("]")[1])[:2] for line in text.splitlines() for name in ("autoregressive",
+              "speculative") if line.startswith(f"[{name}]") and "tokens in" in line}  # fmt: skip
+    speedup = numbers(rows["speedup (autoregressive time / speculative time)"])[0]
+    assert speedup == pytest.approx(timing["autoregressive"][1] / timing["speculative"][1], rel=0.05, abs=0.01)
+    verdict = rows[next(k for k in rows if k.startswith("verdict"))]
+    assert verdict.split()[0] in ("faster", "slower", "within")
+    # a deliberately broken record (a round lost from the histogram) fails the same checks
+    broken = report.spec.result
+    broken.k_per_round.append(3), broken.accepted_per_round.append(0)
+    assert sum(broken.accepted_histogram) != rounds

@@ -32,7 +32,7 @@ import sys
 
 import numpy as np
 
-from .. import costmodel
+from .. import costmodel, flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints import family
 from ..checkpoints.load import load_model
@@ -78,7 +78,7 @@ def measure_family(target: GPT2, draft: GPT2, args, rng: np.random.Generator) ->
                 continue
             alpha = t["accepted"] / t["judged"] if t["judged"] else float("nan")  # nan: nothing was drafted
             rows.append({"drafter": name, "T": temperature, "alpha": alpha,
-                         "tokens_per_pass": t["tokens"] / t["passes"], "speedup": base / t["seconds"],
+                         "tau": t["tokens"] / t["passes"], "speedup": base / t["seconds"],
                          "seconds": t["seconds"], "autoregressive_seconds": base})  # fmt: skip
     return rows
 
@@ -90,7 +90,7 @@ def costs_of(target: GPT2, drafters: dict, K: int, context: list[int]) -> tuple[
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench --only family", description=__doc__.split("\n\n")[0],
+    p = flags.Parser(prog="python -m specdec.bench --only family", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--prompts", type=int, default=32, help="held-out prompts (default 32, at most 64)")
@@ -110,9 +110,10 @@ def main(argv=None) -> dict:
     res = {"args": vars(args), "family": measure_family(target, draft, args, rng)}
 
     table(out, f"1. measured on {family.TARGET}: {args.prompts} held-out prompts x {args.tokens} tokens, K={args.K}",
-          "alpha = accepted / judged drafts; tokens per target pass (autoregressive: 1); wall-clock speedup",
-          ["drafter", "T", "alpha", "tokens/pass", "speedup"],
-          [[r["drafter"], r["T"], r["alpha"], r["tokens_per_pass"], r["speedup"]] for r in res["family"]])  # fmt: skip
+          "alpha = accepted / judged drafts; tau = tokens per round = per target pass (autoregressive: 1); "
+          "wall-clock speedup",
+          ["drafter", "T", "alpha", "tau", "speedup"],
+          [[r["drafter"], r["T"], r["alpha"], r["tau"], r["speedup"]] for r in res["family"]])  # fmt: skip
 
     # 2. The cost model on the family's own measured costs.
     context = target.tokenizer.encode(family.prompts()[0]["text"])

@@ -16,15 +16,14 @@ often drafts are accepted; acceptance is measured on trained models):
   - an estimate of the wall-clock time to train heads on 1M positions.
 
 With --accept, on a trained target instead: for each drafter at T=0 and T=1,
-alpha (accepted / drafted), tau (new tokens per target pass, prefill
-excluded), draft passes per round, and the wall-clock speedup over
+alpha (accepted / judged drafts), tau (new tokens per round = per target
+pass, prefill excluded), draft passes per round, and the wall-clock speedup over
 autoregressive decoding summed over the prompts (chains; trees need the
 sampler's tree round).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -32,12 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
 from ..drafters import eagle, make_drafter, medusa
 from ..drafters.heads import DraftVocab
 from ..model.gpt2 import GPT2, HParams, random_weights
 from ..model.shapes import GPT2_SHAPES
+from ..result import fmt
 from ..sampling import SamplingParams
 from ..speculative import speculative_sample
 from ..timing import time_calls
@@ -106,23 +107,24 @@ def accept(target: GPT2, drafts: list[str], prompts: list[list[int]], n_tokens: 
             drafter = make_drafter(spec if ":" in spec or spec in ("ngram",) else load_model(spec, progress=False),
                                    target)  # fmt: skip
             speculative_sample(target, drafter, prompts[0], n_tokens, K=K, temperature=t, seed=0)  # warm-up
-            drafted = accepted = new = rounds = draft_calls = 0
+            judged = accepted = new = rounds = draft_calls = 0
             spec_time = 0.0
             for i, prompt in enumerate(prompts):
                 start = time.perf_counter()
                 r = speculative_sample(target, drafter, prompt, n_tokens, K=K, temperature=t, seed=i)
                 spec_time += time.perf_counter() - start
-                drafted, accepted = drafted + r.drafted, accepted + r.accepted
+                judged, accepted = judged + sum(r.judged), accepted + r.accepted
                 new += len(r.tokens)
                 rounds += r.rounds
                 draft_calls += r.draft_calls
-            rows.append({"drafter": spec, "T": t, "alpha": accepted / max(1, drafted), "tau": new / max(1, rounds),
+            alpha = accepted / judged if judged else float("nan")  # nan: nothing was drafted
+            rows.append({"drafter": spec, "T": t, "alpha": alpha, "tau": new / max(1, rounds),
                          "draft_calls_per_round": draft_calls / max(1, rounds), "speedup": ar_time / spec_time})  # fmt: skip
     return rows
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec.bench --only heads|heads-accept", description=__doc__.splitlines()[0])
+    parser = flags.Parser(prog="python -m specdec.bench --only heads|heads-accept", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="124M,355M", help="comma-separated: 124M, 355M")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--accept", action="store_true", help="measure acceptance and speedup on a trained target")
@@ -142,7 +144,7 @@ def main(argv=None) -> int:
         print(f"{target.name}: {len(prompts)} prompts, {args.tokens} new tokens each, K={args.K} (chains)")
         print(f"{'drafter':<40} {'T':>3} {'alpha':>6} {'tau':>6} {'draft passes/round':>19} {'speedup':>8}")
         for r in accept(target, args.drafts.split(","), prompts, args.tokens, args.K, (0.0, 1.0)):
-            print(f"{r['drafter']:<40} {r['T']:>3g} {r['alpha']:>6.3f} {r['tau']:>6.2f} "
+            print(f"{r['drafter']:<40} {r['T']:>3g} {fmt(r['alpha'], 3):>6} {r['tau']:>6.2f} "
                   f"{r['draft_calls_per_round']:>19.2f} {r['speedup']:>7.2f}x")  # fmt: skip
         return 0
     for name in args.sizes.split(","):

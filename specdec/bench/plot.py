@@ -31,11 +31,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..costmodel import predicted_speedup
-from ..display import KIND_COLOURS  # one colour per way a token was produced, as in the HTML trace
+from ..result import KIND_COLOURS  # one colour per way a token was produced, as in the HTML trace
 from ..result import acceptance_by_position as _acceptance_by_position
 
 INSTALL_HINT = "pip install -e '.[notebook]'"
-
 
 
 def _figure(ax, size=(6.4, 3.6)):
@@ -55,8 +54,36 @@ def _figure(ax, size=(6.4, 3.6)):
 # ---------------------------------------------------------------------------
 
 
+def _is_run(x) -> bool:
+    """One run: a DecodeResult, a RaceReport, or (k_per_round, accepted_per_round) as two lists of ints."""
+    if hasattr(x, "k_per_round") or hasattr(x, "explain"):
+        return True
+    return (isinstance(x, (tuple, list)) and len(x) == 2
+            and all(isinstance(v, (list, tuple, range, np.ndarray)) for v in x))  # fmt: skip
+
+
+def _labelled(results) -> dict:
+    """label -> run, from one run, a list of runs ("1", "2", ...) or a mapping label -> run.
+
+        _labelled(result) == {"": result}; _labelled([a, b]) == {"1": a, "2": b}
+    """
+    if isinstance(results, Mapping):
+        return dict(results)
+    if _is_run(results):
+        return {"": results}
+    if isinstance(results, (list, tuple)):
+        return {str(i): run for i, run in enumerate(results, start=1)}
+    raise TypeError(f"expected a result (DecodeResult, RaceReport or (k_per_round, accepted_per_round)), a list "
+                    f"or a dict of them, got {type(results).__name__}")  # fmt: skip
+
+
 def _rounds(result) -> tuple[list[int], list[int]]:
-    """(drafts proposed, drafts accepted) per round, from a DecodeResult or a pair of lists."""
+    """(drafts proposed, drafts accepted) per round, from a DecodeResult, a RaceReport (its speculative
+    run) or a pair of lists."""
+    if hasattr(result, "explain"):  # a RaceReport
+        if result.spec is None:
+            raise ValueError("this RaceReport has no speculative run (decoders=('autoregressive',)): nothing drafted")
+        result = result.spec.result
     if hasattr(result, "k_per_round"):
         return list(result.k_per_round), list(result.accepted_per_round)
     k, n = result
@@ -65,20 +92,21 @@ def _rounds(result) -> tuple[list[int], list[int]]:
 
 def acceptance_by_position(result) -> tuple[np.ndarray, np.ndarray]:
     """Per draft position i = 1..K: (acceptance rate, rounds that judged position i); see
-    result.acceptance_by_position. result: a DecodeResult, or (k_per_round, accepted_per_round)."""
+    result.acceptance_by_position. result: a DecodeResult, a RaceReport or (k_per_round, accepted_per_round)."""
     return _acceptance_by_position(*_rounds(result))
 
 
 def plot_acceptance_by_position(results, ax=None):
     """Bars: acceptance rate at each draft position 1..K, one group per run.
 
-    results: one run (a DecodeResult or a (k_per_round, accepted_per_round)
-    pair) or a mapping label -> run, to compare drafters or temperatures.
+    results: one run (a DecodeResult, a RaceReport or a (k_per_round,
+    accepted_per_round) pair), a list of runs, or a mapping label -> run, to
+    compare drafters or temperatures.
     A dashed line marks each run's overall alpha (accepted / judged): flat bars
     at that line would mean acceptance is the same at every position, as the
     cost model assumes.
     """
-    runs = results if isinstance(results, Mapping) else {"": results}
+    runs = _labelled(results)
     fig, ax = _figure(ax)
     width = 0.8 / max(1, len(runs))
     for j, (label, run) in enumerate(runs.items()):
@@ -97,32 +125,39 @@ def plot_acceptance_by_position(results, ax=None):
 
 
 def accepted_histogram(result) -> np.ndarray:
-    """[K_max + 1]: rounds that accepted n = 0..K_max of their drafts (rounds without drafts left out)."""
+    """[K_max + 1]: rounds that accepted n = 0..K_max of their drafts; as DecodeResult.accepted_histogram, a
+    round that drafted nothing accepted 0, so the counts sum to the rounds."""
     ks, ns = _rounds(result)
-    counts = np.zeros(max(ks, default=0) + 1, dtype=np.int64)
-    for k, n in zip(ks, ns):
-        if k > 0:
-            counts[n] += 1
+    counts = np.zeros(max([*ks, *ns], default=0) + 1, dtype=np.int64)
+    for n in ns:
+        counts[n] += 1
     return counts
 
 
-def plot_accepted_histogram(result, alpha: float | None = None, ax=None):
-    """Bars: how many rounds accepted 0, 1, ..., K drafts.
+def plot_accepted_histogram(results, alpha: float | None = None, ax=None):
+    """Bars: how many rounds accepted 0, 1, ..., K drafts; one group per run for a list or dict of runs.
 
-    With alpha given (and every round drafting the same K), dots show what the
+    With alpha given (one run, every round drafting the same K), dots show what the
     i.i.d. model predicts: P(n) = alpha^n (1 - alpha) for n < K, alpha^K for n = K.
     """
-    counts = accepted_histogram(result)
+    runs = _labelled(results)
+    hists = {label: accepted_histogram(run) for label, run in runs.items()}
     fig, ax = _figure(ax)
-    n = np.arange(len(counts))
-    ax.bar(n, counts, color=KIND_COLOURS["draft"], label="measured")
-    if alpha is not None and counts.sum():
+    width = 0.8 / max(1, len(runs))
+    for j, (label, counts) in enumerate(hists.items()):
+        n = np.arange(len(counts))
+        colour = KIND_COLOURS["draft"] if len(runs) == 1 else None
+        ax.bar(n + (j - (len(runs) - 1) / 2) * width, counts, width, color=colour, label=label or "measured")
+    total = sum(int(c.sum()) for c in hists.values())
+    if alpha is not None and len(runs) == 1 and total:
+        counts = next(iter(hists.values()))
         k = len(counts) - 1
         expected = [alpha**i * (1 - alpha) for i in range(k)] + [alpha**k]
-        ax.plot(n, counts.sum() * np.asarray(expected), "ko", label=f"i.i.d. model, alpha={alpha:.2f}")
+        ax.plot(np.arange(k + 1), total * np.asarray(expected), "ko", label=f"i.i.d. model, alpha={alpha:.2f}")
+    if (alpha is not None and len(runs) == 1) or len(runs) > 1:
         ax.legend()
-    ax.set(xlabel="drafts accepted in the round", ylabel="rounds", xticks=n)
-    ax.set_title(f"accepted drafts per round ({counts.sum()} rounds)")
+    ax.set(xlabel="drafts accepted in the round", ylabel="rounds", xticks=np.arange(max(map(len, hists.values()))))
+    ax.set_title(f"accepted drafts per round ({total} rounds)")
     return fig
 
 
@@ -132,14 +167,19 @@ def plot_accepted_histogram(result, alpha: float | None = None, ax=None):
 
 
 def predicted_vs_measured(points) -> list[tuple[str, float, float]]:
-    """[(label, predicted, measured)] from a mapping label -> RaceResult (or an
-    explain() dict, or a (predicted, measured) pair); runs without a prediction are left out."""
+    """[(label, predicted, measured)] from one RaceReport, a list of them, or a mapping label -> RaceReport
+    (or an explain() dict, or a (predicted, measured) pair); runs without a prediction are left out."""
+    if isinstance(points, (tuple, list)) and len(points) == 2 and all(isinstance(x, (int, float)) for x in points):
+        points = {"": points}  # one (predicted, measured) pair
+    elif not isinstance(points, Mapping):
+        points = {"": points} if hasattr(points, "explain") else {str(i): p for i, p in enumerate(points, start=1)}
     rows = []
     for label, point in points.items():
         if hasattr(point, "explain"):
             point = point.explain()
         if isinstance(point, Mapping):
-            point = (point.get("predicted_speedup", math.nan), point.get("measured_speedup", math.nan))
+            predicted = point.get("predicted_speedup", point.get("tree_predicted_speedup", math.nan))
+            point = (predicted, point.get("measured_speedup", math.nan))
         predicted, measured = (float(x) for x in point)
         if math.isfinite(predicted) and math.isfinite(measured):
             rows.append((str(label), predicted, measured))
@@ -149,7 +189,8 @@ def predicted_vs_measured(points) -> list[tuple[str, float, float]]:
 def plot_predicted_vs_measured(points, ax=None):
     """Scatter of the cost model's predicted speedup (x) against the measured one (y).
 
-    points: a mapping label -> RaceResult, explain() dict or (predicted, measured).
+    points: one RaceReport, a list of them, or a mapping label -> RaceReport, explain() dict or
+    (predicted, measured).
     On the diagonal the model explains the run; far below it, something the
     model leaves out (sampler overhead, cache growth, noise) costs time.
     """
@@ -193,7 +234,7 @@ def plot_speedup_grid(c: float, r=None, ks: Sequence[int] = range(1, 9), measure
     if measured is not None:
         ax.plot([measured[0]], [measured[1]], "k*", markersize=12, label="measured run")
     ax.axhline(1, color="grey", linewidth=0.5)
-    ax.set(xlabel="alpha (acceptance rate)", ylabel="predicted speedup", xlim=(0, 1))
+    ax.set(xlabel="alpha (accepted / judged drafts)", ylabel="predicted speedup", xlim=(0, 1))
     ax.set_title(f"speedup vs alpha, c = {c:.3g}, " + ("r = 1" if r is None else "measured r(m)"))
     ax.legend(fontsize=7, ncol=2)
     return fig

@@ -22,12 +22,12 @@ A script that prints numbers, not a test.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 
 import numpy as np
 
+from .. import flags
 from ..autoregressive import autoregressive_sample, check_request
 from ..checkpoints.load import load_model
 from ..model.shapes import random_model
@@ -79,8 +79,7 @@ def exit_agreement(target, layers, n_tokens: int = 120, text: str = EXIT_PROMPT)
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench --only real", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)  # fmt: skip
+    p = flags.Parser(prog="python -m specdec.bench --only real", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2-135m", help="a model name, folder or GGUF file (default %(default)s)")
     p.add_argument("--drafts", "--draft", default="ngram,early_exit:8,early_exit:15,early_exit:22,early_exit:29",
                    help="comma-separated drafters (default %(default)s)")  # fmt: skip

@@ -52,7 +52,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import costmodel
+from .. import costmodel, flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_folder, save_folder
 from ..checkpoints.safetensors import read_safetensors
@@ -314,18 +314,18 @@ def section_drafters(bench: Bench) -> None:
     for name, result in last.items():
         wall = float(np.median(times[name]))
         entry = {"seconds": stats_ms(times[name]), "speedup": float(base / wall),
-                 "tokens_per_target_call": result.tokens_per_target_call, "target_calls": result.target_calls,
-                 "draft_calls": result.draft_calls, "acceptance_rate": result.acceptance_rate,
+                 "tau": result.tau, "target_calls": result.target_calls,
+                 "draft_calls": result.draft_calls, "alpha": result.alpha,
                  "identical_to_autoregressive": result.tokens == reference}  # fmt: skip
         res["runs"][name] = entry
-        rows.append([name, wall, entry["speedup"], entry["tokens_per_target_call"], entry["acceptance_rate"],
+        rows.append([name, wall, entry["speedup"], entry["tau"], entry["alpha"],
                      result.draft_calls, entry["identical_to_autoregressive"]])  # fmt: skip
     res["distinct_tokens"] = len(set(reference))
     bench.results["drafters"] = res
     table(bench.out, f"drafters: greedy speculative decoding on {size}, {n} tokens after an 8-token random prompt",
-          f"wall-clock (median of {bench.args.drafter_repeats}) vs autoregressive; tokens per target call "
-          f"includes the prompt's prefill; the text has {res['distinct_tokens']} distinct tokens",
-          ["run", "seconds", "speedup", "tokens/call", "acceptance", "draft calls", "same tokens"], rows)  # fmt: skip
+          f"wall-clock (median of {bench.args.drafter_repeats}) vs autoregressive; tau = tokens per round "
+          f"(= per target pass, the prompt's prefill apart), alpha = accepted / judged drafts; the text has {res['distinct_tokens']} distinct tokens",
+          ["run", "seconds", "speedup", "tau", "alpha", "draft calls", "same tokens"], rows)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
@@ -640,7 +640,7 @@ def _pairs(text: str) -> list[tuple[str, str]]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     paragraphs = __doc__.split("\n\n")
-    p = argparse.ArgumentParser(prog="python -m specdec.bench --only <speed sections>", description=paragraphs[0],
+    p = flags.Parser(prog="python -m specdec.bench --only <speed sections>", description=paragraphs[0],
                                 epilog="\n\n".join(x for x in paragraphs if x.startswith(("Commands", "Sections"))),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     add = p.add_argument

@@ -46,6 +46,7 @@ from typing import Callable, TextIO
 
 import numpy as np
 
+from .. import flags
 from ..autoregressive import autoregressive_sample
 from ..model.gpt2 import GPT2, HParams
 from ..sampling import SamplingParams, probabilities
@@ -298,7 +299,7 @@ def present_models(models_dir: str | Path | None, names=GPT2_FAMILY) -> list[str
 
 def parse_args(argv=None) -> argparse.Namespace:
     paragraphs = __doc__.split("\n\n")
-    p = argparse.ArgumentParser(prog="python -m specdec.bench --only suite|alpha-table", description=paragraphs[0],
+    p = flags.Parser(prog="python -m specdec.bench --only suite|alpha-table", description=paragraphs[0],
                                 epilog="\n\n".join(paragraphs[2:4]), formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--alpha-table", action="store_true", help="measure alpha of every draft/target pair on disk")
     p.add_argument("--models", help="--alpha-table: comma-separated names or folders (default: the GPT-2 family "

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from .. import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
 from ..model.gpt2 import GPT2, random_weights
@@ -141,7 +142,7 @@ def tree_setting(text: str):
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench --only tree-r|tree-tau", description=__doc__.split("\n\n")[0],
+    p = flags.Parser(prog="python -m specdec.bench --only tree-r|tree-tau", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--only", default="r", help=f"sections, from {','.join(SECTIONS)} (default r)")
     p.add_argument("--sizes", default="124M,355M", help="r: GPT-2 shapes (default 124M,355M)")

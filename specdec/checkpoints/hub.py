@@ -60,6 +60,8 @@ MODEL_REPOS = {
     "1558M": "openai-community/gpt2-xl",
     "distilgpt2": "distilbert/distilgpt2",
 }
+# The Hub's own short names for GPT-2 (what Hugging Face users type), accepted as the names above.
+HUB_SHORT_NAMES = {"gpt2": "124M", "gpt2-medium": "355M", "gpt2-large": "774M", "gpt2-xl": "1558M"}
 # SmolLM2 (a Llama) from the Hub, as released in BF16 safetensors and loaded as float32 (hf_llama.py).
 # Short names are the Instruct models, since chat is what they are for; "-base" names the pretrained
 # ones. "smollm2-135m" itself is the quantized GGUF from a pinned wheel (wheel.py), which needs no Hub;
@@ -161,6 +163,7 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike | None = None
     if models_dir is not None and not str(models_dir):
         raise ValueError("models_dir is empty: give a folder, or leave it out for the default " + _default_dir_text())
     models_dir = default_models_dir() if models_dir is None else Path(models_dir)
+    name = HUB_SHORT_NAMES.get(name, name)
     if name in MODEL_REPOS:
         repo = MODEL_REPOS[name]
         legacy = models_dir / name  # where earlier versions put short names: still used if complete
@@ -178,7 +181,7 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike | None = None
         raise ValueError(f"{name} is not a folder: a local model needs a folder holding {', '.join(CHECKPOINT_FILES)}")
     if _REPO_ID.fullmatch(name) and ".." not in name and "--" not in name:
         return _download_folder(models_dir, _folder_name(name), name), name
-    known = ", ".join([*MODEL_REPOS, *LLAMA_REPOS, *family.NAMES])
+    known = ", ".join([*MODEL_REPOS, *HUB_SHORT_NAMES, *LLAMA_REPOS, *family.NAMES])
     raise ValueError(
         f"unknown model {name!r}: use one of {known}, a Hub repo id such as "
         f"'openai-community/gpt2', or the path of a folder holding {', '.join(CHECKPOINT_FILES)}"

@@ -217,7 +217,8 @@ def load_model(
     downloading it on first use into models_dir (default: ~/.cache/specdec/models, or
     $SPECDEC_HOME/models; see specdec.checkpoints.hub.default_models_dir).
 
-    GPT-2: "124M", "355M", "774M", "1558M", "distilgpt2" (Hub), "stdlib-6L", "stdlib-2L" (shipped).
+    GPT-2: "124M", "355M", "774M", "1558M", "distilgpt2" (Hub; the Hub's names "gpt2", "gpt2-medium",
+    "gpt2-large", "gpt2-xl" too), "stdlib-6L", "stdlib-2L" (shipped).
     Llama: "smollm2-135m" (SmolLM2-135M-Instruct, quantized, fetched with pip from a pinned wheel:
     wheel.py), or the path of any Llama-architecture GGUF file (gguf.py); from the Hub's safetensors
     (hf_llama.py), the Instruct models "smollm2-135m-bf16", "smollm2-360m", "smollm2-1.7b" (chat is what

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from .. import flags
 from .loop import check_settings, train
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = flags.Parser(
         prog="python -m specdec.train", description="Train Medusa or EAGLE draft heads for a GPT-2, in NumPy."
     )
     parser.add_argument("kind", choices=["medusa", "eagle"])
@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.*")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
+    flags.refuse_ignored(parser, args, [("heads", args.kind == "eagle", "only applies to medusa: EAGLE trains one "
+                                         "head that drafts autoregressively")])  # fmt: skip
     try:
         from ..checkpoints.load import load_model
 

@@ -53,7 +53,8 @@ def test_acceptance_by_position_agrees_with_the_run(sampled_run):
 def test_accepted_histogram_matches_the_result(sampled_run):
     counts = plot.accepted_histogram(sampled_run)
     assert counts.tolist() == list(sampled_run.accepted_histogram)
-    assert plot.accepted_histogram(([0, 2, 2], [0, 2, 1])).tolist() == [0, 1, 1]
+    assert plot.accepted_histogram(([0, 2, 2], [0, 2, 1])).tolist() == [1, 1, 1]  # a round drafting nothing: 0
+    assert plot.accepted_histogram(sampled_run).sum() == sampled_run.rounds
 
 
 def test_speedup_grid_is_the_cost_model():
@@ -160,3 +161,29 @@ def test_figures_draw_on_a_given_axes(mpl):
     assert plot.plot_verify_costs([1.0, 1.5], ax=right) is fig
     assert len(right.lines) == 3 and not left.lines
     fig.savefig(__import__("io").BytesIO(), format="png")  # renders without a display
+
+
+def test_plots_take_one_result_a_list_or_a_dict(mpl, sampled_run):
+    """What a notebook passes: a result, [results], {label: result}, and race reports the same ways."""
+    from specdec import race
+
+    target, draft = tiny_model(seed=0), tiny_model(seed=1)
+    report = race(target, draft, [1, 2, 3], 12, K=3, temperature=1.0, seed=3, warmup=False, repeats=1)
+    for results in (sampled_run, [sampled_run], {"a": sampled_run}, report, [report, sampled_run]):
+        assert only_axes(plot.plot_acceptance_by_position(results)).patches
+        assert only_axes(plot.plot_accepted_histogram(results)).patches
+    assert len(only_axes(plot.plot_accepted_histogram([sampled_run, sampled_run])).patches) == 2 * (
+        len(sampled_run.accepted_histogram))  # fmt: skip
+    for points in (report, [report], {"K=3": report}, (1.5, 1.2)):
+        assert len(only_axes(plot.plot_predicted_vs_measured(points)).collections) == 1
+    with pytest.raises(TypeError, match="a list or a dict"):
+        plot.plot_accepted_histogram(42)
+
+
+def test_the_empty_prompt_message_names_the_models_own_end_token():
+    from specdec import autoregressive_sample, load_model
+
+    model = load_model("stdlib-2L")
+    with pytest.raises(ValueError, match=f"id {model.tokenizer.eot_token}") as error:
+        autoregressive_sample(model, [], 4)
+    assert "50256" not in str(error.value) and model.tokenizer.eot_token != 50256

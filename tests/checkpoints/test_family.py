@@ -147,7 +147,7 @@ def test_family_bench_runs_and_reports_every_drafter_at_both_temperatures():
     rows = {(r["drafter"], r["T"]): r for r in res["family"]}
     assert set(rows) == {(d, t) for d in ("draft model stdlib-2L", "early_exit:2", "ngram") for t in (0.0, 1.0)}
     for r in rows.values():
-        assert 1 <= r["tokens_per_pass"] <= 5 and r["speedup"] > 0 and r["c"] > 0
+        assert 1 <= r["tau"] <= 5 and r["speedup"] > 0 and r["c"] > 0
     assert rows[("early_exit:2", 0.0)]["alpha"] > 0.5
 
 

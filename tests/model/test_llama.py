@@ -231,7 +231,7 @@ def test_a_llama_passed_as_the_draft_is_a_model_drafter(tiny):
     expected = autoregressive_sample(tiny, [3, 1, 4], 16).tokens
     for K, tree in ((1, None), (4, None), ("auto", None), (3, 6)):
         assert speculative_sample(tiny, draft, [3, 1, 4], 16, K=K, tree=tree).tokens == expected, (K, tree)
-    assert speculative_sample(tiny, tiny, [3, 1, 4], 16, K=4).acceptance_rate == 1.0
+    assert speculative_sample(tiny, tiny, [3, 1, 4], 16, K=4).alpha == 1.0
 
 
 def test_a_restricted_llama_scores_only_its_tokens_and_stays_exact(tiny):

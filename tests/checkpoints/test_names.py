@@ -1,0 +1,69 @@
+"""Decided from names before downloading (specdec/checkpoints/names.py): the table agrees with the shapes and files
+it summarises, and impossible requests are refused in well under a second with nothing fetched or written."""
+
+import json
+import time
+
+import pytest
+
+from specdec import __main__ as main
+from specdec.checkpoints import family, names
+from specdec.checkpoints.hub import resolve_model
+from specdec.model.shapes import GPT2_SHAPES
+
+
+def test_the_table_agrees_with_gpt2_shapes_and_the_shipped_configs():
+    for name, h in GPT2_SHAPES.items():
+        c = names.card(name)
+        assert (c.layers, c.width, c.n_ctx, c.tokenizer) == (h.n_layer, h.n_embd, h.n_ctx, "gpt2")
+    for name in family.NAMES:
+        config = json.loads((family.folder(name) / "config.json").read_text())
+        c = names.card(name)
+        assert (c.layers, c.width, c.n_ctx) == (config["n_layer"], config["n_embd"], config["n_positions"])
+        assert c.download == 0  # shipped
+    assert names.card("smollm2-135m").chat and not names.card("smollm2-360m-base").chat
+    assert names.card("HuggingFaceTB/SmolLM2-360M-Instruct") == names.card("smollm2-360m")
+    assert names.card("some/other-repo") is None and names.card("./a/folder") is None
+
+
+def test_hub_short_names_are_the_same_models(tmp_path):
+    for hub_name, name in names.HUB_SHORT_NAMES.items():
+        assert resolve_model(hub_name, tmp_path) == resolve_model(name, tmp_path)
+        assert names.card(hub_name) == names.card(name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_default_pair_footprint():
+    download, kept = names.footprint(["355M", "124M"])
+    assert download == 1_520_000_000 + 548_000_000
+    # transposed float32 linear weights: 12 * width^2 per layer
+    assert kept == 4 * 12 * (24 * 1024**2 + 12 * 768**2) and 1.5e9 < kept < 1.6e9
+    assert names.footprint(["smollm2-135m", "stdlib-6L"]) == (names.card("smollm2-135m").download, 0)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--target_model_size", "355M", "--draft", "early_exit:30"], "early exit needs 1 <= L < 24"),
+        (["--target_model_size", "stdlib-6L", "--draft", "distilgpt2"], "tokenize text differently"),
+        (["--target_model_size", "gpt2-xl", "--draft", "smollm2-135m"], "tokenize text differently"),
+        (["--target_model_size", "124M", "--chat", "--draft", "ngram"], "--chat needs a chat model"),
+        (["--target_model_size", "smollm2-360m-base", "--chat", "--draft", "ngram"], "has no chat template"),
+        (["--target_model_size", "355M", "--n_tokens_to_generate", "1024"], "context of 1024 tokens"),
+    ],
+)
+def test_impossible_requests_fail_fast_with_nothing_downloaded(argv, message, fake_hub, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))  # an empty home: nothing cached
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_:
+        main.main(argv)
+    seconds = time.perf_counter() - start
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert seconds < 1.0, f"took {seconds:.2f} s"
+    assert fake_hub.requests == [] and list(tmp_path.iterdir()) == [], "nothing fetched or written"
+
+
+def test_unknown_names_are_left_to_the_load():
+    names.check_pair("./my-folder", draft_model="owner/repo", early_exit=99, chat=True, n_tokens=10**6)  # no error
+    names.check_pair("355M", draft_model="owner/repo")  # the draft is unknown: its tokenizer is checked after loading
