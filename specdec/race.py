@@ -41,6 +41,7 @@ from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams
 from .speculative import speculative_sample
 from .timing import Costs, measure_costs
+from .verify import VERIFICATION
 
 DECODERS = ("autoregressive", "speculative")
 
@@ -323,7 +324,7 @@ def race(
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = 0,
     repeats: int = 1, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
     on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
-    chat: bool = False,
+    chat: bool = False, verification: str = "token",
 ) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request and time them.
 
@@ -334,13 +335,16 @@ def race(
     is called before each decoder's streamed run. Every repeat uses the same seed, so
     repeats produce the same tokens and differ only in time. tree: None (chains), a node
     budget N, or "auto" (costmodel.TreePolicy on the measured c and r). chat: the prompt is a user
-    message to a chat model, and both decoders stop at the end of the reply.
+    message to a chat model, and both decoders stop at the end of the reply. verification: "token" or
+    "block" (speculative_sample's: how a chain of drafts is judged).
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup
     """
     # Check the whole request before spending time on measurements.
     SamplingParams(temperature, top_k, top_p)
+    if verification not in VERIFICATION or (verification == "block" and tree is not None):
+        raise ValueError(f"verification must be 'token' or 'block' (block: chains only, no tree), got {verification!r}")
     request = prompt  # with chat=True the samplers get the text and wrap it themselves
     prompt = check_request(target, prompt, n_tokens, chat)
     check_seed(seed)
@@ -359,7 +363,8 @@ def race(
         m_max = max(m_max, (tree if isinstance(tree, int) else TreePolicy(0.0).n_max) + 1)
     costs = measure_costs(target, checked, prompt, m_max=m_max, repeats=3)
     settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
-                    top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree)  # fmt: skip
+                    top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
+                    verification=verification)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat)
     if not chat:
@@ -380,7 +385,7 @@ def race(
         ):
             start = time.perf_counter()
             result = speculative_sample(target, drafter, request, n, K=k_policy, on_token=stream, tree=tree_policy,
-                                        **sampling)  # fmt: skip
+                                        verification=verification, **sampling)  # fmt: skip
             seconds = time.perf_counter() - start
         return Run(result, seconds, drafting.seconds, verifying.seconds)
 
