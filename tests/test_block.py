@@ -20,6 +20,8 @@ draft that close, p/q stays near 1, the block weights rarely matter and broken r
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from block_rules import (
@@ -36,8 +38,7 @@ from block_rules import (
 )
 from helpers import PROMPT, chi_square_passes, exact_continuations, sample_many, small_model
 
-import specdec.verify as verify
-from specdec import autoregressive_sample, speculative_sample
+from specdec import autoregressive_sample, speculative_sample, verify
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 from specdec.sampling import SamplingParams, draw, point_mass
 from specdec.verify import block_chain, block_plan, block_weights, greedy_chain, token_weights
@@ -275,3 +276,20 @@ def test_block_verification_is_offered_where_it_applies():
                              verification="block", on_round=lambda proposal, logits: rounds.append(
                                  (len(proposal), logits.shape)))  # fmt: skip
     assert len(rounds) == out.rounds and all(shape == (k + 1, 6) for k, shape in rounds)
+
+
+def test_the_command_line_takes_verification_block(tmp_path, capsys):
+    from conftest import tiny_model as tiny_gpt2
+    from conftest import write_checkpoint
+
+    from specdec import __main__ as cli
+
+    folder = write_checkpoint(tmp_path / "tiny", tiny_gpt2(seed=1))
+    args = ["--target_model_size", str(folder), "--draft", "ngram", "--prompt", "the cat the cat the",
+            "--n_tokens_to_generate", "6", "--temperature", "1", "--no_warmup", "--json"]  # fmt: skip
+    assert cli.main([*args, "--verification", "block"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["verification"] == "block"
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*args, "--verification", "block", "--tree", "4"])
+    assert exit_.value.code == 2 and "--tree" in capsys.readouterr().err
+
