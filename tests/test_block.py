@@ -292,4 +292,3 @@ def test_the_command_line_takes_verification_block(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main([*args, "--verification", "block", "--tree", "4"])
     assert exit_.value.code == 2 and "--tree" in capsys.readouterr().err
-
