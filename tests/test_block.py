@@ -202,12 +202,19 @@ def tiny_model(seed: int, n_vocab: int = 6, n_layer: int = 1) -> GPT2:
     return GPT2(h, random_weights(h, seed=seed, scale=0.6), name=f"tiny{n_vocab}-{seed}")
 
 
+def passes(samples, exact) -> tuple[bool, float, float]:
+    """chi_square_passes, where a sample of probability 0 (a broken rule's clearest failure) fails."""
+    if any(exact.get(s, 0.0) == 0 for s in samples):
+        return False, float("inf"), 0
+    return chi_square_passes(samples, exact)
+
+
 def check_block_sampler(run, exact, monkeypatch, n_ok=N_OK, n_bad=N_BAD, broken=BROKEN_CHAINS):
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=n_ok), exact)
     assert ok, f"block verification failed: chi2={stat:.1f} df={df}"
     for rule in broken:
         monkeypatch.setattr(verify, "block_chain", rule)
-        ok, stat, df = chi_square_passes(sample_many(run, n_samples=n_bad, seed=1), exact)
+        ok, stat, df = passes(sample_many(run, n_samples=n_bad, seed=1), exact)
         print(f"{rule.__name__}: chi2={stat:.1f} df={df}")
         assert not ok, f"{rule.__name__} passed the check (chi2={stat:.1f}, df={df})"
     monkeypatch.undo()
