@@ -157,9 +157,9 @@ def block_plan(drafts: list[int], q: np.ndarray, p: np.ndarray) -> tuple[np.ndar
     h_(k-1), ...; so P(tau = i) = h_i prod_(j > i) (1 - h_j), with h_0 = 1. This
     function returns that law (stop) instead of flipping k coins: one draw.
 
-    Why the output is exactly p (a proof sketch; the paper's Theorem 1 differs
-    in form). Write Q(x_:i) = prod_(j<i) q[j](x_j), P(x_:i) likewise with p,
-    all rows along the drafted path.
+    Why the output is exactly p (a proof sketch, written for this code; the
+    paper proves it its own way). Write Q(x_:i) = prod_(j<i) q[j](x_j), P(x_:i)
+    likewise with p, all rows along the drafted path.
     (1) P(tau >= i and the first i drafts are x_:i) = Q(x_:i) w_i.  From the end:
         at i = k it is Q h_k = Q w_k. If it holds at i + 1, summing over the
         next draft y gives Q(x_:i) sum_y min(q[i](y), w_i p[i](y)) = Q (w_i - r_i),

@@ -17,7 +17,8 @@ mean over rounds is the rule's expected tau at that drafter's draft
 distribution, and block's is never below token-wise's, round by round).
 Columns E[tau] are these, averaged over the rounds of both runs (the same
 drafts judged both ways); tau columns are what each run realised (accepted
-drafts + 1, per round that drafted). gain = E[tau] block / E[tau] token - 1.
+drafts + 1, per round that drafted; ± one standard error over rounds).
+gain = E[tau] block / E[tau] token - 1.
 Deterministic drafts (n-gram, or any drafter at T=0) gain nothing: a point-mass
 q makes the two rules the same law (docs/block.md). A script that prints
 numbers, not a test.
@@ -51,6 +52,11 @@ def mean(xs) -> float:
     return float(np.mean(xs)) if xs else float("nan")
 
 
+def stderr(xs) -> float:
+    """The standard error of a mean of per-round values (rounds treated as independent: roughly)."""
+    return float(np.std(xs, ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else float("nan")
+
+
 def measure(target, draft, prompts, n_tokens: int, K: int, params: SamplingParams, seed: int) -> dict:
     """Both rules on the same prompts and seeds: expected tau of both on every drafted round, realised tau of each."""
     expected = {"token": [], "block": []}  # per drafted round, over both runs
@@ -72,6 +78,7 @@ def measure(target, draft, prompts, n_tokens: int, K: int, params: SamplingParam
             realised[verification] += [n + 1 for k, n in zip(out.k_per_round, out.accepted_per_round) if k > 0]
     return {"rounds": len(expected["token"]), "E_token": mean(expected["token"]), "E_block": mean(expected["block"]),
             "tau_token": mean(realised["token"]), "tau_block": mean(realised["block"]),
+            "se_token": stderr(realised["token"]), "se_block": stderr(realised["block"]),
             "min_round_gain": min((b - t for t, b in zip(expected["token"], expected["block"])), default=float("nan"))}  # fmt: skip
 
 
@@ -116,7 +123,8 @@ def main(argv=None) -> list[dict]:
                     rows.append(r)
                     gain = r["E_block"] / r["E_token"] - 1
                     print(f"| {label} | {drafter} | {T} | {K} | {r['rounds']} | {r['E_token']:.3f} | {r['E_block']:.3f} "
-                          f"| {100 * gain:+.1f}% | {r['tau_token']:.2f} | {r['tau_block']:.2f} |", flush=True)  # fmt: skip
+                          f"| {100 * gain:+.1f}% | {r['tau_token']:.2f} ± {r['se_token']:.2f} "
+                          f"| {r['tau_block']:.2f} ± {r['se_block']:.2f} |", flush=True)  # fmt: skip
                     assert r["min_round_gain"] >= -1e-5, "block's expected tokens fell below token-wise's on a round"
     print(f"\nload average {load():.2f} at the end; {time.perf_counter() - t0:.0f} s", file=sys.stdout)
     return rows
