@@ -5,7 +5,8 @@ Four kinds of check, each able to fail:
      every stopping point, every emitted token. The round, continued by the target, must give
      exactly the target's law; each deliberately broken rule (block_rules.BROKEN_PLANS) must not.
      This is the arbiter: one of the bugs (the residual without the carried weight) moves a
-     round's law by about 1e-3 at most, which no chi-square test of feasible size can see.
+     round's law by under 0.01 in any sequence's probability (usually far less), which no
+     chi-square test of feasible size can see.
   2. The paper's binary example, computed exactly: 10/9 accepted drafts per round token-wise,
      11/9 with block verification.
   3. The theorem: block verification's exact expected accepted drafts are never below token-wise's,
