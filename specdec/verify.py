@@ -130,11 +130,16 @@ def block_chain(drafts: list[int], q: np.ndarray, p: np.ndarray, rng: np.random.
     """
     stop, rows = block_plan(drafts, q, p)  # [k+1], [k+1, n_vocab]
     n = draw(stop, rng)  # accept the first n drafts
-    return n, draw(rows[n], rng)  # n < k: the block residual at row n; n == k: the bonus from p[k]
+    # n < k: the block residual at row n; n == k: the bonus from p[k].
+    # NOTE: the residual must be renormalised; it sums to r_n, not 1.
+    return n, draw(rows[n] / rows[n].sum(), rng)
 
 
 def block_plan(drafts: list[int], q: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(stop [k+1]: P(accept exactly the first i drafts), rows [k+1, n_vocab]: what to draw after them).
+
+    rows are unnormalised: row i < k is the block residual max(w_i p[i] - q[i], 0),
+    row k is p[k] (the bonus); the token after i accepted drafts follows rows[i] / rows[i].sum().
 
     The paper's letters -> specdec's. Sun et al. write M_b for the target and M_s
     for the draft, gamma for the block length, X_1..X_gamma for the drafts and p_i
@@ -187,22 +192,29 @@ def block_plan(drafts: list[int], q: np.ndarray, p: np.ndarray) -> tuple[np.ndar
     """
     k = len(drafts)
     w = block_weights(drafts, q, p)  # [k+1]
+    if k == 0:  # nothing drafted: draw from p[0] (q may be None)
+        return np.ones(1, np.float32), p[:1]
     rows = np.empty((k + 1, p.shape[-1]), np.float32)  # [k+1, n_vocab]
-    h = np.ones(k + 1, np.float32)  # h_0 = 1: nothing left to reject at the start of the block
-    for i in range(k):
-        residual = np.maximum(w[i] * p[i] - q[i], 0)  # [n_vocab]: the block residual at row i
-        r = residual.sum()
-        # NOTE: renormalised, like the token-wise residual. r == 0 (then w_i == 1 and p[i] == q[i]
-        # up to rounding) means stopping here had probability ~0: draw from p[i], the right answer.
-        rows[i] = residual / r if r > 0 else p[i]
-        if i > 0:
-            denominator = r + 1 - w[i]
-            h[i] = r / denominator if denominator > 0 else 1  # 0/0: stopping here has probability 0
-    rows[k] = p[k]  # all k accepted: the bonus token
+    residual = rows[:k]  # [k, n_vocab]: the block residual max(w_i p[i] - q[i], 0) at rows 0..k-1, in place
+    np.multiply(w[:k, None], p[:k], out=residual)
+    residual -= q
+    np.maximum(residual, 0, out=residual)
+    r = residual.sum(axis=-1)  # [k]: r_i
+    # h_i = r_i / (r_i + 1 - w_i) for 1 <= i < k. A zero denominator (r_i = 0 and w_i = 1: p[i] == q[i]
+    # up to rounding) means stopping at i has probability 0; h_i = 1 then, any value would do.
+    denominator = r[1:] + 1 - w[1:k]  # [k-1]
+    h = np.ones(k + 1, np.float32)  # h_0 = 1: nothing left to reject before the block
+    h[1:k] = np.divide(r[1:], denominator, out=np.ones_like(denominator), where=denominator > 0)
     h[k] = w[k]
     # P(tau = i) = h_i prod_(j > i) (1 - h_j): the coins from the end, the first success wins.
     later = np.cumprod((1 - h)[::-1])[::-1]  # [k+1]: later[i] = prod_(j >= i) (1 - h_j)
     stop = h * np.append(later[1:], np.float32(1))  # [k+1]; sums to 1 because h_0 = 1
+    # NOTE: the residual rows are NOT renormalised here (k x n_vocab divisions per round for one row
+    # drawn): block_chain renormalises the row it draws from. A row of mass 0 (then w_i = 1 and
+    # p[i] == q[i] up to rounding: stopping there had probability ~0) is replaced by p[i].
+    empty = np.flatnonzero(r <= 0)
+    rows[empty] = p[empty]
+    rows[k] = p[k]  # all k accepted: the bonus token
     return stop, rows
 
 

@@ -153,6 +153,7 @@ def round_law(world: World, plan, k: int) -> dict[tuple, float]:
         q = np.stack([world.q(drafts[:i]) for i in range(k)]) if k else np.zeros((0, world.V), np.float32)
         p = np.stack([world.p(drafts[:i]) for i in range(k + 1)])
         stop, rows = plan(list(drafts), q, p)
+        rows = rows / rows.sum(axis=-1, keepdims=True)  # verify.block_plan's rows are unnormalised
         for n in range(k + 1):
             for y in range(world.V):
                 mass = prob_drafts * float(stop[n]) * float(rows[n][y])
