@@ -203,15 +203,16 @@ def block_plan(drafts: list[int], q: np.ndarray, p: np.ndarray) -> tuple[np.ndar
     # h_i = r_i / (r_i + 1 - w_i) for 1 <= i < k. A zero denominator (r_i = 0 and w_i = 1: p[i] == q[i]
     # up to rounding) means stopping at i has probability 0; h_i = 1 then, any value would do.
     denominator = r[1:] + 1 - w[1:k]  # [k-1]
-    h = np.ones(k + 1, np.float32)  # h_0 = 1: nothing left to reject before the block
+    h = np.ones(k + 1, np.float32)  # h_0 = 1: when every later coin fails, the round keeps 0 drafts
     h[1:k] = np.divide(r[1:], denominator, out=np.ones_like(denominator), where=denominator > 0)
     h[k] = w[k]
     # P(tau = i) = h_i prod_(j > i) (1 - h_j): the coins from the end, the first success wins.
     later = np.cumprod((1 - h)[::-1])[::-1]  # [k+1]: later[i] = prod_(j >= i) (1 - h_j)
     stop = h * np.append(later[1:], np.float32(1))  # [k+1]; sums to 1 because h_0 = 1
     # NOTE: the residual rows are NOT renormalised here (k x n_vocab divisions per round for one row
-    # drawn): block_chain renormalises the row it draws from. A row of mass 0 (then w_i = 1 and
-    # p[i] == q[i] up to rounding: stopping there had probability ~0) is replaced by p[i].
+    # drawn): block_chain renormalises the row it draws from. A row of mass 0 is replaced by p[i]:
+    # it is drawn from only where stopping had probability ~0 (h_i = 1 above, or h_0 with p[0] == q[0]
+    # up to rounding), and p is the right answer there, as in sampled_chain.
     empty = np.flatnonzero(r <= 0)
     rows[empty] = p[empty]
     rows[k] = p[k]  # all k accepted: the bonus token

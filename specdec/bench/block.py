@@ -92,7 +92,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--temperatures", default="0.6,1.0,1.3", help="(default %(default)s)")
     p.add_argument("--K", default="2,3,4,5,6,7,8", help="draft lengths (default %(default)s)")
     p.add_argument("--prompts", type=int, default=3, help="prompts per setting (default %(default)s)")
-    p.add_argument("--tokens", type=int, default=32, help="new tokens per prompt (default %(default)s)")
+    p.add_argument("--tokens", type=int, default=24, help="new tokens per prompt (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     temperatures = [float(t) for t in args.temperatures.split(",")]
