@@ -9,10 +9,11 @@
     python -m specdec.bench --only suite --target stdlib-6L --drafts stdlib-2L,ngram   # per prompt category
     python -m specdec.bench --only alpha-table               # alpha of every GPT-2 pair on disk (real weights)
     python -m specdec.bench --only real                      # SmolLM2: step time, r(m), each drafter's c
+    python -m specdec.bench --only batch                     # throughput vs batch size, where speculation stops paying
     python -m specdec.bench --only family --help             # the flags of that group of sections
 
 Sections come in groups that share their flags (speed.py, trees.py, family.py,
-heads.py, suite.py, real.py in this folder): `--only` may name several sections of one
+heads.py, suite.py, real.py, batch.py in this folder): `--only` may name several sections of one
 group, and the other flags are that group's. A script that prints numbers, not a test.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import sys
 
-from . import family, heads, real, speed, suite, trees
+from . import batch, family, heads, real, speed, suite, trees
 
 # section -> (the group's main, the arguments that select the section within it)
 SECTIONS = {
@@ -33,6 +34,7 @@ SECTIONS = {
     "suite": (suite.main, []),
     "alpha-table": (suite.main, ["--alpha-table"]),
     "real": (real.main, []),
+    "batch": (batch.main, []),
 }
 
 
