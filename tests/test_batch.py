@@ -95,6 +95,26 @@ def test_greedy_batch_equals_unbatched_greedy_row_by_row(arch, gpt2_pair, llama_
     assert accepted["self"] > 0 and accepted["ngram"] > 0 and accepted["model"] > 0
 
 
+def test_heads_and_a_restricted_draft_batch_too_greedy_row_by_row(llama_pair, tmp_path):
+    """Medusa and EAGLE heads (untrained, saved as training saves them) draft per row; a restricted-vocabulary
+    draft model drafts in batched passes (its forward_batch widens each row's logits). Greedy output is the target's."""
+    from specdec.drafters import eagle, medusa
+    from specdec.drafters.heads import DraftVocab, save_heads
+    from specdec.drafters.restricted import restrict
+
+    target = llama_pair[0]
+    vocab = DraftVocab.of(target, np.arange(0, target.n_vocab, 2))
+    params = {"medusa": medusa.init_params(3, target.n_embd),
+              "eagle": eagle.init_params(target.n_embd, np.random.default_rng(0), std=0.2)}  # fmt: skip
+    for kind, p in params.items():
+        save_heads(tmp_path / kind, kind, target, p, {"n_heads": 3 if kind == "medusa" else 1}, vocab)
+    expected = [autoregressive_sample(target, p, 12).tokens for p in PROMPTS]
+    for draft in [f"medusa:{tmp_path / 'medusa'}", f"eagle:{tmp_path / 'eagle'}", restrict(target, 32, vocab.ids)]:
+        outs = speculative_sample_batch(target, draft, PROMPTS, 12, K=3)
+        assert [o.tokens for o in outs] == expected, draft
+        assert sum(o.drafted for o in outs) > 0, draft
+
+
 def test_rows_finish_early_and_leave_the_batch(gpt2_pair):
     target, draft = gpt2_pair
     rounds = []

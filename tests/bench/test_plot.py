@@ -160,3 +160,13 @@ def test_figures_draw_on_a_given_axes(mpl):
     assert plot.plot_verify_costs([1.0, 1.5], ax=right) is fig
     assert len(right.lines) == 3 and not left.lines
     fig.savefig(__import__("io").BytesIO(), format="png")  # renders without a display
+
+
+def test_batch_throughput_sorts_batch_sizes_given_as_json_keys():
+    batches = {"4": {"throughput_auto": 40.0, "throughput_spec": 30.0}, "1": {"throughput_auto": 10.0,
+               "throughput_spec": 19.0}}  # fmt: skip
+    sizes, auto, spec = plot.batch_throughput(batches)
+    assert sizes.tolist() == [1, 4] and auto.tolist() == [10.0, 40.0] and spec.tolist() == [19.0, 30.0]
+    pytest.importorskip("matplotlib")
+    fig = plot.plot_batch_throughput({"124M": batches})
+    assert len(fig.axes[0].lines) == 2
