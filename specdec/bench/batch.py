@@ -1,7 +1,7 @@
 """Batched decoding: throughput against batch size, and where speculation stops paying.
 
     python -m specdec.bench --only batch                          # 124M and 355M shapes, SmolLM2-135M; B = 1..16
-    python -m specdec.bench --only batch --models 124M --batches 1,4 --tokens 16 --repeats 2
+    python -m specdec.bench --only batch --models 124M --batches 1,4 --tokens 16 --repeats 3
     python -m specdec.bench --only batch --json /tmp/batch.json
 
 For each model and batch size B (B prompts of different lengths, decoded greedily
@@ -10,8 +10,9 @@ together by batch.py):
                 speculative decoding (n-gram drafts, K fixed), the two interleaved
                 `--repeats` times; median, and the spread (min-max) of the speedup
     costs       T_B (one B-row, 1-token step), r_B(m) = one pass over B rows of m
-                tokens / T_B, m = 1..9, and c_B = one batched draft step / T_B,
-                all interleaved (timing.time_calls), at the runs' mean context
+                tokens / T_B, m = 1..9, and c_B = one batched draft step / T_B, at
+                the runs' mean context, interleaved with the runs themselves
+                (timing.time_calls: every repeat times every call once, in a fresh order)
     model       the cost model for batches (costmodel.py): eq. 1 from the run's alpha
                 with c_B and r_B, the run's own rounds priced with the measured passes
                 (speedup_from_batch_rounds), the best K per batch size, and the batch
@@ -92,8 +93,9 @@ def draft_step_call(model, draft: str, prompts: list[list[int]]):
     return lambda: drafts.propose(rows, [1] * len(rows), params)
 
 
-def measure_batch_costs(model, draft: str, prompts, n_past: int, repeats: int, rng) -> dict:
-    """T_B, r_B(m) for m = 1..M_MAX and c_B for B = len(prompts), every call interleaved."""
+def cost_calls(model, draft: str, prompts, n_past: int, rng) -> tuple[dict, object]:
+    """Calls timing T_B, r_B(m) for m = 1..M_MAX and c_B, B = len(prompts) (keys m and "draft"), and
+    the `after` that rolls the caches back so every pass sees the same context."""
     b = len(prompts)
     caches = filled_caches(model, b, n_past, rng)
     calls = {m: (lambda m=m: model.forward_batch([[5] * m] * b, caches)) for m in range(1, M_MAX + 1)}
@@ -103,22 +105,27 @@ def measure_batch_costs(model, draft: str, prompts, n_past: int, repeats: int, r
         for cache in caches:
             cache.rollback(n_past)
 
-    times = time_calls(calls, repeats, rng, after=rollback)
+    return calls, rollback
+
+
+def batch_costs(times: dict) -> dict:
+    """T_B (seconds), r_B(m) and c_B from the interleaved timings: ratios within each repeat, then the median."""
     t1 = np.asarray(times[1])
     return {"step": float(np.median(t1)),
             "r": [float(np.median(np.asarray(times[m]) / t1)) for m in range(1, M_MAX + 1)],
             "c": float(np.median(np.asarray(times["draft"]) / t1))}  # fmt: skip
 
 
-def run_batch(model, draft, prompts, n_tokens: int, K: int, repeats: int, rng) -> dict:
-    """Batched autoregressive and speculative decoding of the same prompts, interleaved; tokens checked equal.
+def run_calls(model, draft, prompts, n_tokens: int, K: int) -> tuple[dict, object]:
+    """Calls running batched autoregressive and speculative decoding of the same prompts ("auto", "spec"),
+    and a function that summarises what they did (tokens checked equal).
 
     Only decoding is timed: the clock starts when the first pass (prefill included) has given every row
     its first token (autoregressive) or its first round (speculative), and the tokens counted are those
     emitted after that, so the prompts' prefill, the same for both, does not dilute the speedup.
     """
     b = len(prompts)
-    rounds, outs, decode = [], {}, {"auto": [], "spec": []}  # decode[name]: (seconds, tokens) per repeat
+    rounds, outs, decode = [], {}, {"auto": [], "spec": []}  # decode[name]: (seconds, tokens) per call
 
     def spec():
         rounds.clear()
@@ -143,22 +150,23 @@ def run_batch(model, draft, prompts, n_tokens: int, K: int, repeats: int, rng) -
         outs["auto"] = autoregressive_sample_batch(model, prompts, n_tokens, on_token=on_token)
         decode["auto"].append((time.perf_counter() - marks["start"], b * (n_tokens - 1)))
 
-    time_calls({"auto": auto, "spec": spec}, repeats, rng)
-    for name in decode:
-        del decode[name][0]  # time_calls' untimed warm-up call
-    same = [a.tokens == s.tokens for a, s in zip(outs["auto"], outs["spec"])]
-    results = outs["spec"]
-    accepted = sum(r.accepted for r in results)
-    judged = sum(sum(r.judged) for r in results)
-    throughput = {name: np.asarray([n / t for t, n in runs]) for name, runs in decode.items()}
-    ratios = throughput["spec"] / throughput["auto"]  # per repeat: the two ran back to back
-    return {"throughput_auto": float(np.median(throughput["auto"])),
-            "throughput_spec": float(np.median(throughput["spec"])),
-            "speedup": float(np.median(ratios)), "speedup_min": float(ratios.min()),
-            "speedup_max": float(ratios.max()), "alpha": accepted / judged if judged else float("nan"),
-            "tau": sum(len(r.tokens) for r in results) / max(1, sum(r.rounds for r in results)),
-            "identical": all(same), "tokens_timed": {name: runs[-1][1] for name, runs in decode.items()},
-            "rounds": [(len(r.rows), max(r.k), r.draft_passes) for r in rounds]}  # fmt: skip
+    def summary() -> dict:
+        timed = {name: runs[1:] for name, runs in decode.items()}  # without time_calls' untimed warm-up call
+        same = [a.tokens == s.tokens for a, s in zip(outs["auto"], outs["spec"])]
+        results = outs["spec"]
+        accepted = sum(r.accepted for r in results)
+        judged = sum(sum(r.judged) for r in results)
+        throughput = {name: np.asarray([n / t for t, n in runs]) for name, runs in timed.items()}
+        ratios = throughput["spec"] / throughput["auto"]  # per repeat: the two ran in the same repeat
+        return {"throughput_auto": float(np.median(throughput["auto"])),
+                "throughput_spec": float(np.median(throughput["spec"])),
+                "speedup": float(np.median(ratios)), "speedup_min": float(ratios.min()),
+                "speedup_max": float(ratios.max()), "alpha": accepted / judged if judged else float("nan"),
+                "tau": sum(len(r.tokens) for r in results) / max(1, sum(r.rounds for r in results)),
+                "identical": all(same), "tokens_timed": {name: runs[-1][1] for name, runs in timed.items()},
+                "rounds": [(len(r.rows), max(r.k), r.draft_passes) for r in rounds]}  # fmt: skip
+
+    return {"auto": auto, "spec": spec}, summary
 
 
 def load(name: str):
@@ -176,8 +184,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=32, help="new tokens per prompt (default 32)")
     p.add_argument("--K", type=int, default=4, help="draft tokens per round (default 4)")
     p.add_argument("--draft", default="ngram", help="ngram or early_exit:L (default ngram)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved timed runs of each decoder (default 3)")
-    p.add_argument("--cost-repeats", type=int, default=5, help="interleaved timings of each pass (default 5)")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats of every run and pass (default 5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON")
     args = p.parse_args(argv)
@@ -198,9 +205,13 @@ def main(argv=None) -> int:
         for b in batches:
             prompts = prompts_for(model, b, rng)
             n_past = int(statistics.mean(len(x) for x in prompts)) + args.tokens // 2  # the runs' mean context
-            costs = measure_batch_costs(model, args.draft, prompts, n_past, args.cost_repeats, rng)
+            # Every pass timing and both decoders in one interleaved loop: each repeat runs each call once,
+            # in a fresh order, so the costs and the runs they should predict saw the same machine load.
+            passes, rollback = cost_calls(model, args.draft, prompts, n_past, rng)
+            runs, summary = run_calls(model, args.draft, prompts, args.tokens, args.K)
+            t = time_calls({**passes, **runs}, args.repeats, rng, after=lambda key: key in runs or rollback(key))
+            costs, run = batch_costs(t), summary()
             times.step[b], times.r[b], times.c[b] = costs["step"], costs["r"], costs["c"]
-            run = run_batch(model, args.draft, prompts, args.tokens, args.K, args.repeats, rng)
             eq1 = costmodel.predicted_speedup(run["alpha"], args.K, costs["c"], costs["r"])
             # The timed part: every round but the first, against every autoregressive step but the first.
             timed = run["tokens_timed"]

@@ -155,8 +155,7 @@ def test_the_batch_section_runs_on_a_tiny_model(capsys):
     """`python -m specdec.bench --only batch`, smoke-sized: one table row per batch size, tokens identical."""
     from specdec.bench import batch
 
-    assert batch.main(["--models", "tiny", "--batches", "1,3", "--tokens", "6", "--repeats", "1",
-                       "--cost-repeats", "1"]) == 0  # fmt: skip
+    assert batch.main(["--models", "tiny", "--batches", "1,3", "--tokens", "6", "--repeats", "1"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("|  1 |") or line.startswith("|  3 |")]
     assert len(rows) == 2 and all(line.rstrip().endswith("| yes |") for line in rows), out
