@@ -93,13 +93,13 @@ class BatchRound:
 
 def make_rngs(n_rows: int, seed, rng: np.random.Generator | None) -> list[np.random.Generator]:
     """One generator per row: seed=s -> default_rng(s) for every row (what an unbatched call with seed s
-    uses); a list of seeds -> one each; rng -> rng.spawn(n_rows); neither -> fresh randomness per row."""
+    uses); a list of seeds -> one each; rng -> one seed per row drawn from it; neither -> fresh randomness per row."""
     if seed is not None and rng is not None:
         raise ValueError("pass either seed or rng, not both")
     if rng is not None:
         if not isinstance(rng, np.random.Generator):
             raise ValueError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)), got {rng!r:.80}")
-        return rng.spawn(n_rows)
+        return [np.random.default_rng(int(s)) for s in rng.integers(0, 2**63, n_rows)]  # one child seed per row
     if isinstance(seed, (list, tuple)):
         if len(seed) != n_rows:
             raise ValueError(f"seed lists one seed per prompt: got {len(seed)} seeds for {n_rows} prompts")

@@ -214,3 +214,14 @@ def test_every_row_follows_its_own_target_distribution_quick(chi_models, chi_exa
 def test_every_row_follows_its_own_target_distribution(chi_models, chi_exact, monkeypatch):
     broken = {("verify", mixed_rows): N_BROKEN, ("keep_accepted", shared_counter): N_BROKEN}
     check_rows(chi_models, chi_exact, N_SAMPLES, broken, monkeypatch)
+
+
+def test_an_rng_gives_each_row_its_own_stream(gpt2_pair):
+    target, _ = gpt2_pair
+    outs = autoregressive_sample_batch(target, [[3], [3]], 10, temperature=1.0, rng=np.random.default_rng(0))
+    again = autoregressive_sample_batch(target, [[3], [3]], 10, temperature=1.0, rng=np.random.default_rng(0))
+    assert [o.tokens for o in outs] == [o.tokens for o in again] and outs[0].tokens != outs[1].tokens
+    with pytest.raises(ValueError, match="either seed or rng"):
+        autoregressive_sample_batch(target, [[3]], 2, seed=0, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="one seed per prompt"):
+        autoregressive_sample_batch(target, [[3]], 2, seed=[0, 1])
