@@ -96,6 +96,9 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         "(default: %(default)s)")
     add("--tree", default=None, metavar="N|auto", help="draft a token tree of up to N tokens (depth K) per round "
         "instead of a chain of K, or 'auto' (the tree cost model picks N each round); default: a chain")
+    add("--verification", choices=["token", "block"], default="token", help="how the target judges a chain of "
+        "drafts: 'token' (draft by draft) or 'block' (jointly, Sun et al. 2024: exact too, never fewer tokens per "
+        "round in expectation) (default: %(default)s)")
     add("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
     add("--chat", action="store_true", help="send the prompt as a user message in the chat model's template "
         "(the smollm2 models); both decoders stop at the end of the reply")
@@ -123,6 +126,8 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         check_seed(args.seed, "--seed")
         args.K = parse_k(args.K)
         args.tree = parse_tree(args.tree)
+        if args.verification == "block" and args.tree is not None:
+            raise ValueError("--verification block judges chains: leave out --tree")
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
         SamplingParams(args.temperature, args.top_k, args.top_p)
         check_names(args)  # by the names alone: nothing is fetched yet
@@ -306,7 +311,7 @@ def run(args) -> int:
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                       repeats=args.repeats, warmup=not args.no_warmup, k_max=args.k_max, decoders=decoders,
                       on_token=stream, on_decoder=stream and stream.start, tree=args.tree, chat=args.chat,
-                      on_status=status)  # fmt: skip
+                      on_status=status, verification=args.verification)  # fmt: skip
     except RaceInterrupted as e:  # Ctrl-C: show what was measured, then exit 130
         report, interrupted = e.report, e.during
     status.clear()

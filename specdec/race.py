@@ -40,6 +40,7 @@ from .result import DecodeResult, TokenCallback, fmt, sparkline, token_pieces, t
 from .sampling import SamplingParams
 from .speculative import speculative_sample
 from .timing import Costs, measure_costs
+from .verify import VERIFICATION
 
 DECODERS = ("autoregressive", "speculative")
 # The smallest margin a speedup must clear to be called faster or slower: identical runs on a busy
@@ -376,7 +377,7 @@ def race(
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = 0,
     repeats: int = 3, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
     on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
-    chat: bool = False, on_status: Callable[[str], None] | None = None,
+    chat: bool = False, on_status: Callable[[str], None] | None = None, verification: str = "token",
 ) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request, interleaved, and time them.
 
@@ -390,13 +391,16 @@ def race(
     tree: None (chains), a node budget N, or "auto" (costmodel.TreePolicy on the measured c and r).
     chat: the prompt is a user message to a chat model, and both decoders stop at the end of the reply.
     on_status(text) is told what the race is doing (measuring, warming up, which repeat), for a status
-    line. Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far.
+    line. Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far. verification:
+    "token" or "block" (speculative_sample's: how a chain of drafts is judged).
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup, report.spread, report.verdict
     """
     # Check the whole request before spending time on measurements.
     SamplingParams(temperature, top_k, top_p)
+    if verification not in VERIFICATION or (verification == "block" and tree is not None):
+        raise ValueError(f"verification must be 'token' or 'block' (block: chains only, no tree), got {verification!r}")
     request = prompt  # with chat=True the samplers get the text and wrap it themselves
     prompt = check_request(target, prompt, n_tokens, chat)
     check_seed(seed)
@@ -420,7 +424,8 @@ def race(
     except KeyboardInterrupt:
         raise RaceInterrupted(None, "measuring the costs") from None
     settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
-                    top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree)  # fmt: skip
+                    top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
+                    verification=verification)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat)
     if not chat:
@@ -441,7 +446,7 @@ def race(
         ):
             start = time.perf_counter()
             result = speculative_sample(target, drafter, request, n, K=k_policy, on_token=stream, tree=tree_policy,
-                                        **sampling)  # fmt: skip
+                                        verification=verification, **sampling)  # fmt: skip
             seconds = time.perf_counter() - start
         return Run(result, seconds, drafting.seconds, verifying.seconds)
 

@@ -21,6 +21,9 @@ One round, with the text so far ending in a token t that no cache has seen yet:
      stop at the first rejection.
   4. At a rejection at i, emit one token from norm(max(0, p_i - q_i)); if all
      k were accepted, emit a bonus token from p_k.
+     (verification="block" replaces steps 3-4 by block verification, Sun et al.,
+     arXiv 2403.10444: the drafts judged jointly, the same output law, never
+     fewer tokens per round in expectation; verify.block_chain.)
   5. Roll back: both caches keep exactly the accepted text.
 So every round emits between 1 and k+1 tokens for a single target pass. Steps
 3-4, and the proof that the output is exactly p, are in verify.py; what a
@@ -28,6 +31,8 @@ drafter must provide is in interfaces.py.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -39,14 +44,19 @@ from .model.gpt2 import GPT2
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, check_finite_logits
 from .timing import measure_costs
-from .verify import ACCEPTANCE, verify
+from .verify import ACCEPTANCE, VERIFICATION, verify
+
+# on_round(proposal, logits) is called after each verification pass: the round's
+# Proposal (tokens and q rows) and the target's logits over [ids[-1], *tokens].
+RoundCallback = Callable[[Proposal, np.ndarray], None]
 
 
 def speculative_sample(
     target: GPT2, draft, prompt_ids, n_tokens: int, K=4,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
-    tree=None, acceptance: str = "exact", chat: bool = False,
+    tree=None, acceptance: str = "exact", chat: bool = False, verification: str = "token",
+    on_round: RoundCallback | None = None,
 ) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids by speculative sampling: exactly the target's distribution.
 
@@ -56,6 +66,9 @@ def speculative_sample(
     the tree cost model (costmodel.py) pick N each round; or a tree policy. acceptance="typical" is
     Medusa's typical acceptance: faster, LOSSY (the output no longer follows the target), opt-in only.
     chat=True: the text is a user message to a chat model; decoding stops after the token ending the reply.
+    verification: how a chain is judged, "token" (draft by draft, the papers' rule) or "block" (jointly,
+    Sun et al.: exact too, never fewer tokens per round in expectation); chains only.
+    on_round(proposal, logits): called after each verification pass (for measurements; see RoundCallback).
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
@@ -67,6 +80,11 @@ def speculative_sample(
     tree_policy = make_tree_policy(tree, drafter, target)
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
+    if verification not in VERIFICATION:
+        raise ValueError(f"verification must be 'token' or 'block', got {verification!r}")
+    if verification == "block" and (tree is not None or acceptance != "exact"):
+        raise ValueError("verification='block' verifies chains with the exact rule: use it without tree= "
+                         "and without acceptance='typical'")  # fmt: skip
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
     result = DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer)
     draft_calls_before = drafter.calls  # a drafter object may be reused across runs
@@ -95,9 +113,11 @@ def speculative_sample(
         logits, hidden = target.forward(tokens, cache, return_hidden=True, parents=parents)  # [k+1, n_vocab]
         check_finite_logits(logits, target.name)  # NaN weights would otherwise pass as token 0
         result.target_calls += 1
+        if on_round:
+            on_round(proposal, logits)
 
         # Steps 3-4 ("determine the number of accepted guesses n"; "adjust the distribution from M_p if needed").
-        path, last = verify(proposal, logits, params, rng, acceptance)
+        path, last = verify(proposal, logits, params, rng, acceptance, verification)
         leaf = proposal.ends_at_leaf(path)  # after a leaf the target's token is a bonus
         kinds = ["draft"] * len(path) + ["bonus" if leaf and len(proposal) else "target"]
         emitted = [proposal.tokens[i] for i in path] + [last]

@@ -218,6 +218,7 @@ def test_float64_runs_the_target_in_float64_and_greedy_texts_agree_on_near_ties(
     assert dtypes == [(np.float32, np.float32)] + [(np.float64, np.float32)] * 4, "the draft stays float32"
 
 
+@pytest.mark.slow  # a 60-token SmolLM2 race
 def test_chat_on_smollm2_prints_the_reply_and_a_race(smollm2_gguf, tmp_path):
     """The first run a user sees: a chat request to the real model, drafted by prompt lookup."""
     proc = subprocess.run(

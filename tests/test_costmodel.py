@@ -92,3 +92,38 @@ def test_speedup_from_rounds_prices_the_rounds_a_run_had():
     assert speedup_from_rounds(n_tokens, [k] * n_rounds, k * n_rounds, c, r) == pytest.approx(
         predicted_speedup(alpha, k, c, r)
     )
+
+
+# --- batches ---------------------------------------------------------------------------------
+
+
+def test_best_k_per_batch_size_by_hand():
+    from specdec.costmodel import batch_break_even, best_k_batch
+
+    # B = 1: r(m) = 1 + 0.2 (m - 1), c = 0. alpha = 0.8: E[k=4] = (1 - 0.8^5) / 0.2 = 3.3616, cost r(5) = 1.8,
+    # speedup 1.8676; k = 5: 3.6893 / 2.0 = 1.8446; k = 3: 2.952 / 1.6 = 1.845. So k = 4.
+    # B = 16: r(m) = m (compute-bound): E[k] / (k + 1) < 1 for every k -> no speculation.
+    # B = 4: r(m) = 1 + 0.6 (m - 1): k = 1: 1.8 / 1.6 = 1.125; k = 2: 2.44 / 2.2 = 1.109. So k = 1.
+    costs = {1: (0.0, lambda m: 1 + 0.2 * (m - 1)), 4: (0.0, lambda m: 1 + 0.6 * (m - 1)), 16: (0.0, lambda m: m)}
+    best = best_k_batch(0.8, costs)
+    assert best[1][0] == 4 and abs(best[1][1] - 3.3616 / 1.8) < 1e-9
+    assert best[4][0] == 1 and abs(best[4][1] - 1.8 / 1.6) < 1e-9
+    assert best[16] == (0, 1.0)
+    assert batch_break_even(best) == 16
+    assert batch_break_even({1: (4, 1.9)}) is None
+    # A draft step that costs c_B: k = 1 at B = 4 with c = 0.1 -> 1.8 / (0.1 + 1.6) = 1.0588.
+    assert abs(best_k_batch(0.8, {4: (0.1, costs[4][1])})[4][1] - 1.8 / 1.7) < 1e-9
+
+
+def test_speedup_from_batch_rounds_by_hand():
+    from specdec.costmodel import BatchPassTimes, speedup_from_batch_rounds
+
+    # T_2 = 10 ms, r_2 = [1, 1.5, 2, 2.5, 3], c_2 = 0.5; T_4 = 12 ms, r_4 = [1, 2, 3, 4, 5], c_4 = 0.25.
+    times = BatchPassTimes(step={2: 0.010, 4: 0.012}, r={2: [1, 1.5, 2, 2.5, 3], 4: [1, 2, 3, 4, 5]},
+                           c={2: 0.5, 4: 0.25})  # fmt: skip
+    # Rounds: 4 rows, k = 4, 4 draft passes: 4 * 0.25 * 12 + 5 * 12 = 72 ms; then 3 rows (priced as 4),
+    # k = 2, 2 passes: 2 * 3 + 3 * 12 = 42 ms; then 1 row (priced as 2), k = 1, 1 pass: 5 + 15 = 20 ms.
+    # Autoregressive: 10 steps of 4 rows (120 ms) and 2 of 1 row (20 ms): 140 ms. 140 / 134.
+    rounds = [(4, 4, 4), (3, 2, 2), (1, 1, 1)]
+    assert abs(speedup_from_batch_rounds(rounds, [4] * 10 + [1] * 2, times) - 140 / 134) < 1e-9
+    assert times.size(5) == 4  # beyond the largest measured size: the largest

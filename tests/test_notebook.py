@@ -45,6 +45,7 @@ def test_the_notebook_is_committed_with_its_outputs():
     assert any("text/html" in o.get("data", {}) for o in outputs)  # the coloured trace
 
 
+@pytest.mark.slow  # about 70 s on an idle machine; CI runs it with -m slow
 def test_the_notebook_runs(monkeypatch, tmp_path):
     matplotlib = pytest.importorskip("matplotlib", reason="the notebook extra: pip install -e '.[notebook]'")
     matplotlib.use("Agg")

@@ -141,9 +141,9 @@ PROMPT = [1, 2, 1, 2, 3, 1, 2]  # repeats: the n-gram trie has something to prop
 @pytest.mark.parametrize(
     "kind,params",
     [
-        ("model", SamplingParams(1.0)),
-        ("ngram", SamplingParams(1.0)),
-        ("early exit", SamplingParams(1.0)),
+        pytest.param("model", SamplingParams(1.0), marks=pytest.mark.slow),
+        ("ngram", SamplingParams(1.0)),  # the default suite keeps one drafter; -m slow runs the others
+        pytest.param("early exit", SamplingParams(1.0), marks=pytest.mark.slow),
         pytest.param("model", SamplingParams(1.5, top_k=3), marks=pytest.mark.slow),
         pytest.param("model", SamplingParams(1.5, top_p=0.7), marks=pytest.mark.slow),
         pytest.param("ngram", SamplingParams(0.7, top_k=4), marks=pytest.mark.slow),
@@ -171,6 +171,7 @@ def test_sampled_trees_keep_the_target_distribution(kind, params, monkeypatch):
         assert not ok, f"the broken rule passed through the round (chi2={stat:.1f}, df={df})"
 
 
+@pytest.mark.slow
 def test_typical_acceptance_is_lossy_and_opt_in(target):
     model = small_model(seed=11, n_layer=2)
     draft = perturbed(model, 0.3, seed=6)

@@ -9,10 +9,12 @@
     python -m specdec.bench --only suite --target stdlib-6L --drafts stdlib-2L,ngram   # per prompt category
     python -m specdec.bench --only alpha-table               # alpha of every GPT-2 pair on disk (real weights)
     python -m specdec.bench --only real                      # SmolLM2: step time, r(m), each drafter's c
+    python -m specdec.bench --only block                     # block against token-wise verification, same drafts
+    python -m specdec.bench --only batch                     # throughput vs batch size, where speculation stops paying
     python -m specdec.bench --only family --help             # the flags of that group of sections
 
 Sections come in groups that share their flags (speed.py, trees.py, family.py,
-heads.py, suite.py, real.py in this folder): `--only` may name several sections of one
+heads.py, suite.py, real.py, block.py, batch.py in this folder): `--only` may name several sections of one
 group, and the other flags are that group's. A script that prints numbers, not a test.
 """
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import sys
 
-from . import family, heads, real, speed, suite, trees
+from . import batch, block, family, heads, real, speed, suite, trees
 
 # section -> (the group's main, the arguments that select the section within it)
 SECTIONS = {
@@ -33,6 +35,8 @@ SECTIONS = {
     "suite": (suite.main, []),
     "alpha-table": (suite.main, ["--alpha-table"]),
     "real": (real.main, []),
+    "block": (block.main, []),
+    "batch": (batch.main, []),
 }
 
 

@@ -353,3 +353,36 @@ def plot_acceptance_test(p, q, drafted: int, tokenizer=None, top: int = 12, ax=N
     )
     ax.legend(fontsize=8)
     return fig
+
+
+# ---------------------------------------------------------------------------
+# Batches (python -m specdec.bench --only batch --json PATH).
+# ---------------------------------------------------------------------------
+
+
+def batch_throughput(batches: Mapping) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(batch sizes, autoregressive tokens/s, speculative tokens/s), sorted by batch size, from one model's
+    "batches" of the batch bench's JSON: {B: {"throughput_auto": .., "throughput_spec": ..}}."""
+    sizes = sorted(batches, key=int)
+    auto = [batches[b]["throughput_auto"] for b in sizes]
+    spec = [batches[b]["throughput_spec"] for b in sizes]
+    return np.array([int(b) for b in sizes]), np.array(auto, float), np.array(spec, float)
+
+
+def plot_batch_throughput(models: Mapping, ax=None):
+    """Tokens/s over the batch against batch size, autoregressive (dashed) and speculative (solid), per model.
+
+    models: {label: that model's "batches"} from the JSON. Where the solid line drops
+    below the dashed one, speculation has stopped paying.
+    """
+    fig, ax = _figure(ax)
+    for i, (label, batches) in enumerate(models.items()):
+        sizes, auto, spec = batch_throughput(batches)
+        colour = f"C{i}"
+        ax.plot(sizes, auto, "--o", color=colour, label=f"{label}: autoregressive")
+        ax.plot(sizes, spec, "-s", color=colour, label=f"{label}: speculative")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("tokens / s over the batch")
+    ax.legend(fontsize="small")
+    return fig

@@ -56,6 +56,13 @@ class Restricted:
             return self.vocab.full(logits), hidden
         return self.vocab.full(out)  # [n_seq, N] -> [n_seq, n_vocab]
 
+    def forward_batch(self, tokens, caches, last_only=False, n_layer=None, return_hidden=False, parents=None):
+        """As the model's forward_batch (one logits array per row), each row widened as in `forward`."""
+        out = super().forward_batch(tokens, caches, last_only, n_layer, return_hidden, parents)
+        logits = out[0] if return_hidden else out
+        logits = [self.vocab.full(row) for row in logits]
+        return (logits, out[1]) if return_hidden else logits
+
 
 class RestrictedHead(Restricted, GPT2):
     """A GPT-2 scoring only the draft vocabulary."""

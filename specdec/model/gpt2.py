@@ -8,8 +8,10 @@ What it adds over a minimal NumPy GPT-2 (such as picoGPT): a KV cache that is
 explicit data with O(1) rollback, a forward pass over *several* new tokens at
 once against that cache (the batched verification pass of speculative decoding),
 new tokens that form a *tree* rather than a chain (`parents`, `tree_mask`), with
-the accepted path compacted back into place (`KVCache.keep`), logits only for
-the rows a caller asks for, and float32 kept end to end.
+the accepted path compacted back into place (`KVCache.keep`), a *ragged batch*
+of sequences in one pass, each with its own cache and length (`forward_batch`:
+one matrix product per weight for the whole batch, attention per sequence),
+logits only for the rows a caller asks for, and float32 kept end to end.
 
 Shape notation used in comments throughout:
     n_seq    tokens in the current forward call (the "new" tokens)
@@ -19,6 +21,7 @@ Shape notation used in comments throughout:
     n_head   attention heads; d_head = n_embd // n_head (64 for every GPT-2)
     n_vocab  vocabulary size (50257)
     n_ctx    context window (1024)
+    n_tok    in a batch, the new tokens of all its sequences together (the sum of their n_seq)
 """
 
 from __future__ import annotations
@@ -197,39 +200,106 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | No
     return softmax(scores, out=scores) @ v  # [n_head, n_seq, n_kv] @ [n_head, n_kv, d_head]
 
 
+@dataclass(frozen=True)
+class Row:
+    """One sequence of a packed ragged batch (`forward_batch`), as the attention of a block sees it.
+
+    Its n_seq new tokens are rows start:stop of the packed [n_tok, n_embd] matrix;
+    their keys and values go into `cache` at n_past .. n_past + n_seq - 1.
+    """
+
+    start: int  # first row of this sequence in the packed matrix
+    stop: int  # one past its last row
+    cache: KVCache  # this sequence's own KV cache
+    n_past: int  # cache.length before the pass
+    bias: np.ndarray | None  # [n_seq, n_past + n_seq] attention mask (see `attention`), None for one token
+
+
 def transformer_block(
     x: np.ndarray, block: Block, hparams: HParams, cache: KVCache, layer: int, bias: np.ndarray | None
 ) -> np.ndarray:
-    """One pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).  [n_seq, n_embd]
+    """One pre-LayerNorm block over one sequence's new tokens: `packed_block` of a single row.  [n_seq, n_embd]"""
+    return packed_block(x, block, hparams, [Row(0, len(x), cache, cache.length, bias)], layer)
 
-    Writes this layer's new keys and values into the cache at positions
-    [cache.length, cache.length + n_seq); the caller advances cache.length once
-    after all layers. bias: the attention mask, see `attention`.
+
+def packed_block(x: np.ndarray, block: Block, hparams: HParams, rows: list[Row], layer: int) -> np.ndarray:
+    """One pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)), over a packed batch.  [n_tok, n_embd]
+
+    x holds the new tokens of every sequence of the batch, one after the other
+    (n_tok = the sum of their n_seq). Everything but attention acts on each
+    token alone, so each weight matrix is ONE product over the whole batch:
+    that is where decoding's time goes (reading the weights), and why a batch
+    is cheap. Attention mixes tokens, so it runs per sequence, each against its
+    own cache: no padding, no mask between sequences.
+
+    Writes this layer's new keys and values into each row's cache at
+    [n_past, n_past + n_seq); the caller advances cache.length once after all layers.
     """
-    n_seq, n_embd = x.shape
+    n_embd = x.shape[1]
     n_head, d_head = hparams.n_head, hparams.d_head
-    n_past = cache.length
-    n_kv = n_past + n_seq
     eps = hparams.layer_norm_epsilon
 
     # Multi-head causal self-attention.
-    h = layer_norm(x, block.ln_1_weight, block.ln_1_bias, eps)  # [n_seq, n_embd]
-    qkv = linear(h, block.attn_c_attn)  # [n_seq, 3*n_embd]
-    # [n_seq, 3*n_embd] -> [3, n_head, n_seq, d_head]: split q/k/v, then heads.
-    qkv = qkv.reshape(n_seq, 3, n_head, d_head).transpose(1, 2, 0, 3)
-    q, k_new, v_new = qkv[0], qkv[1], qkv[2]  # each [n_head, n_seq, d_head]
-    cache.k[layer, :, n_past:n_kv] = k_new
-    cache.v[layer, :, n_past:n_kv] = v_new
-    k = cache.k[layer, :, :n_kv]  # [n_head, n_kv, d_head]
-    v = cache.v[layer, :, :n_kv]  # [n_head, n_kv, d_head]
-    a = attention(q, k, v, bias)  # [n_head, n_seq, d_head]
-    a = a.transpose(1, 0, 2).reshape(n_seq, n_embd)  # merge heads: [n_seq, n_embd]
+    h = layer_norm(x, block.ln_1_weight, block.ln_1_bias, eps)  # [n_tok, n_embd]
+    qkv = linear(h, block.attn_c_attn)  # [n_tok, 3*n_embd]: one product for the whole batch
+    a = np.empty_like(x)  # [n_tok, n_embd]: every row's attention output, packed like x
+    for row in rows:
+        n_seq, n_kv = row.stop - row.start, row.n_past + row.stop - row.start
+        # [n_seq, 3*n_embd] -> [3, n_head, n_seq, d_head]: split q/k/v, then heads.
+        q, k_new, v_new = qkv[row.start : row.stop].reshape(n_seq, 3, n_head, d_head).transpose(1, 2, 0, 3)
+        row.cache.k[layer, :, row.n_past : n_kv] = k_new
+        row.cache.v[layer, :, row.n_past : n_kv] = v_new
+        k = row.cache.k[layer, :, :n_kv]  # [n_head, n_kv, d_head]
+        v = row.cache.v[layer, :, :n_kv]  # [n_head, n_kv, d_head]
+        out = attention(q, k, v, row.bias)  # [n_head, n_seq, d_head]
+        a[row.start : row.stop] = out.transpose(1, 0, 2).reshape(n_seq, n_embd)  # merge heads
     x = x + linear(a, block.attn_c_proj)
 
     # Position-wise feed-forward network.
-    h = layer_norm(x, block.ln_2_weight, block.ln_2_bias, eps)  # [n_seq, n_embd]
-    h = gelu(linear(h, block.mlp_c_fc))  # [n_seq, 4*n_embd]
-    return x + linear(h, block.mlp_c_proj)  # [n_seq, n_embd]
+    h = layer_norm(x, block.ln_2_weight, block.ln_2_bias, eps)  # [n_tok, n_embd]
+    h = gelu(linear(h, block.mlp_c_fc))  # [n_tok, 4*n_embd]
+    return x + linear(h, block.mlp_c_proj)  # [n_tok, n_embd]
+
+
+def pack(hparams, tokens: list, caches: list[KVCache], parents: list | None) -> tuple[np.ndarray, np.ndarray, list]:
+    """Check a ragged batch and lay it out: (packed token ids [n_tok], their positions [n_tok], rows).
+
+    Row b's tokens continue caches[b] (a chain, or a tree given parents[b]); each
+    row gets its own positions and attention mask, and its cache room reserved.
+    Shared by gpt2.py and llama.py.
+    """
+    if len(tokens) == 0 or len(tokens) != len(caches):
+        raise ValueError(f"a batch needs one cache per row and at least one row, got {len(tokens)} rows and "
+                         f"{len(caches)} caches")  # fmt: skip
+    if len({id(c) for c in caches}) != len(caches):
+        raise ValueError("every row of a batch needs its own KV cache: two rows were given the same one")
+    parents = [None] * len(tokens) if parents is None else parents
+    rows, positions, start = [], [], 0
+    for row_tokens, cache, row_parents in zip(tokens, caches, parents):
+        n_seq, n_past = len(row_tokens), cache.length
+        if n_seq < 1:
+            raise ValueError("forward needs at least one new token (in every row of a batch)")
+        cache.reserve(n_past + n_seq)
+        if row_parents is None:  # a chain: token i at position n_past + i sees new tokens 0..i
+            visible = np.tri(n_seq, dtype=bool)  # [n_seq, n_seq] lower triangle
+            row_positions = n_past + np.arange(n_seq)  # [n_seq]
+        else:
+            if len(row_parents) != n_seq:
+                raise ValueError(f"parents has {len(row_parents)} entries for {n_seq} tokens: give one per token")
+            visible = tree_mask(row_parents)  # [n_seq, n_seq]
+            # NOTE: a node's position is n_past + its depth, not n_past + its index in the flat batch.
+            row_positions = n_past + visible.sum(axis=1) - 1  # [n_seq]
+        bias = None
+        if n_seq > 1:  # 0 where query i may attend to key j, -inf elsewhere; all cached keys are visible
+            seen = np.concatenate([np.ones((n_seq, n_past), dtype=bool), visible], axis=1)  # [n_seq, n_kv]
+            bias = np.where(seen, F32(0), F32(-np.inf))
+        rows.append(Row(start, start + n_seq, cache, n_past, bias))
+        positions.append(row_positions)
+        start += n_seq
+    flat = np.concatenate([np.asarray(t).reshape(-1) for t in tokens])  # [n_tok]
+    if flat.min() < 0 or flat.max() >= hparams.n_vocab:
+        raise ValueError(f"token ids must lie in 0..{hparams.n_vocab - 1}")
+    return flat, np.concatenate(positions), rows
 
 
 def forward(
@@ -242,7 +312,7 @@ def forward(
     return_hidden: bool = False,
     parents=None,
 ):
-    """Run n_seq new tokens through GPT-2 after the cache's n_past tokens.
+    """Run n_seq new tokens through GPT-2 after the cache's n_past tokens: `forward_batch` of one row.
 
     tokens: [n_seq] int.  Returns float32 logits, [n_seq, n_vocab], or [1, n_vocab]
     for the last new token only when `last_only` (the LM head is the largest
@@ -262,42 +332,69 @@ def forward(
     the final hidden state after ln_f (what the LM head reads; what learned draft
     heads read), for every new token even when `last_only` trims the logits.
     """
-    n_seq = len(tokens)
-    n_past = cache.length
+    out = forward_batch(weights, hparams, [tokens], [cache], last_only, n_layer, return_hidden, [parents])
+    return (out[0][0], out[1][0]) if return_hidden else out[0]
+
+
+def forward_batch(
+    weights: Weights,
+    hparams: HParams,
+    tokens: list,
+    caches: list[KVCache],
+    last_only: bool = False,
+    n_layer: int | None = None,
+    return_hidden: bool = False,
+    parents: list | None = None,
+):
+    """A ragged batch: row b's new tokens tokens[b] ([n_seq_b] ints) after caches[b]'s n_past_b tokens.
+
+    Each row brings its own tokens, its own KV cache and its own cache length,
+    so rows may differ in both (after a round of speculative decoding they do:
+    each row accepted a different number of drafts). The rows' new tokens are
+    packed into one [n_tok, n_embd] matrix, n_tok = sum of n_seq_b, so every
+    weight matrix is read once for the whole batch (`packed_block`); attention
+    runs per row against the row's own cache. Rolling back stays per row:
+    caches[b].rollback(n).
+
+    Returns a list with one [n_seq_b, n_vocab] logits array per row ([1, n_vocab]
+    with `last_only`), or (logits list, hidden list) with `return_hidden`.
+    `n_layer`, `parents` (one entry per row, None for a chain) and the rest: as
+    in `forward`, which is this function for a batch of one.
+    """
     n_layer = hparams.n_layer if n_layer is None else n_layer
     if not 1 <= n_layer <= hparams.n_layer:
         raise ValueError(f"n_layer must be in 1..{hparams.n_layer}, got {n_layer}")
-    if n_seq < 1:
-        raise ValueError("forward needs at least one new token")
-    cache.reserve(n_past + n_seq)
-    tokens = np.asarray(tokens)
-    if tokens.min() < 0 or tokens.max() >= hparams.n_vocab:
-        raise ValueError(f"token ids must lie in 0..{hparams.n_vocab - 1}")
+    flat, positions, rows = pack(hparams, tokens, caches, parents)
 
-    if parents is None:  # a chain: token i at position n_past + i sees new tokens 0..i
-        visible = np.tri(n_seq, dtype=bool)  # [n_seq, n_seq] lower triangle
-        positions = n_past + np.arange(n_seq)  # [n_seq]
-    else:
-        if len(parents) != n_seq:
-            raise ValueError(f"parents has {len(parents)} entries for {n_seq} tokens: give one per token")
-        visible = tree_mask(parents)  # [n_seq, n_seq]
-        # NOTE: a node's position is n_past + its depth, not n_past + its index in the flat batch.
-        positions = n_past + visible.sum(axis=1) - 1  # [n_seq]
-    bias = None
-    if n_seq > 1:  # 0 where query i may attend to key j, -inf elsewhere; all cached keys are visible
-        seen = np.concatenate([np.ones((n_seq, n_past), dtype=bool), visible], axis=1)  # [n_seq, n_kv]
-        bias = np.where(seen, F32(0), F32(-np.inf))
-
-    x = weights.wte[tokens] + weights.wpe[positions]  # [n_seq, n_embd]
+    x = weights.wte[flat] + weights.wpe[positions]  # [n_tok, n_embd]
     for layer in range(n_layer):
-        x = transformer_block(x, weights.blocks[layer], hparams, cache, layer, bias)
-    cache.length = n_past + n_seq
+        x = packed_block(x, weights.blocks[layer], hparams, rows, layer)
+    for row in rows:
+        row.cache.length = row.n_past + row.stop - row.start
+    return lm_head_rows(x, rows, last_only, return_hidden, lambda h: layer_norm(
+        h, weights.ln_f_weight, weights.ln_f_bias, hparams.layer_norm_epsilon), weights.lm_head)  # fmt: skip
 
+
+def lm_head_rows(x: np.ndarray, rows: list[Row], last_only: bool, return_hidden: bool, norm, lm_head: Linear):
+    """The final norm and the LM head over a packed batch, split back into rows (shared with llama.py).
+
+    last_only: only each row's last token reaches the LM head, one [n_rows, n_embd]
+    product (the hidden states, when asked for, are still every token's).
+    """
+    lasts = [row.stop - 1 for row in rows]
     if last_only and not return_hidden:
-        x = x[-1:]  # [1, n_embd]
-    x = layer_norm(x, weights.ln_f_weight, weights.ln_f_bias, hparams.layer_norm_epsilon)
-    logits = linear(x[-1:] if last_only else x, weights.lm_head)  # [n_seq, n_embd] @ [n_embd, n_vocab]
-    return (logits, x) if return_hidden else logits  # logits: [n_seq (or 1), n_vocab]
+        x = x[lasts]  # [n_rows, n_embd]
+        rows = [Row(i, i + 1, row.cache, row.n_past, None) for i, row in enumerate(rows)]
+    x = norm(x)  # [n_tok (or n_rows), n_embd]
+    if last_only and return_hidden:
+        logits = linear(x[lasts], lm_head)  # [n_rows, n_vocab]
+        per_row = [logits[i : i + 1] for i in range(len(rows))]
+    else:
+        logits = linear(x, lm_head)  # [n_tok, n_embd] @ [n_embd, n_vocab]
+        per_row = [logits[row.start : row.stop] for row in rows]
+    if return_hidden:
+        return per_row, [x[row.start : row.stop] for row in rows]
+    return per_row
 
 
 class GPT2:
@@ -372,6 +469,11 @@ class GPT2:
         """See `forward` above: appends `tokens` (a chain, or a tree given `parents`) to `cache`;
         returns logits, or (logits, hidden after ln_f) with `return_hidden`."""
         return forward(self.weights, self.hparams, tokens, cache, last_only, n_layer, return_hidden, parents)
+
+    def forward_batch(self, tokens: list, caches: list[KVCache], last_only: bool = False,
+                      n_layer: int | None = None, return_hidden: bool = False, parents: list | None = None):  # fmt: skip
+        """See `forward_batch` above: row b's `tokens[b]` appended to `caches[b]`; a list of logits per row."""
+        return forward_batch(self.weights, self.hparams, tokens, caches, last_only, n_layer, return_hidden, parents)
 
     def __call__(self, tokens) -> np.ndarray:
         """[n_seq] token ids -> [n_seq, n_vocab] float32 logits, no cache kept."""

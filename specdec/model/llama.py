@@ -21,12 +21,12 @@ Shape notation as in gpt2.py, plus:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .cache import KVCache
-from .gpt2 import attention, softmax, tree_mask  # noqa: F401 (softmax: the same one, for readers of both)
+from .gpt2 import Row, attention, lm_head_rows, pack, softmax, tree_mask  # noqa: F401 (softmax, tree_mask: for readers of both)
 from .kernels import Linear, linear
 
 F32 = np.float32
@@ -149,69 +149,65 @@ def grouped_attention(q, k, v, bias, n_kv_head: int) -> np.ndarray:
     return attention(q, k, v, bias).reshape(n_head, n_seq, d_head)
 
 
-def llama_block(x, block: LlamaBlock, h: LlamaHParams, cache: KVCache, layer: int, bias, cos, sin) -> np.ndarray:
-    """x + attn(rms_norm(x)), then x + swiglu(rms_norm(x)).  [n_seq, n_embd]; writes this layer's k, v to the cache."""
-    n_seq = x.shape[0]
-    n_past = cache.length
-    n_kv = n_past + n_seq
+def llama_block(x, block: LlamaBlock, h: LlamaHParams, rows: list[Row], layer: int, cos, sin) -> np.ndarray:
+    """x + attn(rms_norm(x)), then x + swiglu(rms_norm(x)), over a packed batch (gpt2.packed_block).  [n_tok, n_embd]
 
-    a = rms_norm(x, block.attn_norm, h.rms_eps)  # [n_seq, n_embd]
-    q = linear(a, block.attn_q).reshape(n_seq, h.n_head, h.d_head).transpose(1, 0, 2)  # [n_head, n_seq, d]
-    k = linear(a, block.attn_k).reshape(n_seq, h.n_kv_head, h.d_head).transpose(1, 0, 2)  # [n_kv_head, n_seq, d]
-    v = linear(a, block.attn_v).reshape(n_seq, h.n_kv_head, h.d_head).transpose(1, 0, 2)  # [n_kv_head, n_seq, d]
-    # NOTE: keys are cached AFTER rotation, so a cached key carries its position for good.
-    cache.k[layer, :, n_past:n_kv] = rotate(k, cos, sin)
-    cache.v[layer, :, n_past:n_kv] = v
-    out = grouped_attention(rotate(q, cos, sin), cache.k[layer, :, :n_kv], cache.v[layer, :, :n_kv], bias, h.n_kv_head)
-    x = x + linear(out.transpose(1, 0, 2).reshape(n_seq, h.n_embd), block.attn_output)
+    Every projection is one product over all rows' new tokens; attention runs per
+    row against the row's own cache. cos, sin: [n_tok, d_head], each token's own
+    position's rotation. Writes this layer's k, v into each row's cache.
+    """
+    n_tok = x.shape[0]
+    a = rms_norm(x, block.attn_norm, h.rms_eps)  # [n_tok, n_embd]
+    q = linear(a, block.attn_q).reshape(n_tok, h.n_head, h.d_head).transpose(1, 0, 2)  # [n_head, n_tok, d]
+    k = linear(a, block.attn_k).reshape(n_tok, h.n_kv_head, h.d_head).transpose(1, 0, 2)  # [n_kv_head, n_tok, d]
+    v = linear(a, block.attn_v).reshape(n_tok, h.n_kv_head, h.d_head).transpose(1, 0, 2)  # [n_kv_head, n_tok, d]
+    out = np.empty_like(x)  # [n_tok, n_embd]: every row's attention output, packed like x
+    for row in rows:
+        s, n_seq = slice(row.start, row.stop), row.stop - row.start
+        n_kv = row.n_past + n_seq
+        # NOTE: keys are cached AFTER rotation, so a cached key carries its position for good.
+        row.cache.k[layer, :, row.n_past : n_kv] = rotate(k[:, s], cos[s], sin[s])
+        row.cache.v[layer, :, row.n_past : n_kv] = v[:, s]
+        o = grouped_attention(rotate(q[:, s], cos[s], sin[s]), row.cache.k[layer, :, :n_kv],
+                              row.cache.v[layer, :, :n_kv], row.bias, h.n_kv_head)  # fmt: skip
+        out[s] = o.transpose(1, 0, 2).reshape(n_seq, h.n_embd)  # [n_head, n_seq, d] -> [n_seq, n_embd]
+    x = x + linear(out, block.attn_output)
 
-    f = rms_norm(x, block.ffn_norm, h.rms_eps)  # [n_seq, n_embd]
-    gated = silu(linear(f, block.ffn_gate)) * linear(f, block.ffn_up)  # [n_seq, n_ff]
-    return x + linear(gated, block.ffn_down)  # [n_seq, n_embd]
+    f = rms_norm(x, block.ffn_norm, h.rms_eps)  # [n_tok, n_embd]
+    gated = silu(linear(f, block.ffn_gate)) * linear(f, block.ffn_up)  # [n_tok, n_ff]
+    return x + linear(gated, block.ffn_down)  # [n_tok, n_embd]
 
 
 def forward(weights: LlamaWeights, h: LlamaHParams, tokens, cache: KVCache, last_only=False, n_layer=None,
             return_hidden=False, parents=None):  # fmt: skip
-    """Run n_seq new tokens after the cache's n_past: as gpt2.forward (see there for every argument).
+    """Run n_seq new tokens after the cache's n_past: as gpt2.forward (see there for every argument),
+    and like it, `forward_batch` of one row.
 
     The only difference in the plumbing: positions enter through the rotation of
     q and k in every layer instead of an embedding added once.
     """
-    n_seq, n_past = len(tokens), cache.length
+    out = forward_batch(weights, h, [tokens], [cache], last_only, n_layer, return_hidden, [parents])
+    return (out[0][0], out[1][0]) if return_hidden else out[0]
+
+
+def forward_batch(weights: LlamaWeights, h: LlamaHParams, tokens: list, caches: list[KVCache], last_only=False,
+                  n_layer=None, return_hidden=False, parents=None):  # fmt: skip
+    """A ragged batch, row b's tokens[b] after caches[b]: as gpt2.forward_batch (one list of logits per row)."""
     n_layer = h.n_layer if n_layer is None else n_layer
     if not 1 <= n_layer <= h.n_layer:
         raise ValueError(f"n_layer must be in 1..{h.n_layer}, got {n_layer}")
-    if n_seq < 1:
-        raise ValueError("forward needs at least one new token")
-    cache.reserve(n_past + n_seq)
-    tokens = np.asarray(tokens)
-    if tokens.min() < 0 or tokens.max() >= h.n_vocab:
-        raise ValueError(f"token ids must lie in 0..{h.n_vocab - 1}")
+    flat, positions, rows = pack(h, tokens, caches, parents)
+    dtype = weights.wte.dtype
+    rows = [row if row.bias is None else replace(row, bias=row.bias.astype(dtype)) for row in rows]
+    cos, sin = rope_tables(positions, h.d_head, h.rope_theta, dtype)  # [n_tok, d_head] each
 
-    if parents is None:
-        visible = np.tri(n_seq, dtype=bool)  # [n_seq, n_seq]
-        positions = n_past + np.arange(n_seq)
-    else:
-        if len(parents) != n_seq:
-            raise ValueError(f"parents has {len(parents)} entries for {n_seq} tokens: give one per token")
-        visible = tree_mask(parents)
-        positions = n_past + visible.sum(axis=1) - 1  # NOTE: a tree node sits at n_past + its depth
-    bias = None
-    if n_seq > 1:
-        seen = np.concatenate([np.ones((n_seq, n_past), dtype=bool), visible], axis=1)  # [n_seq, n_kv]
-        bias = np.where(seen, F32(0), F32(-np.inf)).astype(weights.wte.dtype)
-    cos, sin = rope_tables(positions, h.d_head, h.rope_theta, weights.wte.dtype)  # [n_seq, d_head] each
-
-    x = weights.wte[tokens]  # [n_seq, n_embd]: no position embedding
+    x = weights.wte[flat]  # [n_tok, n_embd]: no position embedding
     for layer in range(n_layer):
-        x = llama_block(x, weights.blocks[layer], h, cache, layer, bias, cos, sin)
-    cache.length = n_past + n_seq
-
-    if last_only and not return_hidden:
-        x = x[-1:]
-    x = rms_norm(x, weights.norm_f, h.rms_eps)
-    logits = linear(x[-1:] if last_only else x, weights.lm_head)  # [n_seq (or 1), n_vocab]
-    return (logits, x) if return_hidden else logits
+        x = llama_block(x, weights.blocks[layer], h, rows, layer, cos, sin)
+    for row in rows:
+        row.cache.length = row.n_past + row.stop - row.start
+    return lm_head_rows(x, rows, last_only, return_hidden, lambda x: rms_norm(x, weights.norm_f, h.rms_eps),
+                        weights.lm_head)  # fmt: skip
 
 
 class Llama:
@@ -268,6 +264,11 @@ class Llama:
                 return_hidden: bool = False, parents=None):  # fmt: skip
         """Append `tokens` (a chain, or a tree given `parents`) to `cache`; logits, or (logits, hidden)."""
         return forward(self.weights, self.hparams, tokens, cache, last_only, n_layer, return_hidden, parents)
+
+    def forward_batch(self, tokens: list, caches: list[KVCache], last_only: bool = False,
+                      n_layer: int | None = None, return_hidden: bool = False, parents: list | None = None):  # fmt: skip
+        """Row b's `tokens[b]` appended to `caches[b]` (gpt2.forward_batch); a list of logits per row."""
+        return forward_batch(self.weights, self.hparams, tokens, caches, last_only, n_layer, return_hidden, parents)
 
     def __call__(self, tokens) -> np.ndarray:
         """[n_seq] token ids -> [n_seq, n_vocab] logits, no cache kept."""

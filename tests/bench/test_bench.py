@@ -149,3 +149,14 @@ def test_exit_agreement_counts_the_full_models_greedy_tokens():
     agreement = exit_agreement(model, [2, model.n_layer], n_tokens=24, text="def main(argv):\n    ")
     assert agreement[model.n_layer] == 1.0
     assert 0.0 <= agreement[2] <= 1.0
+
+
+def test_the_batch_section_runs_on_a_tiny_model(capsys):
+    """`python -m specdec.bench --only batch`, smoke-sized: one table row per batch size, tokens identical."""
+    from specdec.bench import batch
+
+    assert batch.main(["--models", "tiny", "--batches", "1,3", "--tokens", "6", "--repeats", "1"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("|  1 |") or line.startswith("|  3 |")]
+    assert len(rows) == 2 and all(line.rstrip().endswith("| yes |") for line in rows), out
+    assert "speculation stops paying" in out

@@ -187,3 +187,13 @@ def test_the_empty_prompt_message_names_the_models_own_end_token():
     with pytest.raises(ValueError, match=f"id {model.tokenizer.eot_token}") as error:
         autoregressive_sample(model, [], 4)
     assert "50256" not in str(error.value) and model.tokenizer.eot_token != 50256
+
+
+def test_batch_throughput_sorts_batch_sizes_given_as_json_keys():
+    batches = {"4": {"throughput_auto": 40.0, "throughput_spec": 30.0}, "1": {"throughput_auto": 10.0,
+               "throughput_spec": 19.0}}  # fmt: skip
+    sizes, auto, spec = plot.batch_throughput(batches)
+    assert sizes.tolist() == [1, 4] and auto.tolist() == [10.0, 40.0] and spec.tolist() == [19.0, 30.0]
+    pytest.importorskip("matplotlib")
+    fig = plot.plot_batch_throughput({"124M": batches})
+    assert len(fig.axes[0].lines) == 2

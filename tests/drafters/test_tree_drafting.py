@@ -128,6 +128,7 @@ def rerank_by_confidence(world, prefix, step, over, nodes, width, depth, rng):
     return [tokens[i] for i in keep], [new[parents[i]] if parents[i] >= 0 else -1 for i in keep], q[keep]
 
 
+@pytest.mark.slow
 def test_dynamic_tree_sampling_matches_the_target():
     world = World(T1, seed=3)
     rng = np.random.default_rng(0)

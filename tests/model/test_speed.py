@@ -216,6 +216,7 @@ def test_restricted_head_logits_are_the_full_ones_on_its_tokens_and_minus_inf_el
             restrict(model, bad)
 
 
+@pytest.mark.slow
 def test_restricted_draft_keeps_greedy_and_sampled_output_exact(monkeypatch):
     """Greedy: token for token. Sampling: the target's exact distribution (chi-square), and a
     broken verification rule fails the same check."""

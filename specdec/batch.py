@@ -1,0 +1,392 @@
+"""Batched speculative decoding: B prompts at once, one target pass per round for the whole batch.
+
+What it adds over speculative.py: the same round (draft, verify, accept, residual,
+bonus, roll back), run for B sequences side by side. Each weight matrix is then
+read once per round for all B sequences (model/gpt2.forward_batch), which is
+what a batch buys on memory-bound hardware. Letters as in speculative.py:
+p is the TARGET's distribution, q the DRAFT's.
+
+The hard part is that the batch is RAGGED after the first round: each sequence
+accepts a different number of drafts, so the sequences' lengths drift apart.
+Here that state is explicit, one `Sequence` per prompt:
+
+    ids          its whole text so far (prompt + emitted tokens); ids[-1] is in no cache yet
+    cache        its own target KV cache, whose length is len(ids) - 1 after every round
+    rng          its own random generator
+    k_policy     its own K policy (adaptive K follows its own acceptances)
+    result       its own DecodeResult: tokens, rounds, acceptances
+
+and the model packs the ragged rows with no padding and no mask between them
+(forward_batch: the rows' new tokens are concatenated for the matrix products;
+attention runs per row against the row's own cache). Rolling back is per row
+(cache length), and a row that has its n_tokens (or its end of reply) leaves
+the batch; the others go on with a smaller batch.
+
+Why each row is still exactly its own target distribution: a row's round reads
+only its own cache, its own drafts, its own q and p rows and its own random
+draws. Nothing in verify.py sees another row, so the proof in verify.py holds
+row by row. Row b's logits are those an unbatched pass would compute, up to
+float32 rounding in the packed matrix products.
+
+Seeds: seed=s gives EVERY row np.random.default_rng(s), the generator an unbatched
+call with seed=s would use, so a row's tokens do not depend on which prompts
+share its batch (the same prompt twice with one seed gives the same text twice;
+pass a list of seeds for different ones).
+
+    outs = speculative_sample_batch(target, draft, ["The cat", "A long time ago"], 40, K=4)
+    [out.text for out in outs]
+
+Left out here: trees (tree=...) and learned heads as batched drafts; see docs/batch.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .autoregressive import check_request, check_seed, end_of_reply
+from .costmodel import AdaptiveK, FixedK, make_k_policy
+from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter, make_drafter
+from .drafters.specs import parse_draft
+from .interfaces import KPolicy, Proposal
+from .model.cache import KVCache
+from .model.gpt2 import GPT2
+from .model.llama import Llama
+from .result import DecodeResult
+from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
+from .verify import ACCEPTANCE, verify
+
+# on_token(row, token, kind): as speculative_sample's on_token, with the prompt's index first.
+BatchTokenCallback = Callable[[int, int, str], None]
+
+
+@dataclass
+class Sequence:
+    """One prompt of the batch and everything that is its own: text, cache, randomness, K, record."""
+
+    index: int  # its place in the caller's list of prompts
+    prompt: list[int]
+    cache: KVCache  # the target's KV cache of this sequence
+    rng: np.random.Generator
+    k_policy: KPolicy | None
+    result: DecodeResult
+    done: bool = False  # it has its tokens (or its end of reply) and has left the batch
+
+    @property
+    def ids(self) -> list[int]:
+        """The whole text so far; ids[-1] is in no cache yet."""
+        return self.prompt + self.result.tokens
+
+
+@dataclass
+class BatchRound:
+    """One round of the batch, for `on_round`: who took part, what each drafted and accepted."""
+
+    rows: list[int]  # indices of the prompts in the batch this round
+    k: list[int]  # drafts proposed, per row
+    accepted: list[int]  # of which accepted, per row
+    draft_passes: int  # batched draft forward passes this round (0 for a lookup)
+    new_tokens: list[int] = field(default_factory=list)  # tokens emitted, per row
+
+
+def make_rngs(n_rows: int, seed, rng: np.random.Generator | None) -> list[np.random.Generator]:
+    """One generator per row: seed=s -> default_rng(s) for every row (what an unbatched call with seed s
+    uses); a list of seeds -> one each; rng -> one seed per row drawn from it; neither -> fresh randomness per row."""
+    if seed is not None and rng is not None:
+        raise ValueError("pass either seed or rng, not both")
+    if rng is not None:
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)), got {rng!r:.80}")
+        return [np.random.default_rng(int(s)) for s in rng.integers(0, 2**63, n_rows)]  # one child seed per row
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != n_rows:
+            raise ValueError(f"seed lists one seed per prompt: got {len(seed)} seeds for {n_rows} prompts")
+        return [np.random.default_rng(check_seed(s)) for s in seed]
+    return [np.random.default_rng(check_seed(seed)) for _ in range(n_rows)]
+
+
+def start_batch(model, prompts, n_tokens: int, seed, rng, chat: bool, k_max: int = 0) -> list[Sequence]:
+    """Check every prompt (as the unbatched samplers do) and give each its Sequence."""
+    if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts must be a non-empty list of prompts (each text or token ids)")
+    checked = [check_request(model, prompt, n_tokens, chat) for prompt in prompts]
+    rngs = make_rngs(len(checked), seed, rng)
+    return [Sequence(i, prompt, model.new_cache(), rngs[i], None, DecodeResult(k_max=k_max, tokenizer=model.tokenizer))
+            for i, prompt in enumerate(checked)]  # fmt: skip
+
+
+def emit(row: Sequence, tokens: list[int], kinds: list[str], n_tokens: int, stop, on_token) -> None:
+    """Append a round's tokens to a row, stopping after its end of reply; mark it done when finished."""
+    for token, kind in zip(tokens, kinds):
+        row.result.tokens.append(token)
+        if on_token:
+            on_token(row.index, token, kind)
+        if token == stop:
+            row.done = True
+            return
+    row.done = len(row.result.tokens) >= n_tokens
+
+
+# ---------------------------------------------------------------------------
+# The baseline: one batched target pass per token.
+# ---------------------------------------------------------------------------
+
+
+def autoregressive_sample_batch(
+    model: GPT2, prompts, n_tokens: int,
+    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+    seed=None, rng: np.random.Generator | None = None, on_token: BatchTokenCallback | None = None,
+    chat: bool = False,
+) -> list[DecodeResult]:  # fmt: skip
+    """autoregressive_sample for each prompt, one forward_batch per step for all of them: a DecodeResult each.
+
+    Row b's tokens are those autoregressive_sample(model, prompts[b], n_tokens, ..., seed=seed)
+    gives (same seed rule; see the module docstring).
+    """
+    params = SamplingParams(temperature, top_k, top_p)
+    rows = start_batch(model, prompts, n_tokens, seed, rng, chat)
+    stop = end_of_reply(model, chat)
+    new = {row.index: row.prompt for row in rows}  # what each row feeds next: its prompt, then its last token
+    active = [row for row in rows if n_tokens > 0]
+    while active:
+        logits = model.forward_batch([new[row.index] for row in active], [row.cache for row in active], last_only=True)
+        for row, row_logits in zip(active, logits):
+            row_logits = check_finite_logits(row_logits[0], model.name)  # [n_vocab]
+            row.result.target_calls += 1
+            token = greedy(row_logits) if params.greedy else draw(probabilities(row_logits[None], params)[0], row.rng)
+            emit(row, [token], ["target"], n_tokens, stop, on_token)
+            new[row.index] = [token]
+        active = [row for row in active if not row.done]  # finished rows leave the batch
+    return [row.result for row in rows]
+
+
+# ---------------------------------------------------------------------------
+# Drafting for a batch.
+# ---------------------------------------------------------------------------
+
+
+class BatchModelDraft:
+    """A draft model's k steps for every row at once: each step is ONE forward_batch over the rows still drafting.
+
+    A separate draft model (the papers' setting) keeps one KV cache per row.
+    Early exit (n_layer set, model = the target) writes into the rows' TARGET
+    caches through the first n_layer blocks and sets them back, as
+    drafters.EarlyExitDrafter does for one sequence.
+    """
+
+    def __init__(self, model, n_layer: int | None = None):
+        self.model, self.n_layer = model, n_layer
+        self.caches: dict[int, KVCache] = {}  # row index -> the cache this drafter feeds
+        self.n_ctx = model.n_ctx
+
+    def begin(self, rows: list[Sequence]) -> None:
+        self.caches = {row.index: row.cache if self.n_layer else self.model.new_cache() for row in rows}
+
+    def after_prefill(self, row: Sequence, hidden: np.ndarray) -> None:
+        pass  # a draft model catches up on the prompt in its first step
+
+    def propose(self, rows: list[Sequence], ks: list[int], params: SamplingParams) -> tuple[list[Proposal], int]:
+        """(one chain per row, the number of batched draft passes)."""
+        caches = [self.caches[row.index] for row in rows]
+        starts = [cache.length for cache in caches]
+        # Each row catches up on the text its cache has not seen (ragged: the prompt in the
+        # first round; later the last emitted token, and after a fully accepted round the last draft too).
+        new = [row.ids[start:] for row, start in zip(rows, starts)]
+        tokens: list[list[int]] = [[] for _ in rows]
+        q_rows: list[list[np.ndarray]] = [[] for _ in rows]
+        n_passes = max(ks, default=0)
+        for step in range(n_passes):
+            drafting = [i for i, k in enumerate(ks) if k > step]  # rows asking for fewer drafts stop early
+            logits = self.model.forward_batch([new[i] for i in drafting], [caches[i] for i in drafting],
+                                              last_only=True, n_layer=self.n_layer)  # fmt: skip
+            for i, row_logits in zip(drafting, logits):
+                rows[i].result.draft_calls += 1
+                if params.greedy:
+                    token = greedy(row_logits[0])
+                else:
+                    q = probabilities(row_logits, params)[0]  # [n_vocab], filtered like the target
+                    token = draw(q, rows[i].rng)  # drawn from exactly the q the acceptance test reads
+                    q_rows[i].append(q)
+                tokens[i].append(token)
+                new[i] = [token]
+        if self.n_layer:  # early exit wrote into the target's caches: the target verifies from the start
+            for cache, start in zip(caches, starts):
+                cache.rollback(start)
+        proposals = [Proposal.chain(t, np.stack(q) if q else None) for t, q in zip(tokens, q_rows)]
+        return proposals, n_passes
+
+    def commit(self, row: Sequence, hidden: np.ndarray) -> None:
+        if not self.n_layer:  # keep only accepted text: everything but ids[-1], which no cache has seen
+            cache = self.caches[row.index]
+            cache.rollback(min(cache.length, len(row.ids) - 1))
+
+
+class PerRowDrafts:
+    """One unbatched drafter per row (n-gram lookup, Medusa or EAGLE heads), each with the Drafter interface.
+
+    The target's pass is still one batched pass per round; only the drafting is per row.
+    """
+
+    def __init__(self, make: Callable[[], object], target):
+        self.make, self.target = make, target
+        self.drafters: dict[int, object] = {}
+        self.n_ctx = None
+
+    def begin(self, rows: list[Sequence]) -> None:
+        self.drafters = {row.index: self.make() for row in rows}
+        for row in rows:
+            self.drafters[row.index].begin(self.target, row.cache, row.prompt)
+        self.n_ctx = self.drafters[rows[0].index].n_ctx
+
+    def after_prefill(self, row: Sequence, hidden: np.ndarray) -> None:
+        self.drafters[row.index].commit(row.prompt, hidden)
+
+    def propose(self, rows: list[Sequence], ks: list[int], params: SamplingParams) -> tuple[list[Proposal], int]:
+        proposals = []
+        for row, k in zip(rows, ks):
+            drafter = self.drafters[row.index]
+            before = drafter.calls
+            proposals.append(drafter.propose(row.ids, k, params, row.rng) if k > 0 else Proposal.chain([]))
+            row.result.draft_calls += drafter.calls - before
+        return proposals, 0
+
+    def commit(self, row: Sequence, hidden: np.ndarray) -> None:
+        self.drafters[row.index].commit(row.ids, hidden)
+
+
+def make_batch_drafts(draft, target):
+    """What `draft` means for a batch: a model or early exit drafts in batched passes; a lookup or heads per row."""
+    if isinstance(draft, (GPT2, Llama)):
+        make_drafter(draft, target)  # the checks (a shared vocabulary)
+        return BatchModelDraft(draft)
+    if isinstance(draft, ModelDrafter):
+        return make_batch_drafts(draft.model, target)
+    if isinstance(draft, EarlyExitDrafter):
+        if draft.model is not target:
+            raise ValueError("this early-exit drafter was built on a different target model")
+        return BatchModelDraft(target, n_layer=draft.n_layer)
+    if isinstance(draft, NgramDrafter):
+        return PerRowDrafts(lambda: NgramDrafter(draft.n_vocab, draft.n_max, draft.n_min), target)
+    if isinstance(draft, str):
+        drafter = make_drafter(draft, target)  # checks the spec (and loads heads once, to fail early)
+        if parse_draft(draft).kind == "early_exit":
+            return BatchModelDraft(target, n_layer=drafter.n_layer)
+        return PerRowDrafts(lambda: make_drafter(draft, target), target)
+    raise ValueError(
+        f"a batch needs its draft as a model, 'ngram[:N]', 'early_exit:L', 'medusa:DIR' or 'eagle:DIR' (each row then "
+        f"gets its own drafter state), not a {type(draft).__name__} object, whose state the rows would share"
+    )
+
+
+def make_row_k_policy(K):
+    """A fresh K policy for one row: K is an int or 'adaptive' (each row adapts to its own acceptances)."""
+    if K == "auto" or isinstance(K, KPolicy) and not isinstance(K, (FixedK, AdaptiveK)):
+        raise ValueError("a batch takes K as an int or 'adaptive' (one policy per row); for the best K per batch "
+                         "size see costmodel.best_k_batch and `python -m specdec.bench --only batch`")  # fmt: skip
+    if isinstance(K, FixedK):
+        return FixedK(K.k)
+    if isinstance(K, AdaptiveK):
+        return AdaptiveK(K.k, K.k_min, K.k_max)
+    return make_k_policy(K)
+
+
+# ---------------------------------------------------------------------------
+# The batched round.
+# ---------------------------------------------------------------------------
+
+
+def keep_accepted(row: Sequence, n_past: int, n_accepted: int) -> None:
+    """Step 5 for one row: its cache keeps ids[-1] (row 0 of the pass) and ITS accepted drafts.
+
+    NOTE: the length is the row's own, n_past + 1 + n_accepted. One shared
+    counter for the batch (every row rolled back by some other row's
+    acceptance) leaves rejected drafts in one cache and drops accepted text
+    from another: the tests' broken control does exactly that and fails.
+    """
+    row.cache.rollback(n_past + 1 + n_accepted)
+
+
+def speculative_sample_batch(
+    target: GPT2, draft, prompts, n_tokens: int, K=4,
+    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+    seed=None, rng: np.random.Generator | None = None, on_token: BatchTokenCallback | None = None,
+    tree=None, acceptance: str = "exact", chat: bool = False,
+    on_round: Callable[[BatchRound], None] | None = None,
+) -> list[DecodeResult]:  # fmt: skip
+    """speculative_sample for each prompt, with ONE target pass per round for the whole batch: a DecodeResult each.
+
+    prompts: a list of prompts (text or token ids), of any lengths. draft: a GPT2 or
+    Llama (batched draft passes), "early_exit:L" (batched), "ngram[:N]", "medusa:DIR",
+    "eagle:DIR" (drafted per row). K: an int or "adaptive" (per row). Other keywords
+    as speculative_sample; seed=s gives every row default_rng(s) (module docstring).
+    on_round(BatchRound) is called after every round (the benchmark prices rounds with it).
+    """
+    if tree is not None:
+        raise ValueError("a batch drafts chains only (tree=None); trees run one prompt at a time: speculative_sample")
+    if acceptance not in ACCEPTANCE:
+        raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
+    params = SamplingParams(temperature, top_k, top_p)
+    drafts = make_batch_drafts(draft, target)
+    rows = start_batch(target, prompts, n_tokens, seed, rng, chat)
+    for row in rows:
+        row.k_policy = make_row_k_policy(K)
+        row.result.k_max = row.k_policy.k_max
+    stop = end_of_reply(target, chat)
+    drafts.begin(rows)
+    n_ctx = min(target.n_ctx, drafts.n_ctx or target.n_ctx)
+
+    # Prefill, one pass for every prompt of 2+ tokens: the prompt but its last token (logits not needed).
+    active = [row for row in rows if n_tokens > 0]
+    prefill = [row for row in active if len(row.prompt) > 1]
+    if prefill:
+        _, hidden = target.forward_batch([row.prompt[:-1] for row in prefill], [row.cache for row in prefill],
+                                         last_only=True, return_hidden=True)  # fmt: skip
+        for row, row_hidden in zip(prefill, hidden):
+            row.result.target_calls += 1
+            drafts.after_prefill(row, row_hidden)
+
+    while active:
+        # Draft fewer near a row's end: a round emits up to k+1 tokens and verifies up to position len(ids)-1+k.
+        ks = [min(row.k_policy.next_k(), n_tokens - len(row.result.tokens) - 1, n_ctx - len(row.ids))
+              for row in active]  # fmt: skip
+
+        # Step 1, every row: propose k_b drafts (a model drafts all rows in batched passes).
+        proposals, draft_passes = drafts.propose(active, ks, params)
+
+        # Step 2, ONE target pass for the whole batch: row b over [ids_b[-1], its drafts], after its own cache.
+        # NOTE: within each row, logits row i verifies that row's draft i; its last row is its bonus position.
+        logits, hidden = target.forward_batch([[row.ids[-1], *p.tokens] for row, p in zip(active, proposals)],
+                                              [row.cache for row in active], return_hidden=True)  # fmt: skip
+
+        record = BatchRound([row.index for row in active], [len(p) for p in proposals], [], draft_passes)
+        for row, proposal, row_logits, row_hidden in zip(active, proposals, logits, hidden):
+            check_finite_logits(row_logits, target.name)
+            row.result.target_calls += 1
+            n_past = len(row.ids) - 1  # this row's cache length before the pass
+
+            # Steps 3-4, per row, with the row's own q, p and random draws: accepted drafts, then one token.
+            path, last = verify(proposal, row_logits, params, row.rng, acceptance)
+            n_accepted = len(path)
+            leaf = n_accepted == len(proposal)  # all accepted: the target's token is a bonus
+            kinds = ["draft"] * n_accepted + ["bonus" if leaf and len(proposal) else "target"]
+            before = len(row.result.tokens)
+            emit(row, proposal.tokens[:n_accepted] + [last], kinds, n_tokens, stop, on_token)
+            row.result.add_round(len(proposal), n_accepted, judged=n_accepted + (not leaf))
+            record.accepted.append(n_accepted)
+            record.new_tokens.append(len(row.result.tokens) - before)
+            if row.done:
+                continue
+
+            # Step 5, per row: its cache keeps ids[-1] and the accepted drafts, so its length
+            # is n_past + 1 + n_accepted: every row is now at its own length (the batch is ragged).
+            keep_accepted(row, n_past, n_accepted)
+            drafts.commit(row, row_hidden[: 1 + n_accepted])
+            if len(proposal):
+                row.k_policy.update(len(proposal), n_accepted)
+
+        active = [row for row in active if not row.done]  # finished rows leave the batch
+        if on_round:
+            on_round(record)
+    return [row.result for row in rows]

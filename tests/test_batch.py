@@ -1,0 +1,227 @@
+"""Batched speculative decoding (specdec/batch.py, forward_batch in model/).
+
+- forward_batch over a ragged batch equals each row's own forward;
+- greedy batched decoding equals unbatched greedy decoding row by row, for every drafter that batches;
+- a row's tokens do not depend on which prompts share its batch (same seed, same tokens);
+- at T = 1 every row follows its own target distribution (chi-square per row), and a
+  broken batch (rows rolled back by another row's acceptance: one shared counter) fails the same check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import tiny_model
+from helpers import N_BROKEN, N_SAMPLES, chi_square_passes, exact_continuations, perturbed, small_model
+
+import specdec.batch as batch
+from specdec import autoregressive_sample, speculative_sample
+from specdec.batch import autoregressive_sample_batch, speculative_sample_batch
+from specdec.model.llama import LlamaHParams, random_llama
+from specdec.sampling import SamplingParams
+from specdec.verify import verify
+
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [3], [11, 40, 2, 9, 17], [7, 7]]  # ragged lengths; one repetitive
+
+
+@pytest.fixture(scope="module")
+def gpt2_pair():
+    target = tiny_model(seed=1)
+    return target, perturbed(target, 0.05, seed=3)
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    target = random_llama(seed=3, scale=0.3)
+    draft = random_llama(LlamaHParams(**{**vars(target.hparams), "n_layer": 1}), seed=4, scale=0.3)
+    return target, draft
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_forward_batch_equals_each_rows_own_forward(arch, gpt2_pair, llama_pair):
+    """Rows with different cached lengths and different numbers of new tokens (one a tree), packed in one pass."""
+    model = gpt2_pair[0] if arch == "gpt2" else llama_pair[0]
+    pasts = [[1, 2, 3], [], [4, 5, 6, 7, 8, 9, 10], [3]]
+    news = [[11, 12], [13], [14, 15, 16, 17], [18, 19, 20]]
+    parents = [None, None, None, [-1, 0, 0]]  # the last row is a tree: a root and two children
+
+    def filled(past):
+        cache = model.new_cache()
+        if past:
+            model.forward(past, cache)
+        return cache
+
+    caches = [filled(p) for p in pasts]
+    for last_only, n_layer in [(False, None), (True, None), (False, 1)]:
+        for c, p in zip(caches, pasts):
+            c.rollback(len(p))
+        logits, hidden = model.forward_batch(news, caches, last_only=last_only, n_layer=n_layer,
+                                             return_hidden=True, parents=parents)  # fmt: skip
+        for b, (past, new) in enumerate(zip(pasts, news)):
+            alone = filled(past)
+            want, want_hidden = model.forward(new, alone, last_only, n_layer, True, parents[b])
+            assert logits[b].shape == want.shape and logits[b].dtype == np.float32
+            np.testing.assert_allclose(logits[b], want, atol=2e-5, err_msg=f"row {b}")
+            np.testing.assert_allclose(hidden[b], want_hidden, atol=2e-5)
+            assert caches[b].length == alone.length == len(past) + len(new)
+            written = (slice(n_layer), slice(None), slice(alone.length))  # the layers this pass ran
+            np.testing.assert_allclose(caches[b].k[written], alone.k[written], atol=2e-5)
+    # last_only without hidden states: the LM head reads one row per sequence.
+    for c, p in zip(caches, pasts):
+        c.rollback(len(p))
+    assert [x.shape[0] for x in model.forward_batch(news, caches, last_only=True)] == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="its own KV cache"):
+        model.forward_batch([[1], [2]], [caches[0], caches[0]])
+    with pytest.raises(ValueError, match="at least one new token"):
+        model.forward_batch([[1], []], [model.new_cache(), model.new_cache()])
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_greedy_batch_equals_unbatched_greedy_row_by_row(arch, gpt2_pair, llama_pair):
+    target, draft = gpt2_pair if arch == "gpt2" else llama_pair
+    n = 16
+    expected = [autoregressive_sample(target, p, n).tokens for p in PROMPTS]
+    assert [r.tokens for r in autoregressive_sample_batch(target, PROMPTS, n)] == expected
+    accepted = {}
+    for name, d in {"model": draft, "ngram": "ngram", "early_exit": "early_exit:1", "self": target}.items():
+        for K in (2, "adaptive"):
+            outs = speculative_sample_batch(target, d, PROMPTS, n, K=K)
+            for b, out in enumerate(outs):
+                assert out.tokens == expected[b], f"draft={name} K={K} row {b}"
+                alone = speculative_sample(target, d, PROMPTS[b], n, K=K)  # the same rounds, one at a time
+                assert (out.k_per_round, out.accepted_per_round) == (alone.k_per_round, alone.accepted_per_round)
+                assert (out.target_calls, out.draft_calls) == (alone.target_calls, alone.draft_calls)
+            accepted[name] = accepted.get(name, 0) + sum(out.accepted for out in outs)
+    assert accepted["self"] > 0 and accepted["ngram"] > 0 and accepted["model"] > 0
+
+
+def test_heads_and_a_restricted_draft_batch_too_greedy_row_by_row(llama_pair, tmp_path):
+    """Medusa and EAGLE heads (untrained, saved as training saves them) draft per row; a restricted-vocabulary
+    draft model drafts in batched passes (its forward_batch widens each row's logits). Greedy output is the target's."""
+    from specdec.drafters import eagle, medusa
+    from specdec.drafters.heads import DraftVocab, save_heads
+    from specdec.drafters.restricted import restrict
+
+    target = llama_pair[0]
+    vocab = DraftVocab.of(target, np.arange(0, target.n_vocab, 2))
+    params = {"medusa": medusa.init_params(3, target.n_embd),
+              "eagle": eagle.init_params(target.n_embd, np.random.default_rng(0), std=0.2)}  # fmt: skip
+    for kind, p in params.items():
+        save_heads(tmp_path / kind, kind, target, p, {"n_heads": 3 if kind == "medusa" else 1}, vocab)
+    expected = [autoregressive_sample(target, p, 12).tokens for p in PROMPTS]
+    for draft in [f"medusa:{tmp_path / 'medusa'}", f"eagle:{tmp_path / 'eagle'}", restrict(target, 32, vocab.ids)]:
+        outs = speculative_sample_batch(target, draft, PROMPTS, 12, K=3)
+        assert [o.tokens for o in outs] == expected, draft
+        assert sum(o.drafted for o in outs) > 0, draft
+
+
+def test_rows_finish_early_and_leave_the_batch(gpt2_pair):
+    target, draft = gpt2_pair
+    rounds = []
+    outs = speculative_sample_batch(target, target, PROMPTS[:3], 9, K=4, on_round=rounds.append)
+    assert [len(o.tokens) for o in outs] == [9, 9, 9]
+    assert rounds[0].rows == [0, 1, 2] and rounds[-1].rows  # every round has rows; finished ones are gone
+    assert all(len(r.k) == len(r.rows) == len(r.accepted) for r in rounds)
+    assert [len(o.tokens) for o in speculative_sample_batch(target, draft, PROMPTS[:2], 0)] == [0, 0]
+    with pytest.raises(ValueError, match="chains only"):
+        speculative_sample_batch(target, draft, PROMPTS, 5, tree=4)
+    with pytest.raises(ValueError, match="int or 'adaptive'"):
+        speculative_sample_batch(target, draft, PROMPTS, 5, K="auto")
+    with pytest.raises(ValueError, match="non-empty list"):
+        speculative_sample_batch(target, draft, [], 5)
+
+
+@pytest.mark.parametrize("draft", ["model", "ngram"])
+def test_a_rows_tokens_do_not_depend_on_its_batch_companions(gpt2_pair, draft):
+    """seed=s gives every row default_rng(s): alone or among other prompts, a prompt gets the same tokens."""
+    target, model_draft = gpt2_pair
+    d = model_draft if draft == "model" else "ngram"
+    prompt = PROMPTS[2]
+    for seed in range(3):
+        alone = speculative_sample(target, d, prompt, 20, K=3, temperature=1.0, seed=seed).tokens
+        for companions in ([PROMPTS[0]], [PROMPTS[1], PROMPTS[3], PROMPTS[0]]):
+            outs = speculative_sample_batch(target, d, [*companions, prompt], 20, K=3, temperature=1.0, seed=seed)
+            assert outs[-1].tokens == alone, f"seed {seed}, companions {companions}"
+        auto = autoregressive_sample(target, prompt, 12, temperature=1.0, seed=seed).tokens
+        outs = autoregressive_sample_batch(target, [PROMPTS[0], prompt], 12, temperature=1.0, seed=seed)
+        assert outs[1].tokens == auto
+    # Different seeds per row: a list.
+    outs = speculative_sample_batch(target, d, [prompt, prompt], 20, K=3, temperature=1.0, seed=[0, 1])
+    assert outs[0].tokens == speculative_sample(target, d, prompt, 20, K=3, temperature=1.0, seed=0).tokens
+    assert outs[1].tokens == speculative_sample(target, d, prompt, 20, K=3, temperature=1.0, seed=1).tokens
+
+
+# --- exactness per row ---------------------------------------------------------------------------
+
+CHI_PROMPTS = [[1, 2], [4], [0, 5, 3]]  # a 6-token vocabulary (helpers.SMALL): every 3-token continuation enumerable
+
+
+@pytest.fixture(scope="module")
+def chi_models():
+    target = small_model(seed=10)
+    return target, perturbed(target, 0.15, seed=1)
+
+
+@pytest.fixture(scope="module")
+def chi_exact(chi_models):
+    return [exact_continuations(chi_models[0], p, 3, SamplingParams(1.0)) for p in CHI_PROMPTS]
+
+
+def shared_counter(row, n_past, n_accepted, _last=[0]):  # noqa: B006 (the shared counter is the bug)
+    """BROKEN: every row rolls back by the acceptance of the row verified before it (one counter for the batch)."""
+    shared, _last[0] = _last[0], n_accepted
+    row.cache.rollback(n_past + 1 + min(shared, row.cache.length - n_past - 1))
+
+
+def mixed_rows(proposal, logits, params, rng, acceptance="exact", _last=[None]):  # noqa: B006
+    """BROKEN: each row is verified against the logits (p, and so the residual) of the row verified before it."""
+    other, _last[0] = _last[0], logits
+    return verify(proposal, other if other is not None and other.shape == logits.shape else logits, params, rng,
+                  acceptance)  # fmt: skip
+
+
+def batch_samples(models, n_calls: int) -> list[list[tuple]]:
+    """[row][call] the 3 tokens row b got in each of n_calls batch calls, fresh seeds per row and call."""
+    target, draft = models
+    rows = [[] for _ in CHI_PROMPTS]
+    for i in range(n_calls):
+        outs = speculative_sample_batch(target, draft, CHI_PROMPTS, 3, K=2, temperature=1.0,
+                                        seed=[i * len(CHI_PROMPTS) + b for b in range(len(CHI_PROMPTS))])  # fmt: skip
+        for b, out in enumerate(outs):
+            rows[b].append(tuple(out.tokens))
+    return rows
+
+
+def check_rows(models, exact, n_calls, broken: dict, monkeypatch):
+    """Every row passes the chi-square check; with each broken variant patched in, some row fails it."""
+    for b, samples in enumerate(batch_samples(models, n_calls)):
+        ok, stat, df = chi_square_passes(samples, exact[b])
+        assert ok, f"row {b}: chi2={stat:.1f} df={df}"
+    for (name, value), n_broken in broken.items():
+        with monkeypatch.context() as patch:
+            patch.setattr(batch, name, value)
+            samples = batch_samples(models, n_broken)
+        failed = [not chi_square_passes(rows, exact[b])[0] for b, rows in enumerate(samples)]
+        assert any(failed), f"the broken batch ({value.__name__}) passed the per-row check"
+
+
+def test_every_row_follows_its_own_target_distribution_quick(chi_models, chi_exact, monkeypatch):
+    # Few samples (the default suite stays fast): rows mixing their p fail at this size already.
+    check_rows(chi_models, chi_exact, 500, {("verify", mixed_rows): 300}, monkeypatch)
+
+
+@pytest.mark.slow
+def test_every_row_follows_its_own_target_distribution(chi_models, chi_exact, monkeypatch):
+    broken = {("verify", mixed_rows): N_BROKEN, ("keep_accepted", shared_counter): N_BROKEN}
+    check_rows(chi_models, chi_exact, N_SAMPLES, broken, monkeypatch)
+
+
+def test_an_rng_gives_each_row_its_own_stream(gpt2_pair):
+    target, _ = gpt2_pair
+    outs = autoregressive_sample_batch(target, [[3], [3]], 10, temperature=1.0, rng=np.random.default_rng(0))
+    again = autoregressive_sample_batch(target, [[3], [3]], 10, temperature=1.0, rng=np.random.default_rng(0))
+    assert [o.tokens for o in outs] == [o.tokens for o in again] and outs[0].tokens != outs[1].tokens
+    with pytest.raises(ValueError, match="either seed or rng"):
+        autoregressive_sample_batch(target, [[3]], 2, seed=0, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="one seed per prompt"):
+        autoregressive_sample_batch(target, [[3]], 2, seed=[0, 1])
