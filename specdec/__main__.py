@@ -174,7 +174,7 @@ def refuse_ignored(p, args) -> None:
         ("ngram_max", spec.kind != "ngram", f"only applies to --draft ngram; the draft here is {args.draft}"),
         ("ngram_max", args.draft != "ngram", f"and --draft {args.draft} both set the n-gram length; give one"),
         *((dest, only_ar, "is about the speculative decoder, which --only autoregressive does not run")
-          for dest in ("draft", "K", "tree", "k_max", "ngram_max")),
+          for dest in ("draft", "K", "tree", "k_max", "ngram_max", "verification")),
     ])  # fmt: skip
 
 

@@ -72,6 +72,7 @@ def test_a_value_after_double_dash_is_not_a_flag():
         (["--ngram_max", "4", "--draft", "ngram:2"], "both set the n-gram length"),
         (["--only", "autoregressive", "--K", "3"], "which --only autoregressive does not run"),
         (["--only", "autoregressive", "--draft", "ngram"], "which --only autoregressive does not run"),
+        (["--only", "autoregressive", "--verification", "block"], "which --only autoregressive does not run"),
         (["--prompt", "a", "--prompt_file", "b"], "give the prompt once"),
         (["--prompt_file", "/nonexistent/prompt.txt"], "no such file"),
     ],
