@@ -86,7 +86,11 @@ def test_measure_costs_measures_again_before_using_an_implausible_curve(monkeypa
 
     monkeypatch.setattr(timing, "_measure", fake)
     costs = measure_costs(target, None, [1, 2], repeats=3)
-    assert repeats == [3, 6] and costs.r == curves[1] and "measured again, as the first measurement was implausible (r(8) = 20.0" in costs.note
+    assert (
+        repeats == [3, 6]
+        and costs.r == curves[1]
+        and "measured again, as the first measurement was implausible (r(8) = 20.0" in costs.note
+    )
     # always implausible: used only once repaired, and said
     curves[1] = curves[0]
     repeats.clear()
