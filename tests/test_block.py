@@ -225,7 +225,7 @@ SETTINGS = {
     "T1-K2": (SamplingParams(1.0), 2, 6, 3),
     "T1-K3": (SamplingParams(1.0), 3, 4, 4),
     "T0.7-top_k": (SamplingParams(0.7, top_k=3), 2, 6, 3),
-    "T1.5-top_p": (SamplingParams(1.5, top_p=0.7), 3, 4, 4),
+    "T1.5-top_p": (SamplingParams(1.5, top_p=0.9), 3, 4, 4),  # top_p=0.7 leaves V=4 rows near point masses
     "T1.5-top_k+top_p": (SamplingParams(1.5, top_k=4, top_p=0.8), 2, 6, 3),
 }
 
