@@ -225,7 +225,7 @@ SETTINGS = {
     "T1-K2": (SamplingParams(1.0), 2, 6, 3),
     "T1-K3": (SamplingParams(1.0), 3, 4, 4),
     "T0.7-top_k": (SamplingParams(0.7, top_k=3), 2, 6, 3),
-    "T1.5-top_p": (SamplingParams(1.5, top_p=0.7), 3, 4, 4),
+    "T1.5-top_p": (SamplingParams(1.5, top_p=0.9), 3, 4, 4),  # top_p=0.7 leaves V=4 rows near point masses
     "T1.5-top_k+top_p": (SamplingParams(1.5, top_k=4, top_p=0.8), 2, 6, 3),
 }
 
@@ -245,9 +245,15 @@ def test_block_sampler_with_a_draft_model(setting, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["ngram", "early_exit:1"])
-@pytest.mark.parametrize("K", [2, 3])
-def test_block_sampler_with_other_drafters(drafter, K, monkeypatch):
+@pytest.mark.parametrize(
+    ("drafter", "K", "broken"),
+    # n-gram drafts are point masses: the residual bugs are exactly right there, and the coin order
+    # moves the law too little for 3000 samples (the exact-law test catches it); the weights bug is
+    # plain. n-gram at K = 2 is left out: its weights bug hides behind p(first draft) near 1.
+    [("ngram", 3, BROKEN_CHAINS[:1]), ("early_exit:1", 2, BROKEN_CHAINS), ("early_exit:1", 3, BROKEN_CHAINS)],
+    ids=["ngram-K3", "early_exit-K2", "early_exit-K3"],
+)
+def test_block_sampler_with_other_drafters(drafter, K, broken, monkeypatch):
     V, n = (6, 3) if K == 2 else (4, 4)
     target = tiny_model(11, V, n_layer=2)
     prompt = [1, 2, 1, 2, 3, 1, 2]  # repeats, so the n-gram drafter has something to propose
@@ -257,7 +263,7 @@ def test_block_sampler_with_other_drafters(drafter, K, monkeypatch):
         return speculative_sample(target, drafter, prompt, n, K=K, temperature=1.0, rng=rng, verification="block")
 
     assert run(np.random.default_rng(0)).drafted > 0
-    check_block_sampler(run, exact, monkeypatch)
+    check_block_sampler(run, exact, monkeypatch, broken=broken)
 
 
 @pytest.mark.parametrize("drafter", ["model", "ngram", "early_exit:1"])
