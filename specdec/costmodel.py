@@ -504,10 +504,14 @@ class BatchPassTimes:
     def size(self, b: int) -> int:
         return min((s for s in self.step if s >= b), default=max(self.step))
 
-    def pass_seconds(self, b: int, m: int) -> float:
-        """One target pass over b rows of (at most) m tokens."""
+    def pass_seconds(self, b: int, m: float) -> float:
+        """One target pass over b rows of m tokens each on average (a ragged pass: m = n_tok / b),
+        r_b interpolated between whole m."""
         s = self.size(b)
-        return self.step[s] * verify_cost(m, self.r[s])
+        r = self.r[s]
+        grid = np.arange(1, len(r) + 1)
+        r_m = np.interp(m, grid, r) if m <= len(r) else r[-1] * m / len(r)  # beyond the list: grow linearly
+        return self.step[s] * float(r_m)
 
     def draft_seconds(self, b: int) -> float:
         s = self.size(b)
@@ -517,14 +521,16 @@ class BatchPassTimes:
 def speedup_from_batch_rounds(rounds, ar_steps, times: BatchPassTimes) -> float:
     """The speedup a batch run's own rounds predict over batched autoregressive decoding.
 
-    rounds: per round (rows in the batch, the longest row's drafts k, batched draft passes);
-    a round costs draft passes x c_b T_b + one pass over b rows of k + 1 tokens.
+    rounds: per round (rows in the batch b, the drafts of each row [k_1 .. k_b], batched draft passes);
+    a round costs draft passes x c_b T_b + one pass over the rows' sum(k + 1) tokens, priced as
+    b rows of sum(k + 1) / b tokens each (rows that drafted fewer, or nothing, make the pass smaller).
     ar_steps: per autoregressive step, the rows in the batch (each step one b-row, 1-token pass).
     Both runs emit the same tokens, so the speedup is the ratio of the times. Prefill passes
     are left out of both (the same prompts either way).
 
-        speedup_from_batch_rounds([(2, 4, 4), (2, 4, 4), (1, 2, 2)], [2] * 10, times)
+        speedup_from_batch_rounds([(2, [4, 4], 4), (2, [4, 0], 4), (1, [2], 2)], [2] * 10, times)
     """
-    spec = sum(n_draft * times.draft_seconds(b) + times.pass_seconds(b, k + 1) for b, k, n_draft in rounds)
+    spec = sum(n_draft * times.draft_seconds(b) + times.pass_seconds(b, sum(k + 1 for k in ks) / b)
+               for b, ks, n_draft in rounds)  # fmt: skip
     ar = sum(times.pass_seconds(b, 1) for b in ar_steps)
     return ar / spec if spec else float("nan")

@@ -121,9 +121,12 @@ def test_speedup_from_batch_rounds_by_hand():
     # T_2 = 10 ms, r_2 = [1, 1.5, 2, 2.5, 3], c_2 = 0.5; T_4 = 12 ms, r_4 = [1, 2, 3, 4, 5], c_4 = 0.25.
     times = BatchPassTimes(step={2: 0.010, 4: 0.012}, r={2: [1, 1.5, 2, 2.5, 3], 4: [1, 2, 3, 4, 5]},
                            c={2: 0.5, 4: 0.25})  # fmt: skip
-    # Rounds: 4 rows, k = 4, 4 draft passes: 4 * 0.25 * 12 + 5 * 12 = 72 ms; then 3 rows (priced as 4),
-    # k = 2, 2 passes: 2 * 3 + 3 * 12 = 42 ms; then 1 row (priced as 2), k = 1, 1 pass: 5 + 15 = 20 ms.
+    # Rounds: 4 rows, k = 4 each, 4 draft passes: 4 * 0.25 * 12 + 5 * 12 = 72 ms; then 3 rows (priced as 4),
+    # k = 2 each, 2 passes: 2 * 3 + 3 * 12 = 42 ms; then 1 row (priced as 2), k = 1, 1 pass: 5 + 15 = 20 ms.
     # Autoregressive: 10 steps of 4 rows (120 ms) and 2 of 1 row (20 ms): 140 ms. 140 / 134.
-    rounds = [(4, 4, 4), (3, 2, 2), (1, 1, 1)]
+    rounds = [(4, [4, 4, 4, 4], 4), (3, [2, 2, 2], 2), (1, [1], 1)]
     assert abs(speedup_from_batch_rounds(rounds, [4] * 10 + [1] * 2, times) - 140 / 134) < 1e-9
+    # A ragged round: 2 rows drafting 4 and 1 (7 tokens, 3.5 per row): r_2(3.5) = 2.25 -> 22.5 ms, + 4 * 5 ms.
+    assert abs(times.pass_seconds(2, 3.5) - 0.0225) < 1e-12
+    assert abs(speedup_from_batch_rounds([(2, [4, 1], 4)], [2] * 4, times) - 40 / 42.5) < 1e-9
     assert times.size(5) == 4  # beyond the largest measured size: the largest

@@ -164,7 +164,7 @@ def run_calls(model, draft, prompts, n_tokens: int, K: int) -> tuple[dict, objec
                 "speedup_max": float(ratios.max()), "alpha": accepted / judged if judged else float("nan"),
                 "tau": sum(len(r.tokens) for r in results) / max(1, sum(r.rounds for r in results)),
                 "identical": all(same), "tokens_timed": {name: runs[-1][1] for name, runs in timed.items()},
-                "rounds": [(len(r.rows), max(r.k), r.draft_passes) for r in rounds]}  # fmt: skip
+                "rounds": [(len(r.rows), list(r.k), r.draft_passes) for r in rounds]}  # fmt: skip
 
     return {"auto": auto, "spec": spec}, summary
 
@@ -218,7 +218,7 @@ def main(argv=None) -> int:
             from_rounds = costmodel.speedup_from_batch_rounds(run["rounds"][1:], [b] * (args.tokens - 1), times)
             from_rounds *= timed["spec"] / timed["auto"]  # the two timed parts emit different numbers of tokens
             best_k, best_speedup = costmodel.best_k(run["alpha"], costs["c"], costs["r"])
-            entry = {**costs, **{k: v for k, v in run.items() if k != "rounds"}, "n_rounds": len(run["rounds"]),
+            entry = {**costs, **run, "n_rounds": len(run["rounds"]),
                      "predicted_eq1": eq1, "predicted_rounds": from_rounds, "error_rounds": from_rounds / run["speedup"] - 1,
                      "error_eq1": eq1 / run["speedup"] - 1, "best_k": best_k, "best_k_speedup": best_speedup,
                      "load": os.getloadavg()[0]}  # fmt: skip
