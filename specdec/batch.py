@@ -56,7 +56,7 @@ from .model.gpt2 import GPT2
 from .model.llama import Llama
 from .result import DecodeResult
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
-from .verify import ACCEPTANCE, verify
+from .verify import ACCEPTANCE, VERIFICATION, verify
 
 # on_token(row, token, kind): as speculative_sample's on_token, with the prompt's index first.
 BatchTokenCallback = Callable[[int, int, str], None]
@@ -82,7 +82,7 @@ class Sequence:
 
 @dataclass
 class BatchRound:
-    """One round of the batch, for `on_round`: who took part, what each drafted and accepted."""
+    """One round of the batch, for `on_batch_round`: who took part, what each drafted and accepted."""
 
     rows: list[int]  # indices of the prompts in the batch this round
     k: list[int]  # drafts proposed, per row
@@ -312,21 +312,26 @@ def speculative_sample_batch(
     target: GPT2, draft, prompts, n_tokens: int, K=4,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed=None, rng: np.random.Generator | None = None, on_token: BatchTokenCallback | None = None,
-    tree=None, acceptance: str = "exact", chat: bool = False,
-    on_round: Callable[[BatchRound], None] | None = None,
+    tree=None, acceptance: str = "exact", chat: bool = False, verification: str = "token",
+    on_batch_round: Callable[[BatchRound], None] | None = None,
 ) -> list[DecodeResult]:  # fmt: skip
     """speculative_sample for each prompt, with ONE target pass per round for the whole batch: a DecodeResult each.
 
     prompts: a list of prompts (text or token ids), of any lengths. draft: a GPT2 or
     Llama (batched draft passes), "early_exit:L" (batched), "ngram[:N]", "medusa:DIR",
     "eagle:DIR" (drafted per row). K: an int or "adaptive" (per row). Other keywords
-    as speculative_sample; seed=s gives every row default_rng(s) (module docstring).
-    on_round(BatchRound) is called after every round (the benchmark prices rounds with it).
+    as speculative_sample (verification="block": each row's chain judged jointly); seed=s gives every
+    row default_rng(s) (module docstring). on_batch_round(BatchRound) is called after every round of the
+    batch (the benchmark prices rounds with it).
     """
     if tree is not None:
         raise ValueError("a batch drafts chains only (tree=None); trees run one prompt at a time: speculative_sample")
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
+    if verification not in VERIFICATION:
+        raise ValueError(f"verification must be 'token' or 'block', got {verification!r}")
+    if verification == "block" and acceptance != "exact":
+        raise ValueError("verification='block' verifies chains with the exact rule: use it without acceptance='typical'")
     params = SamplingParams(temperature, top_k, top_p)
     drafts = make_batch_drafts(draft, target)
     rows = start_batch(target, prompts, n_tokens, seed, rng, chat)
@@ -367,7 +372,7 @@ def speculative_sample_batch(
             n_past = len(row.ids) - 1  # this row's cache length before the pass
 
             # Steps 3-4, per row, with the row's own q, p and random draws: accepted drafts, then one token.
-            path, last = verify(proposal, row_logits, params, row.rng, acceptance)
+            path, last = verify(proposal, row_logits, params, row.rng, acceptance, verification)
             n_accepted = len(path)
             leaf = n_accepted == len(proposal)  # all accepted: the target's token is a bonus
             kinds = ["draft"] * n_accepted + ["bonus" if leaf and len(proposal) else "target"]
@@ -387,6 +392,6 @@ def speculative_sample_batch(
                 row.k_policy.update(len(proposal), n_accepted)
 
         active = [row for row in active if not row.done]  # finished rows leave the batch
-        if on_round:
-            on_round(record)
+        if on_batch_round:
+            on_batch_round(record)
     return [row.result for row in rows]

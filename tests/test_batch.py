@@ -118,7 +118,7 @@ def test_heads_and_a_restricted_draft_batch_too_greedy_row_by_row(llama_pair, tm
 def test_rows_finish_early_and_leave_the_batch(gpt2_pair):
     target, draft = gpt2_pair
     rounds = []
-    outs = speculative_sample_batch(target, target, PROMPTS[:3], 9, K=4, on_round=rounds.append)
+    outs = speculative_sample_batch(target, target, PROMPTS[:3], 9, K=4, on_batch_round=rounds.append)
     assert [len(o.tokens) for o in outs] == [9, 9, 9]
     assert rounds[0].rows == [0, 1, 2] and rounds[-1].rows  # every round has rows; finished ones are gone
     assert all(len(r.k) == len(r.rows) == len(r.accepted) for r in rounds)
@@ -145,6 +145,11 @@ def test_a_rows_tokens_do_not_depend_on_its_batch_companions(gpt2_pair, draft):
         auto = autoregressive_sample(target, prompt, 12, temperature=1.0, seed=seed).tokens
         outs = autoregressive_sample_batch(target, [PROMPTS[0], prompt], 12, temperature=1.0, seed=seed)
         assert outs[1].tokens == auto
+    # Block verification (each row's chain judged jointly) keeps rows independent too.
+    alone = speculative_sample(target, d, prompt, 20, K=3, temperature=1.0, seed=7, verification="block")
+    outs = speculative_sample_batch(target, d, [PROMPTS[0], prompt], 20, K=3, temperature=1.0, seed=7,
+                                    verification="block")  # fmt: skip
+    assert outs[1].tokens == alone.tokens and outs[1].accepted_per_round == alone.accepted_per_round
     # Different seeds per row: a list.
     outs = speculative_sample_batch(target, d, [prompt, prompt], 20, K=3, temperature=1.0, seed=[0, 1])
     assert outs[0].tokens == speculative_sample(target, d, prompt, 20, K=3, temperature=1.0, seed=0).tokens
@@ -173,11 +178,11 @@ def shared_counter(row, n_past, n_accepted, _last=[0]):  # noqa: B006 (the share
     row.cache.rollback(n_past + 1 + min(shared, row.cache.length - n_past - 1))
 
 
-def mixed_rows(proposal, logits, params, rng, acceptance="exact", _last=[None]):  # noqa: B006
+def mixed_rows(proposal, logits, params, rng, acceptance="exact", verification="token", _last=[None]):  # noqa: B006
     """BROKEN: each row is verified against the logits (p, and so the residual) of the row verified before it."""
     other, _last[0] = _last[0], logits
     return verify(proposal, other if other is not None and other.shape == logits.shape else logits, params, rng,
-                  acceptance)  # fmt: skip
+                  acceptance, verification)  # fmt: skip
 
 
 def batch_samples(models, n_calls: int) -> list[list[tuple]]:

@@ -136,7 +136,7 @@ def run_calls(model, draft, prompts, n_tokens: int, K: int) -> tuple[dict, objec
                 marks["start"], marks["first"] = time.perf_counter(), sum(record.new_tokens)
             rounds.append(record)
 
-        outs["spec"] = speculative_sample_batch(model, draft, prompts, n_tokens, K=K, on_round=on_round)
+        outs["spec"] = speculative_sample_batch(model, draft, prompts, n_tokens, K=K, on_batch_round=on_round)
         decode["spec"].append((time.perf_counter() - marks["start"], b * n_tokens - marks["first"]))
 
     def auto():
