@@ -8,6 +8,7 @@ speculative decoding, and explain the result.
     python -m specdec --target_model_size stdlib-6L --draft stdlib-2L --prompt "def parse(line):"   # offline
     python -m specdec --draft ngram --tree auto          # token trees: up to N draft tokens per round, or auto
     echo "The meaning of life is" | python -m specdec --prompt -     # the prompt from standard input
+    python -m specdec --draft ngram --prompt_file prompts.txt --batch 4  # 4 prompts (one per line) decoded together
 
 Flags are strict (specdec/flags.py): no abbreviations, `--k-max` and `--k_max` alike,
 and a flag that would be ignored (`--k_max` with a fixed K, `--top_k` at temperature 0)
@@ -77,7 +78,11 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     add("--prompt", default=None,
         help=f"text to continue, or - to read it from standard input (default: {DEFAULT_PROMPT!r}); empty starts "
              "from the model's end-of-text token")
-    add("--prompt_file", metavar="PATH", help="read the prompt from this file (the whole file, UTF-8)")
+    add("--prompt_file", metavar="PATH", help="read the prompt from this file (the whole file, UTF-8; with --batch "
+        "one prompt per line)")
+    add("--batch", type=int, default=None, metavar="N", help="decode the first N non-empty lines of --prompt_file "
+        "together, one target pass per round for the whole batch (specdec/batch.py), and report each row and "
+        "the throughput of both decoders")
     add("--n_tokens_to_generate", type=int, default=40, metavar="N",
         help="new tokens per decoder (default: %(default)s)")
     add("--target_model_size", default="355M", metavar="MODEL",
@@ -131,7 +136,14 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
         SamplingParams(args.temperature, args.top_k, args.top_p)
         check_names(args)  # by the names alone: nothing is fetched yet
-        args.prompt = flags.read_prompt(args.prompt, args.prompt_file)
+        if args.batch is not None:
+            whole_number(args.batch, "--batch", 1)
+            if args.tree is not None or args.K == "auto":
+                raise ValueError("--batch drafts chains with an integer K or --K adaptive: leave out --tree and "
+                                 "--K auto (the best K per batch size: python -m specdec.bench --only batch)")  # fmt: skip
+            args.prompts = flags.read_prompts(args.prompt_file, args.batch)
+            args.prompt = args.prompts[0]
+        args.prompt = flags.read_prompt(args.prompt, args.prompt_file) if args.batch is None else args.prompt
         if args.prompt is None:
             args.prompt = DEFAULT_PROMPT
         for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):
@@ -175,6 +187,8 @@ def refuse_ignored(p, args) -> None:
         ("ngram_max", args.draft != "ngram", f"and --draft {args.draft} both set the n-gram length; give one"),
         *((dest, only_ar, "is about the speculative decoder, which --only autoregressive does not run")
           for dest in ("draft", "K", "tree", "k_max", "ngram_max", "verification")),
+        ("prompt", args.batch is not None, "is one prompt; --batch reads its prompts from --prompt_file"),
+        ("no_warmup", args.batch is not None, "is not offered with --batch (the batch always runs untimed first)"),
     ])  # fmt: skip
 
 
@@ -280,6 +294,8 @@ def run(args) -> int:
 
     if args.float64:  # the target only: a draft (even the target itself) stays float32
         target = target.astype(np.float64)
+    if args.batch is not None:
+        return run_batch(args, target, draft, draft_label)
     tokenizer = target.tokenizer
     if args.chat:
         prompt_ids = chat_prompt(tokenizer, args.prompt) if "<|im_start|>" in tokenizer.special_tokens_set else []
@@ -332,6 +348,56 @@ def run(args) -> int:
         else:
             print(report)
     return 130 if interrupted else 0
+
+
+def run_batch(args, target, draft, draft_label: str) -> int:
+    """--batch N: the file's N prompts decoded together by both batched decoders, each run `--repeats`
+    times, interleaved (timing.time_calls, after one untimed run each); every row's text and record,
+    and tokens per second over the batch (prefill included)."""
+    from specdec.batch import autoregressive_sample_batch, speculative_sample_batch
+    from specdec.race import jsonable
+    from specdec.timing import time_calls
+
+    tokenizer, n = target.tokenizer, args.n_tokens_to_generate
+    prompts = args.prompts if args.chat else [tokenizer.encode(p, allowed_special="all") for p in args.prompts]
+    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=args.chat)
+    outs, calls = {}, {}
+    if args.only in (None, "autoregressive"):
+        calls["autoregressive"] = lambda: outs.__setitem__(
+            "autoregressive", autoregressive_sample_batch(target, prompts, n, **settings))
+    if args.only in (None, "speculative"):
+        calls["speculative"] = lambda: outs.__setitem__("speculative", speculative_sample_batch(
+            target, draft, prompts, n, K=args.K, verification=args.verification, **settings))  # fmt: skip
+    seconds = {name: [float(t) for t in ts] for name, ts in time_calls(calls, args.repeats).items()}
+    tokens = {name: sum(len(out.tokens) for out in results) for name, results in outs.items()}
+    throughput = {name: tokens[name] / float(np.median(seconds[name])) for name in outs}
+    speedup = (throughput["speculative"] / throughput["autoregressive"]) if len(outs) == 2 else None
+    if args.json:
+        rows = [{"prompt": p, **{name: outs[name][i].to_dict() for name in outs}} for i, p in enumerate(args.prompts)]
+        out = {"settings": {"target": args.target_model_size, "draft": str(args.draft_spec), "K": args.K,
+                            "batch": args.batch, **settings, "repeats": args.repeats},
+               "rows": rows, "seconds": seconds, "tokens_per_second": throughput, "speedup": speedup}  # fmt: skip
+        print(json.dumps(jsonable(out), indent=2, allow_nan=False))
+        return 0
+    print(f"target: {args.target_model_size}; draft: {draft_label}; K={args.K}; batch of {args.batch} prompts from "
+          f"{args.prompt_file}; {n} new tokens each; repeats {args.repeats}")  # fmt: skip
+    for i, prompt in enumerate(args.prompts):
+        shown = outs.get("speculative", outs.get("autoregressive"))[i]
+        print(f"\n── row {i + 1}: {shorten(prompt, 120)!r}")
+        print(shown.text if shown.text is not None else shown.tokens)
+        if "speculative" in outs:
+            spec = outs["speculative"][i]
+            same = ("; identical to autoregressive: " + ("yes" if spec.tokens == outs["autoregressive"][i].tokens
+                    else "no")) if "autoregressive" in outs and args.temperature == 0 else ""  # fmt: skip
+            print(f"   {spec.rounds} rounds, alpha {spec.alpha:.2f}, tau {spec.tau:.2f}{same}")
+    print()
+    for name in outs:
+        ts = seconds[name]
+        print(f"{name}: {throughput[name]:.1f} tokens/s over the batch (median of {len(ts)}: {np.median(ts):.2f} s, "
+              f"{min(ts):.2f}-{max(ts):.2f} s)")  # fmt: skip
+    if speedup is not None:
+        print(f"speedup of batched speculative decoding: {speedup:.2f}x (why it shrinks with the batch: docs/batch.md)")
+    return 0
 
 
 def has_runs(report) -> bool:

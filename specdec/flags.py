@@ -78,8 +78,7 @@ def read_prompt(prompt: str | None, prompt_file: str | None, stdin=None) -> str:
     """The prompt's text: `prompt` itself, standard input for "-", or the whole of prompt_file (UTF-8).
 
     Raises ValueError with a sentence a user can act on (both given, a missing or huge file,
-    bytes that are not UTF-8). A later batch mode will split a file into one prompt per line
-    here.
+    bytes that are not UTF-8). `read_prompts` splits a file into one prompt per line (--batch).
     """
     if prompt is not None and prompt_file is not None:
         raise ValueError("give the prompt once: --prompt TEXT (or - for standard input) or --prompt_file PATH")
@@ -99,6 +98,20 @@ def read_prompt(prompt: str | None, prompt_file: str | None, stdin=None) -> str:
             raise ValueError(f"--prompt -: standard input holds more than {PROMPT_FILE_LIMIT >> 20} MB")
         return _text(data, "--prompt - (standard input)")
     return prompt
+
+
+def read_prompts(prompt_file: str | None, n: int) -> list[str]:
+    """--batch N: the first n non-empty lines of prompt_file (UTF-8), one prompt each.
+
+    >>> # a file "The cat\n\nA long time ago\ndef f(x):\n" with n = 2 -> ["The cat", "A long time ago"]
+    """
+    if prompt_file is None:
+        raise ValueError("--batch N reads N prompts, one per line, from --prompt_file PATH: give the file")
+    lines = [line.removesuffix("\r") for line in read_prompt(None, prompt_file).split("\n")]
+    prompts = [line for line in lines if line.strip()][:n]
+    if len(prompts) < n:
+        raise ValueError(f"--prompt_file {prompt_file} has {len(prompts)} non-empty lines; --batch {n} needs {n}")
+    return prompts
 
 
 def _text(data: bytes, where: str) -> str:

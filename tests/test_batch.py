@@ -230,3 +230,49 @@ def test_an_rng_gives_each_row_its_own_stream(gpt2_pair):
         autoregressive_sample_batch(target, [[3]], 2, seed=0, rng=np.random.default_rng(0))
     with pytest.raises(ValueError, match="one seed per prompt"):
         autoregressive_sample_batch(target, [[3]], 2, seed=[0, 1])
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+
+def test_cli_batch_decodes_the_first_n_lines_together(tmp_path, capsys):
+    import json
+
+    from specdec import __main__ as main
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("def parse(line):\n\n   \nimport os\nclass Point:\n")
+    argv = ["--target_model_size", "stdlib-6L", "--draft", "ngram", "--prompt_file", str(path), "--batch", "2",
+            "--n_tokens_to_generate", "8", "--repeats", "1"]  # fmt: skip
+    assert main.main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [row["prompt"] for row in out["rows"]] == ["def parse(line):", "import os"]  # blank lines skipped
+    for row in out["rows"]:
+        assert row["speculative"]["tokens"] == row["autoregressive"]["tokens"] and len(row["speculative"]["tokens"]) == 8
+    assert out["speedup"] > 0 and out["settings"]["batch"] == 2
+    assert main.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "── row 2: 'import os'" in text and "identical to autoregressive: yes" in text and "tokens/s" in text
+
+
+@pytest.mark.parametrize(
+    "extra,why",
+    [
+        ([], "give the file"),
+        (["--prompt_file", "FILE", "--batch", "5"], "has 3 non-empty lines; --batch 5 needs 5"),
+        (["--prompt_file", "FILE", "--tree", "4"], "leave out --tree"),
+        (["--prompt_file", "FILE", "--prompt", "x"], "--batch reads its prompts from --prompt_file"),
+        (["--prompt_file", "FILE", "--batch", "0"], "--batch must be"),
+    ],
+)
+def test_cli_batch_refusals_are_one_line(extra, why, tmp_path, capsys):
+    from specdec import __main__ as main
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("a\nb\n\nc\n")
+    argv = ["--target_model_size", "stdlib-6L", "--draft", "ngram"] + [str(path) if a == "FILE" else a for a in extra]
+    argv += [] if "--batch" in extra else ["--batch", "2"]
+    with pytest.raises(SystemExit) as exit_:
+        main.parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and why in err and len(err.strip().splitlines()) == 1, err
