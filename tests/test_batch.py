@@ -212,7 +212,7 @@ def check_rows(models, exact, n_calls, broken: dict, monkeypatch):
 
 def test_every_row_follows_its_own_target_distribution_quick(chi_models, chi_exact, monkeypatch):
     # Few samples (the default suite stays fast): rows mixing their p fail at this size already.
-    check_rows(chi_models, chi_exact, 500, {("verify", mixed_rows): 300}, monkeypatch)
+    check_rows(chi_models, chi_exact, 400, {("verify", mixed_rows): 250}, monkeypatch)
 
 
 @pytest.mark.slow
