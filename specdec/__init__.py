@@ -7,10 +7,13 @@
     print(target.tokenizer.decode(out.tokens), out.alpha, out.tau)   # alpha: accepted / judged drafts; tau: tokens per round
     print(specdec.race(target, draft, "Alan Turing theorized that computers", 40, K="auto"))
 
+Several prompts at once: specdec.speculative_sample_batch(target, draft, prompts, 40, K=4) returns one
+DecodeResult per prompt (verification="block" judges each chain jointly, Sun et al. 2025).
 No download needed for experiments: specdec.random_model("124M") has GPT-2 124M's shapes.
 """
 
 from .autoregressive import autoregressive_sample
+from .batch import autoregressive_sample_batch, speculative_sample_batch
 from .checkpoints.load import DownloadError, load_folder, load_model
 from .checkpoints.safetensors import CheckpointError
 from .costmodel import AdaptiveK, CostModelK, FixedK, best_k, expected_tokens_per_round, predicted_speedup
@@ -32,6 +35,8 @@ __all__ = [
     # decoding
     "autoregressive_sample",
     "speculative_sample",
+    "autoregressive_sample_batch",
+    "speculative_sample_batch",
     "DecodeResult",
     "SamplingParams",
     "probabilities",

@@ -148,7 +148,8 @@ def test_the_public_api():
     for name in ("race", "RaceReport", "measure_costs", "Costs", "best_k", "predicted_speedup",
                  "expected_tokens_per_round", "CostModelK", "AdaptiveK", "FixedK", "ModelDrafter", "NgramDrafter",
                  "EarlyExitDrafter", "Drafter", "KPolicy", "Proposal", "probabilities", "draw", "greedy",
-                 "random_model", "DecodeResult", "SamplingParams", "load_model"):  # fmt: skip
+                 "random_model", "DecodeResult", "SamplingParams", "load_model", "speculative_sample_batch",
+                 "autoregressive_sample_batch"):  # fmt: skip
         assert name in specdec.__all__ and getattr(specdec, name).__doc__, name
     assert specdec.__version__.count(".") == 2
     model = specdec.random_model(n_layer=2, n_embd=32, n_head=4, n_vocab=100, n_ctx=32, seed=0)
