@@ -72,7 +72,7 @@ class UnrestrictedQMedusa(MedusaDrafter):
 
 
 @pytest.mark.parametrize("kind", ["medusa", pytest.param("eagle", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("ids", [None, [0, 2, 3, 5]], ids=["full", "restricted"])
+@pytest.mark.parametrize("ids", [None, pytest.param([0, 2, 3, 5], marks=pytest.mark.slow)], ids=["full", "restricted"])
 def test_sampling_with_head_drafters_keeps_the_target_distribution(small_target, exact_t1, kind, ids):
     drafter = (random_medusa if kind == "medusa" else random_eagle)(small_target, ids=ids)
 
@@ -136,7 +136,7 @@ class LyingQ:
         return Proposal(p.tokens, p.parents, q / q.sum(axis=1, keepdims=True))
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("kind", ["medusa", pytest.param("eagle", marks=pytest.mark.slow)])
 def test_the_exactness_check_catches_a_drafter_that_misreports_q(small_target, exact_t1, kind):
     drafter = LyingQ((random_medusa if kind == "medusa" else random_eagle)(small_target, ids=[0, 2, 3, 5]))
 
@@ -290,8 +290,9 @@ def test_greedy_tree_speculation_with_heads_equals_greedy_autoregressive(trained
         assert tree_sample(target, drafter, prompt, 30, 3, 8, SamplingParams(0.0), None) == expected, prompt
 
 
-@pytest.mark.parametrize("kind", ["medusa", pytest.param("eagle", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("ids", [None, pytest.param([0, 2, 3, 5], marks=pytest.mark.slow)], ids=["full", "restricted"])
+@pytest.mark.slow  # the default suite keeps the chain version (test_sampling_with_head_drafters_...)
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("ids", [None, [0, 2, 3, 5]], ids=["full", "restricted"])
 def test_tree_sampling_with_head_drafters_keeps_the_target_distribution(small_target, exact_t1, kind, ids):
     drafter = (random_medusa if kind == "medusa" else random_eagle)(small_target, ids=ids)
     drafter.width = 2  # 2 children per expanded node: real branching on a 6-token vocabulary
