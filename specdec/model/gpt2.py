@@ -32,6 +32,7 @@ import numpy as np
 
 from .cache import KVCache
 from .kernels import Linear, linear
+from .packing import Row, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: gpt2.tree_mask, as before)
 
 F32 = np.float32
 
@@ -143,43 +144,6 @@ def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.nd
     return y
 
 
-def tree_mask(parents) -> np.ndarray:
-    """Which new tokens each new token may attend to: [n_seq] parents -> [n_seq, n_seq] bool.
-
-    parents[i] is the index of token i's parent among the new tokens, or -1 when
-    its parent is the last cached position; a parent comes before its children.
-    mask[i, j] is True when j is i itself or one of its ancestors, so each node
-    sees exactly its own root-to-node path, never a sibling or a cousin. Every
-    node also sees all cached positions (not part of this array). A chain,
-    parents = [-1, 0, 1, ...], gives the usual lower-triangular causal mask.
-
-    >>> tree_mask([-1, 0, 0, 1]).astype(int)  # a root, two children, one grandchild
-    array([[1, 0, 0, 0],
-           [1, 1, 0, 0],
-           [1, 0, 1, 0],
-           [1, 1, 0, 1]])
-
-    A node's depth (0 for a child of the cache) is its row sum minus one.
-    """
-    parents = np.asarray(parents)
-    n_seq = len(parents)
-    if parents.ndim != 1 or not np.issubdtype(parents.dtype, np.integer) or n_seq == 0:
-        raise ValueError(f"parents must be a non-empty 1-D list of ints, got {parents!r}")
-    bad = np.flatnonzero((parents < -1) | (parents >= np.arange(n_seq)))
-    if len(bad):
-        i = int(bad[0])
-        raise ValueError(
-            f"parents[{i}] = {parents[i]}: each parent must be -1 (the cache) or an earlier new token's index "
-            f"(list the tree's nodes parents first)"
-        )
-    mask = np.zeros((n_seq, n_seq), dtype=bool)
-    for i, parent in enumerate(parents):
-        if parent >= 0:
-            mask[i] = mask[parent]  # everything the parent sees ...
-        mask[i, i] = True  # ... and itself
-    return mask
-
-
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """Masked attention of n_seq new queries over n_kv = n_past + n_seq positions.
 
@@ -198,21 +162,6 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | No
     if bias is not None:
         scores += bias  # broadcast over heads
     return softmax(scores, out=scores) @ v  # [n_head, n_seq, n_kv] @ [n_head, n_kv, d_head]
-
-
-@dataclass(frozen=True)
-class Row:
-    """One sequence of a packed ragged batch (`forward_batch`), as the attention of a block sees it.
-
-    Its n_seq new tokens are rows start:stop of the packed [n_tok, n_embd] matrix;
-    their keys and values go into `cache` at n_past .. n_past + n_seq - 1.
-    """
-
-    start: int  # first row of this sequence in the packed matrix
-    stop: int  # one past its last row
-    cache: KVCache  # this sequence's own KV cache
-    n_past: int  # cache.length before the pass
-    bias: np.ndarray | None  # [n_seq, n_past + n_seq] attention mask (see `attention`), None for one token
 
 
 def transformer_block(
@@ -259,47 +208,6 @@ def packed_block(x: np.ndarray, block: Block, hparams: HParams, rows: list[Row],
     h = layer_norm(x, block.ln_2_weight, block.ln_2_bias, eps)  # [n_tok, n_embd]
     h = gelu(linear(h, block.mlp_c_fc))  # [n_tok, 4*n_embd]
     return x + linear(h, block.mlp_c_proj)  # [n_tok, n_embd]
-
-
-def pack(hparams, tokens: list, caches: list[KVCache], parents: list | None) -> tuple[np.ndarray, np.ndarray, list]:
-    """Check a ragged batch and lay it out: (packed token ids [n_tok], their positions [n_tok], rows).
-
-    Row b's tokens continue caches[b] (a chain, or a tree given parents[b]); each
-    row gets its own positions and attention mask, and its cache room reserved.
-    Shared by gpt2.py and llama.py.
-    """
-    if len(tokens) == 0 or len(tokens) != len(caches):
-        raise ValueError(f"a batch needs one cache per row and at least one row, got {len(tokens)} rows and "
-                         f"{len(caches)} caches")  # fmt: skip
-    if len({id(c) for c in caches}) != len(caches):
-        raise ValueError("every row of a batch needs its own KV cache: two rows were given the same one")
-    parents = [None] * len(tokens) if parents is None else parents
-    rows, positions, start = [], [], 0
-    for row_tokens, cache, row_parents in zip(tokens, caches, parents):
-        n_seq, n_past = len(row_tokens), cache.length
-        if n_seq < 1:
-            raise ValueError("forward needs at least one new token (in every row of a batch)")
-        cache.reserve(n_past + n_seq)
-        if row_parents is None:  # a chain: token i at position n_past + i sees new tokens 0..i
-            visible = np.tri(n_seq, dtype=bool)  # [n_seq, n_seq] lower triangle
-            row_positions = n_past + np.arange(n_seq)  # [n_seq]
-        else:
-            if len(row_parents) != n_seq:
-                raise ValueError(f"parents has {len(row_parents)} entries for {n_seq} tokens: give one per token")
-            visible = tree_mask(row_parents)  # [n_seq, n_seq]
-            # NOTE: a node's position is n_past + its depth, not n_past + its index in the flat batch.
-            row_positions = n_past + visible.sum(axis=1) - 1  # [n_seq]
-        bias = None
-        if n_seq > 1:  # 0 where query i may attend to key j, -inf elsewhere; all cached keys are visible
-            seen = np.concatenate([np.ones((n_seq, n_past), dtype=bool), visible], axis=1)  # [n_seq, n_kv]
-            bias = np.where(seen, F32(0), F32(-np.inf))
-        rows.append(Row(start, start + n_seq, cache, n_past, bias))
-        positions.append(row_positions)
-        start += n_seq
-    flat = np.concatenate([np.asarray(t).reshape(-1) for t in tokens])  # [n_tok]
-    if flat.min() < 0 or flat.max() >= hparams.n_vocab:
-        raise ValueError(f"token ids must lie in 0..{hparams.n_vocab - 1}")
-    return flat, np.concatenate(positions), rows
 
 
 def forward(
@@ -373,28 +281,6 @@ def forward_batch(
         row.cache.length = row.n_past + row.stop - row.start
     return lm_head_rows(x, rows, last_only, return_hidden, lambda h: layer_norm(
         h, weights.ln_f_weight, weights.ln_f_bias, hparams.layer_norm_epsilon), weights.lm_head)  # fmt: skip
-
-
-def lm_head_rows(x: np.ndarray, rows: list[Row], last_only: bool, return_hidden: bool, norm, lm_head: Linear):
-    """The final norm and the LM head over a packed batch, split back into rows (shared with llama.py).
-
-    last_only: only each row's last token reaches the LM head, one [n_rows, n_embd]
-    product (the hidden states, when asked for, are still every token's).
-    """
-    lasts = [row.stop - 1 for row in rows]
-    if last_only and not return_hidden:
-        x = x[lasts]  # [n_rows, n_embd]
-        rows = [Row(i, i + 1, row.cache, row.n_past, None) for i, row in enumerate(rows)]
-    x = norm(x)  # [n_tok (or n_rows), n_embd]
-    if last_only and return_hidden:
-        logits = linear(x[lasts], lm_head)  # [n_rows, n_vocab]
-        per_row = [logits[i : i + 1] for i in range(len(rows))]
-    else:
-        logits = linear(x, lm_head)  # [n_tok, n_embd] @ [n_embd, n_vocab]
-        per_row = [logits[row.start : row.stop] for row in rows]
-    if return_hidden:
-        return per_row, [x[row.start : row.stop] for row in rows]
-    return per_row
 
 
 class GPT2:

@@ -26,8 +26,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .cache import KVCache
-from .gpt2 import Row, attention, lm_head_rows, pack, softmax, tree_mask  # noqa: F401 (softmax, tree_mask: for readers of both)
+from .gpt2 import attention, softmax  # noqa: F401 (softmax: for readers of both)
 from .kernels import Linear, linear
+from .packing import Row, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: for readers of both)
 
 F32 = np.float32
 
