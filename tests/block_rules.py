@@ -187,15 +187,21 @@ def law_error(world: World, plan, k: int) -> float:
     return max(abs(v - world.target(s)) for s, v in completed.items())
 
 
-def expected_accepted(world: World, plan, k: int) -> float:
-    """E[accepted drafts in one round], exactly: sum over drafts of Q(drafts) * sum_i i * stop[i]."""
-    total = 0.0
+def draft_rounds(world: World, k: int):
+    """Every draft sequence of length k the draft can propose: (drafts, its probability, q [k, V], p [k+1, V])."""
     for drafts in itertools.product(range(world.V), repeat=k):
         prob_drafts = float(np.prod([world.q(drafts[:i])[x] for i, x in enumerate(drafts)], dtype=np.float64))
         if prob_drafts == 0:
             continue
         q = np.stack([world.q(drafts[:i]) for i in range(k)])
         p = np.stack([world.p(drafts[:i]) for i in range(k + 1)])
-        stop, _ = plan(list(drafts), q, p)
+        yield list(drafts), prob_drafts, q, p
+
+
+def expected_accepted(world: World, plan, k: int) -> float:
+    """E[accepted drafts in one round], exactly: sum over drafts of Q(drafts) * sum_i i * stop[i]."""
+    total = 0.0
+    for drafts, prob_drafts, q, p in draft_rounds(world, k):
+        stop, _ = plan(drafts, q, p)
         total += prob_drafts * float(np.arange(k + 1) @ np.asarray(stop, np.float64))
     return total

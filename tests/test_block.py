@@ -29,6 +29,7 @@ from block_rules import (
     BROKEN_PLANS,
     World,
     chain_rule,
+    draft_rounds,
     expected_accepted,
     first_coin_wins,
     generic_block_plan,
@@ -173,14 +174,9 @@ def test_block_verification_never_accepts_fewer_in_expectation():
         k = min(int(rng.integers(1, 5)), int(np.log(81.5) / np.log(V)))  # at most 81 draft sequences
         world = World(V, 1000 + case, sharpness=float(rng.uniform(0.3, 2.0)), point_q=case % 10 == 0)
         block = token = mean_w = 0.0
-        for drafts in np.ndindex(*(V,) * k):
-            prob = float(np.prod([world.q(drafts[:i])[x] for i, x in enumerate(drafts)], dtype=np.float64))
-            if prob == 0:
-                continue
-            q = np.stack([world.q(drafts[:i]) for i in range(k)])
-            p = np.stack([world.p(drafts[:i]) for i in range(k + 1)])
-            stop, _ = block_plan(list(drafts), q, p)
-            w, t = block_weights(list(drafts), q, p), token_weights(list(drafts), q, p)
+        for drafts, prob, q, p in draft_rounds(world, k):
+            stop, _ = block_plan(drafts, q, p)
+            w, t = block_weights(drafts, q, p), token_weights(drafts, q, p)
             assert np.all(w >= t - 1e-6) and w.dtype == t.dtype == np.float32
             block += prob * float(np.arange(k + 1) @ stop)
             token += prob * float(t[1:].sum())
