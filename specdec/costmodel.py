@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -493,6 +493,11 @@ class BatchPassTimes:
     """Measured seconds of batched passes, for pricing a batch run's rounds (speedup_from_batch_rounds).
 
     step[b] = one b-row, 1-token target step (T_b); r[b][m-1] = r_b(m); c[b] = c_b.
+    tokens[b], where measured, = (n_tok grid, seconds): a pass over n_tok new tokens
+    in all, spread over min(b, n_tok) rows. A pass's price is mostly its weight
+    products over all n_tok rows, and kernels.linear switches kernels at a row count
+    (16), so a ragged round is priced by its own n_tok on this curve, with grid points
+    on both sides of the switch; without it, by r_b at n_tok / b tokens per row.
     A round with b rows, not measured, is priced at the next measured batch size up
     (rows leave as they finish, so the last rounds of a run are smaller batches).
     """
@@ -500,15 +505,19 @@ class BatchPassTimes:
     step: dict  # {b: seconds}
     r: dict  # {b: [r_b(1) = 1, r_b(2), ...]}
     c: dict  # {b: c_b}
+    tokens: dict = field(default_factory=dict)  # {b: ([n_tok, ...] increasing, [seconds, ...])}
 
     def size(self, b: int) -> int:
         return min((s for s in self.step if s >= b), default=max(self.step))
 
     def pass_seconds(self, b: int, m: float) -> float:
-        """One target pass over b rows of m tokens each on average (a ragged pass: m = n_tok / b),
-        r_b interpolated between whole m."""
+        """One target pass over b rows of m tokens each on average (a ragged pass: m = n_tok / b)."""
         s = self.size(b)
-        r = self.r[s]
+        if s in self.tokens:  # the measured curve over n_tok, interpolated; beyond it, growing linearly
+            grid, seconds = self.tokens[s]
+            n = m * b
+            return float(np.interp(n, grid, seconds)) if n <= grid[-1] else seconds[-1] * n / grid[-1]
+        r = self.r[s]  # r_b interpolated between whole m
         grid = np.arange(1, len(r) + 1)
         r_m = np.interp(m, grid, r) if m <= len(r) else r[-1] * m / len(r)  # beyond the list: grow linearly
         return self.step[s] * float(r_m)
@@ -522,8 +531,8 @@ def speedup_from_batch_rounds(rounds, ar_steps, times: BatchPassTimes) -> float:
     """The speedup a batch run's own rounds predict over batched autoregressive decoding.
 
     rounds: per round (rows in the batch b, the drafts of each row [k_1 .. k_b], batched draft passes);
-    a round costs draft passes x c_b T_b + one pass over the rows' sum(k + 1) tokens, priced as
-    b rows of sum(k + 1) / b tokens each (rows that drafted fewer, or nothing, make the pass smaller).
+    a round costs draft passes x c_b T_b + one pass over the rows' sum(k + 1) tokens
+    (BatchPassTimes.pass_seconds; rows that drafted fewer, or nothing, make the pass smaller).
     ar_steps: per autoregressive step, the rows in the batch (each step one b-row, 1-token pass).
     Both runs emit the same tokens, so the speedup is the ratio of the times. Prefill passes
     are left out of both (the same prompts either way).

@@ -130,3 +130,20 @@ def test_speedup_from_batch_rounds_by_hand():
     assert abs(times.pass_seconds(2, 3.5) - 0.0225) < 1e-12
     assert abs(speedup_from_batch_rounds([(2, [4, 1], 4)], [2] * 4, times) - 40 / 42.5) < 1e-9
     assert times.size(5) == 4  # beyond the largest measured size: the largest
+
+
+def test_batch_rounds_are_priced_by_their_tokens_on_the_measured_pass_curve():
+    from specdec.costmodel import BatchPassTimes, speedup_from_batch_rounds
+
+    # A pass curve over n_tok with a jump between 16 and 17 tokens (the kernel switch): 16 -> 40 ms, 17 -> 30 ms.
+    curve = ([4, 8, 16, 17, 20], [0.010, 0.020, 0.040, 0.030, 0.033])
+    times = BatchPassTimes(step={4: 0.010}, r={4: [1, 2, 3, 4, 5]}, c={4: 0.0}, tokens={4: curve})
+    assert abs(times.pass_seconds(4, 3.0) - 0.030) < 1e-12  # 12 tokens: halfway from 8 to 16
+    assert abs(times.pass_seconds(4, 4.5) - 0.031) < 1e-12  # 18 tokens: on the far side of the jump
+    assert abs(times.pass_seconds(4, 10.0) - 0.033 * 2) < 1e-12  # 40 tokens: beyond the grid, linearly
+    assert abs(times.pass_seconds(2, 2.0) - 0.010) < 1e-12  # 2 rows left, 4 tokens: the same curve
+    # The r-list alone would price 18 tokens at r_4(4.5) = 4.5 steps (45 ms); the curve says 31 ms.
+    assert abs(BatchPassTimes({4: 0.010}, {4: [1, 2, 3, 4, 5]}, {4: 0.0}).pass_seconds(4, 4.5) - 0.045) < 1e-12
+    # 10 autoregressive 4-row steps (100 ms) against two rounds of 18 and 12 tokens (31 + 30 ms).
+    assert abs(speedup_from_batch_rounds([(4, [4, 4, 4, 2], 4), (4, [2, 2, 2, 2], 2)], [4] * 10, times)
+               - 0.100 / 0.061) < 1e-9  # fmt: skip

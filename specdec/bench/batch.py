@@ -27,7 +27,6 @@ the prompt suite's text. A script that prints numbers, not a test.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -36,11 +35,12 @@ import time
 
 import numpy as np
 
-from .. import costmodel
+from .. import costmodel, flags
 from ..autoregressive import check_request
 from ..batch import BatchModelDraft, Sequence, autoregressive_sample_batch, speculative_sample_batch
 from ..checkpoints.load import load_model
 from ..drafters import NgramDrafter
+from ..model import kernels
 from ..model.shapes import GPT2_SHAPES, random_model
 from ..result import DecodeResult
 from ..sampling import SamplingParams
@@ -93,12 +93,36 @@ def draft_step_call(model, draft: str, prompts: list[list[int]]):
     return lambda: drafts.propose(rows, [1] * len(rows), params)
 
 
-def cost_calls(model, draft: str, prompts, n_past: int, rng) -> tuple[dict, object]:
-    """Calls timing T_B, r_B(m) for m = 1..M_MAX and c_B, B = len(prompts) (keys m and "draft"), and
-    the `after` that rolls the caches back so every pass sees the same context."""
+def pass_grid(b: int) -> list[int]:
+    """The token counts n_tok whose pass is timed at batch size b: b x m for m = 1..M_MAX (r_B(m)),
+    fewer than b (the last rounds, after rows have left), and both sides of kernels.linear's switch to
+    OpenBLAS's threaded product (MAX_CHUNKED_ROWS), where a pass's price jumps, so that pricing a
+    ragged round by interpolation never straddles it.
+
+        pass_grid(4)   # [1, 2, 4, 8, 12, 16, 17, 20, 24, 28, 32, 36]
+    """
+    fewer = [n for n in (1, 2, 4, 8) if n < b]
+    switch = [n for n in (kernels.MAX_CHUNKED_ROWS, kernels.MAX_CHUNKED_ROWS + 1) if n <= b * M_MAX]
+    return sorted({*fewer, *(b * m for m in range(1, M_MAX + 1)), *switch})
+
+
+def spread(n_tok: int, b: int) -> list[int]:
+    """n_tok new tokens over min(b, n_tok) rows, as evenly as possible: spread(10, 4) == [3, 3, 2, 2]."""
+    rows = min(b, n_tok)
+    return [n_tok // rows + (i < n_tok % rows) for i in range(rows)]
+
+
+def cost_calls(model, draft: str, prompts, n_past: int, samples: int, rng) -> tuple[dict, object]:
+    """Calls timing a pass over n_tok new tokens for every n_tok of pass_grid (keys (n_tok, j), `samples`
+    of each per repeat) and one batched draft step ("draft"), B = len(prompts); and the `after` that rolls
+    the caches back so every pass sees the same context."""
     b = len(prompts)
     caches = filled_caches(model, b, n_past, rng)
-    calls = {m: (lambda m=m: model.forward_batch([[5] * m] * b, caches)) for m in range(1, M_MAX + 1)}
+    calls = {}
+    for n_tok in pass_grid(b):
+        rows = spread(n_tok, b)
+        for j in range(samples):
+            calls[n_tok, j] = lambda rows=rows: model.forward_batch([[5] * m for m in rows], caches[: len(rows)])
     calls["draft"] = draft_step_call(model, draft, prompts)
 
     def rollback(key):
@@ -108,12 +132,16 @@ def cost_calls(model, draft: str, prompts, n_past: int, rng) -> tuple[dict, obje
     return calls, rollback
 
 
-def batch_costs(times: dict) -> dict:
-    """T_B (seconds), r_B(m) and c_B from the interleaved timings: ratios within each repeat, then the median."""
-    t1 = np.asarray(times[1])
+def batch_costs(times: dict, b: int) -> dict:
+    """From the interleaved timings: T_B (seconds), r_B(m) and c_B as ratios to T_B within each repeat and
+    sample, then the median; and the pass curve (n_tok grid, median seconds)."""
+    grid = sorted({key[0] for key in times if isinstance(key, tuple)})
+    samples = {n: np.concatenate([times[key] for key in times if isinstance(key, tuple) and key[0] == n]) for n in grid}
+    t1 = samples[b]
     return {"step": float(np.median(t1)),
-            "r": [float(np.median(np.asarray(times[m]) / t1)) for m in range(1, M_MAX + 1)],
-            "c": float(np.median(np.asarray(times["draft"]) / t1))}  # fmt: skip
+            "r": [float(np.median(samples[b * m] / t1)) for m in range(1, M_MAX + 1)],
+            "c": float(np.median(np.asarray(times["draft"]) / np.asarray(times[b, 0]))),
+            "grid": grid, "pass_seconds": [float(np.median(samples[n])) for n in grid]}  # fmt: skip
 
 
 def run_calls(model, draft, prompts, n_tokens: int, K: int) -> tuple[dict, object]:
@@ -178,13 +206,14 @@ def load(name: str):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench --only batch", description=__doc__.splitlines()[0])
+    p = flags.Parser(prog="python -m specdec.bench --only batch", description=__doc__.splitlines()[0])
     p.add_argument("--models", default="124M,355M,smollm2-135m", help="GPT-2 shapes (random weights) or model names")
     p.add_argument("--batches", default="1,2,4,8,16", help="batch sizes (default 1,2,4,8,16)")
     p.add_argument("--tokens", type=int, default=32, help="new tokens per prompt (default 32)")
     p.add_argument("--K", type=int, default=4, help="draft tokens per round (default 4)")
     p.add_argument("--draft", default="ngram", help="ngram or early_exit:L (default ngram)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved repeats of every run and pass (default 5)")
+    p.add_argument("--pass-samples", type=int, default=3, help="timings of each costing pass per repeat (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON")
     args = p.parse_args(argv)
@@ -196,7 +225,7 @@ def main(argv=None) -> int:
     results = {"args": vars(args), "load_start": load_start, "models": {}}
     for name in args.models.split(","):
         model = load(name)
-        res, times = {}, costmodel.BatchPassTimes({}, {}, {})
+        res = {}
         print(f"\n== batch: {name} ({model.name}), greedy, {args.tokens} tokens per prompt, draft {args.draft}, "
               f"K={args.K}", file=out, flush=True)  # fmt: skip
         print("|  B | AR tok/s | spec tok/s | speedup (min-max) | alpha | tau | T_B ms | c_B | r_B(2) | r_B(5) | "
@@ -207,11 +236,13 @@ def main(argv=None) -> int:
             n_past = int(statistics.mean(len(x) for x in prompts)) + args.tokens // 2  # the runs' mean context
             # Every pass timing and both decoders in one interleaved loop: each repeat runs each call once,
             # in a fresh order, so the costs and the runs they should predict saw the same machine load.
-            passes, rollback = cost_calls(model, args.draft, prompts, n_past, rng)
+            passes, rollback = cost_calls(model, args.draft, prompts, n_past, args.pass_samples, rng)
             runs, summary = run_calls(model, args.draft, prompts, args.tokens, args.K)
             t = time_calls({**passes, **runs}, args.repeats, rng, after=lambda key: key in runs or rollback(key))
-            costs, run = batch_costs(t), summary()
-            times.step[b], times.r[b], times.c[b] = costs["step"], costs["r"], costs["c"]
+            costs, run = batch_costs(t, b), summary()
+            # This batch size's own passes price its rounds, the last ones (after rows have left) included.
+            times = costmodel.BatchPassTimes({b: costs["step"]}, {b: costs["r"]}, {b: costs["c"]},
+                                             {b: (costs["grid"], costs["pass_seconds"])})  # fmt: skip
             eq1 = costmodel.predicted_speedup(run["alpha"], args.K, costs["c"], costs["r"])
             # The timed part: every round but the first, against every autoregressive step but the first.
             timed = run["tokens_timed"]

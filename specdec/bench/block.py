@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from .. import flags
 from ..checkpoints import family
 from ..checkpoints.load import load_model
 from ..sampling import SamplingParams, probabilities
@@ -83,7 +84,7 @@ def measure(target, draft, prompts, n_tokens: int, K: int, params: SamplingParam
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(prog="python -m specdec.bench --only block", description=__doc__.split("\n\n")[0],
+    p = flags.Parser(prog="python -m specdec.bench --only block", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--models", default="family,smollm2-135m",

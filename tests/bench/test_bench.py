@@ -160,3 +160,21 @@ def test_the_batch_section_runs_on_a_tiny_model(capsys):
     rows = [line for line in out.splitlines() if line.startswith("|  1 |") or line.startswith("|  3 |")]
     assert len(rows) == 2 and all(line.rstrip().endswith("| yes |") for line in rows), out
     assert "speculation stops paying" in out
+
+
+def test_the_batch_pass_grid_straddles_the_kernel_switch_and_spreads_tokens_evenly():
+    """Every r_B(m) point is timed, and both sides of kernels.linear's switch to OpenBLAS's product, so a
+    ragged round is never priced by a line drawn across the jump."""
+    from specdec.bench.batch import M_MAX, pass_grid, spread
+    from specdec.model import kernels
+
+    switch = kernels.MAX_CHUNKED_ROWS
+    for b in (1, 2, 3, 4, 8, 16):
+        grid = pass_grid(b)
+        assert grid == sorted(set(grid)) and all(b * m in grid for m in range(1, M_MAX + 1))
+        assert {switch, switch + 1} <= set(grid) or b * M_MAX < switch + 1
+        assert all(n in grid for n in (1, 2, 4) if n < b)  # the last rounds, after rows have left
+    assert pass_grid(1) == list(range(1, M_MAX + 1))
+    for n_tok, b in ((10, 4), (3, 8), (17, 16), (144, 16), (1, 1)):
+        rows = spread(n_tok, b)
+        assert sum(rows) == n_tok and len(rows) == min(b, n_tok) and max(rows) - min(rows) <= 1
