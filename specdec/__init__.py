@@ -12,7 +12,16 @@ DecodeResult per prompt (verification="block" judges each chain jointly, Sun et 
 No download needed for experiments: specdec.random_model("124M") has GPT-2 124M's shapes.
 """
 
-from .autoregressive import autoregressive_sample
+import os
+
+# Before anything here imports NumPy, which loads OpenBLAS, which reads this once. After a threaded
+# product OpenBLAS's idle threads spin for 2^28 cycles (about 0.1 s) by default; on a machine with few
+# cores they hold the core that specdec's own workers (model/threads.py) need for the next pass, which
+# then takes 20-50% longer (a batch's rounds alternate the two kinds of product). 2^4 cycles: they sleep
+# at once. Set it yourself, or import NumPy first, and this changes nothing (docs/performance.md).
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+from .autoregressive import autoregressive_sample  # noqa: E402 (after the setting above)
 from .batch import autoregressive_sample_batch, speculative_sample_batch
 from .checkpoints.load import DownloadError, load_folder, load_model
 from .checkpoints.safetensors import CheckpointError

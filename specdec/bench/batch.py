@@ -222,7 +222,8 @@ def main(argv=None) -> int:
     out = sys.stdout
     load_start = os.getloadavg()
     print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}", file=out)
-    results = {"args": vars(args), "load_start": load_start, "models": {}}
+    settings = {k: v for k, v in vars(args).items() if not k.startswith("_")}  # not the parser's own record
+    results = {"args": settings, "load_start": load_start, "models": {}}
     for name in args.models.split(","):
         model = load(name)
         res = {}
@@ -273,7 +274,8 @@ def main(argv=None) -> int:
     load_end = os.getloadavg()
     results["load_end"] = load_end
     print(f"\nload average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}", file=out)
-    if args.json:
+    if args.json:  # whole or not at all: the text is made before the file is opened
+        text = json.dumps(results, indent=1, default=float)
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1, default=float)
+            f.write(text)
     return 0

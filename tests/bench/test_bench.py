@@ -151,15 +151,23 @@ def test_exit_agreement_counts_the_full_models_greedy_tokens():
     assert 0.0 <= agreement[2] <= 1.0
 
 
-def test_the_batch_section_runs_on_a_tiny_model(capsys):
-    """`python -m specdec.bench --only batch`, smoke-sized: one table row per batch size, tokens identical."""
+def test_the_batch_section_runs_on_a_tiny_model(capsys, tmp_path):
+    """`python -m specdec.bench --only batch`, smoke-sized: one table row per batch size, tokens identical,
+    and the JSON with each batch size's pass curve."""
     from specdec.bench import batch
 
-    assert batch.main(["--models", "tiny", "--batches", "1,3", "--tokens", "6", "--repeats", "1"]) == 0  # fmt: skip
+    path = tmp_path / "batch.json"
+    argv = ["--models", "tiny", "--batches", "1,3", "--tokens", "6", "--repeats", "1", "--pass-samples", "2"]
+    assert batch.main([*argv, "--json", str(path)]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("|  1 |") or line.startswith("|  3 |")]
     assert len(rows) == 2 and all(line.rstrip().endswith("| yes |") for line in rows), out
     assert "speculation stops paying" in out
+    written = json.loads(path.read_text())
+    assert written["args"]["pass_samples"] == 2 and "_given" not in written["args"]
+    three = written["models"]["tiny"]["batches"]["3"]
+    assert three["grid"] == batch.pass_grid(3) and len(three["pass_seconds"]) == len(three["grid"])
+    assert all(s > 0 for s in three["pass_seconds"])
 
 
 def test_the_batch_pass_grid_straddles_the_kernel_switch_and_spreads_tokens_evenly():

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import near_tie_model
 
+import specdec
 from specdec.model import kernels
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 
@@ -279,3 +282,22 @@ def test_bench_sections_kernel_restricted_exact(tmp_path):
     c = r["restricted"]["c"]["tiny2"]
     assert set(c) == {"tiny", "tiny, N=128", "tiny, N=256"} and all(positive(x) for x in c.values())
     assert r["restricted"]["step_ms"]["tiny2"] > 0
+
+
+@pytest.mark.parametrize("preset", [None, "28"])
+def test_importing_specdec_first_makes_openblas_threads_sleep_at_once_unless_the_user_chose(preset):
+    """specdec sets OPENBLAS_THREAD_TIMEOUT before NumPy loads OpenBLAS (which reads it once), so
+    OpenBLAS's idle threads stop spinning on the core specdec's workers need; a value the user set stays."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if preset is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = preset
+    probe = "import sys, os, specdec; print(os.environ['OPENBLAS_THREAD_TIMEOUT'], 'numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [preset or "4", "True"]  # set, and NumPy (OpenBLAS) loaded after it
+    # The order matters: the setting must precede every import in specdec/__init__.py.
+    source = (Path(specdec.__file__)).read_text()
+    assert source.index('os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT"') < source.index("from .")
