@@ -233,7 +233,8 @@ def main(argv=None) -> int:
               "r_B(9) | eq. 1 | rounds | rounds err | best K (pred.) | same |", file=out)  # fmt: skip
         print("|---" * 16 + "|", file=out, flush=True)
         for b in batches:
-            prompts = prompts_for(model, b, rng)
+            # Their own generator: the same prompts for a batch size whatever the repeats and samples drew.
+            prompts = prompts_for(model, b, np.random.default_rng([args.seed, b]))
             n_past = int(statistics.mean(len(x) for x in prompts)) + args.tokens // 2  # the runs' mean context
             # Every pass timing and both decoders in one interleaved loop: each repeat runs each call once,
             # in a fresh order, so the costs and the runs they should predict saw the same machine load.

@@ -168,6 +168,11 @@ def test_the_batch_section_runs_on_a_tiny_model(capsys, tmp_path):
     three = written["models"]["tiny"]["batches"]["3"]
     assert three["grid"] == batch.pass_grid(3) and len(three["pass_seconds"]) == len(three["grid"])
     assert all(s > 0 for s in three["pass_seconds"])
+    # The prompts (so the rounds) of a batch size do not depend on how many repeats or samples were timed.
+    again = tmp_path / "again.json"
+    assert batch.main([*argv[:-4], "--repeats", "2", "--pass-samples", "1", "--json", str(again)]) == 0
+    rounds = {b: r["rounds"] for b, r in json.loads(again.read_text())["models"]["tiny"]["batches"].items()}
+    assert rounds == {b: r["rounds"] for b, r in written["models"]["tiny"]["batches"].items()}
 
 
 def test_the_batch_pass_grid_straddles_the_kernel_switch_and_spreads_tokens_evenly():
