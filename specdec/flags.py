@@ -66,6 +66,22 @@ def given(args: argparse.Namespace) -> set[str]:
     return set(getattr(args, "_given", set()))
 
 
+def settings(args: argparse.Namespace) -> dict:
+    """The parsed flags as a plain dict, for a benchmark's JSON record (without Parser's record of what was typed)."""
+    return {dest: value for dest, value in vars(args).items() if not dest.startswith("_")}
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number, 1 or more (argparse names the flag in the one-line error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def refuse_ignored(parser: Parser, args: argparse.Namespace, rules: list[tuple[str, bool, str]]) -> None:
     """rules: (dest, ignored, why): a flag the user typed that would be ignored is refused with one line."""
     typed = given(args)

@@ -496,8 +496,6 @@ def jsonable(value):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
-    if isinstance(value, (set, frozenset)):  # e.g. the flags a user typed (flags.Parser's record)
-        return sorted(jsonable(v) for v in value)
     if isinstance(value, (np.integer, np.floating, np.bool_)):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):

@@ -9,14 +9,17 @@ together by batch.py):
     throughput  tokens per second over the batch, batched autoregressive vs batched
                 speculative decoding (n-gram drafts, K fixed), the two interleaved
                 `--repeats` times; median, and the spread (min-max) of the speedup
-    costs       T_B (one B-row, 1-token step), r_B(m) = one pass over B rows of m
-                tokens / T_B, m = 1..9, and c_B = one batched draft step / T_B, at
-                the runs' mean context, interleaved with the runs themselves
+    costs       the pass curve: one pass over n_tok new tokens (spread over min(B, n_tok)
+                rows) for n_tok on pass_grid(B), each timed --pass-samples times per
+                repeat; from it T_B (one B-row, 1-token step), r_B(m) = a pass over B rows
+                of m tokens / T_B, m = 1..max(9, K + 1), and c_B = one batched draft step
+                / T_B; at the runs' mean context, interleaved with the runs themselves
                 (timing.time_calls: every repeat times every call once, in a fresh order)
     model       the cost model for batches (costmodel.py): eq. 1 from the run's alpha
-                with c_B and r_B, the run's own rounds priced with the measured passes
-                (speedup_from_batch_rounds), the best K per batch size, and the batch
-                size where speculation stops paying, measured and predicted
+                with c_B and r_B, the run's own rounds priced by their own sizes on the
+                pass curve (speedup_from_batch_rounds), the best K per batch size, and the
+                batch size where speculation stops paying: measured, by the rounds-priced
+                prediction, and by eq. 1's best K
 
 GPT-2 shapes run on random weights: a pass's time depends on the shapes only
 (decoding is memory-bound: the time is reading the weights), not on their values;
@@ -62,13 +65,13 @@ def prompts_for(model, n: int, rng: np.random.Generator) -> list[list[int]]:
             for i in range(n)]  # fmt: skip
 
 
-def filled_caches(model, n_rows: int, n_past: int, rng: np.random.Generator) -> list:
+def filled_caches(model, n_rows: int, n_past: int, rng: np.random.Generator, room: int = M_MAX) -> list:
     """n_rows caches holding n_past positions of random keys and values (attention's cost depends
-    only on the length; bench/speed.py's filled_cache), with room for the timed passes."""
+    only on the length; bench/speed.py's filled_cache), with room for timed passes of `room` tokens."""
     caches = []
     for _ in range(n_rows):
         cache = model.new_cache()
-        cache.reserve(n_past + M_MAX)
+        cache.reserve(n_past + room)
         shape = cache.k[:, :, :n_past].shape
         cache.k[:, :, :n_past] = rng.standard_normal(shape, dtype=np.float32)
         cache.v[:, :, :n_past] = rng.standard_normal(shape, dtype=np.float32)
@@ -93,8 +96,8 @@ def draft_step_call(model, draft: str, prompts: list[list[int]]):
     return lambda: drafts.propose(rows, [1] * len(rows), params)
 
 
-def pass_grid(b: int) -> list[int]:
-    """The token counts n_tok whose pass is timed at batch size b: b x m for m = 1..M_MAX (r_B(m)),
+def pass_grid(b: int, m_max: int = M_MAX) -> list[int]:
+    """The token counts n_tok whose pass is timed at batch size b: b x m for m = 1..m_max (r_B(m)),
     fewer than b (the last rounds, after rows have left), and both sides of kernels.linear's switch to
     OpenBLAS's threaded product (MAX_CHUNKED_ROWS), where a pass's price jumps, so that pricing a
     ragged round by interpolation never straddles it.
@@ -102,8 +105,8 @@ def pass_grid(b: int) -> list[int]:
         pass_grid(4)   # [1, 2, 4, 8, 12, 16, 17, 20, 24, 28, 32, 36]
     """
     fewer = [n for n in (1, 2, 4, 8) if n < b]
-    switch = [n for n in (kernels.MAX_CHUNKED_ROWS, kernels.MAX_CHUNKED_ROWS + 1) if n <= b * M_MAX]
-    return sorted({*fewer, *(b * m for m in range(1, M_MAX + 1)), *switch})
+    switch = [n for n in (kernels.MAX_CHUNKED_ROWS, kernels.MAX_CHUNKED_ROWS + 1) if n <= b * m_max]
+    return sorted({*fewer, *(b * m for m in range(1, m_max + 1)), *switch})
 
 
 def spread(n_tok: int, b: int) -> list[int]:
@@ -112,14 +115,14 @@ def spread(n_tok: int, b: int) -> list[int]:
     return [n_tok // rows + (i < n_tok % rows) for i in range(rows)]
 
 
-def cost_calls(model, draft: str, prompts, n_past: int, samples: int, rng) -> tuple[dict, object]:
+def cost_calls(model, draft: str, prompts, n_past: int, samples: int, rng, m_max: int = M_MAX) -> tuple[dict, object]:
     """Calls timing a pass over n_tok new tokens for every n_tok of pass_grid (keys (n_tok, j), `samples`
     of each per repeat) and one batched draft step ("draft"), B = len(prompts); and the `after` that rolls
     the caches back so every pass sees the same context."""
     b = len(prompts)
-    caches = filled_caches(model, b, n_past, rng)
+    caches = filled_caches(model, b, n_past, rng, room=m_max)
     calls = {}
-    for n_tok in pass_grid(b):
+    for n_tok in pass_grid(b, m_max):
         rows = spread(n_tok, b)
         for j in range(samples):
             calls[n_tok, j] = lambda rows=rows: model.forward_batch([[5] * m for m in rows], caches[: len(rows)])
@@ -132,16 +135,22 @@ def cost_calls(model, draft: str, prompts, n_past: int, samples: int, rng) -> tu
     return calls, rollback
 
 
-def batch_costs(times: dict, b: int) -> dict:
-    """From the interleaved timings: T_B (seconds), r_B(m) and c_B as ratios to T_B within each repeat and
-    sample, then the median; and the pass curve (n_tok grid, median seconds)."""
+def batch_costs(times: dict, b: int, m_max: int = M_MAX) -> dict:
+    """From the interleaved timings (cost_calls' keys): the pass curve (n_tok grid, median seconds over
+    every sample), T_B = its point at n_tok = B, and r_B(m) and c_B as ratios to T_B within each repeat
+    (each pass's median over that repeat's samples), then the median over repeats, so a repeat that ran
+    on a busier machine moves both sides of its ratios together."""
     grid = sorted({key[0] for key in times if isinstance(key, tuple)})
-    samples = {n: np.concatenate([times[key] for key in times if isinstance(key, tuple) and key[0] == n]) for n in grid}
-    t1 = samples[b]
-    return {"step": float(np.median(t1)),
-            "r": [float(np.median(samples[b * m] / t1)) for m in range(1, M_MAX + 1)],
-            "c": float(np.median(np.asarray(times["draft"]) / np.asarray(times[b, 0]))),
-            "grid": grid, "pass_seconds": [float(np.median(samples[n])) for n in grid]}  # fmt: skip
+    # per_repeat[n][i]: the median of repeat i's samples of the n_tok pass; every_sample[n]: all of them
+    per_repeat = {n: np.median([times[key] for key in times if isinstance(key, tuple) and key[0] == n], axis=0)
+                  for n in grid}  # fmt: skip
+    every_sample = {n: np.concatenate([times[key] for key in times if isinstance(key, tuple) and key[0] == n])
+                    for n in grid}  # fmt: skip
+    t1 = per_repeat[b]
+    return {"step": float(np.median(every_sample[b])),
+            "r": [float(np.median(per_repeat[b * m] / t1)) for m in range(1, m_max + 1)],
+            "c": float(np.median(np.asarray(times["draft"]) / t1)),
+            "grid": grid, "pass_seconds": [float(np.median(every_sample[n])) for n in grid]}  # fmt: skip
 
 
 def run_calls(model, draft, prompts, n_tokens: int, K: int) -> tuple[dict, object]:
@@ -209,11 +218,13 @@ def main(argv=None) -> int:
     p = flags.Parser(prog="python -m specdec.bench --only batch", description=__doc__.splitlines()[0])
     p.add_argument("--models", default="124M,355M,smollm2-135m", help="GPT-2 shapes (random weights) or model names")
     p.add_argument("--batches", default="1,2,4,8,16", help="batch sizes (default 1,2,4,8,16)")
-    p.add_argument("--tokens", type=int, default=32, help="new tokens per prompt (default 32)")
-    p.add_argument("--K", type=int, default=4, help="draft tokens per round (default 4)")
+    p.add_argument("--tokens", type=flags.at_least_one, default=32, help="new tokens per prompt (default 32)")
+    p.add_argument("--K", type=flags.at_least_one, default=4, help="draft tokens per round (default 4)")
     p.add_argument("--draft", default="ngram", help="ngram or early_exit:L (default ngram)")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats of every run and pass (default 5)")
-    p.add_argument("--pass-samples", type=int, default=3, help="timings of each costing pass per repeat (default 3)")
+    p.add_argument("--repeats", type=flags.at_least_one, default=5,
+                   help="interleaved repeats of every run and pass (default 5)")  # fmt: skip
+    p.add_argument("--pass-samples", type=flags.at_least_one, default=3,
+                   help="timings of each costing pass per repeat (default 3)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON")
     args = p.parse_args(argv)
@@ -222,8 +233,8 @@ def main(argv=None) -> int:
     out = sys.stdout
     load_start = os.getloadavg()
     print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}", file=out)
-    settings = {k: v for k, v in vars(args).items() if not k.startswith("_")}  # not the parser's own record
-    results = {"args": settings, "load_start": load_start, "models": {}}
+    m_max = max(M_MAX, args.K + 1)  # r_B(m) as far as a round's pass goes
+    results = {"args": flags.settings(args), "load_start": load_start, "models": {}}
     for name in args.models.split(","):
         model = load(name)
         res = {}
@@ -238,10 +249,10 @@ def main(argv=None) -> int:
             n_past = int(statistics.mean(len(x) for x in prompts)) + args.tokens // 2  # the runs' mean context
             # Every pass timing and both decoders in one interleaved loop: each repeat runs each call once,
             # in a fresh order, so the costs and the runs they should predict saw the same machine load.
-            passes, rollback = cost_calls(model, args.draft, prompts, n_past, args.pass_samples, rng)
+            passes, rollback = cost_calls(model, args.draft, prompts, n_past, args.pass_samples, rng, m_max)
             runs, summary = run_calls(model, args.draft, prompts, args.tokens, args.K)
             t = time_calls({**passes, **runs}, args.repeats, rng, after=lambda key: key in runs or rollback(key))
-            costs, run = batch_costs(t, b), summary()
+            costs, run = batch_costs(t, b, m_max), summary()
             # This batch size's own passes price its rounds, the last ones (after rows have left) included.
             times = costmodel.BatchPassTimes({b: costs["step"]}, {b: costs["r"]}, {b: costs["c"]},
                                              {b: (costs["grid"], costs["pass_seconds"])})  # fmt: skip
@@ -251,8 +262,8 @@ def main(argv=None) -> int:
             from_rounds = costmodel.speedup_from_batch_rounds(run["rounds"][1:], [b] * (args.tokens - 1), times)
             from_rounds *= timed["spec"] / timed["auto"]  # the two timed parts emit different numbers of tokens
             best_k, best_speedup = costmodel.best_k(run["alpha"], costs["c"], costs["r"])
-            entry = {**costs, **run, "n_rounds": len(run["rounds"]),
-                     "predicted_eq1": eq1, "predicted_rounds": from_rounds, "error_rounds": from_rounds / run["speedup"] - 1,
+            entry = {**costs, **run, "n_rounds": len(run["rounds"]), "predicted_eq1": eq1,
+                     "predicted_rounds": from_rounds, "error_rounds": from_rounds / run["speedup"] - 1,
                      "error_eq1": eq1 / run["speedup"] - 1, "best_k": best_k, "best_k_speedup": best_speedup,
                      "load": os.getloadavg()[0]}  # fmt: skip
             res[b] = entry
@@ -261,17 +272,21 @@ def main(argv=None) -> int:
                   f"{run['speedup']:.2f} ({run['speedup_min']:.2f}-{run['speedup_max']:.2f}) | {run['alpha']:.2f} | "
                   f"{run['tau']:.2f} | {1e3 * costs['step']:.1f} | {costs['c']:.3f} | {r[1]:.2f} | {r[4]:.2f} | "
                   f"{r[8]:.2f} | {eq1:.2f} | {from_rounds:.2f} | {entry['error_rounds']:+.0%} | "
-                  f"{best_k} ({best_speedup:.2f}) | {'yes' if run['identical'] else 'NO'} |", file=out, flush=True)  # fmt: skip
+                  f"{best_k} ({best_speedup:.2f}) | {'yes' if run['identical'] else 'NO'} |",
+                  file=out, flush=True)  # fmt: skip
         measured_even = next((b for b in batches if res[b]["speedup"] < 1), None)
         best = {b: (res[b]["best_k"], res[b]["best_k_speedup"]) for b in batches}
         predicted_even = costmodel.batch_break_even(best)
+        rounds_even = next((b for b in batches if res[b]["predicted_rounds"] < 1), None)
         errors = [abs(res[b]["error_rounds"]) for b in batches]
         print(f"speculation stops paying at B = {measured_even} (measured: first speedup < 1), "
-              f"B = {predicted_even} (cost model: first best K = 0); rounds-priced prediction vs measured: "
+              f"B = {rounds_even} (the rounds priced: first prediction < 1), "
+              f"B = {predicted_even} (eq. 1: first best K = 0); rounds-priced prediction vs measured: "
               f"median |error| {statistics.median(errors):.0%}, {sum(e <= 0.15 for e in errors)} of {len(errors)} "
               f"within 15%", file=out, flush=True)  # fmt: skip
         results["models"][name] = {"batches": res, "break_even_measured": measured_even,
-                                   "break_even_predicted": predicted_even, "median_error": statistics.median(errors)}  # fmt: skip
+                                   "break_even_predicted": predicted_even, "break_even_rounds": rounds_even,
+                                   "median_error": statistics.median(errors)}  # fmt: skip
     load_end = os.getloadavg()
     results["load_end"] = load_end
     print(f"\nload average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}", file=out)

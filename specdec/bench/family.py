@@ -107,7 +107,7 @@ def main(argv=None) -> dict:
     rng = np.random.default_rng(args.seed)
     target, draft = load_model(family.TARGET), load_model(family.DRAFT)
     out = sys.stdout
-    res = {"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "family": measure_family(target, draft, args, rng)}
+    res = {"args": flags.settings(args), "family": measure_family(target, draft, args, rng)}
 
     table(out, f"1. measured on {family.TARGET}: {args.prompts} held-out prompts x {args.tokens} tokens, K={args.K}",
           "alpha = accepted / judged drafts; tau = tokens per round = per target pass (autoregressive: 1); "

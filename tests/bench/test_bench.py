@@ -12,6 +12,7 @@ import copy
 import json
 import math
 
+import numpy as np
 import pytest
 
 import specdec.bench.speed as bench
@@ -186,8 +187,42 @@ def test_the_batch_pass_grid_straddles_the_kernel_switch_and_spreads_tokens_even
         grid = pass_grid(b)
         assert grid == sorted(set(grid)) and all(b * m in grid for m in range(1, M_MAX + 1))
         assert {switch, switch + 1} <= set(grid) or b * M_MAX < switch + 1
-        assert all(n in grid for n in (1, 2, 4) if n < b)  # the last rounds, after rows have left
+        assert all(n in grid for n in (1, 2, 4, 8) if n < b)  # the last rounds, after rows have left
     assert pass_grid(1) == list(range(1, M_MAX + 1))
+    assert pass_grid(3) == [1, 2, 3, 6, 9, 12, 15, 16, 17, 18, 21, 24, 27]
+    assert pass_grid(16)[:6] == [1, 2, 4, 8, 16, 17] and pass_grid(16)[-1] == 16 * M_MAX
+    assert pass_grid(1, m_max=20) == [*range(1, 21)] and pass_grid(2, m_max=12)[-1] == 24  # K = 19, K = 11
     for n_tok, b in ((10, 4), (3, 8), (17, 16), (144, 16), (1, 1)):
         rows = spread(n_tok, b)
         assert sum(rows) == n_tok and len(rows) == min(b, n_tok) and max(rows) - min(rows) <= 1
+
+
+def test_batch_costs_take_ratios_within_each_repeat():
+    """A repeat on a busier machine (every pass in it slower by the same factor) moves T_B, r_B's passes
+    and the draft step together: the ratios come out exact, and the curve is the median of every sample."""
+    from specdec.bench.batch import batch_costs, pass_grid
+
+    b, load = 2, np.array([1.0, 3.0, 1.5, 2.5])  # four repeats, each its own load factor
+    base = {n: 0.010 + 0.001 * n for n in pass_grid(b)}  # seconds of the n_tok pass on an idle machine
+    times = {(n, j): list(base[n] * load * (1 + 0.01 * j)) for n in base for j in range(3)}  # three samples
+    times["draft"] = list(0.002 * load)
+    costs = batch_costs(times, b)
+    assert costs["grid"] == pass_grid(b)
+    assert np.allclose(costs["r"], [base[b * m] / base[b] for m in range(1, 10)], rtol=1e-12)
+    assert abs(costs["c"] - 0.002 / base[b] / 1.01) < 1e-12  # against the median sample (j = 1)
+    every = np.concatenate([np.asarray(times[b, j]) for j in range(3)])
+    assert costs["step"] == np.median(every) and costs["pass_seconds"][costs["grid"].index(b)] == np.median(every)
+    # Paired across repeats instead (a shuffled repeat order), the ratios would carry the load: not exact.
+    shuffled = {k: (v[::-1] if k == "draft" else v) for k, v in times.items()}
+    assert abs(batch_costs(shuffled, b)["c"] - costs["c"]) > 1e-3
+
+
+@pytest.mark.parametrize("flag", ["--pass-samples", "--repeats", "--tokens", "--K"])
+def test_the_batch_section_refuses_a_count_below_one(flag, capsys):
+    from specdec.bench import batch
+
+    with pytest.raises(SystemExit) as exit_:
+        batch.main(["--models", "tiny", flag, "0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert flag.replace("-", "_").lstrip("_") in err.replace("-", "_") and "at least 1" in err
