@@ -143,7 +143,8 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
                                  "--K auto (the best K per batch size: python -m specdec.bench --only batch)")  # fmt: skip
             args.prompts = flags.read_prompts(args.prompt_file, args.batch)
             args.prompt = args.prompts[0]
-        args.prompt = flags.read_prompt(args.prompt, args.prompt_file) if args.batch is None else args.prompt
+        else:
+            args.prompt = flags.read_prompt(args.prompt, args.prompt_file)
         if args.prompt is None:
             args.prompt = DEFAULT_PROMPT
         for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):

@@ -513,14 +513,15 @@ class BatchPassTimes:
     def pass_seconds(self, b: int, m: float) -> float:
         """One target pass over b rows of m tokens each on average (a ragged pass: m = n_tok / b)."""
         s = self.size(b)
-        if s in self.tokens:  # the measured curve over n_tok, interpolated; beyond it, growing linearly
+        if s in self.tokens:  # the measured curve, at the round's own n_tok
             grid, seconds = self.tokens[s]
             n = m * b
-            return float(np.interp(n, grid, seconds)) if n <= grid[-1] else seconds[-1] * n / grid[-1]
-        r = self.r[s]  # r_b interpolated between whole m
-        grid = np.arange(1, len(r) + 1)
-        r_m = np.interp(m, grid, r) if m <= len(r) else r[-1] * m / len(r)  # beyond the list: grow linearly
-        return self.step[s] * float(r_m)
+        else:  # r_s as a curve over s rows of 1, 2, ... tokens, at s rows of m tokens
+            grid = [s * i for i in range(1, len(self.r[s]) + 1)]
+            seconds = [self.step[s] * r for r in self.r[s]]
+            n = m * s
+        # Linear between grid points; beyond the last, growing linearly (as verify_cost does).
+        return float(np.interp(n, grid, seconds)) if n <= grid[-1] else seconds[-1] * n / grid[-1]
 
     def draft_seconds(self, b: int) -> float:
         s = self.size(b)

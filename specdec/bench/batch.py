@@ -140,12 +140,13 @@ def batch_costs(times: dict, b: int, m_max: int = M_MAX) -> dict:
     every sample), T_B = its point at n_tok = B, and r_B(m) and c_B as ratios to T_B within each repeat
     (each pass's median over that repeat's samples), then the median over repeats, so a repeat that ran
     on a busier machine moves both sides of its ratios together."""
-    grid = sorted({key[0] for key in times if isinstance(key, tuple)})
-    # per_repeat[n][i]: the median of repeat i's samples of the n_tok pass; every_sample[n]: all of them
-    per_repeat = {n: np.median([times[key] for key in times if isinstance(key, tuple) and key[0] == n], axis=0)
-                  for n in grid}  # fmt: skip
-    every_sample = {n: np.concatenate([times[key] for key in times if isinstance(key, tuple) and key[0] == n])
-                    for n in grid}  # fmt: skip
+    samples: dict = {}  # {n_tok: [[seconds per repeat] per sample]}
+    for key, seconds in times.items():
+        if isinstance(key, tuple):  # (n_tok, sample); the other keys are the draft step and the runs
+            samples.setdefault(key[0], []).append(seconds)
+    grid = sorted(samples)
+    per_repeat = {n: np.median(samples[n], axis=0) for n in grid}  # [repeats]: the median of each repeat's samples
+    every_sample = {n: np.concatenate(samples[n]) for n in grid}
     t1 = per_repeat[b]
     return {"step": float(np.median(every_sample[b])),
             "r": [float(np.median(per_repeat[b * m] / t1)) for m in range(1, m_max + 1)],

@@ -85,8 +85,8 @@ def measure(target, draft, prompts, n_tokens: int, K: int, params: SamplingParam
 
 def main(argv=None) -> list[dict]:
     p = flags.Parser(prog="python -m specdec.bench --only block", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                     epilog=__doc__.split("\n\n", 1)[1],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--models", default="family,smollm2-135m",
                    help="'family' (stdlib-6L with its drafters) and/or a Llama/GPT-2 name (default %(default)s)")  # fmt: skip
     p.add_argument("--drafts", default=REAL_DRAFTS, help="drafters for the models other than the family (default %(default)s)")  # fmt: skip
