@@ -33,7 +33,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     import numpy as np
 
     from specdec import CheckpointError, DownloadError, SamplingParams, flags, load_folder, race
-    from specdec.autoregressive import check_seed, whole_number
+    from specdec.autoregressive import check_request, check_seed, whole_number
     from specdec.checkpoints import names, store
     from specdec.checkpoints.family import NAMES as FAMILY
     from specdec.checkpoints.hub import (
@@ -50,7 +50,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.checkpoints.wheel import WHEELS
     from specdec.costmodel import K_LIMIT, parse_k
     from specdec.drafters.specs import DraftSpec, parse_draft
-    from specdec.model.tokenizer import chat_prompt
+    from specdec.model.tokenizer import control_ids, encode_text
     from specdec.race import RaceInterrupted
 except KeyboardInterrupt:
     sys.exit(130)
@@ -204,6 +204,9 @@ def main(argv=None, prog: str = "specdec") -> int:
     args = parse_args(argv, prog)
     try:
         return run(args)
+    except BadRequest as e:  # bad input that only the loaded model could judge: exit 2, as a bad flag
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
     except (ValueError, CheckpointError, DownloadError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
@@ -282,6 +285,12 @@ def load(name: str, args) -> tuple:
 def run(args) -> int:
     say = (lambda *a, **k: None) if args.json else print
     target, target_load = load(args.target_model_size, args)
+    tokenizer = target.tokenizer
+    if args.chat and "<|im_start|>" not in tokenizer.special_tokens_set:
+        raise BadRequest(f"--chat needs a chat model such as {', '.join(WHEELS)}; {args.target_model_size} has no "
+                         "chat template")  # fmt: skip
+    # Each prompt's ids as the samplers will see them, checked before a draft is loaded.
+    prompts_ids = [checked_request(target, p, args) for p in (args.prompts if args.batch is not None else [args.prompt])]
     spec, draft_load = args.draft_spec, 0.0
     draft, draft_label = str(spec), spec.describe()
     if args.only == "autoregressive":
@@ -297,24 +306,22 @@ def run(args) -> int:
         target = target.astype(np.float64)
     if args.batch is not None:
         return run_batch(args, target, draft, draft_label)
-    tokenizer = target.tokenizer
-    if args.chat:
-        prompt_ids = chat_prompt(tokenizer, args.prompt) if "<|im_start|>" in tokenizer.special_tokens_set else []
-        if not prompt_ids:
-            raise ValueError(f"--chat needs a chat model such as {', '.join(WHEELS)}; {args.target_model_size} has no "
-                             "chat template")  # fmt: skip
-    else:
-        prompt_ids = tokenizer.encode(args.prompt, allowed_special="all") or [tokenizer.eot_token]
-    if not args.prompt:
+    prompt_ids = prompts_ids[0]
+    if not args.prompt and args.chat:
+        say("(empty prompt: an empty user message, so the prompt is the chat template alone)")
+    elif not args.prompt:
         end = tokenizer.decode([tokenizer.eot_token])
-        say(f"(empty prompt: starting from the end-of-text token {end}, id {tokenizer.eot_token}, as GPT-2 does)")
+        say(f"(empty prompt: starting from the end-of-text token {end}, id {tokenizer.eot_token}, as GPT-2 samples "
+            "unconditionally)")  # fmt: skip
     sampling = "greedy (temperature 0)" if args.temperature == 0 else f"temperature {args.temperature}"
     sampling += f", top-k {args.top_k}" if args.top_k and args.temperature else ""
     sampling += f", top-p {args.top_p}" if args.top_p and args.temperature else ""
     say(f"target: {args.target_model_size} ({plural(target.n_layer, 'layer')}, {target.n_embd} wide"
         f"{', float64' if args.float64 else ''}), loaded in {target_load:.2f} s")  # fmt: skip
     say(f"draft:  {draft_label}" + (f", loaded in {draft_load:.2f} s" if draft_load else ""))
-    say(f"prompt: {shorten(args.prompt)!r} ({plural(len(prompt_ids), 'token')})")
+    template = len(prompt_ids) - len(encode_text(tokenizer, args.prompt)) if args.chat else 0
+    say(f"prompt: {shorten(args.prompt)!r} ({plural(len(prompt_ids), 'token')}"
+        + (f", {template} of them the chat template)" if args.chat else ")"))
     tree = f", tree={args.tree}" if args.tree else ""
     say(f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}")
 
@@ -324,7 +331,7 @@ def run(args) -> int:
     decoders = [d for d in ("autoregressive", "speculative") if args.only in (None, d)]
     interrupted = None
     try:
-        report = race(target, draft, args.prompt if args.chat else prompt_ids, args.n_tokens_to_generate, K=args.K,
+        report = race(target, draft, args.prompt, args.n_tokens_to_generate, K=args.K,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                       repeats=args.repeats, warmup=not args.no_warmup, k_max=args.k_max, decoders=decoders,
                       on_token=stream, on_decoder=stream and stream.start, tree=args.tree, chat=args.chat,
@@ -359,8 +366,7 @@ def run_batch(args, target, draft, draft_label: str) -> int:
     from specdec.race import jsonable
     from specdec.timing import time_calls
 
-    tokenizer, n = target.tokenizer, args.n_tokens_to_generate
-    prompts = args.prompts if args.chat else [tokenizer.encode(p, allowed_special="all") for p in args.prompts]
+    n, prompts = args.n_tokens_to_generate, args.prompts  # text: the samplers encode (or wrap) each one
     settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=args.chat)
     outs, calls = {}, {}
     if args.only in (None, "autoregressive"):
@@ -399,6 +405,19 @@ def run_batch(args, target, draft, draft_label: str) -> int:
     if speedup is not None:
         print(f"speedup of batched speculative decoding: {speedup:.2f}x (why it shrinks with the batch: docs/batch.md)")
     return 0
+
+
+class BadRequest(ValueError):
+    """Bad input that only the loaded model can judge (a prompt too long for its context, say): exit 2."""
+
+
+def checked_request(target, prompt: str, args) -> list[int]:
+    """The prompt's ids as the samplers will see them (autoregressive.check_request: control strings
+    typed in it stay text); its errors are bad input."""
+    try:
+        return check_request(target, prompt, args.n_tokens_to_generate, chat=args.chat)
+    except ValueError as e:
+        raise BadRequest(str(e).replace("n_tokens (", "--n_tokens_to_generate (")) from None
 
 
 def has_runs(report) -> bool:
@@ -442,6 +461,7 @@ class Stream:
         self.out, self.status = out, status
         self.colour = out.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
         self.decoder, self.kind = None, None
+        self.control = control_ids(tokenizer)  # <|im_end|> ending a reply is not text: not printed
 
     def start(self, decoder: str) -> None:
         self.finish()
@@ -457,6 +477,8 @@ class Stream:
         self.out.write(shorten(a.prompt) + ("\n" if a.chat else ""))  # a chat reply starts on its own line
 
     def __call__(self, token: int, kind: str) -> None:
+        if token in self.control:
+            return
         text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token))
         if self.colour and self.kind == "speculative":
             text = f"{COLOURS[kind]}{text}{RESET}"

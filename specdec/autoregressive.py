@@ -12,40 +12,52 @@ import numbers
 import numpy as np
 
 from .model.gpt2 import GPT2
-from .model.tokenizer import chat_prompt
+from .model.tokenizer import ENDOFTEXT, chat_prompt, encode_text
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
 
 
-def check_request(model: GPT2, prompt, n_tokens: int, chat: bool = False) -> list[int]:
+def check_request(model: GPT2, prompt, n_tokens: int, chat: bool = False, allow_special: bool = False) -> list[int]:
     """Validate a prompt (token ids, or text for a model with a tokenizer) and a length
     against a model; return the prompt as a list of ints. chat=True wraps text as one
-    user turn of the model's chat template (ChatML, model/tokenizer.chat_prompt)."""
+    user turn of the model's chat template (ChatML, model/tokenizer.chat_prompt).
+
+    The rules every entry point (and the command line) shares:
+    - text is plain text: a control string typed in it ("<|endoftext|>", "<|im_end|>") stays
+      text unless allow_special=True (model/tokenizer.encode_text);
+    - an empty prompt (text or ids) starts from the model's end-of-text token, as GPT-2
+      samples unconditionally; with chat=True, empty text is an empty user message;
+    - n_tokens is at least 1, and prompt + n_tokens fit the context window.
+    """
     if chat:
         end_of_reply(model, chat)  # checks that the model has a chat template
         if not isinstance(prompt, str):
             raise ValueError("chat=True wraps a text prompt as a user message: pass text, not token ids")
-        prompt = chat_prompt(model.tokenizer, prompt)
+        prompt = chat_prompt(model.tokenizer, prompt, allow_special=allow_special)
     if isinstance(prompt, str):
         if model.tokenizer is None:
             raise ValueError(
                 "the prompt is text but this model has no tokenizer: pass token ids (encode the text with "
                 "the tokenizer the model was trained with)"
             )
-        prompt = model.tokenizer.encode(prompt, allowed_special="all")
+        prompt = encode_text(model.tokenizer, prompt, allow_special)
     prompt = check_token_ids(prompt, model.n_vocab)
     if not prompt:
-        end = "tokenizer.eot_token" if model.tokenizer is None else (
-            f"{model.tokenizer.decode([model.tokenizer.eot_token])}, id {model.tokenizer.eot_token}")  # fmt: skip
-        raise ValueError(
-            f"the prompt is empty: the model needs at least one token to condition on; to start "
-            f"from nothing pass [tokenizer.eot_token] ({end}), as GPT-2 was trained"
-        )
-    n_tokens = whole_number(n_tokens, "n_tokens")
+        if ENDOFTEXT not in getattr(model.tokenizer, "special_tokens_set", ()):
+            raise ValueError("the prompt is empty and this model has no end-of-text token to start from: give the "
+                             "model at least one token to condition on")  # fmt: skip
+        prompt = [model.tokenizer.eot_token]
+    n_tokens = whole_number(n_tokens, "n_tokens", 1)
     if len(prompt) + n_tokens > model.n_ctx:
+        room = model.n_ctx - len(prompt)
+        if room >= 1:
+            advice = f"shorten the prompt or ask for at most {room} tokens"
+        elif n_tokens < model.n_ctx:
+            advice = f"shorten the prompt to at most {model.n_ctx - n_tokens} tokens"
+        else:
+            advice = f"shorten the prompt and ask for fewer than {model.n_ctx} tokens"
         raise ValueError(
-            f"prompt ({len(prompt)} tokens) + n_tokens ({n_tokens}) exceeds the context window "
-            f"of {model.n_ctx}: shorten the prompt or ask for at most {max(0, model.n_ctx - len(prompt))} tokens"
+            f"prompt ({len(prompt)} tokens) + n_tokens ({n_tokens}) exceeds the context window of {model.n_ctx}: {advice}"
         )
     return prompt
 
@@ -108,11 +120,12 @@ def autoregressive_sample(
     model: GPT2, prompt_ids, n_tokens: int,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
-    chat: bool = False,
+    chat: bool = False, allow_special: bool = False,
 ) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids (token ids, or text when the model has a tokenizer),
     one forward pass each. chat=True: the text is a user message to a chat model, and decoding
-    stops early after the token that ends the reply.
+    stops early after the token that ends the reply. allow_special=True: control strings typed
+    in the text ("<|endoftext|>") become control tokens; by default they are plain text.
 
     The first pass reads the whole prompt into the KV cache; each later pass
     feeds only the previous token. Temperature 0 is greedy decoding.
@@ -120,7 +133,7 @@ def autoregressive_sample(
         out = autoregressive_sample(model, ids, n_tokens=40, temperature=0.8, top_p=0.95, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
-    prompt = check_request(model, prompt_ids, n_tokens, chat)
+    prompt = check_request(model, prompt_ids, n_tokens, chat, allow_special)
     stop = end_of_reply(model, chat)
     rng = make_rng(seed, rng)
     result = DecodeResult(tokenizer=model.tokenizer)

@@ -107,11 +107,12 @@ def make_rngs(n_rows: int, seed, rng: np.random.Generator | None) -> list[np.ran
     return [np.random.default_rng(check_seed(seed)) for _ in range(n_rows)]
 
 
-def start_batch(model, prompts, n_tokens: int, seed, rng, chat: bool, k_max: int = 0) -> list[Sequence]:
+def start_batch(model, prompts, n_tokens: int, seed, rng, chat: bool, allow_special: bool = False,
+                k_max: int = 0) -> list[Sequence]:  # fmt: skip
     """Check every prompt (as the unbatched samplers do) and give each its Sequence."""
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts (each text or token ids)")
-    checked = [check_request(model, prompt, n_tokens, chat) for prompt in prompts]
+    checked = [check_request(model, prompt, n_tokens, chat, allow_special) for prompt in prompts]
     rngs = make_rngs(len(checked), seed, rng)
     return [Sequence(i, prompt, model.new_cache(), rngs[i], None, DecodeResult(k_max=k_max, tokenizer=model.tokenizer))
             for i, prompt in enumerate(checked)]  # fmt: skip
@@ -138,7 +139,7 @@ def autoregressive_sample_batch(
     model: GPT2, prompts, n_tokens: int,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed=None, rng: np.random.Generator | None = None, on_token: BatchTokenCallback | None = None,
-    chat: bool = False,
+    chat: bool = False, allow_special: bool = False,
 ) -> list[DecodeResult]:  # fmt: skip
     """autoregressive_sample for each prompt, one forward_batch per step for all of them: a DecodeResult each.
 
@@ -146,7 +147,7 @@ def autoregressive_sample_batch(
     gives (same seed rule; see the module docstring).
     """
     params = SamplingParams(temperature, top_k, top_p)
-    rows = start_batch(model, prompts, n_tokens, seed, rng, chat)
+    rows = start_batch(model, prompts, n_tokens, seed, rng, chat, allow_special)
     stop = end_of_reply(model, chat)
     new = {row.index: row.prompt for row in rows}  # what each row feeds next: its prompt, then its last token
     active = [row for row in rows if n_tokens > 0]
@@ -313,7 +314,7 @@ def speculative_sample_batch(
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed=None, rng: np.random.Generator | None = None, on_token: BatchTokenCallback | None = None,
     tree=None, acceptance: str = "exact", chat: bool = False, verification: str = "token",
-    on_batch_round: Callable[[BatchRound], None] | None = None,
+    on_batch_round: Callable[[BatchRound], None] | None = None, allow_special: bool = False,
 ) -> list[DecodeResult]:  # fmt: skip
     """speculative_sample for each prompt, with ONE target pass per round for the whole batch: a DecodeResult each.
 
@@ -334,7 +335,7 @@ def speculative_sample_batch(
         raise ValueError("verification='block' verifies chains with the exact rule: use it without acceptance='typical'")
     params = SamplingParams(temperature, top_k, top_p)
     drafts = make_batch_drafts(draft, target)
-    rows = start_batch(target, prompts, n_tokens, seed, rng, chat)
+    rows = start_batch(target, prompts, n_tokens, seed, rng, chat, allow_special)
     for row in rows:
         row.k_policy = make_row_k_policy(K)
         row.result.k_max = row.k_policy.k_max

@@ -93,18 +93,28 @@ def refuse_ignored(parser: Parser, args: argparse.Namespace, rules: list[tuple[s
 def read_prompt(prompt: str | None, prompt_file: str | None, stdin=None) -> str:
     """The prompt's text: `prompt` itself, standard input for "-", or the whole of prompt_file (UTF-8).
 
-    Raises ValueError with a sentence a user can act on (both given, a missing or huge file,
-    bytes that are not UTF-8). `read_prompts` splits a file into one prompt per line (--batch).
+    Raises ValueError with a sentence a user can act on (both given, a missing, unreadable or huge
+    file, a folder, bytes that are not UTF-8 from any of the three). `read_prompts` splits a file
+    into one prompt per line (--batch).
     """
     if prompt is not None and prompt_file is not None:
         raise ValueError("give the prompt once: --prompt TEXT (or - for standard input) or --prompt_file PATH")
     if prompt_file is not None:
-        path = Path(prompt_file)
-        if not path.is_file():
-            raise ValueError(f"--prompt_file {prompt_file}: no such file")
-        if path.stat().st_size > PROMPT_FILE_LIMIT:
-            raise ValueError(f"--prompt_file {prompt_file}: larger than {PROMPT_FILE_LIMIT >> 20} MB; a prompt is text")
-        return _text(path.read_bytes(), f"--prompt_file {prompt_file}")
+        where = f"--prompt_file {prompt_file}"
+        if Path(prompt_file).is_dir():
+            raise ValueError(f"{where}: is a folder; give a text file")
+        # NOTE: read at most one byte past the limit rather than trust st_size, which is 0 for a pipe
+        # (`--prompt_file <(cmd)`) and for files such as /proc/self/mem, whose read then fails.
+        try:
+            with open(prompt_file, "rb") as f:
+                data = f.read(PROMPT_FILE_LIMIT + 1)
+        except FileNotFoundError:
+            raise ValueError(f"{where}: no such file") from None
+        except OSError as e:  # no permission, a file the kernel refuses to read this way, ...
+            raise ValueError(f"{where}: cannot be read ({e.strerror or e})") from None
+        if len(data) > PROMPT_FILE_LIMIT:
+            raise ValueError(f"{where}: larger than {PROMPT_FILE_LIMIT >> 20} MB; a prompt is text")
+        return _text(data, where)
     if prompt == "-":
         stream = sys.stdin if stdin is None else stdin
         data = stream.buffer.read(PROMPT_FILE_LIMIT + 1) if hasattr(stream, "buffer") else stream.read()
@@ -113,6 +123,14 @@ def read_prompt(prompt: str | None, prompt_file: str | None, stdin=None) -> str:
         if len(data) > PROMPT_FILE_LIMIT:
             raise ValueError(f"--prompt -: standard input holds more than {PROMPT_FILE_LIMIT >> 20} MB")
         return _text(data, "--prompt - (standard input)")
+    if prompt is not None:
+        # subtle: Python hands over command-line bytes that are not UTF-8 as lone surrogates (PEP 383's
+        # surrogateescape), which the tokenizer would turn into U+FFFD without a word: refuse them as a
+        # file's bytes are refused, at the same byte.
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"--prompt: not UTF-8 text (byte {len(prompt[:e.start].encode())})") from None
     return prompt
 
 

@@ -378,6 +378,7 @@ def race(
     repeats: int = 3, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
     on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
     chat: bool = False, on_status: Callable[[str], None] | None = None, verification: str = "token",
+    allow_special: bool = False,
 ) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request, interleaved, and time them.
 
@@ -392,7 +393,8 @@ def race(
     chat: the prompt is a user message to a chat model, and both decoders stop at the end of the reply.
     on_status(text) is told what the race is doing (measuring, warming up, which repeat), for a status
     line. Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far. verification:
-    "token" or "block" (speculative_sample's: how a chain of drafts is judged).
+    "token" or "block" (speculative_sample's: how a chain of drafts is judged). allow_special=True: control
+    strings typed in the text become control tokens; by default they are plain text.
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup, report.spread, report.verdict
@@ -402,7 +404,7 @@ def race(
     if verification not in VERIFICATION or (verification == "block" and tree is not None):
         raise ValueError(f"verification must be 'token' or 'block' (block: chains only, no tree), got {verification!r}")
     request = prompt  # with chat=True the samplers get the text and wrap it themselves
-    prompt = check_request(target, prompt, n_tokens, chat)
+    prompt = check_request(target, prompt, n_tokens, chat, allow_special)
     check_seed(seed)
     unknown = set(decoders) - set(DECODERS)
     if unknown or not decoders:
@@ -427,7 +429,8 @@ def race(
                     top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
                     verification=verification)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat,
+                    allow_special=allow_special)  # fmt: skip
     if not chat:
         request = prompt
 

@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from .costmodel import drafts_judged
+from .model.tokenizer import control_ids
 
 # on_token(token, kind) is called once per emitted token, in order. kind is
 # "target" (sampled from the target: every token here, and speculative
@@ -150,8 +151,12 @@ class DecodeResult:
 
     @property
     def text(self) -> str | None:
-        """The new tokens decoded, when the model that made them has a tokenizer."""
-        return None if self.tokenizer is None else self.tokenizer.decode(self.tokens)
+        """The new tokens decoded, when the model that made them has a tokenizer. Control tokens
+        (<|im_end|> ending a chat reply, <|endoftext|>) are not text and are left out; .tokens keeps them."""
+        if self.tokenizer is None:
+            return None
+        control = control_ids(self.tokenizer)
+        return self.tokenizer.decode([t for t in self.tokens if t not in control])
 
     def to_dict(self) -> dict:
         """Plain values (lists, ints, floats, str) for JSON or pandas: pd.DataFrame([r.to_dict() for r in runs])."""

@@ -56,7 +56,7 @@ def speculative_sample(
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
     tree=None, acceptance: str = "exact", chat: bool = False, verification: str = "token",
-    on_round: RoundCallback | None = None,
+    on_round: RoundCallback | None = None, allow_special: bool = False,
 ) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids by speculative sampling: exactly the target's distribution.
 
@@ -66,13 +66,15 @@ def speculative_sample(
     the tree cost model (costmodel.py) pick N each round; or a tree policy. acceptance="typical" is
     Medusa's typical acceptance: faster, LOSSY (the output no longer follows the target), opt-in only.
     chat=True: the text is a user message to a chat model; decoding stops after the token ending the reply.
+    allow_special=True: control strings typed in the text ("<|im_end|>") become control tokens; by default
+    they are plain text (autoregressive.check_request).
     verification: how a chain is judged, "token" (draft by draft, the papers' rule) or "block" (jointly,
     Sun et al.: exact too, never fewer tokens per round in expectation); chains only.
     on_round(proposal, logits): called after each verification pass (for measurements; see RoundCallback).
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
-    prompt = check_request(target, prompt_ids, n_tokens, chat)
+    prompt = check_request(target, prompt_ids, n_tokens, chat, allow_special)
     stop = end_of_reply(target, chat)
     rng = make_rng(seed, rng)
     drafter = make_drafter(draft, target)

@@ -64,8 +64,8 @@ BAD_SETTINGS = [
     (dict(seed=1.5), "seed must be >= 0 (a whole number), got 1.5"),
     (dict(seed=True), "seed must be >= 0 (a whole number), got True"),
     (dict(seed=-1), "seed must be >= 0 (a whole number), got -1"),
-    (dict(n_tokens=True), "n_tokens must be >= 0 (a whole number), got True"),
-    (dict(n_tokens=2.0), "n_tokens must be >= 0 (a whole number), got 2.0"),
+    (dict(n_tokens=True), "n_tokens must be >= 1 (a whole number), got True"),
+    (dict(n_tokens=2.0), "n_tokens must be >= 1 (a whole number), got 2.0"),
     (dict(rng=np.random.default_rng), "rng must be a numpy.random.Generator"),
 ]
 

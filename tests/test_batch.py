@@ -122,7 +122,6 @@ def test_rows_finish_early_and_leave_the_batch(gpt2_pair):
     assert [len(o.tokens) for o in outs] == [9, 9, 9]
     assert rounds[0].rows == [0, 1, 2] and rounds[-1].rows  # every round has rows; finished ones are gone
     assert all(len(r.k) == len(r.rows) == len(r.accepted) for r in rounds)
-    assert [len(o.tokens) for o in speculative_sample_batch(target, draft, PROMPTS[:2], 0)] == [0, 0]
     with pytest.raises(ValueError, match="chains only"):
         speculative_sample_batch(target, draft, PROMPTS, 5, tree=4)
     with pytest.raises(ValueError, match="int or 'adaptive'"):

@@ -97,16 +97,18 @@ def test_download_through_a_loopback_hub(fake_hub, tmp_path, capsys):
 def test_errors_are_one_line(checkpoints, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     target = str(checkpoints / "target")
-    # Errors that need the model (or the network) to be found: exit 1, one line.
+    # Errors that need the model (or the network) to be found: one line; exit 2 for a request the
+    # loaded model refuses (bad input, as a bad flag), 1 for the rest.
     cases = [
-        (["--target_model_size", target, "--draft", "124M", "--models_dir", str(tmp_path)], "HF_HUB_OFFLINE"),
-        (["--target_model_size", target, "--draft", "ngram", "--n_tokens_to_generate", "500"], "context window"),
-        (["--target_model_size", target, "--draft", "early_exit:7", "--n_tokens_to_generate", "5"], "early exit"),
-        (["--target_model_size", target, "--draft", "ngram", "--prompt", "the " * 40], "shorten the prompt"),
+        (["--target_model_size", target, "--draft", "124M", "--models_dir", str(tmp_path), "--n_tokens_to_generate", "5"],
+         1, "HF_HUB_OFFLINE"),
+        (["--target_model_size", target, "--draft", "ngram", "--n_tokens_to_generate", "500"], 2, "context window"),
+        (["--target_model_size", target, "--draft", "early_exit:7", "--n_tokens_to_generate", "5"], 1, "early exit"),
+        (["--target_model_size", target, "--draft", "ngram", "--prompt", "the " * 40], 2, "shorten the prompt"),
     ]
-    for argv, message in cases:
+    for argv, expected, message in cases:
         code, out, err = run_main(capsys, *argv)
-        assert code == 1
+        assert code == expected, err
         assert message in err and len(err.strip().splitlines()) == 1, err
 
 

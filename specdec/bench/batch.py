@@ -60,7 +60,7 @@ def prompts_for(model, n: int, rng: np.random.Generator) -> list[list[int]]:
     if model.tokenizer is not None:
         suite = [p for prompts in load_prompts().values() for p in prompts]
         # The first PROMPT_TOKENS tokens of each (their prefill is not timed, but it takes the bench's time).
-        return [check_request(model, suite[i % len(suite)], 0)[:PROMPT_TOKENS] for i in range(n)]
+        return [check_request(model, suite[i % len(suite)], 1)[:PROMPT_TOKENS] for i in range(n)]
     return [[int(t) for t in rng.integers(0, model.n_vocab, PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)])]
             for i in range(n)]  # fmt: skip
 

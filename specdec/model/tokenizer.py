@@ -344,19 +344,43 @@ def _hf_pre_tokenizer(spec, path) -> str:
                      "GPT-2's ByteLevel and SmolLM2's Digits + ByteLevel")  # fmt: skip
 
 
-def chat_prompt(tokenizer, text: str, system: str | None = None) -> list[int]:
+def encode_text(tokenizer, text: str, allow_special: bool = False) -> list[int]:
+    """A prompt's text as token ids. Control strings typed in it ("<|endoftext|>", "<|im_end|>")
+    are plain text unless allow_special=True, which makes them the control tokens they name.
+
+    subtle: tiktoken's encode(text) raises on such strings, and encode(text, allowed_special="all")
+    turns them into control ids: text a user typed could then close a chat turn or open a system
+    one. Plain text by default is the rule every entry point of specdec follows.
+
+    >>> encode_text(gpt2, "<|endoftext|>")                      # doctest: +SKIP
+    [27, 91, 437, 1659, 5239, 91, 29]
+    >>> encode_text(gpt2, "<|endoftext|>", allow_special=True)  # doctest: +SKIP
+    [50256]
+    """
+    if allow_special:
+        return tokenizer.encode(text, allowed_special="all")
+    return tokenizer.encode(text, allowed_special=set(), disallowed_special=())
+
+
+def control_ids(tokenizer) -> frozenset[int]:
+    """The ids of the tokenizer's control tokens (<|endoftext|>, <|im_end|>, ...): not text, so never printed as text."""
+    return frozenset(tokenizer.encode_single_token(s) for s in tokenizer.special_tokens_set)
+
+
+def chat_prompt(tokenizer, text: str, system: str | None = None, allow_special: bool = False) -> list[int]:
     """ChatML, as SmolLM2's chat template writes one user turn (with its default system turn):
 
         <|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{text}<|im_end|>\\n<|im_start|>assistant\\n
 
-    The model then writes the reply and ends it with <|im_end|>. `text` itself is
-    encoded as plain text: a "<|im_end|>" typed inside it is not a control token.
+    The model then writes the reply and ends it with <|im_end|>. `text` and `system` are
+    encoded by encode_text: a "<|im_end|>" typed inside them is plain text, not the control
+    token, unless allow_special=True.
     """
     system = DEFAULT_SYSTEM if system is None else system
     ids: list[int] = []
     for role, content in (("system", system), ("user", text)):
         ids += tokenizer.encode(f"<|im_start|>{role}\n", allowed_special="all")
-        ids += tokenizer.encode(content, disallowed_special=())
+        ids += encode_text(tokenizer, content, allow_special)
         ids += tokenizer.encode("<|im_end|>\n", allowed_special="all")
     return ids + tokenizer.encode("<|im_start|>assistant\n", allowed_special="all")
 
