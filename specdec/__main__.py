@@ -76,10 +76,11 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
                       "and removes it.")  # fmt: skip
     add = p.add_argument
     add("--prompt", default=None,
-        help=f"text to continue, or - to read it from standard input (default: {DEFAULT_PROMPT!r}); empty starts "
-             "from the model's end-of-text token")
-    add("--prompt_file", metavar="PATH", help="read the prompt from this file (the whole file, UTF-8; with --batch "
-        "one prompt per line)")
+        help=f"text to continue, or - to read it from standard input (default: {DEFAULT_PROMPT!r}); plain text: "
+             "<|endoftext|> typed in it stays text; empty starts from the model's end-of-text token (with --chat: "
+             "an empty user message)")
+    add("--prompt_file", metavar="PATH", help="read the prompt from this file or pipe (the whole file, UTF-8, at "
+        "most 1 MB; with --batch one prompt per line)")
     add("--batch", type=int, default=None, metavar="N", help="decode the first N non-empty lines of --prompt_file "
         "together, one target pass per round for the whole batch (specdec/batch.py), and report each row and "
         "the throughput of both decoders")
@@ -290,7 +291,8 @@ def run(args) -> int:
         raise BadRequest(f"--chat needs a chat model such as {', '.join(WHEELS)}; {args.target_model_size} has no "
                          "chat template")  # fmt: skip
     # Each prompt's ids as the samplers will see them, checked before a draft is loaded.
-    prompts_ids = [checked_request(target, p, args) for p in (args.prompts if args.batch is not None else [args.prompt])]
+    prompts = args.prompts if args.batch is not None else [args.prompt]
+    prompts_ids = [checked_request(target, prompt, args) for prompt in prompts]
     spec, draft_load = args.draft_spec, 0.0
     draft, draft_label = str(spec), spec.describe()
     if args.only == "autoregressive":

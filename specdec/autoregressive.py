@@ -57,7 +57,8 @@ def check_request(model: GPT2, prompt, n_tokens: int, chat: bool = False, allow_
         else:
             advice = f"shorten the prompt and ask for fewer than {model.n_ctx} tokens"
         raise ValueError(
-            f"prompt ({len(prompt)} tokens) + n_tokens ({n_tokens}) exceeds the context window of {model.n_ctx}: {advice}"
+            f"prompt ({len(prompt)} tokens) + n_tokens ({n_tokens}) exceeds the context window of {model.n_ctx}: "
+            f"{advice}"
         )
     return prompt
 

@@ -100,8 +100,8 @@ def test_errors_are_one_line(checkpoints, capsys, tmp_path, monkeypatch):
     # Errors that need the model (or the network) to be found: one line; exit 2 for a request the
     # loaded model refuses (bad input, as a bad flag), 1 for the rest.
     cases = [
-        (["--target_model_size", target, "--draft", "124M", "--models_dir", str(tmp_path), "--n_tokens_to_generate", "5"],
-         1, "HF_HUB_OFFLINE"),
+        (["--target_model_size", target, "--draft", "124M", "--models_dir", str(tmp_path),
+          "--n_tokens_to_generate", "5"], 1, "HF_HUB_OFFLINE"),
         (["--target_model_size", target, "--draft", "ngram", "--n_tokens_to_generate", "500"], 2, "context window"),
         (["--target_model_size", target, "--draft", "early_exit:7", "--n_tokens_to_generate", "5"], 1, "early exit"),
         (["--target_model_size", target, "--draft", "ngram", "--prompt", "the " * 40], 2, "shorten the prompt"),

@@ -363,7 +363,7 @@ def encode_text(tokenizer, text: str, allow_special: bool = False) -> list[int]:
 
 
 def control_ids(tokenizer) -> frozenset[int]:
-    """The ids of the tokenizer's control tokens (<|endoftext|>, <|im_end|>, ...): not text, so never printed as text."""
+    """The ids of the tokenizer's control tokens (<|endoftext|>, <|im_end|>, ...): not text, never printed as text."""
     return frozenset(tokenizer.encode_single_token(s) for s in tokenizer.special_tokens_set)
 
 
