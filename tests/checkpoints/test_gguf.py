@@ -20,7 +20,13 @@ def s(text: str) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
+class F64(float):
+    """A metadata value written as a float64 (type 12), where any double fits: inf and NaN too."""
+
+
 def value(v) -> bytes:
+    if isinstance(v, F64):
+        return struct.pack("<Id", 12, v)
     if isinstance(v, str):
         return struct.pack("<I", 8) + s(v)
     if isinstance(v, float):
@@ -229,3 +235,86 @@ def test_llama_variants_it_does_not_implement_are_refused(tmp_path, changes, mes
     tiny_llama_gguf(tmp_path / "v.gguf", model, **changes)
     with pytest.raises(CheckpointError, match=message):
         load_gguf(tmp_path / "v.gguf")
+
+
+# ---------------------------------------------------------------------------
+# Limits: every size the metadata gives is checked against the file before anything is built from it.
+# ---------------------------------------------------------------------------
+
+
+def small_llama():
+    return random_llama(LlamaHParams(n_vocab=64, n_ctx=32, n_embd=64, n_head=4, n_kv_head=2, n_layer=1, n_ff=64))
+
+
+@pytest.mark.parametrize("block_count", [10**7, 2**32 - 1])
+def test_a_huge_block_count_is_refused_at_once(tmp_path, block_count):
+    """A layer count the tensor table cannot hold is refused before a name is built for each layer."""
+    import time
+
+    tiny_llama_gguf(tmp_path / "m.gguf", small_llama(), meta={"llama.block_count": block_count})
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError, match=f"llama.block_count is {block_count}") as e:
+        load_gguf(tmp_path / "m.gguf")
+    assert time.perf_counter() - start < 1.0 and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "key,bad",
+    [
+        ("llama.context_length", float("inf")),
+        ("llama.context_length", float("nan")),
+        ("llama.context_length", 1.5),
+        ("llama.embedding_length", -64.0),
+        ("llama.rope.freq_base", float("inf")),
+        ("llama.rope.freq_base", float("nan")),
+        ("llama.rope.freq_base", 0.0),
+        ("llama.attention.layer_norm_rms_epsilon", float("nan")),
+        ("llama.attention.layer_norm_rms_epsilon", -1e-5),
+        ("llama.attention.layer_norm_rms_epsilon", 0.0),
+    ],
+)
+def test_sizes_and_constants_that_are_not_finite_or_in_range_are_refused_at_load(tmp_path, key, bad):
+    """Refused at load as one line naming the GGUF key (not config.json): never a traceback, never a model
+    that runs with positions ignored or fails only while decoding."""
+    path = tmp_path / "m.gguf"
+    tiny_llama_gguf(path, small_llama(), meta={key: F64(bad)})
+    with pytest.raises(CheckpointError) as e:
+        load_gguf(path)
+    message = str(e.value)
+    assert key in message and "config.json" not in message and "\n" not in message and str(path) in message
+
+
+def test_a_fifo_named_gguf_is_refused_without_blocking(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    fifo = tmp_path / "x.gguf"
+    os.mkfifo(fifo)
+    code = "import sys; from specdec.checkpoints.gguf import GGUFFile\nGGUFFile(sys.argv[1])"
+    proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=30,
+                          cwd=ROOT)  # fmt: skip
+    assert proc.returncode != 0 and "not a regular file" in proc.stderr.splitlines()[-1]
+
+
+def test_counts_the_file_cannot_hold_are_refused_before_reading_items(tmp_path):
+    """An array or table that claims more items than the bytes left could hold is refused by its count."""
+    meta = s("k") + struct.pack("<IIQ", 9, 8, 1 << 23)  # an array of 8M strings in a file of a few hundred bytes
+    (tmp_path / "a.gguf").write_bytes(raw_gguf([], meta, n_meta=1))
+    with pytest.raises(CheckpointError, match="claims 8388608 array items"):
+        GGUFFile(tmp_path / "a.gguf")
+    (tmp_path / "t.gguf").write_bytes(raw_gguf([])[:8] + struct.pack("<QQ", 1 << 20, 0) + b"\0" * 64)
+    with pytest.raises(CheckpointError, match="claims 1048576 tensors"):
+        GGUFFile(tmp_path / "t.gguf")
+
+
+def test_the_command_line_says_cleanly_that_a_gguf_has_no_tokenizer(tmp_path, capsys):
+    from specdec import __main__ as main
+
+    tiny_llama_gguf(tmp_path / "m.gguf", small_llama())  # llama.vocab_size, no tokenizer.ggml.* keys
+    code = main.main(["--target_model_size", str(tmp_path / "m.gguf"), "--draft", "ngram", "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "no tokenizer" in err and str(tmp_path / "m.gguf") in err
