@@ -46,6 +46,7 @@ load_folder(..., keep_layout=False)) turns the whole thing off.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -60,9 +61,11 @@ import numpy as np
 
 from ..model import kernels, threads
 from . import locks
+from .hub import default_models_dir
 from .safetensors import CheckpointError, header_sha256, read_metadata, read_safetensors, write_safetensors
 
 FILE_NAME = "specdec-transposed.safetensors"
+RECORDS = ".kept-layouts"  # under the models folder: where layouts written elsewhere are recorded (record_of)
 LOCK_NAME = ".specdec-transposed.lock"  # (not .specdec-transposed.safetensors.*: those are temporary files)
 MIN_BYTES = 64 << 20  # checkpoints smaller than this load in milliseconds anyway
 LAYOUT = "2"  # bump when what the file holds changes (2: a CRC-32 per tensor)
@@ -238,12 +241,44 @@ def write(weights_path: Path, source: dict[str, str], tensors: dict[str, np.ndar
             os.chmod(tmp, weights_path.stat().st_mode & 0o644)  # as readable as the checkpoint, writable by us only
             os.replace(tmp, path)
             tmp = None
+            _remember(folder)
             return True
     except (OSError, CheckpointError):
         return False
     finally:
         if tmp is not None:  # failed, or interrupted (Ctrl-C): no partial file left
             Path(tmp).unlink(missing_ok=True)
+
+
+def record_of(folder: Path, models_dir: Path) -> Path:
+    """Where a kept layout written outside models_dir is recorded, so that `specdec cache` can list it:
+    models_dir/.kept-layouts/<hash of the folder's path>, a file holding that path."""
+    digest = hashlib.sha256(str(Path(folder).absolute()).encode("utf-8", "surrogateescape")).hexdigest()
+    return models_dir / RECORDS / digest[:32]
+
+
+def recorded(models_dir: Path) -> list[Path]:
+    """The folders whose kept layouts were recorded in models_dir (record_of), whether or not still there."""
+    folders = []
+    for record in sorted((models_dir / RECORDS).glob("*")):
+        try:
+            folders.append(Path(record.read_text(encoding="utf-8", errors="surrogateescape").strip()))
+        except OSError:
+            pass
+    return folders
+
+
+def _remember(folder: Path) -> None:
+    """Record a kept layout written outside the models folder (a user's own model folder); best effort."""
+    models_dir = default_models_dir()
+    try:
+        if models_dir.resolve() in Path(folder).resolve().parents:
+            return  # `specdec cache` finds those by itself
+        record = record_of(folder, models_dir)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(str(Path(folder).absolute()), encoding="utf-8", errors="surrogateescape")
+    except OSError:
+        pass
 
 
 def _cannot_keep(folder: Path, path: Path) -> str | None:

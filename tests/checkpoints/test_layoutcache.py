@@ -19,10 +19,12 @@ TOKENS = np.array([5, 70, 200, 3, 9])
 
 
 @pytest.fixture(autouse=True)
-def every_size(monkeypatch):
-    """Tiny checkpoints count as large enough, and the switch is on."""
+def every_size(monkeypatch, tmp_path):
+    """Tiny checkpoints count as large enough, and the switch is on; the record of each kept file
+    (layout.record_of) goes to a home of the test's own."""
     monkeypatch.setattr(layoutcache, "MIN_BYTES", 0)
     monkeypatch.delenv("SPECDEC_NO_LAYOUT_CACHE", raising=False)
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
 
 
 def linears(model):
