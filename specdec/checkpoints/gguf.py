@@ -33,8 +33,10 @@ import mmap
 import os
 import stat
 import struct
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -104,10 +106,11 @@ class GGUFFile:
     The file is memory-mapped; only the tensors asked for are read.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, file: BinaryIO | None = None):
+        """file: `path` already open (checked by the caller, as wheel.open_model does); else it is opened here."""
         self.path = Path(path)
         try:
-            with _open_regular(self.path) as f:
+            with _open_regular(self.path) if file is None else nullcontext(file) as f:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:  # an empty file cannot be mapped
             raise self.error("is empty, not a GGUF file") from None
@@ -284,13 +287,14 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, d_head // 2, 2, n_in).swapaxes(1, 2).reshape(n_out, n_in)
 
 
-def load_gguf(path: str | Path, name: str | None = None):
-    """A specdec Llama (model/llama.py) with its tokenizer, from a Llama-architecture GGUF file."""
+def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None = None):
+    """A specdec Llama (model/llama.py) with its tokenizer, from a Llama-architecture GGUF file
+    (file: `path` already open, see GGUFFile)."""
     from ..model.kernels import Linear
     from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
     from ..model.tokenizer import gguf_encoding
 
-    f = GGUFFile(path)
+    f = GGUFFile(path, file)
     meta = f.metadata
     arch = meta.get("general.architecture")
     if arch != "llama":

