@@ -41,7 +41,9 @@ process writes at a time (a lock file beside it); a process that finds the lock
 taken copies for itself and writes nothing. Checkpoints under MIN_BYTES (the
 shipped family: a few MB) are not worth a second file. Writing it says so on
 stderr, once per checkpoint version. SPECDEC_NO_LAYOUT_CACHE=1 (or
-load_folder(..., keep_layout=False)) turns the whole thing off.
+load_folder(..., keep_layout=False)) turns the whole thing off. A file written
+outside the models folder (beside a user's own checkpoint) is recorded in it
+(`record_of`), so that `specdec cache` lists it and can remove it.
 """
 
 from __future__ import annotations
