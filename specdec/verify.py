@@ -675,3 +675,33 @@ def spectr_tree(
             # NOTE: the residual sums to (1 - beta)^k, not 1. Mass 0 means acceptance was certain up
             # to rounding; r is the right answer then, as in sampled_chain.
             return path, draw(residual / mass if mass > 0 else r, rng)
+
+
+def specinfer_acceptance(p: np.ndarray, tokens: list[int], q_rows: np.ndarray) -> float:
+    """P(sampled_tree accepts one of these siblings | they were drawn), at a node with target row p.
+
+    Sibling s is accepted with min(1, r_(s-1)(x_s) / q_s(x_s)), r updated after each rejection
+    as sampled_tree does; averaged over the draws this is the rule's acceptance at the node.
+    """
+    r, rejected = np.asarray(p, np.float64), 1.0
+    for x, q in zip(tokens, np.asarray(q_rows, np.float64)):
+        rejected *= 1 - min(1.0, r[x] / q[x])
+        residual = np.maximum(r - q, 0)
+        if residual.sum() > 0:
+            r = residual / residual.sum()
+    return 1 - rejected
+
+
+def specinfer_iid_acceptance(p: np.ndarray, q: np.ndarray, k: int) -> float:
+    """P(sampled_tree accepts one of k i.i.d. siblings from q), exactly: 1 - prod_s (1 - sum min(r_(s-1), q)).
+
+    With i.i.d. siblings the residuals r_s do not depend on which tokens were rejected, so
+    sibling s is accepted, given it is reached, with probability sum_x min(r_(s-1)(x), q(x)).
+    """
+    r, q, rejected = np.asarray(p, np.float64), np.asarray(q, np.float64), 1.0
+    for _ in range(k):
+        rejected *= 1 - float(np.minimum(r, q).sum())
+        residual = np.maximum(r - q, 0)
+        if residual.sum() > 0:
+            r = residual / residual.sum()
+    return 1 - rejected

@@ -26,7 +26,16 @@ from specdec import autoregressive_sample, speculative_sample, verify
 from specdec.drafters import EarlyExitDrafter, ModelDrafter
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 from specdec.sampling import SamplingParams, draw
-from specdec.verify import children_of, optimal_acceptance, sampled_tree, spectr_acceptance, spectr_plan, spectr_tree
+from specdec.verify import (
+    children_of,
+    optimal_acceptance,
+    sampled_tree,
+    specinfer_acceptance,
+    specinfer_iid_acceptance,
+    spectr_acceptance,
+    spectr_plan,
+    spectr_tree,
+)
 
 EXACT = 1e-8
 
@@ -288,8 +297,8 @@ def test_every_broken_rule_has_a_different_law(broken, siblings):
 # --- 3. acceptance at one node against the bound --------------------------------------------------
 
 
-def specinfer_acceptance(p, q, k, replacement: bool) -> float:
-    """P(SpecInfer accepts one of k drafts), exactly, by enumerating the drafts."""
+def enumerated_specinfer(p, q, k, replacement: bool) -> float:
+    """P(SpecInfer accepts one of k drafts), exactly, by enumerating the drafts (node law of this file)."""
     total = 0.0
     for xs, prob in draft_tuples(q, k, replacement):
         rows = []
@@ -301,6 +310,7 @@ def specinfer_acceptance(p, q, k, replacement: bool) -> float:
             rows.append(row)
         accept, _ = specinfer_node(p, list(xs), rows)
         total += prob * (1 - np.prod([1 - a for a in accept]))
+        assert specinfer_acceptance(p, list(xs), np.array(rows)) == pytest.approx(1 - np.prod([1 - a for a in accept]))
     return total
 
 
@@ -311,8 +321,10 @@ def test_every_rule_stays_below_the_bound():
         p, q = random_pair(rng, V)
         iid, wor = optimal_acceptance(p, q, k), optimal_acceptance(p, q, k, replacement=False)
         spectr = spectr_acceptance(p, q, k)
-        assert spectr <= iid + 1e-9 and specinfer_acceptance(p, q, k, True) <= iid + 1e-9, case
-        assert specinfer_acceptance(p, q, k, False) <= wor + 1e-9, case
+        specinfer = enumerated_specinfer(p, q, k, True)
+        assert specinfer == pytest.approx(specinfer_iid_acceptance(p, q, k), abs=1e-9), case
+        assert spectr <= iid + 1e-9 and specinfer <= iid + 1e-9, case
+        assert enumerated_specinfer(p, q, k, False) <= wor + 1e-9, case
         assert spectr >= (1 - 1 / np.e) * iid - 1e-9, case  # SpecTr's guarantee for k-sequential selection
 
 
