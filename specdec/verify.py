@@ -601,8 +601,9 @@ def spectr_plan(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, np.ndarray
     provided residual >= 0 everywhere, i.e. c min(q, p/gamma) <= p. Where p/gamma <= q that reads
     c <= gamma; where q < p/gamma, c q < c p / gamma <= p under the same condition. So any gamma with
     c(gamma) <= gamma is exact; gamma = k always is (c <= k). P(accept) = 1 - (1 - beta)^k grows as
-    gamma shrinks, so this takes the smallest valid gamma in [1, k], by bisection (SpecTr does the
-    same); gamma = 1, k = 1 is the chain rule, with residual max(p - q, 0).
+    gamma shrinks, so this takes the smallest valid gamma in [1, k], by bisection (valid gammas
+    form an interval up to k on every case the tests try); gamma = 1, k = 1 is the chain rule,
+    with residual max(p - q, 0).
 
     NOTE: the proof needs the drafts i.i.d. from q: sibling i must not depend on siblings before it
     (drawn without replacement, the chance of reaching draft i is no longer (1 - beta)^(i-1)).

@@ -328,6 +328,24 @@ def test_every_rule_stays_below_the_bound():
         assert spectr >= (1 - 1 / np.e) * iid - 1e-9, case  # SpecTr's guarantee for k-sequential selection
 
 
+def test_spectr_takes_the_smallest_exact_gamma():
+    """At the gamma spectr_plan returns, p - c min(q, p/gamma) >= 0 (exact); at every gamma below it on a
+    grid, it is negative somewhere (c(gamma) > gamma), and at gamma = k it is always valid."""
+    rng = np.random.default_rng(6)
+
+    def c_of(p, q, gamma, k):
+        beta = np.minimum(q, p / gamma).sum()
+        return (1 - (1 - beta) ** k) / beta
+
+    for case in range(300):
+        V, k = int(rng.integers(2, 7)), int(rng.integers(1, 9))
+        p, q = random_pair(rng, V)
+        gamma, residual = spectr_plan(p, q, k)
+        assert 1 <= gamma <= k and c_of(p, q, gamma, k) <= gamma + 1e-7 and c_of(p, q, k, k) <= k + 1e-9, case
+        assert residual.sum() == pytest.approx((1 - np.minimum(q, p / gamma).sum()) ** k, abs=1e-7), case
+        assert all(c_of(p, q, g, k) > g for g in np.linspace(1, gamma, 12)[:-1] if g < gamma - 1e-6), case
+
+
 # --- 4. the sampling functions and the whole sampler ----------------------------------------------
 
 
