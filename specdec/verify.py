@@ -607,6 +607,7 @@ def spectr_plan(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, np.ndarray
 
     NOTE: the proof needs the drafts i.i.d. from q: sibling i must not depend on siblings before it
     (drawn without replacement, the chance of reaching draft i is no longer (1 - beta)^(i-1)).
+    Computed in float64 (a bisection on sums of the row); the residual comes back in float64.
     """
     p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
 
