@@ -47,7 +47,7 @@ from .sampling import SamplingParams, draw, greedy, point_mass, probabilities
 
 ACCEPTANCE = ("exact", "typical")  # the rules speculative_sample offers; "typical" is lossy
 VERIFICATION = ("token", "block")  # how an exact rule judges a chain: draft by draft, or the block jointly
-TREE_VERIFICATION = ("token", "spectr")  # how it judges a tree's siblings: one by one (SpecInfer), or SpecTr's selection
+TREE_VERIFICATION = ("token", "spectr")  # how it judges a tree's siblings: one by one (SpecInfer), or by SpecTr
 
 
 def verify(

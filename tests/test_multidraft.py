@@ -25,7 +25,7 @@ from helpers import PROMPT, chi_square_passes, exact_continuations, sample_many
 from specdec import autoregressive_sample, speculative_sample, verify
 from specdec.drafters import EarlyExitDrafter, ModelDrafter
 from specdec.model.gpt2 import GPT2, HParams, random_weights
-from specdec.sampling import SamplingParams, draw
+from specdec.sampling import SamplingParams
 from specdec.verify import (
     children_of,
     optimal_acceptance,
@@ -286,7 +286,12 @@ def test_one_round_has_exactly_the_target_law(rule, widths):
 
 @pytest.mark.parametrize(
     "broken,siblings",
-    [(gamma_one, "iid"), (residual_without_c, "iid"), (no_residual_update, "iid"), (spectr_node, "without replacement")],
+    [
+        (gamma_one, "iid"),
+        (residual_without_c, "iid"),
+        (no_residual_update, "iid"),
+        (spectr_node, "without replacement"),
+    ],
     ids=["gamma-one", "residual-without-c", "residual-not-updated", "spectr-without-replacement"],
 )
 def test_every_broken_rule_has_a_different_law(broken, siblings):
@@ -424,7 +429,8 @@ def test_greedy_with_every_tree_rule_is_greedy_autoregressive():
     want = autoregressive_sample(target, prompt, 8, temperature=0.0).tokens
     for verification in ("token", "spectr"):
         for drafter in (ModelDrafter(draft, siblings="iid"), EarlyExitDrafter(target, 1, siblings="iid")):
-            got = speculative_sample(target, drafter, prompt, 8, K=3, tree=5, temperature=0.0, verification=verification)
+            got = speculative_sample(target, drafter, prompt, 8, K=3, tree=5, temperature=0.0,
+                                     verification=verification)  # fmt: skip
             assert got.tokens == want, verification
 
 
@@ -448,4 +454,3 @@ def test_spectr_and_traversal_are_offered_only_where_exact():
         spectr_tree([0, 1], [-1, -1], np.array([[0.5, 0.5], [0, 1]], np.float32), np.full((3, 2), 0.5, np.float32), rng)
     out = speculative_sample(target, iid, PROMPT, 6, K=2, tree=4, temperature=1.0, seed=0, verification="spectr")
     assert len(out.tokens) == 6 and out.drafted > 0
-    assert draw(np.array([0.0, 1.0]), rng) == 1

@@ -1,4 +1,4 @@
-"""bench --only multidraft: the bound and each rule's acceptance per position, on tiny models (the numbers' plumbing)."""
+"""bench --only multidraft: the bound and each rule's acceptance per position, on tiny models (the plumbing)."""
 
 import numpy as np
 
