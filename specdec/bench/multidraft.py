@@ -18,8 +18,13 @@ of them, p is the target's row and q the drafter's (both filtered alike). Per po
                     over --draws draws of them per position (so ± a little)
 All columns are means over positions. The without-replacement bound enumerates subsets of q's
 support, so those columns need the rows filtered to at most 16 tokens: the `top_k` column says
-which filter the row used (none: the full vocabulary, i.i.d. columns only). A script that prints
-numbers, not a test.
+which filter the row used (none: the full vocabulary, i.i.d. columns only).
+
+A second table runs whole tree rounds with the family's draft model (--tree nodes, depth --depth):
+SpecInfer with siblings drawn without replacement (the default drafter), SpecInfer and SpecTr
+with i.i.d. siblings, each on the same prompts and seeds: tau, tokens per verification pass
+(± one standard error over rounds), and the time the rule itself takes per round (verify.verify
+on the round's logits, timed again in the on_round callback). A script that prints numbers, not a test.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ from .. import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints import family
 from ..checkpoints.load import load_model
+from ..drafters import ModelDrafter
 from ..sampling import SamplingParams, probabilities
+from ..speculative import speculative_sample
 from ..verify import (
     WOR_SUPPORT_MAX,
     draw_without_replacement,
@@ -42,8 +49,9 @@ from ..verify import (
     specinfer_acceptance,
     specinfer_iid_acceptance,
     spectr_acceptance,
+    verify,
 )
-from .block import load, mean
+from .block import load, mean, stderr
 from .suite import load_prompts
 
 COLUMNS = ("alpha", "bound_iid", "spectr", "specinfer_iid", "bound_wor", "specinfer_wor")
@@ -92,6 +100,35 @@ def measure(p_logits, q_logits, T: float, top_k: int | None, Ks, draws: int, see
     return {k: {c: mean(v) for c, v in values[k].items()} | {"positions": len(values[k]["alpha"])} for k in Ks}
 
 
+TREE_RULES = {  # label -> (how the drafter draws siblings, verification)
+    "SpecInfer, without replacement": ("without replacement", "token"),
+    "SpecInfer, iid": ("iid", "token"),
+    "SpecTr, iid": ("iid", "spectr"),
+}
+
+
+def tree_rounds(target, draft_model, prompts, n_tokens: int, T: float, nodes: int, depth: int, seed: int) -> dict:
+    """{rule: (tau per drafted round, seconds the rule took per round)} over whole tree rounds, same prompts and seeds."""
+    out = {}
+    for label, (siblings, verification) in TREE_RULES.items():
+        taus, seconds = [], []
+        params, timing_rng = SamplingParams(T), np.random.default_rng(seed)
+
+        def on_round(proposal, logits):
+            if len(proposal):
+                t0 = time.perf_counter()
+                verify(proposal, logits, params, timing_rng, "exact", verification)
+                seconds.append(time.perf_counter() - t0)
+
+        for i, ids in enumerate(prompts):
+            drafter = ModelDrafter(draft_model, siblings=siblings)
+            result = speculative_sample(target, drafter, ids, n_tokens, K=depth, tree=nodes, temperature=T,
+                                        seed=seed + i, verification=verification, on_round=on_round)  # fmt: skip
+            taus += [n + 1 for k, n in zip(result.k_per_round, result.accepted_per_round) if k > 0]
+        out[label] = (taus, seconds)
+    return out
+
+
 def main(argv=None) -> list[dict]:
     ap = flags.Parser(prog="python -m specdec.bench --only multidraft", description=__doc__.split("\n\n")[0],
                       epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -104,6 +141,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--prompts", type=int, default=3, help="prompts per setting (default %(default)s)")
     ap.add_argument("--positions", type=int, default=32, help="positions (new tokens) per prompt (default %(default)s)")
     ap.add_argument("--draws", type=int, default=20, help="draws of the siblings per position for SpecInfer wor (default %(default)s)")  # fmt: skip
+    ap.add_argument("--tree", type=int, default=8, help="nodes per tree in the whole-round table, 0: none (default %(default)s)")  # fmt: skip
+    ap.add_argument("--depth", type=int, default=4, help="tree depth in the whole-round table (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -142,5 +181,17 @@ def main(argv=None) -> list[dict]:
                         print(f"| {label} | {drafter} | {T} | {top_k or 'none'} | {k} | {r['positions']} | "
                               + " | ".join(cells) + " | " + " | ".join(f"{g:.3f}" if g == g else "-" for g in gaps)
                               + " |", flush=True)  # fmt: skip
+    if args.tree and "family" in args.models.split(","):
+        target, draft_model = load_model(family.TARGET), load_model(family.DRAFT)
+        prompts = [target.tokenizer.encode(p["text"]) for p in family.prompts()[: args.prompts]]
+        print(f"\nWhole rounds: {family.TARGET} with {family.DRAFT}, trees of {args.tree} nodes, depth {args.depth}, "
+              f"{args.prompts} prompts x {args.positions} tokens, seeds {args.seed}..{args.seed + args.prompts - 1}")  # fmt: skip
+        print("| T | rule | rounds | tau | rule time per round (ms) |")
+        print("|---|---|---|---|---|")
+        for T in temperatures:
+            for label, (taus, seconds) in tree_rounds(target, draft_model, prompts, args.positions, T, args.tree,
+                                                      args.depth, args.seed).items():  # fmt: skip
+                print(f"| {T} | {label} | {len(taus)} | {mean(taus):.2f} ± {stderr(taus):.2f} "
+                      f"| {1e3 * mean(seconds):.2f} |", flush=True)  # fmt: skip
     print(f"\nload average {load():.2f} at the end; {time.perf_counter() - t0:.0f} s", file=sys.stdout)
     return rows

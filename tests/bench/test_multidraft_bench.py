@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from specdec.bench.multidraft import measure, positions
+from specdec.bench.multidraft import TREE_RULES, measure, positions, tree_rounds
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 
 H = HParams(n_vocab=8, n_ctx=32, n_embd=16, n_head=2, n_layer=2)
@@ -28,3 +28,11 @@ def test_every_rule_sits_between_one_draft_and_the_bound():
             if top_k:
                 assert r["bound_wor"] >= r["bound_iid"] - 1e-9 and r["specinfer_wor"] <= r["bound_wor"] + 0.05
         assert result[4]["bound_iid"] >= result[2]["bound_iid"]
+
+
+def test_whole_tree_rounds_for_each_rule():
+    target, draft = model(10), model(20)
+    rounds = tree_rounds(target, draft, [[1, 2, 3], [4, 5]], 6, 1.0, nodes=4, depth=2, seed=0)
+    assert set(rounds) == set(TREE_RULES)
+    for taus, seconds in rounds.values():
+        assert taus and all(1 <= t <= 3 for t in taus) and len(seconds) == len(taus) and min(seconds) > 0
