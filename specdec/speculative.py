@@ -44,7 +44,7 @@ from .model.gpt2 import GPT2
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, check_finite_logits
 from .timing import measure_costs
-from .verify import ACCEPTANCE, VERIFICATION, verify
+from .verify import ACCEPTANCE, TREE_VERIFICATION, VERIFICATION, verify
 
 # on_round(proposal, logits) is called after each verification pass: the round's
 # Proposal (tokens and q rows) and the target's logits over [ids[-1], *tokens].
@@ -69,7 +69,9 @@ def speculative_sample(
     allow_special=True: control strings typed in the text ("<|im_end|>") become control tokens; by default
     they are plain text (autoregressive.check_request).
     verification: how a chain is judged, "token" (draft by draft, the papers' rule) or "block" (jointly,
-    Sun et al.: exact too, never fewer tokens per round in expectation); chains only.
+    Sun et al.: exact too, never fewer tokens per round in expectation); chains only. With tree=N, "token"
+    is SpecInfer's rule and "spectr" SpecTr's k-sequential selection, which needs a drafter drawing
+    siblings i.i.d. (ModelDrafter(model, siblings="iid"), EarlyExitDrafter(target, L, siblings="iid")).
     on_round(proposal, logits): called after each verification pass (for measurements; see RoundCallback).
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
@@ -82,11 +84,7 @@ def speculative_sample(
     tree_policy = make_tree_policy(tree, drafter, target)
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
-    if verification not in VERIFICATION:
-        raise ValueError(f"verification must be 'token' or 'block', got {verification!r}")
-    if verification == "block" and (tree is not None or acceptance != "exact"):
-        raise ValueError("verification='block' verifies chains with the exact rule: use it without tree= "
-                         "and without acceptance='typical'")  # fmt: skip
+    check_verification(verification, tree, acceptance, drafter)
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
     result = DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer)
     draft_calls_before = drafter.calls  # a drafter object may be reused across runs
@@ -145,3 +143,23 @@ def speculative_sample(
 
     result.draft_calls = drafter.calls - draft_calls_before
     return result
+
+
+def check_verification(verification: str, tree, acceptance: str, drafter) -> None:
+    """Refuse, in one line each, the verification settings that are unknown or would not be exact."""
+    if verification == "traversal":
+        raise ValueError("verification='traversal' (Weng et al., arXiv 2505.12398) is not offered: specdec has "
+                         "no proof-checked implementation; use 'block' for chains, 'token' or 'spectr' for trees")  # fmt: skip
+    if verification not in VERIFICATION + TREE_VERIFICATION:
+        raise ValueError(f"verification must be 'token', 'block' or 'spectr', got {verification!r}")
+    if verification == "block" and (tree is not None or acceptance != "exact"):
+        raise ValueError("verification='block' verifies chains with the exact rule: use it without tree= "
+                         "and without acceptance='typical'")  # fmt: skip
+    if verification == "spectr":
+        if tree is None or acceptance != "exact":
+            raise ValueError("verification='spectr' verifies trees with the exact rule: pass tree=N, and no "
+                             "acceptance='typical' (on a chain it is the token-wise rule)")  # fmt: skip
+        if getattr(drafter, "siblings", None) != "iid":
+            raise ValueError("verification='spectr' needs siblings drawn i.i.d. (SpecTr's proof); this drafter draws "
+                             "them without replacement or deterministically: use ModelDrafter(model, siblings='iid') "
+                             "or EarlyExitDrafter(target, L, siblings='iid'), or verification='token'")  # fmt: skip

@@ -23,9 +23,12 @@ chain rules for chains (they read as the papers do) and the tree rules for
 the rest:
     greedy_tree      temperature 0: follow the child equal to the target's argmax
     sampled_tree     exact multi-candidate speculative sampling (SpecInfer)
+    spectr_tree      SpecTr's k-sequential selection of i.i.d. siblings (Sun et al.)
     typical_tree     Medusa's typical acceptance: LOSSY, an explicit opt-in
 and the ways of drawing siblings that sampled_tree keeps exact: draw_iid,
-draw_without_replacement, top_k_distinct.
+draw_without_replacement, top_k_distinct. At the end, what several drafts for
+one position can be worth at best (optimal_acceptance: the bound no exact rule
+passes) and SpecTr's rule (spectr_plan).
 
 Why the sampled rule is exact: for any token y at a position,
     P(emit y) = q(y) min(1, p(y)/q(y)) + P(reject) * norm(max(0, p - q))(y)
@@ -44,6 +47,7 @@ from .sampling import SamplingParams, draw, greedy, point_mass, probabilities
 
 ACCEPTANCE = ("exact", "typical")  # the rules speculative_sample offers; "typical" is lossy
 VERIFICATION = ("token", "block")  # how an exact rule judges a chain: draft by draft, or the block jointly
+TREE_VERIFICATION = ("token", "spectr")  # how it judges a tree's siblings: one by one (SpecInfer), or by SpecTr
 
 
 def verify(
@@ -58,8 +62,10 @@ def verify(
 
     logits: [n+1, n_vocab], the target's rows over [ids[-1], *proposal.tokens].
     acceptance "typical" is Medusa's LOSSY rule (typical_tree), for T > 0 only.
-    verification "block" judges a chain jointly (block_chain); under greedy
-    decoding both rules are greedy_chain, and trees always use the tree rules.
+    verification "block" judges a chain jointly (block_chain); "spectr" judges
+    every node's i.i.d. siblings by SpecTr's k-sequential selection (spectr_tree;
+    on a chain it is the token-wise rule). Under greedy decoding every rule is the
+    greedy walk, and "token" and "block" judge trees by sampled_tree.
     """
     tokens, parents = proposal.tokens, proposal.parents
     if params.greedy:
@@ -70,6 +76,8 @@ def verify(
     p = probabilities(logits, params)  # [n+1, n_vocab]
     if acceptance == "typical":
         return typical_tree(tokens, parents, p, rng)
+    if verification == "spectr":
+        return spectr_tree(tokens, parents, proposal.q, p, rng)
     if proposal.is_chain:
         chain_rule = block_chain if verification == "block" else sampled_chain
         n_accepted, last = chain_rule(tokens, proposal.q, p, rng)
@@ -467,3 +475,235 @@ def top_k_distinct(scores: np.ndarray, n: int, floor: float = 0.0) -> tuple[list
     if not tokens:
         return [], np.zeros((0, len(scores)), np.float32)
     return tokens, np.stack([point_mass(t, len(scores)) for t in tokens])
+
+
+# ---------------------------------------------------------------------------
+# Several drafts for one position: how much can they be worth, and SpecTr's rule.
+# ---------------------------------------------------------------------------
+
+WOR_SUPPORT_MAX = 16  # optimal_acceptance(replacement=False) enumerates subsets of q's support: 2**16 of them
+
+
+def optimal_acceptance(p: np.ndarray, q: np.ndarray, k: int, replacement: bool = True) -> float:
+    """The best P(accept a draft) any exact rule can reach with k drafts from q for one position of target p.
+
+    p, q: [n_vocab] target and draft rows (filtered alike). The k drafts X_1..X_k are drawn from q
+    i.i.d. (replacement=True) or one after another without replacement (as draw_without_replacement
+    does; fewer when q has fewer than k tokens). An exact rule, whatever it does, outputs a token Y
+    with law p, jointly with the drafts: a coupling of (X_1..X_k) and Y. It accepts when Y is one of
+    the drafts, so the best rule is the coupling maximising P(Y in {X_1..X_k}) (SpecTr, Sun et al.,
+    arXiv 2310.15141, section 3: an optimal-transport problem; Hu et al., arXiv 2502.18779, solve it
+    through its dual). This returns that maximum.
+
+    The dual, as a max-flow / min-cut. Send mass Q(xs) from each draft tuple xs to the tokens in it,
+    and at most p(y) into each token y; the largest flow is the best acceptance (a flow is the
+    accepted part of a coupling; the unaccepted rest of both laws can always be paired up
+    afterwards, so every flow is reached by an exact rule). A cut picks a token set H and pays p(H)
+    for its tokens' edges, plus Q(xs) for every tuple with a token outside H (its edges into the
+    tokens outside H are unbounded, so the tuple itself must be cut). Max-flow = min-cut:
+
+        alpha*  =  min over token sets H of   p(H) + P(not all k drafts lie in H)
+
+    i.i.d.:  P(all in H) = q(H)^k, so alpha* = min_H p(H) + 1 - q(H)^k;  k = 1 gives
+             min_H p(H) + 1 - q(H) = 1 - max_H (q(H) - p(H)) = sum_x min(p(x), q(x)), the chain rule's.
+
+    Computing it for the i.i.d. case: the minimising H is a prefix of the tokens sorted by q/p,
+    largest first (Hu et al. show the minimisers are nested along an ordering; this is the argument
+    for this objective). Let H be optimal, y in H and z outside. Dropping y must not help and
+    adding z must not help, with s = q(H):
+        s^k - (s - q(y))^k >= p(y)        and        (s + q(z))^k - s^k <= p(z).
+    t -> t^k is convex, so its slope over [s, s + q(z)] is at least its slope over [s - q(y), s]:
+        p(z) / q(z)  >=  ((s + q(z))^k - s^k) / q(z)  >=  (s^k - (s - q(y))^k) / q(y)  >=  p(y) / q(y),
+    i.e. q(y)/p(y) >= q(z)/p(z): every token in an optimal H has a ratio q/p at least that of every
+    token outside. So H = every token above some ratio, plus some of the tokens AT that ratio; those
+    have q = t p for one t, and over them the objective is p(H0) + a - (q(H0) + t a)^k in their p-mass
+    a, concave, so its minimum over [0, their total] is at an end: none or all of them. Either is a
+    prefix of the sorted order, so a sweep over the V + 1 prefixes (one cumulative sum each for p
+    and q) finds the minimum exactly.
+
+    Without replacement, P(all k drafts in H) is not a function of q(H): it is computed exactly by
+    following the law of the SET of drafts, draw by draw, over the subsets of q's support, and the
+    minimum is taken over all subsets H of that support (tokens outside it only add p(H)). That is
+    exact but exponential: q must have at most WOR_SUPPORT_MAX nonzero tokens (filter it, top_k).
+    """
+    if k < 1:
+        raise ValueError(f"k, the number of drafts, must be at least 1, got {k}")
+    p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+    p, q = p / p.sum(), q / q.sum()
+    if replacement:
+        # q/p largest first; p = 0 < q sorts first (inf), p = q = 0 anywhere (it adds nothing).
+        ratio = np.divide(q, p, out=np.where(q > 0, np.inf, 0.0), where=p > 0)
+        order = np.argsort(-ratio, kind="stable")
+        p_prefix = np.concatenate([[0.0], np.cumsum(p[order])])  # [V+1]: p(H) for H = the first m tokens
+        q_prefix = np.minimum(np.concatenate([[0.0], np.cumsum(q[order])]), 1.0)
+        return float(np.min(p_prefix + 1 - q_prefix**k))
+    support = np.flatnonzero(q > 0)
+    n = len(support)
+    if n > WOR_SUPPORT_MAX:
+        raise ValueError(f"optimal_acceptance without replacement enumerates subsets of q's support: q has {n} "
+                         f"nonzero tokens, at most {WOR_SUPPORT_MAX} allowed; filter q (top_k) first")  # fmt: skip
+    all_in = _subset_law_without_replacement(q[support], min(k, n))  # [2**n]: P(the drawn set is S)
+    masks = np.arange(1 << n)
+    for i in range(n):  # zeta transform: all_in[H] becomes P(drawn set within H), the sum over S within H
+        has = masks[(masks >> i) & 1 == 1]
+        all_in[has] += all_in[has ^ (1 << i)]
+    p_of = _subset_sums(p[support])  # [2**n]: p(H)
+    return float(np.min(p_of + 1 - all_in))
+
+
+def _subset_sums(w: np.ndarray) -> np.ndarray:
+    """[n] weights -> [2**n]: the total weight of every subset, subsets as bit masks."""
+    sums = np.zeros(1 << len(w))
+    for i, wi in enumerate(w):
+        sums[1 << i : 1 << (i + 1)] = sums[: 1 << i] + wi
+    return sums
+
+
+def _subset_law_without_replacement(q: np.ndarray, k: int) -> np.ndarray:
+    """[2**n]: P(the set of the first k draws without replacement from q [n] is S), S as a bit mask.
+
+    Draw by draw: from set S (mass q(S) already drawn), token y outside S comes next with
+    probability q(y) / (1 - q(S)): the row renormalised without S, as draw_without_replacement draws.
+    """
+    n = len(q)
+    masks = np.arange(1 << n)
+    q_of = _subset_sums(q)
+    law = np.zeros(1 << n)
+    law[0] = 1.0
+    for _ in range(k):
+        nxt = np.zeros(1 << n)
+        left = np.maximum(1 - q_of, 1e-300)
+        for y in range(n):
+            free = (masks >> y) & 1 == 0
+            nxt[masks[free] | (1 << y)] += law[free] * q[y] / left[free]
+        law = nxt
+    return law
+
+
+def spectr_plan(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, np.ndarray]:
+    """SpecTr's k-sequential selection for k i.i.d. drafts from q: (gamma, residual [n_vocab], unnormalised).
+
+    Sun et al., "SpecTr: Fast Speculative Decoding via Optimal Transport" (arXiv 2310.15141),
+    the k-sequential selection (their K-SEQ), in specdec's letters (p target, q draft):
+
+        for i = 1 .. k:  accept draft x_i with probability min(1, p(x_i) / (gamma q(x_i)))
+        none accepted:   draw from norm(residual),
+                         residual(y) = p(y) - c min(q(y), p(y) / gamma)
+
+    with beta = sum_y min(q(y), p(y) / gamma), the chance one draft is accepted, and
+    c = (1 - (1 - beta)^k) / beta = sum_(j<k) (1 - beta)^j.
+
+    Why the output is exactly p. The drafts are i.i.d., so draft i is reached with probability
+    (1 - beta)^(i-1) and is then y and accepted with probability q(y) min(1, p(y) / (gamma q(y)))
+    = min(q(y), p(y) / gamma). Summed over i: P(accept, output y) = c min(q(y), p(y) / gamma), and
+    P(none accepted) = (1 - beta)^k. The residual sums to 1 - c beta = (1 - beta)^k, so
+        P(output y) = c min(q(y), p(y)/gamma) + (1 - beta)^k residual(y) / (1 - beta)^k = p(y),
+    provided residual >= 0 everywhere, i.e. c min(q, p/gamma) <= p. Where p/gamma <= q that reads
+    c <= gamma; where q < p/gamma, c q < c p / gamma <= p under the same condition. So any gamma with
+    c(gamma) <= gamma is exact; gamma = k always is (c <= k). P(accept) = 1 - (1 - beta)^k grows as
+    gamma shrinks, so this takes the smallest valid gamma in [1, k], by bisection (valid gammas
+    form an interval up to k on every case the tests try); gamma = 1, k = 1 is the chain rule,
+    with residual max(p - q, 0).
+
+    NOTE: the proof needs the drafts i.i.d. from q: sibling i must not depend on siblings before it
+    (drawn without replacement, the chance of reaching draft i is no longer (1 - beta)^(i-1)).
+    Computed in float64 (a bisection on sums of the row); the residual comes back in float64.
+    """
+    p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+
+    def beta_c(gamma: float) -> tuple[float, float]:
+        beta = float(np.minimum(q, p / gamma).sum())
+        return beta, (1 - (1 - beta) ** k) / beta if beta > 0 else float(k)
+
+    lo, hi = 1.0, float(k)
+    if beta_c(lo)[1] <= lo:  # k = 1, or p == q
+        hi = lo
+    for _ in range(50):  # invariant: hi is valid, lo is not (c(gamma) <= gamma on [hi, k])
+        if hi - lo < 1e-9:
+            break
+        mid = (lo + hi) / 2
+        if beta_c(mid)[1] <= mid:
+            hi = mid
+        else:
+            lo = mid
+    gamma = hi
+    beta, c = beta_c(gamma)
+    residual = np.maximum(p - c * np.minimum(q, p / gamma), 0)  # >= 0 up to rounding at a valid gamma
+    return gamma, residual
+
+
+def spectr_acceptance(p: np.ndarray, q: np.ndarray, k: int) -> float:
+    """P(SpecTr's k-sequential selection accepts one of k i.i.d. drafts from q) = 1 - (1 - beta)^k."""
+    gamma, _ = spectr_plan(p, q, k)
+    beta = float(np.minimum(np.asarray(q, np.float64), np.asarray(p, np.float64) / gamma).sum())
+    return 1 - (1 - beta) ** k
+
+
+def spectr_tree(
+    tokens: list[int], parents: list[int], q: np.ndarray, p: np.ndarray, rng: np.random.Generator
+) -> tuple[list[int], int]:
+    """SpecTr's k-sequential selection at every node of a tree whose siblings were drawn i.i.d.
+
+    Same arguments and answer as sampled_tree. At the current node with target row r = p[row] and
+    children x_1 .. x_k, all drawn i.i.d. from one q row: spectr_plan gives gamma; child i (in tree
+    order) is accepted with probability min(1, r(x_i) / (gamma q(x_i))), the first success wins and
+    the walk goes down to it; if none is accepted (or there are no children: the bonus), one token is
+    drawn from the residual and the round ends. Each node emits a token with law r exactly
+    (spectr_plan), whatever the tree below an accepted child is, since that subtree was drafted after
+    the child and the coins here are fresh: the induction of sampled_tree, one level at a time.
+    """
+    children = children_of(parents)
+    path: list[int] = []
+    row = 0
+    while True:
+        kids = children[row]
+        r = p[row]
+        if not kids:
+            return path, draw(r, rng)
+        q_row = q[kids[0]]
+        if any(not np.array_equal(q[c], q_row) for c in kids[1:]):
+            raise ValueError("verification='spectr' needs the siblings of a node drawn i.i.d. from one q row; "
+                             "these siblings report different rows (drawn without replacement or distinct)")  # fmt: skip
+        gamma, residual = spectr_plan(r, q_row, len(kids))
+        for child in kids:
+            x = tokens[child]
+            # accept with min(1, r(x) / (gamma q(x))): u gamma q(x) < r(x); q(x) > 0, x was drawn from q.
+            if rng.random() * gamma * q_row[x] < r[x]:
+                path.append(child)
+                row = child + 1
+                break
+        else:
+            mass = residual.sum()
+            # NOTE: the residual sums to (1 - beta)^k, not 1. Mass 0 means acceptance was certain up
+            # to rounding; r is the right answer then, as in sampled_chain.
+            return path, draw(residual / mass if mass > 0 else r, rng)
+
+
+def specinfer_acceptance(p: np.ndarray, tokens: list[int], q_rows: np.ndarray) -> float:
+    """P(sampled_tree accepts one of these siblings | they were drawn), at a node with target row p.
+
+    Sibling s is accepted with min(1, r_(s-1)(x_s) / q_s(x_s)), r updated after each rejection
+    as sampled_tree does; averaged over the draws this is the rule's acceptance at the node.
+    """
+    r, rejected = np.asarray(p, np.float64), 1.0
+    for x, q in zip(tokens, np.asarray(q_rows, np.float64)):
+        rejected *= 1 - min(1.0, r[x] / q[x])
+        residual = np.maximum(r - q, 0)
+        if residual.sum() > 0:
+            r = residual / residual.sum()
+    return 1 - rejected
+
+
+def specinfer_iid_acceptance(p: np.ndarray, q: np.ndarray, k: int) -> float:
+    """P(sampled_tree accepts one of k i.i.d. siblings from q), exactly: 1 - prod_s (1 - sum min(r_(s-1), q)).
+
+    With i.i.d. siblings the residuals r_s do not depend on which tokens were rejected, so
+    sibling s is accepted, given it is reached, with probability sum_x min(r_(s-1)(x), q(x)).
+    """
+    r, q, rejected = np.asarray(p, np.float64), np.asarray(q, np.float64), 1.0
+    for _ in range(k):
+        rejected *= 1 - float(np.minimum(r, q).sum())
+        residual = np.maximum(r - q, 0)
+        if residual.sum() > 0:
+            r = residual / residual.sum()
+    return 1 - rejected

@@ -28,7 +28,7 @@ from ..sampling import SamplingParams, draw, greedy, probabilities
 from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
 from .specs import parse_draft
-from .trees import model_tree, ngram_tree, point_masses
+from .trees import SIBLINGS, model_tree, ngram_tree, point_masses
 
 
 def _draft_chain(step, new: list[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
@@ -47,6 +47,12 @@ def _draft_chain(step, new: list[int], k: int, params: SamplingParams, rng: np.r
     return Proposal.chain(tokens, np.stack(q_rows) if q_rows else None)  # q: [k, n_vocab]
 
 
+def check_siblings(siblings: str) -> str:
+    if siblings not in SIBLINGS:
+        raise ValueError(f"siblings must be 'without replacement' or 'iid', got {siblings!r}")
+    return siblings
+
+
 class ModelDrafter:
     """A draft GPT-2: k autoregressive steps, each drawn from its filtered distribution.
 
@@ -58,8 +64,9 @@ class ModelDrafter:
         speculative_sample(target, ModelDrafter(load_model("124M")), ids, 40)
     """
 
-    def __init__(self, model: GPT2, tree_width: int = 2):
+    def __init__(self, model: GPT2, tree_width: int = 2, siblings: str = "without replacement"):
         self.model = model
+        self.siblings = check_siblings(siblings)  # how a sampled tree's siblings are drawn (trees.dynamic_tree)
         self.n_vocab = model.n_vocab
         self.n_ctx = model.n_ctx
         self.cache = model.new_cache()
@@ -74,7 +81,8 @@ class ModelDrafter:
         # after a fully accepted round also the last draft token (never fed in).
         if nodes is not None:
             pending = ids[self.cache.length :]
-            tree, calls = model_tree(self.model, self.cache, pending, k, nodes, self.tree_width, params, rng)
+            tree, calls = model_tree(self.model, self.cache, pending, k, nodes, self.tree_width, params, rng,
+                                     siblings=self.siblings)  # fmt: skip
             self.calls += calls
             return Proposal(*tree)
 
@@ -101,12 +109,13 @@ class EarlyExitDrafter:
         speculative_sample(target, EarlyExitDrafter(target, n_layer=6), ids, 40)  # or draft="early_exit:6"
     """
 
-    def __init__(self, target: GPT2, n_layer: int, tree_width: int = 2):
+    def __init__(self, target: GPT2, n_layer: int, tree_width: int = 2, siblings: str = "without replacement"):
         if not 1 <= n_layer < target.n_layer:
             raise ValueError(f"early exit needs 1 <= L < {target.n_layer} (the target's layers), got L={n_layer}")
         self.model = target
         self.n_layer = n_layer
         self.tree_width = tree_width  # children per expanded node when asked for a tree
+        self.siblings = check_siblings(siblings)  # how a sampled tree's siblings are drawn (trees.dynamic_tree)
         self.n_vocab = target.n_vocab
         self.n_ctx = target.n_ctx
         self.cache: KVCache | None = None  # the target's cache for the current run (set by begin)
@@ -121,7 +130,7 @@ class EarlyExitDrafter:
         start = self.cache.length
         if nodes is not None:
             tree, calls = model_tree(self.model, self.cache, ids[start:], k, nodes, self.tree_width, params, rng,
-                                     n_layer=self.n_layer)  # fmt: skip
+                                     n_layer=self.n_layer, siblings=self.siblings)  # fmt: skip
             self.calls += calls
             self.cache.rollback(start)  # the target verifies from here
             return Proposal(*tree)

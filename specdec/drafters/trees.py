@@ -37,7 +37,9 @@ import numpy as np
 from ..model.cache import KVCache
 from ..model.gpt2 import GPT2, softmax
 from ..sampling import SamplingParams, point_mass, probabilities
-from ..verify import draw_without_replacement, top_k_tokens
+from ..verify import draw_iid, draw_without_replacement, top_k_tokens
+
+SIBLINGS = ("without replacement", "iid")  # how a sampled tree's children of one node are drawn
 
 
 def continuation(text: np.ndarray, start: int, k: int) -> list[int]:
@@ -112,6 +114,7 @@ def dynamic_tree(
     width: int,
     params: SamplingParams,
     rng: np.random.Generator,
+    siblings: str = "without replacement",
 ) -> tuple[list[int], list[int], np.ndarray | None]:
     """EAGLE-2's expansion: grow a tree layer by layer from the draft's own confidence.
 
@@ -124,7 +127,9 @@ def dynamic_tree(
 
     Children of a node: at temperature 0, its `width` most likely distinct
     tokens; above it, `width` draws without replacement from the filtered draft
-    row, each with the renormalised row it was drawn from as its q (EAGLE).
+    row, each with the renormalised row it was drawn from as its q (EAGLE);
+    siblings="iid": `width` independent draws, each with the row itself as its q
+    (duplicates possible; what SpecTr's selection, verify.spectr_tree, needs).
 
     Returns (tokens, parents, q): q [n, n_vocab] float32, None at temperature 0.
     """
@@ -148,7 +153,8 @@ def dynamic_tree(
                 kids = top_k_tokens(row, room, floor=-np.inf)
             else:
                 probs = probabilities(row[None], params)[0]  # [n_vocab], filtered like the target
-                kids, rows = draw_without_replacement(probs, room, rng)
+                draw_siblings = draw_iid if siblings == "iid" else draw_without_replacement
+                kids, rows = draw_siblings(probs, room, rng)
                 q_rows.extend(rows)
             for token in kids:
                 grown.append(len(tokens))
@@ -173,6 +179,7 @@ def model_tree(
     params: SamplingParams,
     rng: np.random.Generator,
     n_layer: int | None = None,
+    siblings: str = "without replacement",
 ) -> tuple[tuple[list[int], list[int], np.ndarray | None], int]:
     """dynamic_tree with a GPT-2 as the draft: returns ((tokens, parents, q), draft passes made).
 
@@ -182,7 +189,7 @@ def model_tree(
     the cache cannot be a parent in gpt2.forward, so the layer before is fed
     again: a pass over <= `nodes` tokens costs little more than over a few).
     On return the cache holds the text, pending included, and no tree node.
-    `n_layer`: draft with the model's first layers only (early exit).
+    `n_layer`: draft with the model's first layers only (early exit). `siblings`: as in dynamic_tree.
     """
     calls = 0
     root: np.ndarray | None = None
@@ -198,7 +205,7 @@ def model_tree(
         return np.concatenate([root, rows])  # [n + 1, n_vocab]
 
     text_length = cache.length + len(pending)
-    tree = dynamic_tree(step, depth, nodes, width, params, rng)
+    tree = dynamic_tree(step, depth, nodes, width, params, rng, siblings)
     cache.rollback(text_length)
     return tree, calls
 

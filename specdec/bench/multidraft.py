@@ -1,0 +1,197 @@
+"""Several drafts for one position: the optimal acceptance against what each exact rule reaches, on real rows.
+
+    python -m specdec.bench --only multidraft                                  # the shipped family and SmolLM2
+    python -m specdec.bench --only multidraft --models family --positions 40   # a quick look, offline
+
+What it adds over the other sections: how much k candidates for one position can be worth at
+best (verify.optimal_acceptance, the bound no exact rule passes; Sun et al., arXiv 2310.15141;
+Hu et al., arXiv 2502.18779) and how close the rules come, with no coin flipped. For each
+model and drafter, the target writes a few continuations at temperature T; at every position
+of them, p is the target's row and q the drafter's (both filtered alike). Per position and k:
+    alpha           sum min(p, q): one draft (k = 1), the chain's acceptance
+    bound iid       optimal_acceptance(p, q, k): the best any exact rule can do with k i.i.d. drafts
+    SpecTr          1 - (1 - beta)^k, SpecTr's k-sequential selection (verify.spectr_plan), i.i.d. drafts
+    SpecInfer iid   sampled_tree's acceptance with k i.i.d. siblings, exactly (verify.specinfer_iid_acceptance)
+    bound wor       optimal_acceptance(p, q, k, replacement=False): k drafts without replacement
+    SpecInfer wor   sampled_tree's acceptance with siblings drawn without replacement (EAGLE's way):
+                    the exact acceptance given the siblings (verify.specinfer_acceptance), averaged
+                    over --draws draws of them per position (so ± a little)
+All columns are means over positions. The without-replacement bound enumerates subsets of q's
+support, so those columns need the rows filtered to at most 16 tokens: the `top_k` column says
+which filter the row used (none: the full vocabulary, i.i.d. columns only).
+
+A second table runs whole tree rounds with the family's draft model (--tree nodes, depth --depth):
+SpecInfer with siblings drawn without replacement (the default drafter), SpecInfer and SpecTr
+with i.i.d. siblings, each on the same prompts and seeds: tau, tokens per verification pass
+(± one standard error over rounds), and the time the rule itself takes per round (verify.verify
+on the round's logits, timed again in the on_round callback). A script that prints numbers, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .. import flags
+from ..autoregressive import autoregressive_sample
+from ..checkpoints import family
+from ..checkpoints.load import load_model
+from ..drafters import ModelDrafter
+from ..sampling import SamplingParams, probabilities
+from ..speculative import speculative_sample
+from ..verify import (
+    WOR_SUPPORT_MAX,
+    draw_without_replacement,
+    optimal_acceptance,
+    specinfer_acceptance,
+    specinfer_iid_acceptance,
+    spectr_acceptance,
+    verify,
+)
+from .block import load, mean, stderr
+from .suite import load_prompts
+
+COLUMNS = ("alpha", "bound_iid", "spectr", "specinfer_iid", "bound_wor", "specinfer_wor")
+
+
+def draft_rows(target, drafter: str, draft_model, text: list[int]) -> np.ndarray:
+    """[len(text), n_vocab] draft logits over the text: a draft model's, or the target's first L layers."""
+    if drafter.startswith("early_exit:"):
+        n_layer = int(drafter.split(":")[1])
+        return target.forward(text, target.new_cache(len(text)), n_layer=n_layer)
+    return draft_model(text)
+
+
+def positions(target, drafter, draft_model, prompts, n_tokens, T, seed):
+    """(p logits, q logits) [n_positions, n_vocab] each, at every position the target wrote at temperature T."""
+    p_all, q_all = [], []
+    for i, ids in enumerate(prompts):
+        out = autoregressive_sample(target, ids, n_tokens, temperature=T, seed=seed + i)
+        text = list(ids) + out.tokens
+        rows = slice(len(ids) - 1, len(text) - 1)  # the rows that gave each new token
+        p_all.append(target(text)[rows])
+        q_all.append(draft_rows(target, drafter, draft_model, text)[rows])
+    return np.concatenate(p_all), np.concatenate(q_all)
+
+
+def measure(p_logits, q_logits, T: float, top_k: int | None, Ks, draws: int, seed: int) -> dict:
+    """{k: {column: mean over positions}} for one filter; the wor columns only with top_k <= 16."""
+    params = SamplingParams(T, top_k=top_k)
+    p_rows, q_rows = probabilities(p_logits, params), probabilities(q_logits, params)
+    rng = np.random.default_rng(seed)
+    wor = top_k is not None and top_k <= WOR_SUPPORT_MAX
+    values: dict = {k: {c: [] for c in COLUMNS} for k in Ks}
+    for p, q in zip(p_rows, q_rows):
+        if wor and np.count_nonzero(q) > WOR_SUPPORT_MAX:  # a tie at the k-th logit kept more tokens
+            continue
+        for k in Ks:
+            v = values[k]
+            v["alpha"].append(float(np.minimum(p, q).sum(dtype=np.float64)))
+            v["bound_iid"].append(optimal_acceptance(p, q, k))
+            v["spectr"].append(spectr_acceptance(p, q, k))
+            v["specinfer_iid"].append(specinfer_iid_acceptance(p, q, k))
+            if wor:
+                v["bound_wor"].append(optimal_acceptance(p, q, k, replacement=False))
+                v["specinfer_wor"].append(mean([specinfer_acceptance(p, *draw_without_replacement(q, k, rng))
+                                                for _ in range(draws)]))  # fmt: skip
+    return {k: {c: mean(v) for c, v in values[k].items()} | {"positions": len(values[k]["alpha"])} for k in Ks}
+
+
+TREE_RULES = {  # label -> (how the drafter draws siblings, verification)
+    "SpecInfer, without replacement": ("without replacement", "token"),
+    "SpecInfer, iid": ("iid", "token"),
+    "SpecTr, iid": ("iid", "spectr"),
+}
+
+
+def tree_rounds(target, draft_model, prompts, n_tokens: int, T: float, nodes: int, depth: int, seed: int) -> dict:
+    """{rule: (tau per drafted round, seconds the rule took per round)} over whole tree rounds, same prompts and seeds."""
+    out = {}
+    for label, (siblings, verification) in TREE_RULES.items():
+        taus, seconds = [], []
+        params, timing_rng = SamplingParams(T), np.random.default_rng(seed)
+
+        def on_round(proposal, logits):
+            if len(proposal):
+                t0 = time.perf_counter()
+                verify(proposal, logits, params, timing_rng, "exact", verification)
+                seconds.append(time.perf_counter() - t0)
+
+        for i, ids in enumerate(prompts):
+            drafter = ModelDrafter(draft_model, siblings=siblings)
+            result = speculative_sample(target, drafter, ids, n_tokens, K=depth, tree=nodes, temperature=T,
+                                        seed=seed + i, verification=verification, on_round=on_round)  # fmt: skip
+            taus += [n + 1 for k, n in zip(result.k_per_round, result.accepted_per_round) if k > 0]
+        out[label] = (taus, seconds)
+    return out
+
+
+def main(argv=None) -> list[dict]:
+    ap = flags.Parser(prog="python -m specdec.bench --only multidraft", description=__doc__.split("\n\n")[0],
+                      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--models", default="family,smollm2-135m",
+                    help="'family' (stdlib-6L, its 2-layer draft and early exit) and/or a Llama/GPT-2 name (default %(default)s)")  # fmt: skip
+    ap.add_argument("--drafts", default="early_exit:29", help="drafters for the models other than the family (default %(default)s)")  # fmt: skip
+    ap.add_argument("--temperatures", default="0.6,1.0", help="(default %(default)s)")
+    ap.add_argument("--K", default="2,4,8", help="drafts per position (default %(default)s)")
+    ap.add_argument("--top_k", default="none,16", help="filters of both rows; 16 or fewer adds the without-replacement columns (default %(default)s)")  # fmt: skip
+    ap.add_argument("--prompts", type=int, default=3, help="prompts per setting (default %(default)s)")
+    ap.add_argument("--positions", type=int, default=32, help="positions (new tokens) per prompt (default %(default)s)")
+    ap.add_argument("--draws", type=int, default=20, help="draws of the siblings per position for SpecInfer wor (default %(default)s)")  # fmt: skip
+    ap.add_argument("--tree", type=int, default=8, help="nodes per tree in the whole-round table, 0: none (default %(default)s)")  # fmt: skip
+    ap.add_argument("--depth", type=int, default=4, help="tree depth in the whole-round table (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    Ks = [int(k) for k in args.K.split(",")]
+    filters = [None if f == "none" else int(f) for f in args.top_k.split(",")]
+    start, t0 = load(), time.perf_counter()
+    print(f"load average {start:.2f} at the start; {args.prompts} prompts x {args.positions} positions per setting, "
+          f"seeds {args.seed}..{args.seed + args.prompts - 1}")  # fmt: skip
+    print("| model | drafter | T | top_k | k | positions | alpha (k=1) | bound iid | SpecTr | SpecInfer iid "
+          "| bound wor | SpecInfer wor | gap SpecTr | gap SpecInfer iid | gap SpecInfer wor |")  # fmt: skip
+    print("|" + "---|" * 15)
+    rows = []
+    for name in args.models.split(","):
+        if name == "family":
+            target, draft_model = load_model(family.TARGET), load_model(family.DRAFT)
+            drafts = [family.DRAFT, f"early_exit:{family.EARLY_EXIT_LAYER}"]
+            texts = [p["text"] for p in family.prompts()[: args.prompts]]
+            label = family.TARGET
+        else:
+            target, draft_model, label = load_model(name), None, name
+            drafts = args.drafts.split(",")
+            suite = load_prompts()
+            texts = [suite[kind][0] for kind in list(suite)[: args.prompts]]  # the first prompt of each kind
+        prompts = [target.tokenizer.encode(t) for t in texts]
+        for drafter in drafts:
+            for T in temperatures:
+                p_logits, q_logits = positions(target, drafter, draft_model, prompts, args.positions, T, args.seed)
+                for top_k in filters:
+                    result = measure(p_logits, q_logits, T, top_k, Ks, args.draws, args.seed)
+                    for k in Ks:
+                        r = result[k] | {"model": label, "drafter": drafter, "T": T, "top_k": top_k, "k": k}
+                        rows.append(r)
+                        cells = [f"{r[c]:.3f}" if r[c] == r[c] else "-" for c in COLUMNS]
+                        gaps = [r["bound_iid"] - r["spectr"], r["bound_iid"] - r["specinfer_iid"],
+                                r["bound_wor"] - r["specinfer_wor"]]  # fmt: skip
+                        print(f"| {label} | {drafter} | {T} | {top_k or 'none'} | {k} | {r['positions']} | "
+                              + " | ".join(cells) + " | " + " | ".join(f"{g:.3f}" if g == g else "-" for g in gaps)
+                              + " |", flush=True)  # fmt: skip
+    if args.tree and "family" in args.models.split(","):
+        target, draft_model = load_model(family.TARGET), load_model(family.DRAFT)
+        prompts = [target.tokenizer.encode(p["text"]) for p in family.prompts()[: args.prompts]]
+        print(f"\nWhole rounds: {family.TARGET} with {family.DRAFT}, trees of {args.tree} nodes, depth {args.depth}, "
+              f"{args.prompts} prompts x {args.positions} tokens, seeds {args.seed}..{args.seed + args.prompts - 1}")  # fmt: skip
+        print("| T | rule | rounds | tau | rule time per round (ms) |")
+        print("|---|---|---|---|---|")
+        for T in temperatures:
+            for label, (taus, seconds) in tree_rounds(target, draft_model, prompts, args.positions, T, args.tree,
+                                                      args.depth, args.seed).items():  # fmt: skip
+                print(f"| {T} | {label} | {len(taus)} | {mean(taus):.2f} ± {stderr(taus):.2f} "
+                      f"| {1e3 * mean(seconds):.2f} |", flush=True)  # fmt: skip
+    print(f"\nload average {load():.2f} at the end; {time.perf_counter() - t0:.0f} s", file=sys.stdout)
+    return rows
