@@ -28,7 +28,7 @@ import numpy as np
 from .cache import KVCache
 from .gpt2 import attention, softmax  # noqa: F401 (softmax: for readers of both)
 from .kernels import Linear, linear
-from .packing import Row, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: for readers of both)
+from .packing import PREFILL_CHUNK, Row, in_chunks, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: for readers of both)
 
 F32 = np.float32
 
@@ -251,6 +251,11 @@ def forward(weights: LlamaWeights, h: LlamaHParams, tokens, cache: KVCache, last
     The only difference in the plumbing: positions enter through the rotation of
     q and k in every layer instead of an embedding added once.
     """
+    if parents is None and len(tokens) > PREFILL_CHUNK:  # a long prompt: in passes of PREFILL_CHUNK tokens
+        def run(part):  # one chunk, after the cache the chunks before it filled
+            return forward(weights, h, part, cache, last_only, n_layer, return_hidden)
+
+        return in_chunks(run, tokens, cache, last_only, return_hidden, PREFILL_CHUNK)
     out = forward_batch(weights, h, [tokens], [cache], last_only, n_layer, return_hidden, [parents])
     return (out[0][0], out[1][0]) if return_hidden else out[0]
 
