@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cache import KVCache
-from .kernels import Linear, linear
+from .kernels import Linear, linear, pass_threads
 from .packing import PREFILL_CHUNK, Row, in_chunks, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: gpt2.tree_mask, as before)
 
 F32 = np.float32
@@ -280,12 +280,13 @@ def forward_batch(
     flat, positions, rows = pack(hparams, tokens, caches, parents)
 
     x = weights.wte[flat] + weights.wpe[positions]  # [n_tok, n_embd]
-    for layer in range(n_layer):
-        x = packed_block(x, weights.blocks[layer], hparams, rows, layer)
-    for row in rows:
-        row.cache.length = row.n_past + row.stop - row.start
-    return lm_head_rows(x, rows, last_only, return_hidden, lambda h: layer_norm(
-        h, weights.ln_f_weight, weights.ln_f_bias, hparams.layer_norm_epsilon), weights.lm_head)  # fmt: skip
+    with pass_threads(len(flat)):  # OpenBLAS on one thread for a few tokens (kernels.pass_threads)
+        for layer in range(n_layer):
+            x = packed_block(x, weights.blocks[layer], hparams, rows, layer)
+        for row in rows:
+            row.cache.length = row.n_past + row.stop - row.start
+        return lm_head_rows(x, rows, last_only, return_hidden, lambda h: layer_norm(
+            h, weights.ln_f_weight, weights.ln_f_bias, hparams.layer_norm_epsilon), weights.lm_head)  # fmt: skip
 
 
 class GPT2:

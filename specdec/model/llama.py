@@ -27,7 +27,7 @@ import numpy as np
 
 from .cache import KVCache
 from .gpt2 import attention, softmax  # noqa: F401 (softmax: for readers of both)
-from .kernels import Linear, linear
+from .kernels import Linear, linear, pass_threads
 from .packing import PREFILL_CHUNK, Row, in_chunks, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: for readers of both)
 
 F32 = np.float32
@@ -272,12 +272,13 @@ def forward_batch(weights: LlamaWeights, h: LlamaHParams, tokens: list, caches: 
     cos, sin = rope_tables(positions, h.d_head, h.rope_theta, dtype)  # [n_tok, d_head] each
 
     x = weights.wte[flat]  # [n_tok, n_embd]: no position embedding
-    for layer in range(n_layer):
-        x = llama_block(x, weights.blocks[layer], h, rows, layer, cos, sin)
-    for row in rows:
-        row.cache.length = row.n_past + row.stop - row.start
-    return lm_head_rows(x, rows, last_only, return_hidden, lambda x: rms_norm(x, weights.norm_f, h.rms_eps),
-                        weights.lm_head)  # fmt: skip
+    with pass_threads(len(flat)):  # OpenBLAS on one thread for a few tokens (kernels.pass_threads)
+        for layer in range(n_layer):
+            x = llama_block(x, weights.blocks[layer], h, rows, layer, cos, sin)
+        for row in rows:
+            row.cache.length = row.n_past + row.stop - row.start
+        return lm_head_rows(x, rows, last_only, return_hidden, lambda x: rms_norm(x, weights.norm_f, h.rms_eps),
+                            weights.lm_head)  # fmt: skip
 
 
 class Llama:
