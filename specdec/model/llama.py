@@ -222,18 +222,20 @@ def llama_block(x, block: LlamaBlock, h: LlamaHParams, rows: list[Row], layer: i
     n_tok, dq, dkv = x.shape[0], h.n_head * h.d_head, h.n_kv_head * h.d_head  # widths of q and of k, v
     a = rms_norm(x, block.attn_norm, h.rms_eps)  # [n_tok, n_embd]
     qkv = linear(a, block.attn_qkv)  # [n_tok, dq + 2 * dkv]: q, k, v in one product
-    q = qkv[:, :dq].reshape(n_tok, h.n_head, h.d_head).transpose(1, 0, 2)  # [n_head, n_tok, d]
-    k = qkv[:, dq : dq + dkv].reshape(n_tok, h.n_kv_head, h.d_head).transpose(1, 0, 2)  # [n_kv_head, n_tok, d]
+    # q's and k's heads side by side, each token turned by its own position's angles, in one call.
+    # NOTE: keys are cached AFTER rotation, so a cached key carries its position for good.
+    qk = qkv[:, : dq + dkv].reshape(n_tok, h.n_head + h.n_kv_head, h.d_head).transpose(1, 0, 2)
+    qk = rotate(qk, cos, sin)  # [n_head + n_kv_head, n_tok, d]
+    q, k = qk[: h.n_head], qk[h.n_head :]  # [n_head, n_tok, d], [n_kv_head, n_tok, d]
     v = qkv[:, dq + dkv :].reshape(n_tok, h.n_kv_head, h.d_head).transpose(1, 0, 2)  # [n_kv_head, n_tok, d]
     out = np.empty_like(x)  # [n_tok, n_embd]: every row's attention output, packed like x
     for row in rows:
         s, n_seq = slice(row.start, row.stop), row.stop - row.start
         n_kv = row.n_past + n_seq
-        # NOTE: keys are cached AFTER rotation, so a cached key carries its position for good.
-        row.cache.k[layer, :, row.n_past : n_kv] = rotate(k[:, s], cos[s], sin[s])
+        row.cache.k[layer, :, row.n_past : n_kv] = k[:, s]
         row.cache.v[layer, :, row.n_past : n_kv] = v[:, s]
-        o = grouped_attention(rotate(q[:, s], cos[s], sin[s]), row.cache.k[layer, :, :n_kv],
-                              row.cache.v[layer, :, :n_kv], row.bias, h.n_kv_head)  # fmt: skip
+        o = grouped_attention(q[:, s], row.cache.k[layer, :, :n_kv], row.cache.v[layer, :, :n_kv], row.bias,
+                              h.n_kv_head)  # fmt: skip
         out[s] = o.transpose(1, 0, 2).reshape(n_seq, h.n_embd)  # [n_head, n_seq, d] -> [n_seq, n_embd]
     x = x + linear(out, block.attn_output)
 
