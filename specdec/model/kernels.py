@@ -141,8 +141,10 @@ def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
     about 3.6x a 1-token call; instead each core takes its part of W's rows
     (`Linear.parts`, on specdec's own threads, threads.py) and hands np.matmul
     a stack of matrix-vector products over L2-sized chunks of those rows
-    (`part_product`). Measurements and the variants that did not help: README,
-    "Performance".
+    (`part_product`). 17..MAX_SPLIT_ROWS tokens: each core one matrix-matrix
+    product over its rows, so no product waits for OpenBLAS's threads. More (a
+    prompt): OpenBLAS's own. Measurements and the variants that did not help:
+    docs/performance.md.
     """
     n_seq = x.shape[0]
     unsplit = len(lin.parts) == 1 or n_seq == 1 and not SPLIT_ONE_TOKEN
@@ -169,7 +171,7 @@ def part_product(x: np.ndarray, part: RowPart, out: np.ndarray) -> None:
     One token: one matrix-vector product. A few tokens: a stack of them, one per
     (chunk, token); np.matmul loops over the stack in C with the chunk
     outermost, so each chunk comes from RAM once and is re-read from L2 cache for
-    the other tokens.
+    the other tokens. Over MAX_CHUNKED_ROWS tokens: one matrix-matrix product.
     """
     n_seq, n_in = x.shape
     if n_seq == 1 or n_seq > MAX_CHUNKED_ROWS:  # one matrix-vector product, or one matrix-matrix product
