@@ -1,8 +1,8 @@
-"""One forward pass over m new tokens, for m around kernels.MAX_CHUNKED_ROWS (16), on a model by name.
+"""One forward pass over m new tokens, for m around kernels.MAX_SPLIT_ROWS (64), on a model by name.
 
-    python docs/measure_prefill.py smollm2-135m 1 16 17 32 95 400
+    python docs/measure_prefill.py smollm2-135m 1 16 17 64 65 95 400
 
-Prints the best of 3 passes for each m, and the load average before and after. Above 16 tokens
+Prints the best of 3 passes for each m, and the load average before and after. Above 64 tokens
 `kernels.linear` hands each product to OpenBLAS's own threads: fast on an idle machine, but on a
 2-core machine where one other job is running, that product waits for the busy core (see
 docs/performance.md, "Prompts on a busy machine").

@@ -98,14 +98,15 @@ def draft_step_call(model, draft: str, prompts: list[list[int]]):
 
 def pass_grid(b: int, m_max: int = M_MAX) -> list[int]:
     """The token counts n_tok whose pass is timed at batch size b: b x m for m = 1..m_max (r_B(m)),
-    fewer than b (the last rounds, after rows have left), and both sides of kernels.linear's switch to
-    OpenBLAS's threaded product (MAX_CHUNKED_ROWS), where a pass's price jumps, so that pricing a
-    ragged round by interpolation never straddles it.
+    fewer than b (the last rounds, after rows have left), and both sides of each of kernels.linear's
+    switches (from stacked matrix-vector chunks to one product per part at MAX_CHUNKED_ROWS, to
+    OpenBLAS's threaded product at MAX_SPLIT_ROWS), where a pass's price may jump, so that pricing a
+    ragged round by interpolation never straddles one.
 
         pass_grid(4)   # [1, 2, 4, 8, 12, 16, 17, 20, 24, 28, 32, 36]
     """
     fewer = [n for n in (1, 2, 4, 8) if n < b]
-    switch = [n for n in (kernels.MAX_CHUNKED_ROWS, kernels.MAX_CHUNKED_ROWS + 1) if n <= b * m_max]
+    switch = [n for edge in (kernels.MAX_CHUNKED_ROWS, kernels.MAX_SPLIT_ROWS) for n in (edge, edge + 1) if n <= b * m_max]
     return sorted({*fewer, *(b * m for m in range(1, m_max + 1)), *switch})
 
 

@@ -9,6 +9,10 @@ user actually runs. Two tables:
              time(1), m = 1..9, for the target and for random weights of GPT-2
              124M's shape, every pass interleaved with the others (timing.py), so
              the two columns saw the same machine load
+    floor    each step beside the least time this machine can take to read the
+             step's float32 weights once: weights x 4 bytes / the bandwidth of a
+             matrix-vector product over a matrix far larger than the caches,
+             measured in the same interleaved run
     drafters c = one draft step / one target step, for each drafter, measured by
              timing.measure_costs on the first prompt of the suite
     exits    how often the first L layers (then the final norm and LM head) pick
@@ -30,17 +34,36 @@ import numpy as np
 from .. import flags
 from ..autoregressive import autoregressive_sample, check_request
 from ..checkpoints.load import load_model
+from ..model.kernels import Linear
 from ..model.shapes import random_model
 from ..timing import measure_costs, pass_calls, time_calls
 from .suite import load_prompts
 
 M_MAX = 9
 CONTEXT = 256
+STREAM_BYTES = 512 << 20  # the bandwidth probe's matrix: 16x a 32 MB L3 cache, so every pass reads RAM
 EXIT_PROMPT = "Explain to a ten-year-old why the sky is blue."
 
 
+def weights_read(model) -> int:
+    """Weights one decoding step reads: every block's matrices and the LM head (norms and biases left out)."""
+    w = model.weights
+    blocks = sum(v.w_t.size for block in w.blocks for v in vars(block).values() if isinstance(v, Linear))
+    return blocks + w.lm_head.w_t.size
+
+
+def stream_call():
+    """A call that reads STREAM_BYTES of float32 weights once (np.dot: OpenBLAS's matrix-vector product on
+    every core), and the bytes it reads."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((STREAM_BYTES // 4096, 1024), dtype=np.float32)  # [rows, 1024]
+    x = rng.standard_normal(1024, dtype=np.float32)
+    return (lambda: np.dot(w, x)), w.nbytes
+
+
 def step_table(models: dict, repeats: int) -> dict:
-    """{name: {"step_ms": (median, min, max), "r": [r(1), ..]}}: all models' passes interleaved in one run."""
+    """{name: {"step_ms": (median, min, max), "r": [r(1), ..], "floor_ms": .., "weights": ..}, "bandwidth": GB/s}:
+    all models' passes and the bandwidth probe interleaved in one run."""
     calls, afters = {}, {}
     for name, model in models.items():
         cache = model.new_cache()
@@ -49,12 +72,16 @@ def step_table(models: dict, repeats: int) -> dict:
         for m, call in passes.items():
             calls[(name, m)] = call
             afters[(name, m)] = rollback
-    times = time_calls(calls, repeats, after=lambda key: afters[key](key))
-    out = {}
-    for name in models:
+    calls["stream"], stream_bytes = stream_call()
+    times = time_calls(calls, repeats, after=lambda key: afters[key](key) if key in afters else None)
+    bandwidth = stream_bytes / float(np.median(times["stream"]))  # bytes per second
+    out = {"bandwidth": bandwidth / 1e9}
+    for name, model in models.items():
         t1 = np.asarray(times[(name, 1)])
+        weights = weights_read(model)
         out[name] = {"step_ms": (1e3 * float(np.median(t1)), 1e3 * float(t1.min()), 1e3 * float(t1.max())),
-                     "r": [float(np.median(np.asarray(times[(name, m)]) / t1)) for m in range(1, M_MAX + 1)]}  # fmt: skip
+                     "r": [float(np.median(np.asarray(times[(name, m)]) / t1)) for m in range(1, M_MAX + 1)],
+                     "weights": weights, "floor_ms": 1e3 * 4 * weights / bandwidth}  # fmt: skip
     return out
 
 
@@ -91,12 +118,23 @@ def main(argv=None) -> dict:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"target {target!r}; load average {load:.2f} at the start")
 
-    steps = step_table({args.target: target, "GPT-2 124M shape (random)": random_model("124M")}, args.repeats)
+    gpt2 = "GPT-2 124M shape (random)"
+    steps = step_table({args.target: target, gpt2: random_model("124M")}, args.repeats)
+    bandwidth = steps.pop("bandwidth")
     print(f"\n| model | step ms at ctx {CONTEXT} (median, min-max) | " + " | ".join(f"r({m})" for m in range(2, M_MAX + 1)) + " |")
     print("|---" * (M_MAX + 1) + "|")
     for name, row in steps.items():
         med, lo, hi = row["step_ms"]
         print(f"| {name} | {med:.1f} ({lo:.1f}-{hi:.1f}) | " + " | ".join(f"{r:.2f}" for r in row["r"][1:]) + " |")
+    print(f"\nthe floor: this machine streams float32 weights at {bandwidth:.1f} GB/s (np.dot over a "
+          f"{STREAM_BYTES >> 20} MB matrix, interleaved with the steps above)")
+    print("| model | weights per step | floor ms (weights x 4 B / bandwidth) | step ms | step / floor |")
+    print("|---|---|---|---|---|")
+    for name, row in steps.items():
+        step = row["step_ms"][0]
+        print(f"| {name} | {row['weights'] / 1e6:.1f}M | {row['floor_ms']:.1f} | {step:.1f} | "
+              f"{step / row['floor_ms']:.2f} |")
+    print(f"{args.target} step / GPT-2 124M-shape step: {steps[args.target]['step_ms'][0] / steps[gpt2]['step_ms'][0]:.2f}")
 
     prompt = target.tokenizer.encode(next(iter(load_prompts().values()))[0])
     print("\n| drafter | c = draft step / target step | draft step ms |")
@@ -115,4 +153,4 @@ def main(argv=None) -> dict:
         print("| agreement | " + " | ".join(f"{a:.2f}" for a in agreement.values()) + " |")
     end = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"\nload average {end:.2f} at the end; {statistics.median([load, end]):.2f} in between, roughly")
-    return {"steps": steps, "costs": costs, "exit_agreement": agreement, "load": (load, end)}
+    return {"steps": steps, "bandwidth_gb_s": bandwidth, "costs": costs, "exit_agreement": agreement, "load": (load, end)}

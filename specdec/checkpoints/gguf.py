@@ -364,20 +364,20 @@ def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None =
     if extra:
         raise CheckpointError(f"{f.path}: unexpected tensors {', '.join(extra[:4])}: not a plain Llama")
 
-    def lin(key: str, heads: int | None = None) -> Linear:
+    def lin(key: str, heads: int | None = None) -> np.ndarray:
         w = f.tensor(key)  # [n_out, n_in]: already the transposed layout Linear keeps
-        return Linear(unpermute_rows(w, heads) if heads else w, None)
+        return unpermute_rows(w, heads) if heads else w
 
     blocks = []
     for i in range(h.n_layer):
         p = f"blk.{i}."
-        blocks.append(LlamaBlock(
+        blocks.append(LlamaBlock.fuse(
             attn_norm=f.tensor(p + "attn_norm.weight"), attn_q=lin(p + "attn_q.weight", h.n_head),
             attn_k=lin(p + "attn_k.weight", h.n_kv_head), attn_v=lin(p + "attn_v.weight"),
             attn_output=lin(p + "attn_output.weight"), ffn_norm=f.tensor(p + "ffn_norm.weight"),
             ffn_gate=lin(p + "ffn_gate.weight"), ffn_up=lin(p + "ffn_up.weight"), ffn_down=lin(p + "ffn_down.weight"),
         ))  # fmt: skip
-    head = lin("output.weight") if "output.weight" in f.tensors else None
+    head = Linear(lin("output.weight"), None) if "output.weight" in f.tensors else None
     weights = LlamaWeights(f.tensor("token_embd.weight"), blocks, f.tensor("output_norm.weight"), head)
     tokenizer = gguf_encoding(meta, f.path) if isinstance(tokens, list) else None
     return Llama(h, weights, tokenizer, name=name or f.path.stem)

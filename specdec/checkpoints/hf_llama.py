@@ -25,8 +25,10 @@ llama.rotate follows (pair i with i + d_head/2); it is GGUF whose Q and K rows
 are permuted (gguf.unpermute_rows).
 
 Every matrix is stored as torch's nn.Linear keeps it, [n_out, n_in]: exactly the
-layout kernels.Linear wants, so nothing is transposed. An F32 file's weights are
-used in place (read-only memory maps, no copy); the released BF16 files are
+layout kernels.Linear wants, so nothing is transposed. An F32 file's
+attn_output, ffn_down and embedding are used in place (read-only memory maps, no
+copy); q, k, v and gate, up are copied once per load into the fused matrices
+model/llama.py multiplies by (LlamaBlock.fuse); the released BF16 files are
 converted to float32 once per load. That is why there is no kept layout
 (layout.py) for a Llama: that file exists to save GPT-2's transposing copy, and
 here there is none to save. (A float32 copy of a BF16 file would save the
@@ -202,13 +204,8 @@ def load_hf_llama(folder: str | os.PathLike, name: str | None = None, with_token
                                   f"implies {shape}")  # fmt: skip
         _check_finite(named[key], key, where(key))
 
-    def block(i: int) -> LlamaBlock:
-        def field(name: str):
-            array = named[f"model.layers.{i}.{BLOCK_KEYS[name]}"]
-            # [n_out, n_in] as stored: Linear's own layout (a view of an F32 file, no copy)
-            return array if array.ndim == 1 else Linear(array, None)
-
-        return LlamaBlock(**{name: field(name) for name in BLOCK_KEYS})
+    def block(i: int) -> LlamaBlock:  # matrices [n_out, n_in] as stored: Linear's own layout
+        return LlamaBlock.fuse(**{name: named[f"model.layers.{i}.{key}"] for name, key in BLOCK_KEYS.items()})
 
     head = None if tied else Linear(named["lm_head.weight"], None)
     # np.asarray: a plain ndarray view of a memory map, so that the tied head's Linear holds this very

@@ -30,6 +30,7 @@ import numpy as np
 from ..checkpoints.pairs import read_json, show, weights_named, write_pair
 from ..checkpoints.safetensors import CheckpointError, read_safetensors
 from ..model.gpt2 import GPT2, softmax
+from ..model.llama import LlamaBlock
 from ..model.kernels import MAX_CHUNKED_ROWS, Linear, linear
 from ..sampling import SamplingParams, greedy, probabilities
 from .specs import HEADS
@@ -202,7 +203,9 @@ def model_fingerprint(target: GPT2) -> str:
     if w.lm_head.w_t is not w.wte:
         named.append(("lm_head.w_t", w.lm_head.w_t))
     for i, block in enumerate(w.blocks):
-        for field, value in vars(block).items():
+        # A Llama's fused matrices go in as the checkpoint's own (LlamaBlock.checkpoint_tensors), as they are stored.
+        tensors = block.checkpoint_tensors() if isinstance(block, LlamaBlock) else vars(block)
+        for field, value in tensors.items():
             if isinstance(value, Linear):  # w_t: [n_out, n_in], however it was loaded
                 named += [(f"h.{i}.{field}.w_t", value.w_t), (f"h.{i}.{field}.b", value.b)]
             else:

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cache import KVCache
-from .kernels import Linear, linear
-from .packing import Row, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: gpt2.tree_mask, as before)
+from .kernels import Linear, linear, pass_threads
+from .packing import PREFILL_CHUNK, Row, in_chunks, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: gpt2.tree_mask, as before)
 
 F32 = np.float32
 
@@ -240,6 +240,11 @@ def forward(
     the final hidden state after ln_f (what the LM head reads; what learned draft
     heads read), for every new token even when `last_only` trims the logits.
     """
+    if parents is None and len(tokens) > PREFILL_CHUNK:  # a long prompt: in passes of PREFILL_CHUNK tokens
+        def run(part):  # one chunk, after the cache the chunks before it filled
+            return forward(weights, hparams, part, cache, last_only, n_layer, return_hidden)
+
+        return in_chunks(run, tokens, cache, last_only, return_hidden, PREFILL_CHUNK)
     out = forward_batch(weights, hparams, [tokens], [cache], last_only, n_layer, return_hidden, [parents])
     return (out[0][0], out[1][0]) if return_hidden else out[0]
 
@@ -275,12 +280,13 @@ def forward_batch(
     flat, positions, rows = pack(hparams, tokens, caches, parents)
 
     x = weights.wte[flat] + weights.wpe[positions]  # [n_tok, n_embd]
-    for layer in range(n_layer):
-        x = packed_block(x, weights.blocks[layer], hparams, rows, layer)
-    for row in rows:
-        row.cache.length = row.n_past + row.stop - row.start
-    return lm_head_rows(x, rows, last_only, return_hidden, lambda h: layer_norm(
-        h, weights.ln_f_weight, weights.ln_f_bias, hparams.layer_norm_epsilon), weights.lm_head)  # fmt: skip
+    with pass_threads(len(flat)):  # OpenBLAS on one thread for a few tokens (kernels.pass_threads)
+        for layer in range(n_layer):
+            x = packed_block(x, weights.blocks[layer], hparams, rows, layer)
+        for row in rows:
+            row.cache.length = row.n_past + row.stop - row.start
+        return lm_head_rows(x, rows, last_only, return_hidden, lambda h: layer_norm(
+            h, weights.ln_f_weight, weights.ln_f_bias, hparams.layer_norm_epsilon), weights.lm_head)  # fmt: skip
 
 
 class GPT2:

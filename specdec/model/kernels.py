@@ -10,6 +10,7 @@ reasons for every constant below are in docs/performance.md.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,16 +19,23 @@ from . import threads
 
 F32 = np.float32
 
-# The kernel's constants, all measured on GPT-2 shapes (README, "Performance"):
+# The kernel's constants, measured on GPT-2's and SmolLM2's shapes (docs/performance.md):
 # Rows of a transposed weight matrix handled per gemv in a multi-token linear():
 # about 256 KB, so one chunk stays in its core's L2 cache (1 MB here) while every
 # token uses it (measured best of 64 KB..1.5 MB on an idle machine).
 CHUNK_BYTES = 1 << 18
-# Below this a matrix sits in cache anyway, and handing its parts to the workers costs more than
-# splitting saves: plain x @ W. It is GPT-2 124M's smallest matrix (768 x 768 floats), which is
-# split; every matrix of the shipped stdlib family is smaller (its step: 2.1 ms split, 0.32 ms not).
-SMALL_BYTES = 768 * 768 * 4
-MAX_CHUNKED_ROWS = 16  # measured crossover: above ~16 tokens, plain x @ W (OpenBLAS's own threads) wins
+# Below this a matrix is not split over the workers: handing its parts out costs more than the split
+# saves. 1 MB: every matrix of GPT-2 and of SmolLM2 (whose smallest, 576 x 576, is 1.3 MB) is split, as
+# a step streams each of them from RAM; the shipped stdlib family's block matrices (128 wide) are not.
+SMALL_BYTES = 1 << 20
+# 2..MAX_CHUNKED_ROWS tokens: each part as a stack of matrix-vector products over L2-sized chunks.
+MAX_CHUNKED_ROWS = 16
+# MAX_CHUNKED_ROWS + 1 .. MAX_SPLIT_ROWS tokens (a wide tree, a batch's verification pass): each part
+# as one matrix-matrix product on its worker, OpenBLAS on one thread. Above it (a prompt's chunk),
+# plain x @ W with OpenBLAS's own threads. NOTE: on a busy machine OpenBLAS's threaded product can
+# wait a scheduler time slice for its other thread: a [17, 576] x [576, 3072] product measured
+# 137 ms that way against 18 ms on specdec's workers (load 11, docs/performance.md).
+MAX_SPLIT_ROWS = 64
 # Parts each weight matrix's rows are split into, one per core, multiplied on
 # specdec's own threads (threads.py); 1 = no split, OpenBLAS threads every product.
 SPLIT_PARTS = threads.default_workers()
@@ -133,12 +141,14 @@ def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
     about 3.6x a 1-token call; instead each core takes its part of W's rows
     (`Linear.parts`, on specdec's own threads, threads.py) and hands np.matmul
     a stack of matrix-vector products over L2-sized chunks of those rows
-    (`part_product`). Measurements and the variants that did not help: README,
-    "Performance".
+    (`part_product`). 17..MAX_SPLIT_ROWS tokens: each core one matrix-matrix
+    product over its rows, so no product waits for OpenBLAS's threads. More (a
+    prompt): OpenBLAS's own. Measurements and the variants that did not help:
+    docs/performance.md.
     """
     n_seq = x.shape[0]
     unsplit = len(lin.parts) == 1 or n_seq == 1 and not SPLIT_ONE_TOKEN
-    if n_seq > MAX_CHUNKED_ROWS or unsplit and n_seq == 1:
+    if n_seq > MAX_SPLIT_ROWS or unsplit and n_seq == 1:
         # Many tokens (a prompt): the matrix-matrix kernel's repacking pays off,
         # with OpenBLAS's own threads. Unsplit, one token is OpenBLAS's matrix-vector
         # product over both cores.
@@ -161,10 +171,10 @@ def part_product(x: np.ndarray, part: RowPart, out: np.ndarray) -> None:
     One token: one matrix-vector product. A few tokens: a stack of them, one per
     (chunk, token); np.matmul loops over the stack in C with the chunk
     outermost, so each chunk comes from RAM once and is re-read from L2 cache for
-    the other tokens.
+    the other tokens. Over MAX_CHUNKED_ROWS tokens: one matrix-matrix product.
     """
     n_seq, n_in = x.shape
-    if n_seq == 1:
+    if n_seq == 1 or n_seq > MAX_CHUNKED_ROWS:  # one matrix-vector product, or one matrix-matrix product
         np.matmul(x, part.w_t.T, out=out)
         return
     rows = min(SMALL_GEMM_ROWS, SMALL_GEMM_MNK // (n_in * n_seq) // 8 * 8)  # a multiple of 8 (32-byte runs of y)
@@ -186,3 +196,16 @@ def part_product(x: np.ndarray, part: RowPart, out: np.ndarray) -> None:
     out[:, :n_main] = stacked.reshape(n_chunks, n_seq, chunk).transpose(1, 0, 2).reshape(n_seq, n_main)
     if n_main < out.shape[1]:  # the few rows left over after even chunks
         out[:, n_main:] = x @ part.w_t[n_main:].T
+
+
+def pass_threads(n_tok: int):
+    """How a forward pass over n_tok new tokens lets OpenBLAS thread (a context manager around the pass).
+
+    Up to MAX_SPLIT_ROWS tokens, OpenBLAS runs on one thread for the whole pass:
+    every large product is split over specdec's workers (`linear`), and what is
+    left (attention's products over a few queries, small matrices) is too small
+    for OpenBLAS's threads to pay: with them, attention over 9 new tokens measured
+    several times slower on a busy machine (threads.one_blas_thread says why). A
+    longer pass (a prompt's chunk) keeps OpenBLAS's own threads.
+    """
+    return threads.one_blas_thread() if n_tok <= MAX_SPLIT_ROWS else nullcontext()

@@ -27,8 +27,8 @@ import numpy as np
 
 from .cache import KVCache
 from .gpt2 import attention, softmax  # noqa: F401 (softmax: for readers of both)
-from .kernels import Linear, linear
-from .packing import Row, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: for readers of both)
+from .kernels import Linear, linear, pass_threads
+from .packing import PREFILL_CHUNK, Row, in_chunks, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: for readers of both)
 
 F32 = np.float32
 
@@ -67,19 +67,81 @@ class LlamaHParams:
             )
 
 
+class FusedRows:
+    """A checkpoint's matrix kept as rows of a fused one (LlamaBlock.attn_q, say, inside attn_qkv).
+
+    Reading it gives a Linear over a view of those rows (no copy); assigning a
+    Linear of the same shape writes its weights into those rows, so the fused
+    matrix the forward pass multiplies by is the one changed.
+    """
+
+    def __init__(self, fused: str, index: int):
+        self.fused, self.index = fused, index  # the fused field, and which of its parts this is
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def rows(self, block) -> np.ndarray:
+        w_t = getattr(block, self.fused).w_t  # [n_out of all parts, n_in]
+        edges = block.part_edges(self.fused)
+        return w_t[edges[self.index] : edges[self.index + 1]]  # a view
+
+    def __get__(self, block, owner=None):
+        return self if block is None else Linear(self.rows(block), None)
+
+    def __set__(self, block, value: Linear) -> None:
+        rows = self.rows(block)
+        if value.w_t.shape != rows.shape:
+            raise ValueError(f"{self.name} is {rows.shape[0]} x {rows.shape[1]}; got {value.w_t.shape}")
+        rows[...] = value.w_t
+
+
 @dataclass
 class LlamaBlock:
-    """One block's weights; names follow the GGUF tensors blk.N.<name>. Every matrix is a bias-free Linear."""
+    """One block's weights; names follow the GGUF tensors blk.N.<name>. Every matrix is a bias-free Linear.
+
+    Two groups of the checkpoint's matrices read the same input, so they are
+    stacked by rows at load time (`LlamaBlock.fuse`) and multiplied as one:
+    q, k and v as attn_qkv, gate and up as ffn_gate_up. A block then makes 4
+    products instead of 7, each reading its weights once, as GPT-2's fused
+    c_attn does. The checkpoint's own matrices remain readable by their names
+    (block.attn_q, ...: views of the fused rows, see FusedRows).
+    """
 
     attn_norm: np.ndarray  # [n_embd]
-    attn_q: Linear  # [n_embd] -> [n_head * d_head]
-    attn_k: Linear  # [n_embd] -> [n_kv_head * d_head]
-    attn_v: Linear  # [n_embd] -> [n_kv_head * d_head]
+    attn_qkv: Linear  # [n_embd] -> [(n_head + 2 * n_kv_head) * d_head]: q, then k, then v
     attn_output: Linear  # [n_embd] -> [n_embd]
     ffn_norm: np.ndarray  # [n_embd]
-    ffn_gate: Linear  # [n_embd] -> [n_ff]
-    ffn_up: Linear  # [n_embd] -> [n_ff]
+    ffn_gate_up: Linear  # [n_embd] -> [2 * n_ff]: gate, then up
     ffn_down: Linear  # [n_ff] -> [n_embd]
+
+    attn_q = FusedRows("attn_qkv", 0)  # [n_embd] -> [n_head * d_head]
+    attn_k = FusedRows("attn_qkv", 1)  # [n_embd] -> [n_kv_head * d_head]
+    attn_v = FusedRows("attn_qkv", 2)  # [n_embd] -> [n_kv_head * d_head]
+    ffn_gate = FusedRows("ffn_gate_up", 0)  # [n_embd] -> [n_ff]
+    ffn_up = FusedRows("ffn_gate_up", 1)  # [n_embd] -> [n_ff]
+
+    CHECKPOINT_NAMES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+                        "ffn_down")  # fmt: skip
+
+    @classmethod
+    def fuse(cls, attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down) -> "LlamaBlock":
+        """A block from the checkpoint's tensors: norms [n_embd], matrices as stored, [n_out, n_in]."""
+        return cls(attn_norm, Linear(np.concatenate([attn_q, attn_k, attn_v]), None), Linear(attn_output, None),
+                   ffn_norm, Linear(np.concatenate([ffn_gate, ffn_up]), None), Linear(ffn_down, None))  # fmt: skip
+
+    def part_edges(self, fused: str) -> tuple[int, ...]:
+        """Where each part of a fused matrix starts and stops, in its rows."""
+        if fused == "attn_qkv":
+            n_q = self.attn_output.w_t.shape[1]  # attn_output reads [n_head * d_head]
+            n_kv = (self.attn_qkv.w_t.shape[0] - n_q) // 2
+            return 0, n_q, n_q + n_kv, n_q + 2 * n_kv
+        n_ff = self.ffn_gate_up.w_t.shape[0] // 2
+        return 0, n_ff, 2 * n_ff
+
+    def checkpoint_tensors(self) -> dict:
+        """{GGUF name: the norm's array or the matrix's Linear}, the checkpoint's nine (views, no copies)."""
+        return {name: getattr(self, name) for name in self.CHECKPOINT_NAMES}
 
 
 @dataclass
@@ -157,25 +219,29 @@ def llama_block(x, block: LlamaBlock, h: LlamaHParams, rows: list[Row], layer: i
     row against the row's own cache. cos, sin: [n_tok, d_head], each token's own
     position's rotation. Writes this layer's k, v into each row's cache.
     """
-    n_tok = x.shape[0]
+    n_tok, dq, dkv = x.shape[0], h.n_head * h.d_head, h.n_kv_head * h.d_head  # widths of q and of k, v
     a = rms_norm(x, block.attn_norm, h.rms_eps)  # [n_tok, n_embd]
-    q = linear(a, block.attn_q).reshape(n_tok, h.n_head, h.d_head).transpose(1, 0, 2)  # [n_head, n_tok, d]
-    k = linear(a, block.attn_k).reshape(n_tok, h.n_kv_head, h.d_head).transpose(1, 0, 2)  # [n_kv_head, n_tok, d]
-    v = linear(a, block.attn_v).reshape(n_tok, h.n_kv_head, h.d_head).transpose(1, 0, 2)  # [n_kv_head, n_tok, d]
+    qkv = linear(a, block.attn_qkv)  # [n_tok, dq + 2 * dkv]: q, k, v in one product
+    # q's and k's heads side by side, each token turned by its own position's angles, in one call.
+    # NOTE: keys are cached AFTER rotation, so a cached key carries its position for good.
+    qk = qkv[:, : dq + dkv].reshape(n_tok, h.n_head + h.n_kv_head, h.d_head).transpose(1, 0, 2)
+    qk = rotate(qk, cos, sin)  # [n_head + n_kv_head, n_tok, d]
+    q, k = qk[: h.n_head], qk[h.n_head :]  # [n_head, n_tok, d], [n_kv_head, n_tok, d]
+    v = qkv[:, dq + dkv :].reshape(n_tok, h.n_kv_head, h.d_head).transpose(1, 0, 2)  # [n_kv_head, n_tok, d]
     out = np.empty_like(x)  # [n_tok, n_embd]: every row's attention output, packed like x
     for row in rows:
         s, n_seq = slice(row.start, row.stop), row.stop - row.start
         n_kv = row.n_past + n_seq
-        # NOTE: keys are cached AFTER rotation, so a cached key carries its position for good.
-        row.cache.k[layer, :, row.n_past : n_kv] = rotate(k[:, s], cos[s], sin[s])
+        row.cache.k[layer, :, row.n_past : n_kv] = k[:, s]
         row.cache.v[layer, :, row.n_past : n_kv] = v[:, s]
-        o = grouped_attention(rotate(q[:, s], cos[s], sin[s]), row.cache.k[layer, :, :n_kv],
-                              row.cache.v[layer, :, :n_kv], row.bias, h.n_kv_head)  # fmt: skip
+        o = grouped_attention(q[:, s], row.cache.k[layer, :, :n_kv], row.cache.v[layer, :, :n_kv], row.bias,
+                              h.n_kv_head)  # fmt: skip
         out[s] = o.transpose(1, 0, 2).reshape(n_seq, h.n_embd)  # [n_head, n_seq, d] -> [n_seq, n_embd]
     x = x + linear(out, block.attn_output)
 
     f = rms_norm(x, block.ffn_norm, h.rms_eps)  # [n_tok, n_embd]
-    gated = silu(linear(f, block.ffn_gate)) * linear(f, block.ffn_up)  # [n_tok, n_ff]
+    gate_up = linear(f, block.ffn_gate_up)  # [n_tok, 2 * n_ff]: gate and up in one product
+    gated = silu(gate_up[:, : h.n_ff]) * gate_up[:, h.n_ff :]  # [n_tok, n_ff]
     return x + linear(gated, block.ffn_down)  # [n_tok, n_embd]
 
 
@@ -187,6 +253,11 @@ def forward(weights: LlamaWeights, h: LlamaHParams, tokens, cache: KVCache, last
     The only difference in the plumbing: positions enter through the rotation of
     q and k in every layer instead of an embedding added once.
     """
+    if parents is None and len(tokens) > PREFILL_CHUNK:  # a long prompt: in passes of PREFILL_CHUNK tokens
+        def run(part):  # one chunk, after the cache the chunks before it filled
+            return forward(weights, h, part, cache, last_only, n_layer, return_hidden)
+
+        return in_chunks(run, tokens, cache, last_only, return_hidden, PREFILL_CHUNK)
     out = forward_batch(weights, h, [tokens], [cache], last_only, n_layer, return_hidden, [parents])
     return (out[0][0], out[1][0]) if return_hidden else out[0]
 
@@ -203,12 +274,13 @@ def forward_batch(weights: LlamaWeights, h: LlamaHParams, tokens: list, caches: 
     cos, sin = rope_tables(positions, h.d_head, h.rope_theta, dtype)  # [n_tok, d_head] each
 
     x = weights.wte[flat]  # [n_tok, n_embd]: no position embedding
-    for layer in range(n_layer):
-        x = llama_block(x, weights.blocks[layer], h, rows, layer, cos, sin)
-    for row in rows:
-        row.cache.length = row.n_past + row.stop - row.start
-    return lm_head_rows(x, rows, last_only, return_hidden, lambda x: rms_norm(x, weights.norm_f, h.rms_eps),
-                        weights.lm_head)  # fmt: skip
+    with pass_threads(len(flat)):  # OpenBLAS on one thread for a few tokens (kernels.pass_threads)
+        for layer in range(n_layer):
+            x = llama_block(x, weights.blocks[layer], h, rows, layer, cos, sin)
+        for row in rows:
+            row.cache.length = row.n_past + row.stop - row.start
+        return lm_head_rows(x, rows, last_only, return_hidden, lambda x: rms_norm(x, weights.norm_f, h.rms_eps),
+                            weights.lm_head)  # fmt: skip
 
 
 class Llama:
@@ -288,12 +360,12 @@ def random_llama(hparams: LlamaHParams | None = None, seed: int = 0, scale: floa
         return (rng.standard_normal(shape, dtype=F32) * F32(std)).astype(F32)
 
     def lin(n_in, n_out):
-        return Linear(normal(n_out, n_in), None)  # stored as [n_out, n_in], as GGUF has it
+        return normal(n_out, n_in)  # [n_out, n_in], as GGUF stores it
 
     kv = h.n_kv_head * h.d_head
-    blocks = [LlamaBlock(F32(1) + normal(h.n_embd, std=0.1), lin(h.n_embd, h.n_embd), lin(h.n_embd, kv),
-                         lin(h.n_embd, kv), lin(h.n_embd, h.n_embd), F32(1) + normal(h.n_embd, std=0.1),
-                         lin(h.n_embd, h.n_ff), lin(h.n_embd, h.n_ff), lin(h.n_ff, h.n_embd))
+    blocks = [LlamaBlock.fuse(F32(1) + normal(h.n_embd, std=0.1), lin(h.n_embd, h.n_embd), lin(h.n_embd, kv),
+                              lin(h.n_embd, kv), lin(h.n_embd, h.n_embd), F32(1) + normal(h.n_embd, std=0.1),
+                              lin(h.n_embd, h.n_ff), lin(h.n_embd, h.n_ff), lin(h.n_ff, h.n_embd))
               for _ in range(h.n_layer)]  # fmt: skip
     return Llama(h, LlamaWeights(normal(h.n_vocab, h.n_embd), blocks, F32(1) + normal(h.n_embd, std=0.1)),
                  name="random-llama")  # fmt: skip
