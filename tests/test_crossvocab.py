@@ -18,7 +18,7 @@ import pytest
 import tiktoken
 
 import specdec.drafters.crossvocab as crossvocab
-from specdec import autoregressive_sample, speculative_sample
+from specdec import autoregressive_sample, race, speculative_sample
 from specdec.drafters import make_drafter
 from specdec.drafters.crossvocab import CrossVocabDrafter, complete_utf8, spell, vocab_map
 from specdec.model.gpt2 import GPT2, HParams, random_weights
@@ -213,3 +213,32 @@ def test_settings_a_rule_cannot_keep_exact_are_refused(target, draft):
 
 def test_the_module_names_the_rules():
     assert crossvocab.CROSS_VOCAB == ("slem", "slrs", "tli")
+
+
+@pytest.mark.parametrize("rule", ["tli", "slem"])
+def test_race_takes_cross_vocab(target, draft, rule):
+    report = race(target, draft, PROMPT, 6, K=2, repeats=1, warmup=False, cross_vocab=rule)
+    assert report.settings["cross_vocab"] == rule
+    assert report.speculative[0].result.tokens == report.autoregressive[0].result.tokens
+    with pytest.raises(ValueError, match="'slem' is exact only at temperature 0"):
+        race(target, draft, PROMPT, 6, temperature=1.0, cross_vocab="slem")
+
+
+# --- the real pair: SmolLM2-135M drafted for by the shipped stdlib-2L (another tokenizer) -------
+
+
+@pytest.fixture(scope="module")
+def smollm2_and_stdlib(smollm2_gguf):
+    from specdec import load_model
+
+    return load_model(str(smollm2_gguf)), load_model("stdlib-2L")
+
+
+@pytest.mark.slow  # SmolLM2 decodes at a few tokens per second here
+@pytest.mark.parametrize("rule", ["tli", "slem"])
+@pytest.mark.parametrize("prompt,chat", [("def mean(xs):\n    total = 0\n", False), ("Name three rivers.", True)])
+def test_smollm2_with_a_stdlib_draft_is_smollm2s_greedy_decoding(smollm2_and_stdlib, rule, prompt, chat):
+    target, draft = smollm2_and_stdlib
+    expected = autoregressive_sample(target, prompt, 24, chat=chat).tokens
+    out = speculative_sample(target, draft, prompt, 24, K=4, chat=chat, cross_vocab=rule)
+    assert out.tokens == expected

@@ -28,7 +28,7 @@ from ..model.cache import KVCache
 from ..model.gpt2 import GPT2
 from ..model.llama import Llama
 from ..sampling import SamplingParams, draw, greedy, probabilities
-from .crossvocab import CROSS_VOCAB, CrossVocabDrafter
+from .crossvocab import CrossVocabDrafter, check_rule
 from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
 from .specs import parse_draft
@@ -222,7 +222,7 @@ def make_drafter(draft, target: GPT2, cross_vocab: str | None = None) -> Drafter
     if cross_vocab is not None:
         return _cross_vocab_drafter(draft, target, cross_vocab)
     drafter = _as_drafter(draft, target)
-    if isinstance(draft, (GPT2, Llama)) and not same_tokenizer(draft, target):
+    if isinstance(draft, (GPT2, Llama)) and draft.tokenizer and target.tokenizer and not same_tokenizer(draft, target):
         raise ValueError(f"the draft {draft.name} tokenizes text differently from the target {target.name}: pass "
                          "cross_vocab='tli' (any temperature) or 'slem' (greedy) to verify its drafts across "
                          "tokenizers (--cross_vocab tli|slem)")  # fmt: skip
@@ -235,9 +235,8 @@ def make_drafter(draft, target: GPT2, cross_vocab: str | None = None) -> Drafter
 
 
 def same_tokenizer(a, b) -> bool:
-    """Whether two models read text the same way (the same ids for the same text); True when
-    either has no tokenizer (test models: then only the vocabulary sizes can be compared)."""
-    if a.tokenizer is None or b.tokenizer is None or a.tokenizer is b.tokenizer:
+    """Whether two models with tokenizers read text the same way (the same ids for the same text)."""
+    if a.tokenizer is b.tokenizer:
         return a.n_vocab == b.n_vocab
     probe = "Tokenizers must agree: 123 \u00fcn\u00efcode <|endoftext|>\n\tdef f(x):  return x"
     return a.n_vocab == b.n_vocab and _spells(a.tokenizer, probe) == _spells(b.tokenizer, probe)
@@ -253,11 +252,7 @@ def _spells(tokenizer, text: str):
 def _cross_vocab_drafter(draft, target, cross_vocab: str) -> Drafter:
     if isinstance(draft, CrossVocabDrafter) and draft.rule == cross_vocab:
         return draft  # made already (race makes one for all its runs)
-    if cross_vocab not in CROSS_VOCAB:
-        raise ValueError(f"cross_vocab must be 'tli', 'slem' or 'slrs', got {cross_vocab!r}")
-    if cross_vocab == "slrs":
-        raise ValueError("cross_vocab='slrs' (string-level rejection sampling) is not implemented in specdec: use "
-                         "'tli' (exact at any temperature) or 'slem' (greedy)")  # fmt: skip
+    check_rule(cross_vocab)
     if not isinstance(draft, (GPT2, Llama)) or draft.tokenizer is None or target.tokenizer is None:
         raise ValueError(f"cross_vocab verifies a draft MODEL's tokens across tokenizers: pass a GPT2 or Llama draft, "
                          f"both with a tokenizer, not {draft!r:.60}")  # fmt: skip

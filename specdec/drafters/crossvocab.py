@@ -60,6 +60,17 @@ from ..sampling import SamplingParams, draw, probabilities
 CROSS_VOCAB = ("slem", "slrs", "tli")  # the rules of Timor et al.; "slrs" is refused (not implemented)
 
 
+def check_rule(rule: str, params: SamplingParams | None = None) -> None:
+    """A ValueError with one sentence for a rule specdec does not offer, or cannot keep exact with params."""
+    if rule not in CROSS_VOCAB:
+        raise ValueError(f"cross_vocab must be 'tli', 'slem' or 'slrs', got {rule!r}")
+    if rule == "slrs":
+        raise ValueError("cross_vocab 'slrs' (string-level rejection sampling) is not implemented in specdec: use "
+                         "'tli' (exact at any temperature) or 'slem' (temperature 0)")  # fmt: skip
+    if rule == "slem" and params is not None and not params.greedy:
+        raise ValueError("cross_vocab 'slem' is exact only at temperature 0 (greedy); for sampling use 'tli'")
+
+
 @dataclass(frozen=True)
 class VocabMap:
     """The tokens two vocabularies share: draft_ids[i] and target_ids[i] are the same bytes.
@@ -188,9 +199,7 @@ class CrossVocabDrafter:
 
     def check(self, params: SamplingParams) -> None:
         """Refuse settings the rule cannot keep exact."""
-        if self.rule == "slem" and not params.greedy:
-            raise ValueError("cross_vocab='slem' is exact only at temperature 0 (greedy); for sampling use "
-                             "cross_vocab='tli'")  # fmt: skip
+        check_rule(self.rule, params)
 
     def begin(self, target, cache, prompt) -> None:
         self.cache.rollback(0)
