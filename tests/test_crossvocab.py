@@ -23,7 +23,7 @@ from specdec.drafters import make_drafter
 from specdec.drafters.crossvocab import CrossVocabDrafter, complete_utf8, spell, vocab_map
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 from specdec.model.tokenizer import GPT2_PATTERN
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, probabilities
 
 from helpers import N_BROKEN, N_SAMPLES, assert_cache_holds, chi_square_passes, exact_continuations, sample_many
 
@@ -242,3 +242,11 @@ def test_smollm2_with_a_stdlib_draft_is_smollm2s_greedy_decoding(smollm2_and_std
     expected = autoregressive_sample(target, prompt, 24, chat=chat).tokens
     out = speculative_sample(target, draft, prompt, 24, K=4, chat=chat, cross_vocab=rule)
     assert out.tokens == expected
+
+
+def test_the_bench_measures_the_mass_on_shared_tokens(target, draft):
+    from specdec.bench.crossvocab import shared_mass
+
+    p = probabilities(target(TARGET_BPE.encode_ordinary("abcab")), SamplingParams(1.0))  # [n, 6]
+    expected = p[:, [0, 1, 2, 5]].sum(axis=1).mean()  # a, b, c and <|endoftext|>: what the draft also has
+    assert shared_mass(target, DRAFT_BPE, 5, "abcab") == pytest.approx(expected, rel=1e-6)
