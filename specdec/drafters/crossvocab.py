@@ -8,16 +8,16 @@ Algorithms for Heterogeneous Vocabularies" (ICML 2025), give rules that keep the
 output exactly the target's; two are here, behind the ordinary Drafter
 interface, so the round in speculative.py and verify.py are unchanged:
 
-    "tli"   token-level intersection (their Algorithm 4): the draft's q restricted
-            to tokens whose bytes are also ONE target token, renormalised, mapped to
-            the target's ids; then the ordinary rejection test against p. Exact at
-            any temperature, with top-k / top-p.
-    "slem"  string-level exact match (their Algorithm 2): the draft's greedy tokens
-            decoded to bytes, re-encoded with the target's tokenizer, and the target's
-            greedy tokens accept the longest matching prefix. Exact at temperature 0
-            only (greedy verification never reads q); sampling is refused.
-    "slrs"  string-level rejection sampling (their Algorithm 3) is not implemented:
-            its q of a string sums over every draft tokenization of that string.
+    "tli"   token-level intersection: the draft's q restricted to the tokens whose
+            bytes are also ONE target token, renormalised, mapped to the target's
+            ids; then the ordinary rejection test against p. Exact at any
+            temperature, with top-k / top-p.
+    "slem"  string-level exact match: the draft's greedy tokens decoded to bytes,
+            re-encoded with the target's tokenizer, and the target's greedy tokens
+            accept the longest matching prefix. Exact at temperature 0 only (greedy
+            verification never reads q); sampling is refused.
+    "slrs"  string-level rejection sampling is not implemented: its q of a string
+            sums over every draft tokenization of that string.
 
 Letters as in speculative.py: p is the TARGET's distribution, q the DRAFT's.
 
@@ -32,12 +32,12 @@ this affects exactness: what the draft conditions on only changes how good its
 guesses are; exactness needs only that q is what the drafts were drawn from.
 
 A worked boundary (SmolLM2 target, stdlib-2L draft, docs/cross-vocab.md): the
-draft proposes " ret" + "urn" (two stdlib tokens); the bytes " return" are one
-SmolLM2 token. TLI can only propose draft tokens whose bytes are a whole target
-token, so it proposes " return" only when the draft has that token. SLEM
-re-encodes the bytes, and drops the last re-encoded token when more draft text
-could have extended it (" ret" is a prefix of " return": proposing " ret" alone
-would usually be rejected). Byte-level pieces need not be valid UTF-8 alone
+text "    total" is SmolLM2's "   " + " total" and the stdlib BPE's "   " + " t" +
+"otal". TLI proposes only draft tokens whose bytes are a whole target token: it
+may propose " t" (SmolLM2 has it too), which the target, wanting " total",
+rejects. SLEM re-encodes the draft's bytes " t", "otal" as SmolLM2's " total",
+and drops the last re-encoded token when more draft text could have extended it
+(the draft stopping after " t" gives " t", a prefix of " total": dropped). Byte-level pieces need not be valid UTF-8 alone
 ("é" is two bytes; a draft token may end between them): everything is bytes
 until the target's tokenizer reads them, and an incomplete trailing character
 is left for the next round.
@@ -249,7 +249,7 @@ class CrossVocabDrafter:
         return self.model.forward(new, self.cache, last_only=True)[0]
 
     def propose_tli(self, new: list[int], k: int, params: SamplingParams, rng) -> Proposal:
-        """Token-level intersection (Timor et al., Algorithm 4).
+        """Token-level intersection (Timor et al.'s TLI).
 
         Draft step i: q_draft from the draft's logits (filtered like the target), then
             q_i(y) = q_draft(x) / sum_{x' shared} q_draft(x')   for y the target id of a shared x,
@@ -291,7 +291,7 @@ class CrossVocabDrafter:
         return row / mass if mass > 0 else None
 
     def propose_slem(self, new: list[int], k: int) -> Proposal:
-        """String-level exact match (Timor et al., Algorithm 2), greedy only.
+        """String-level exact match (Timor et al.'s SLEM), greedy only.
 
         The draft writes k tokens greedily; their bytes are re-encoded with the target's
         tokenizer, starting at the text's end (the target's own tokens so far are kept as they
