@@ -49,6 +49,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.checkpoints.load import load_model
     from specdec.checkpoints.wheel import WHEELS
     from specdec.costmodel import K_LIMIT, parse_k
+    from specdec.drafters.crossvocab import check_rule
     from specdec.drafters.specs import DraftSpec, parse_draft
     from specdec.model.tokenizer import control_ids, encode_text
     from specdec.race import RaceInterrupted
@@ -105,6 +106,10 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     add("--verification", choices=["token", "block"], default="token", help="how the target judges a chain of "
         "drafts: 'token' (draft by draft) or 'block' (jointly, Sun et al. 2024: exact too, never fewer tokens per "
         "round in expectation) (default: %(default)s)")
+    add("--cross_vocab", choices=["tli", "slem", "slrs"], default=None, help="a draft model with ANOTHER tokenizer, "
+        "verified exactly (Timor et al. 2025): 'tli' (token-level intersection, any temperature) or 'slem' "
+        "(string-level exact match, temperature 0); 'slrs' is not implemented; default: the draft must share the "
+        "target's tokenizer")
     add("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
     add("--chat", action="store_true", help="send the prompt as a user message in the chat model's template "
         "(the smollm2 models); both decoders stop at the end of the reply")
@@ -135,7 +140,9 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         if args.verification == "block" and args.tree is not None:
             raise ValueError("--verification block judges chains: leave out --tree")
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
-        SamplingParams(args.temperature, args.top_k, args.top_p)
+        params = SamplingParams(args.temperature, args.top_k, args.top_p)
+        if args.cross_vocab is not None:
+            check_rule(args.cross_vocab, params)
         check_names(args)  # by the names alone: nothing is fetched yet
         if args.batch is not None:
             whole_number(args.batch, "--batch", 1)
@@ -167,6 +174,7 @@ def check_names(args) -> None:
             draft_model=spec.arg if speculative and spec.kind == "model" else None,
             early_exit=spec.arg if speculative and spec.kind == "early_exit" else None,
             chat=args.chat, n_tokens=args.n_tokens_to_generate, k=widest if speculative else 0,
+            cross_vocab=args.cross_vocab is not None,
         )  # fmt: skip
     except ValueError as e:
         if "tokenize text differently" in str(e) and "draft" not in flags.given(args):
@@ -185,10 +193,13 @@ def refuse_ignored(p, args) -> None:
         ("top_k", greedy, "has no effect at temperature 0 (greedy decoding takes the top token); give --temperature"),
         ("top_p", greedy, "has no effect at temperature 0 (greedy decoding takes the top token); give --temperature"),
         ("seed", greedy, "has no effect at temperature 0 (greedy decoding draws nothing); give --temperature"),
+        ("cross_vocab", spec.kind != "model", f"verifies a draft model with another tokenizer; the draft here is "
+         f"{args.draft}"),
+        ("cross_vocab", args.batch is not None, "is not offered with --batch"),
         ("ngram_max", spec.kind != "ngram", f"only applies to --draft ngram; the draft here is {args.draft}"),
         ("ngram_max", args.draft != "ngram", f"and --draft {args.draft} both set the n-gram length; give one"),
         *((dest, only_ar, "is about the speculative decoder, which --only autoregressive does not run")
-          for dest in ("draft", "K", "tree", "k_max", "ngram_max", "verification")),
+          for dest in ("draft", "K", "tree", "k_max", "ngram_max", "verification", "cross_vocab")),
         ("prompt", args.batch is not None, "is one prompt; --batch reads its prompts from --prompt_file"),
         ("no_warmup", args.batch is not None, "is not offered with --batch (the batch always runs untimed first)"),
     ])  # fmt: skip
@@ -306,7 +317,8 @@ def run(args) -> int:
     elif spec.kind == "model":
         draft, draft_load = load(spec.arg, args)
         draft_label = f"{spec.arg} ({plural(draft.n_layer, 'layer')}, {draft.n_embd} wide)"
-        check_same_tokenizer(target, draft, args)
+        if args.cross_vocab is None:
+            check_same_tokenizer(target, draft, args)
 
     if args.float64:  # the target only: a draft (even the target itself) stays float32
         target = target.astype(np.float64)
@@ -341,7 +353,7 @@ def run(args) -> int:
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                       repeats=args.repeats, warmup=not args.no_warmup, k_max=args.k_max, decoders=decoders,
                       on_token=stream, on_decoder=stream and stream.start, tree=args.tree, chat=args.chat,
-                      on_status=status, verification=args.verification)  # fmt: skip
+                      on_status=status, verification=args.verification, cross_vocab=args.cross_vocab)  # fmt: skip
     except RaceInterrupted as e:  # Ctrl-C: show what was measured, then exit 130
         report, interrupted = e.report, e.during
     status.clear()
@@ -502,7 +514,8 @@ def check_same_tokenizer(target, draft, args) -> None:
     encode = lambda model: model.tokenizer.encode(probe, allowed_special="all")  # noqa: E731
     if target.tokenizer and draft.tokenizer and encode(target) != encode(draft):
         raise ValueError(f"the draft {args.draft} and target {args.target_model_size} tokenize text differently; "
-                         f"speculative decoding needs a draft with the target's tokenizer")
+                         f"give --cross_vocab tli (any temperature) or slem (temperature 0), or a draft with the "
+                         f"target's tokenizer")
 
 
 def parse_tree(text: str | None):

@@ -34,7 +34,7 @@ from .costmodel import (
     predicted_speedup,
     speedup_from_rounds,
 )
-from .drafters import make_drafter
+from .drafters import CrossVocabDrafter, make_drafter
 from .model.gpt2 import GPT2
 from .result import DecodeResult, TokenCallback, fmt, sparkline, token_pieces, trace_html
 from .sampling import SamplingParams
@@ -378,7 +378,7 @@ def race(
     repeats: int = 3, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
     on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
     chat: bool = False, on_status: Callable[[str], None] | None = None, verification: str = "token",
-    allow_special: bool = False,
+    allow_special: bool = False, cross_vocab: str | None = None,
 ) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request, interleaved, and time them.
 
@@ -394,13 +394,14 @@ def race(
     on_status(text) is told what the race is doing (measuring, warming up, which repeat), for a status
     line. Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far. verification:
     "token" or "block" (speculative_sample's: how a chain of drafts is judged). allow_special=True: control
-    strings typed in the text become control tokens; by default they are plain text.
+    strings typed in the text become control tokens; by default they are plain text. cross_vocab: a draft
+    model with another tokenizer, "tli" or "slem" (speculative_sample's).
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup, report.spread, report.verdict
     """
     # Check the whole request before spending time on measurements.
-    SamplingParams(temperature, top_k, top_p)
+    params = SamplingParams(temperature, top_k, top_p)
     if verification not in VERIFICATION or (verification == "block" and tree is not None):
         raise ValueError(f"verification must be 'token' or 'block' (block: chains only, no tree), got {verification!r}")
     request = prompt  # with chat=True the samplers get the text and wrap it themselves
@@ -410,7 +411,9 @@ def race(
     if unknown or not decoders:
         raise ValueError(f"decoders must be some of {DECODERS}, got {tuple(decoders)}")
     run_speculative = "speculative" in decoders
-    checked = make_drafter(draft, target) if run_speculative else None  # heads are read from disk once here
+    checked = make_drafter(draft, target, cross_vocab) if run_speculative else None  # heads are read once here
+    if isinstance(checked, CrossVocabDrafter):
+        checked.check(params)  # SLEM: greedy only
     if run_speculative:
         K = parse_k(K)  # a word or an int: each run gets a fresh policy
         make_tree_policy(tree, None, target)  # checks `tree`
@@ -427,7 +430,7 @@ def race(
         raise RaceInterrupted(None, "measuring the costs") from None
     settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
                     top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
-                    verification=verification)  # fmt: skip
+                    verification=verification, cross_vocab=cross_vocab)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat,
                     allow_special=allow_special)  # fmt: skip
@@ -440,7 +443,7 @@ def race(
             result = autoregressive_sample(target, request, n, on_token=stream, **sampling)
             seconds = time.perf_counter() - start
             return Run(result, seconds, verify_seconds=seconds)
-        drafter = make_drafter(draft, target)
+        drafter = make_drafter(draft, target, cross_vocab)
         k_policy = make_k_policy(K, k_max, costs=lambda: costs)
         tree_policy = TreePolicy(costs.c, costs.r) if tree == "auto" else tree  # learns afresh each run
         with (

@@ -38,7 +38,7 @@ import numpy as np
 
 from .autoregressive import check_request, end_of_reply, make_rng
 from .costmodel import make_k_policy, make_tree_policy
-from .drafters import make_drafter
+from .drafters import CrossVocabDrafter, make_drafter
 from .interfaces import Proposal
 from .model.gpt2 import GPT2
 from .result import DecodeResult, TokenCallback
@@ -56,7 +56,7 @@ def speculative_sample(
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
     tree=None, acceptance: str = "exact", chat: bool = False, verification: str = "token",
-    on_round: RoundCallback | None = None, allow_special: bool = False,
+    on_round: RoundCallback | None = None, allow_special: bool = False, cross_vocab: str | None = None,
 ) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids by speculative sampling: exactly the target's distribution.
 
@@ -73,13 +73,18 @@ def speculative_sample(
     is SpecInfer's rule and "spectr" SpecTr's k-sequential selection, which needs a drafter drawing
     siblings i.i.d. (ModelDrafter(model, siblings="iid"), EarlyExitDrafter(target, L, siblings="iid")).
     on_round(proposal, logits): called after each verification pass (for measurements; see RoundCallback).
+    cross_vocab: a draft model with ANOTHER tokenizer, verified exactly by Timor et al.'s rules
+    (drafters/crossvocab.py): "tli" (token-level intersection, any temperature) or "slem"
+    (string-level exact match, greedy only); "slrs" is refused (not implemented).
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
     prompt = check_request(target, prompt_ids, n_tokens, chat, allow_special)
     stop = end_of_reply(target, chat)
     rng = make_rng(seed, rng)
-    drafter = make_drafter(draft, target)
+    drafter = make_drafter(draft, target, cross_vocab)
+    if isinstance(drafter, CrossVocabDrafter):
+        drafter.check(params)  # SLEM: greedy only
     k_policy = make_k_policy(K, costs=lambda: measure_costs(target, drafter, prompt))  # "auto" times passes first
     tree_policy = make_tree_policy(tree, drafter, target)
     if acceptance not in ACCEPTANCE:

@@ -12,10 +12,11 @@
     python -m specdec.bench --only block                     # block against token-wise verification, same drafts
     python -m specdec.bench --only multidraft                # k drafts for one position: the bound against each rule
     python -m specdec.bench --only batch                     # throughput vs batch size, where speculation stops paying
+    python -m specdec.bench --only cross-vocab               # SmolLM2 with a stdlib-2L draft: another tokenizer
     python -m specdec.bench --only family --help             # the flags of that group of sections
 
-Sections come in groups that share their flags (speed.py, trees.py, family.py,
-heads.py, suite.py, real.py, block.py, multidraft.py, batch.py in this folder): `--only` may name several sections of one
+Sections come in groups that share their flags (speed.py, trees.py, family.py, heads.py, suite.py,
+real.py, block.py, multidraft.py, batch.py, crossvocab.py in this folder): `--only` may name several sections of one
 group, and the other flags are that group's. A script that prints numbers, not a test.
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import sys
 
-from . import batch, block, family, heads, multidraft, real, speed, suite, trees
+from . import batch, block, crossvocab, family, heads, multidraft, real, speed, suite, trees
 
 # section -> (the group's main, the arguments that select the section within it)
 SECTIONS = {
@@ -39,6 +40,7 @@ SECTIONS = {
     "block": (block.main, []),
     "multidraft": (multidraft.main, []),
     "batch": (batch.main, []),
+    "cross-vocab": (crossvocab.main, []),
 }
 
 

@@ -90,20 +90,22 @@ def footprint(names) -> tuple[int, int]:
 
 
 def check_pair(target: str, draft_model: str | None = None, early_exit: int | None = None, chat: bool = False,
-               n_tokens: int = 1, k: int = 1) -> None:  # fmt: skip
+               n_tokens: int = 1, k: int = 1, cross_vocab: bool = False) -> None:  # fmt: skip
     """Refuse, by names alone, what cannot work: ValueError with one sentence. Unknown names pass.
 
     draft_model: the draft's name when the draft is a model; early_exit: L for early_exit:L;
     n_tokens: new tokens asked for; k: the widest draft a round may verify (K, k_max or a tree's nodes).
+    cross_vocab: the draft model may have another tokenizer (its drafts are re-spelt, drafters/crossvocab.py).
     """
     t = card(target)
     if t is None:
         return
     d = card(draft_model) if draft_model is not None else None
-    if d is not None and d.tokenizer != t.tokenizer:
+    if d is not None and d.tokenizer != t.tokenizer and not cross_vocab:
         raise ValueError(
             f"the draft {draft_model} ({TOKENIZERS[d.tokenizer]}) and the target {target} ({TOKENIZERS[t.tokenizer]}) "
-            "tokenize text differently; speculative decoding needs a draft with the target's tokenizer"
+            "tokenize text differently; give --cross_vocab tli (any temperature) or slem (temperature 0), or a draft "
+            "with the target's tokenizer"
         )
     if early_exit is not None and not 1 <= early_exit < t.layers:
         raise ValueError(f"early exit needs 1 <= L < {t.layers} (the layers of {target}), got L={early_exit}")

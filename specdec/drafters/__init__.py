@@ -11,6 +11,9 @@ three drafters implement it:
     NgramDrafter     no model: copy what followed the last earlier occurrence of
                      the current suffix (prompt lookup decoding)
 
+and, for a draft model with ANOTHER tokenizer, CrossVocabDrafter (crossvocab.py):
+its drafts re-spelt in the target's vocabulary by Timor et al.'s exact rules.
+
 Asked for a tree (`nodes` given), each grows one with trees.py: the two model
 drafters by EAGLE-2's expansion (`tree_width` children for the most confident
 nodes of each layer), the n-gram drafter as a trie of every earlier occurrence.
@@ -25,6 +28,7 @@ from ..model.cache import KVCache
 from ..model.gpt2 import GPT2
 from ..model.llama import Llama
 from ..sampling import SamplingParams, draw, greedy, probabilities
+from .crossvocab import CrossVocabDrafter, check_rule
 from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
 from .specs import parse_draft
@@ -215,20 +219,53 @@ class NgramDrafter:
         pass
 
 
-def make_drafter(draft, target: GPT2) -> Drafter:
+def make_drafter(draft, target: GPT2, cross_vocab: str | None = None) -> Drafter:
     """Turn what a caller passed as `draft` into a drafter for `target`.
 
     A GPT2 or a Llama becomes a ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with
     n_max N (default 3); "early_exit:L" an EarlyExitDrafter over the target's
     first L layers; a Drafter (interfaces.py) is used as it is.
+    cross_vocab ("tli" or "slem"): the draft model's tokenizer differs from the target's, and
+    its drafts are re-spelt in the target's vocabulary by that rule (crossvocab.py).
     """
+    if cross_vocab is not None:
+        return _cross_vocab_drafter(draft, target, cross_vocab)
     drafter = _as_drafter(draft, target)
+    if isinstance(draft, (GPT2, Llama)) and draft.tokenizer and target.tokenizer and not same_tokenizer(draft, target):
+        raise ValueError(f"the draft {draft.name} tokenizes text differently from the target {target.name}: pass "
+                         "cross_vocab='tli' (any temperature) or 'slem' (greedy) to verify its drafts across "
+                         "tokenizers (--cross_vocab tli|slem)")  # fmt: skip
     if drafter.n_vocab != target.n_vocab:
         raise ValueError(
             f"draft and target must share a vocabulary: the draft has {drafter.n_vocab} tokens, "
             f"the target {target.n_vocab}; pick a draft from the target's family (GPT-2 models all have 50257)"
         )
     return drafter
+
+
+def same_tokenizer(a, b) -> bool:
+    """Whether two models with tokenizers read text the same way (the same ids for the same text)."""
+    if a.tokenizer is b.tokenizer:
+        return a.n_vocab == b.n_vocab
+    probe = "Tokenizers must agree: 123 \u00fcn\u00efcode <|endoftext|>\n\tdef f(x):  return x"
+    return a.n_vocab == b.n_vocab and _spells(a.tokenizer, probe) == _spells(b.tokenizer, probe)
+
+
+def _spells(tokenizer, text: str):
+    try:
+        return tokenizer.encode(text, allowed_special="all")
+    except ValueError:  # a character this vocabulary cannot spell
+        return None
+
+
+def _cross_vocab_drafter(draft, target, cross_vocab: str) -> Drafter:
+    if isinstance(draft, CrossVocabDrafter) and draft.rule == cross_vocab:
+        return draft  # made already (race makes one for all its runs)
+    check_rule(cross_vocab)
+    if not isinstance(draft, (GPT2, Llama)) or draft.tokenizer is None or target.tokenizer is None:
+        raise ValueError(f"cross_vocab verifies a draft MODEL's tokens across tokenizers: pass a GPT2 or Llama draft, "
+                         f"both with a tokenizer, not {draft!r:.60}")  # fmt: skip
+    return CrossVocabDrafter(draft, target, cross_vocab)
 
 
 def _as_drafter(draft, target: GPT2) -> Drafter:
