@@ -71,6 +71,9 @@ def test_implausible_curves():
     assert implausible([1.0, 1.1, 1.3, 1.6, 2.0]) is None
     assert "r(8) = 20.0 is above 8" in implausible([1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 20.0])
     assert "a longer pass cost less" in implausible([1.0, 1.2, 3.0, 1.5])
+    assert "r(2) = 0.90 is below 1: one pass over 2 tokens cost less than a 1-token step" in implausible([1.0, 0.9, 1.3])
+    assert "r(3) = 0.95 is below 1" in implausible([1.0, 1.0, 0.95])
+    assert plausible([1.0, 0.9, 1.3]) == [1.0, 1.0, 1.3]
     assert plausible([1.0, 5.0, 1.5, 9.0]) == [1.0, 2.0, 2.0, 4.0]
     assert implausible(plausible([1.0, 5.0, 1.5, 9.0])) is None
 
@@ -80,7 +83,7 @@ def test_measure_costs_measures_again_before_using_an_implausible_curve(monkeypa
     curves = [[1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 20.0, 31.5], [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]]
     repeats = []
 
-    def fake(target, draft, context, m_max, n, rng):
+    def fake(calls, after, n, rng):
         repeats.append(n)
         return Costs(0.01, 0.001, list(curves[min(len(repeats) - 1, len(curves) - 1)]))
 
