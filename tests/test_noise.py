@@ -99,3 +99,21 @@ def test_measure_costs_measures_again_before_using_an_implausible_curve(monkeypa
     repeats.clear()
     costs = measure_costs(target, None, [1, 2], repeats=3)
     assert repeats == [3, 6, 12] and implausible(costs.r) is None and "stayed implausible" in costs.note
+
+
+def test_measure_costs_measures_again_when_a_pass_cost_less_than_a_step(monkeypatch):
+    """r(2) = 0.9 would price a 2-token pass under a 1-token step: measured again, and repaired if it stays."""
+    curves = [[1.0, 0.9, 1.3, 1.5], [1.0, 1.2, 1.3, 1.5]]
+    repeats = []
+
+    def fake(calls, after, n, rng):
+        repeats.append(n)
+        return Costs(0.01, 0.001, list(curves[min(len(repeats) - 1, len(curves) - 1)]))
+
+    monkeypatch.setattr(timing, "_measure", fake)
+    costs = measure_costs(tiny_model(seed=1), None, [1, 2], m_max=4, repeats=3)
+    assert repeats == [3, 6] and costs.r == curves[1] and "(r(2) = 0.90 is below 1" in costs.note
+    curves[1] = curves[0]
+    repeats.clear()
+    costs = measure_costs(tiny_model(seed=1), None, [1, 2], m_max=4, repeats=3)
+    assert repeats == [3, 6, 12] and costs.r == [1.0, 1.0, 1.3, 1.5] and "raised to at least 1" in costs.note
