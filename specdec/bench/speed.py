@@ -65,6 +65,7 @@ from ..model.shapes import GPT2_SHAPES
 from ..race import jsonable
 from ..speculative import speculative_sample
 from ..timing import pass_calls, time_calls, verify_curve
+from .progress import Progress, add_quiet
 
 SIZES = GPT2_SHAPES  # 124M, 355M, 774M, 1558M
 # Tiny shapes for the smoke test (--quick): not offered in --help.
@@ -655,6 +656,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--pairs", type=_pairs, help="draft:target pairs to predict (default 124M:355M,124M:1558M)")
     add("--drafter-tokens", type=int, help="tokens generated in the drafters section (default 100)")
     add("--seed", type=int, default=0, help="seed of the benchmark's random inputs (default 0)")
+    add_quiet(p)
     add("--write-checkpoints", metavar="DIR", help="instead of timing: write random-weight checkpoints of --sizes "
         "into DIR/<size>/ with the tokenizer files from --tokenizer, so main.py --models_dir DIR runs offline")
     add("--tokenizer", metavar="DIR", default="../shared/gpt2-tokenizer",
@@ -716,8 +718,11 @@ def main(argv=None) -> dict:
               f"{env['machine']}; {env['env_vars'] or 'no OPENBLAS_* / OMP_* / MKL_* set'}")  # fmt: skip
     bench.say(f"sizes {','.join(args.sizes)}; sections {','.join(args.only)}; repeats {args.repeats}")
     start = time.perf_counter()
-    for name in SECTIONS:  # in this order, whatever order --only gave
+    progress = Progress("speed", args.quiet)
+    chosen = [name for name in SECTIONS if name in args.only]  # in this order, whatever order --only gave
+    for name in chosen:
         if name in args.only:
+            progress(f"section {name} ({chosen.index(name) + 1} of {len(chosen)}), sizes {','.join(args.sizes)}")
             t0 = time.perf_counter()
             SECTION_FUNCTIONS[name](bench)
             bench.results.setdefault("section_seconds", {})[name] = time.perf_counter() - t0
