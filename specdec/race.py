@@ -390,11 +390,11 @@ class RaceReport:
                  "none: plain decoding wins" if best == 0 else f"{best} (predicted {fmtx(summary['best_k_speedup'])})"),
             ]  # fmt: skip
             if "auto_k" in summary:  # the same formula (best_k) on the policy's own alpha, which lags this run's
-                policy = spec.k_policy
-                rows.append(
-                    ("--K auto: its running alpha -> its K",
-                     f"{fmt(summary['auto_alpha'])} -> {summary['auto_k']}  (starts at {fmt(policy.prior_alpha)} and "
-                     f"forgets {1 - policy.decay:.0%} a round, so on a short run it lags the alpha above)"))  # fmt: skip
+                policy, auto_k = spec.k_policy, summary["auto_k"]
+                why = ("the best K above" if auto_k == best else
+                       f"starts at {fmt(policy.prior_alpha)} and forgets {1 - policy.decay:.0%} a round, so on a short "
+                       "run it lags the alpha above")  # fmt: skip
+                rows.append(("--K auto: its running alpha -> its K", f"{fmt(summary['auto_alpha'])} -> {auto_k}  ({why})"))
         lines_after = [f"NOTE: the costs c and r(m): {self.costs.note}"] if self.costs.note else []
         problem = self.curve()[1]
         if problem:
