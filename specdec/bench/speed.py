@@ -720,12 +720,11 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     progress = Progress("speed", args.quiet)
     chosen = [name for name in SECTIONS if name in args.only]  # in this order, whatever order --only gave
-    for name in chosen:
-        if name in args.only:
-            progress(f"section {name} ({chosen.index(name) + 1} of {len(chosen)}), sizes {','.join(args.sizes)}")
-            t0 = time.perf_counter()
-            SECTION_FUNCTIONS[name](bench)
-            bench.results.setdefault("section_seconds", {})[name] = time.perf_counter() - t0
+    for i, name in enumerate(chosen, start=1):
+        progress(f"section {name} ({i} of {len(chosen)}), sizes {','.join(args.sizes)}")
+        t0 = time.perf_counter()
+        SECTION_FUNCTIONS[name](bench)
+        bench.results.setdefault("section_seconds", {})[name] = time.perf_counter() - t0
     bench.results["total_seconds"] = time.perf_counter() - start
     bench.say(f"\ntotal {bench.results['total_seconds']:.0f} s")
     if args.json:
