@@ -19,8 +19,8 @@ Three tables:
      what the cost model predicts if a GPT-2 pair accepted as often as the family.
 
 Commands:
-    python -m specdec.bench --only family               # the README's tables (a few minutes)
-    python -m specdec.bench --only family --prompts 8 --tokens 32 --no-gpt2   # a quick look
+    python -m specdec.bench --only family               # the tables in docs/family.md (19 min at load 6-17 on 2 vCPUs)
+    python -m specdec.bench --only family --prompts 8 --tokens 32 --no-gpt2   # a quicker look (4 min, same machine)
     python -m specdec.bench --only family --json /tmp/family.json
 """
 
