@@ -145,6 +145,7 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace, out):
         self.args, self.out, self.rng = args, out, np.random.default_rng(args.seed)
+        self.progress = Progress("speed", args.quiet)  # what it is doing, on stderr
         self.models: dict[str, GPT2] = {}
         self.results: dict = {}  # section -> measurements (the --json object)
 
@@ -307,8 +308,12 @@ def section_drafters(bench: Bench) -> None:
         f"early_exit:{early} K=4": lambda: speculative_sample(model, f"early_exit:{early}", prompt, n, K=4),
     }
     last = {}
-    times = bench.time({name: (lambda name=name: last.__setitem__(name, runs[name]())) for name in runs},
-                       bench.args.drafter_repeats)  # fmt: skip
+
+    def run(name):
+        bench.progress(f"drafters: {name}, {n} tokens")
+        last[name] = runs[name]()
+
+    times = bench.time({name: (lambda name=name: run(name)) for name in runs}, bench.args.drafter_repeats)
     reference = last["autoregressive"].tokens
     base = np.median(times["autoregressive"])
     res, rows = {"size": size, "n_tokens": n, "prompt": prompt, "runs": {}}, []
@@ -357,6 +362,7 @@ def section_costcheck(bench: Bench) -> None:
     n = bench.args.drafter_tokens
     res, rows = {"n_tokens": n, "runs": []}, []
     for target_size, draft, k in costcheck_runs(bench.args.sizes):
+        bench.progress(f"costcheck: target {target_size}, draft {draft}, K={k}: a race, then the costs")
         target = bench.model(target_size)
         drafter = bench.model(draft) if draft in ALL_SIZES else draft
         prompt = [int(t) for t in bench.rng.integers(0, target.n_vocab, 8)]
@@ -425,6 +431,7 @@ def section_overhead(bench: Bench) -> None:
     model.forward = forward_timed  # an instance attribute shadows the method, for draft and target alike
     try:
         for i in range(bench.args.drafter_repeats):
+            bench.progress(f"overhead: run {i + 1} of {bench.args.drafter_repeats}")
             in_forward[0] = 0.0
             start = time.perf_counter()
             # The model drafts for itself at T=1: every round computes the real
@@ -718,10 +725,9 @@ def main(argv=None) -> dict:
               f"{env['machine']}; {env['env_vars'] or 'no OPENBLAS_* / OMP_* / MKL_* set'}")  # fmt: skip
     bench.say(f"sizes {','.join(args.sizes)}; sections {','.join(args.only)}; repeats {args.repeats}")
     start = time.perf_counter()
-    progress = Progress("speed", args.quiet)
     chosen = [name for name in SECTIONS if name in args.only]  # in this order, whatever order --only gave
     for i, name in enumerate(chosen, start=1):
-        progress(f"section {name} ({i} of {len(chosen)}), sizes {','.join(args.sizes)}")
+        bench.progress(f"section {name} ({i} of {len(chosen)}), sizes {','.join(args.sizes)}")
         t0 = time.perf_counter()
         SECTION_FUNCTIONS[name](bench)
         bench.results.setdefault("section_seconds", {})[name] = time.perf_counter() - t0
