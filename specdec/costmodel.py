@@ -172,7 +172,7 @@ class CostModelK:
     ):
         if not (0 <= prior_alpha <= 1 and c >= 0 and k_max >= 1 and 0 < decay <= 1):
             raise ValueError("CostModelK needs 0 <= prior_alpha <= 1, c >= 0, k_max >= 1 and 0 < decay <= 1")
-        self.c, self.r, self.k_max, self.decay = c, r, k_max, decay
+        self.c, self.r, self.k_max, self.decay, self.prior_alpha = c, r, k_max, decay, prior_alpha
         self.accepted, self.judged = prior_alpha * prior_weight, prior_weight
 
     @property

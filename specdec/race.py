@@ -5,7 +5,8 @@ The samplers never time themselves. For the duration of a run this module wraps
 the target's forward pass and the drafter's `propose` with stopwatches, so a
 speculative run's wall time splits into drafting, verifying and the sampler's
 own work, without touching the sampler code. The costs c and r(m) come from
-timing.measure_costs, the same stopwatch the benchmark uses.
+timing.measure_costs, the same stopwatch the benchmark uses; they price speculative
+rounds, so a race of the autoregressive decoder alone measures none.
 
     report = race(target, draft, ids, n_tokens=64, K=4, repeats=3)
     print(report)            # the text summary main.py prints
@@ -25,6 +26,7 @@ import numpy as np
 from .autoregressive import autoregressive_sample, check_request, check_seed, whole_number
 from .costmodel import (
     K_LIMIT,
+    CostModelK,
     TreePolicy,
     best_k,
     expected_tokens_per_round,
@@ -39,7 +41,7 @@ from .model.gpt2 import GPT2
 from .result import DecodeResult, TokenCallback, fmt, sparkline, token_pieces, trace_html
 from .sampling import SamplingParams
 from .speculative import speculative_sample
-from .timing import Costs, measure_costs
+from .timing import Costs, implausible, measure_costs, plausible
 from .verify import VERIFICATION
 
 DECODERS = ("autoregressive", "speculative")
@@ -95,6 +97,7 @@ class Run:
     seconds: float  # wall time of the whole sampler call
     draft_seconds: float = 0.0  # inside the drafter's propose()
     verify_seconds: float = 0.0  # inside full target forward passes (prefill included)
+    k_policy: object = field(default=None, repr=False)  # the speculative run's K policy, as the run left it
 
     @property
     def tokens_per_second(self) -> float:
@@ -114,7 +117,7 @@ class RaceReport:
     """
 
     settings: dict
-    costs: Costs
+    costs: Costs | None  # None when nothing speculative ran (the costs price speculative rounds)
     autoregressive: list[Run] = field(default_factory=list)  # one per repeat
     speculative: list[Run] = field(default_factory=list)
     tokenizer: object = field(default=None, repr=False)  # decodes the texts in to_dict(), when known
@@ -138,6 +141,19 @@ class RaceReport:
         tokens (greedy, or a shared seed) this is the ratio of the times; where a chat reply ends early,
         or sampling gives the two decoders different lengths, the rates keep it fair."""
         return [s.tokens_per_second / a.tokens_per_second for a, s in zip(self.autoregressive, self.speculative)]
+
+    @property
+    def same_lengths(self) -> bool:
+        """Whether every repeat's two runs made the same number of tokens: then the speedup is also the
+        ratio of the times; otherwise (a chat reply ending early, sampling) only of the rates."""
+        return all(len(a.result.tokens) == len(s.result.tokens) for a, s in zip(self.autoregressive, self.speculative))
+
+    @property
+    def speedup_label(self) -> str:
+        """What the speedup is a ratio of, in words."""
+        if self.same_lengths:
+            return "autoregressive time / speculative time"
+        return "speculative tokens/s / autoregressive tokens/s"
 
     @property
     def speedup(self) -> float:
@@ -174,11 +190,13 @@ class RaceReport:
         n = len(self.speedups)
         spread = (f"the median of {n} repeats' own ratios, spread {fmtx(low)} .. {fmtx(high)}" if n > 1
                   else "1 repeat: no spread measured")  # fmt: skip
+        if not self.same_lengths:  # then the times are of different work, and only the rates compare
+            spread += "; rates, as the two decoders made different numbers of tokens"
         limit = 1 + self.margin if self.speedup >= 1 else 1 / (1 + self.margin)
         side = {"faster": "above", "slower": "below"}.get(self.verdict, "inside")
         bound = f"{fmtx(limit)}" if side != "inside" else f"{fmtx(1 / (1 + self.margin))} .. {fmtx(1 + self.margin)}"
         return [
-            ("speedup (autoregressive time / speculative time)", f"{fmtx(self.speedup)}  ({spread})"),
+            (f"speedup ({self.speedup_label})", f"{fmtx(self.speedup)}  ({spread})"),
             (f"verdict (margin ±{self.margin:.0%}: 20% or the spread)", f"{self.verdict}  ({side} {bound})"),
             ("predicted by the cost model (from the figures below)", fmtx(predicted)),
         ]
@@ -194,12 +212,22 @@ class RaceReport:
         a, b = self.ar.result.tokens, self.spec.result.tokens
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
+    def curve(self) -> tuple[list[float], str | None]:
+        """The r(m) the predictions use, and why it differs from the recorded one (None when it does not).
+
+        measure_costs never hands on an implausible curve, but a record can hold one (built by hand, or
+        read back from an older run): r(2) below 1, say, would price a 2-token pass under a 1-token step
+        and predict a best K no machine can reach. Such a curve is used repaired (timing.plausible).
+        """
+        problem = implausible(self.costs.r)
+        return (plausible(self.costs.r), problem) if problem else (list(self.costs.r), None)
+
     def explain(self) -> dict:
         """The measured speedup next to what the cost model predicts from measured parts."""
         spec = self.spec
         if spec is None:
             return {}
-        res, c, r = spec.result, self.costs.c, self.costs.r
+        res, c, r = spec.result, self.costs.c, self.curve()[0]
         alpha, k_mean = res.alpha, res.mean_k
         out = {
             "alpha": alpha,
@@ -229,6 +257,9 @@ class RaceReport:
                 len(res.tokens), res.k_per_round, res.draft_steps, c, r
             )
             out["best_k"], out["best_k_speedup"] = best_k(alpha, c, r, k_max=len(r) - 1)
+        policy = spec.k_policy
+        if isinstance(policy, CostModelK):  # --K auto: what it would pick next, from its own estimate of alpha
+            out["auto_alpha"], out["auto_k"] = policy.alpha, policy.next_k()
         return out
 
     def to_dict(self) -> dict:
@@ -260,12 +291,13 @@ class RaceReport:
                     "sampler_seconds": run.sampler_seconds,
                 })  # fmt: skip
         c = self.costs
-        out["costs"] = {"target_step_seconds": c.target_step, "draft_step_seconds": c.draft_step, "c": c.c, "r": c.r,
-                        "note": c.note}  # fmt: skip
+        out["costs"] = None if c is None else {
+            "target_step_seconds": c.target_step, "draft_step_seconds": c.draft_step, "c": c.c, "r": c.r, "note": c.note,
+        }  # fmt: skip
         if self.spec:
-            out["summary"] = {"speedup": self.speedup, "speedups": self.speedups, "spread": list(self.spread),
-                              "margin": self.margin, "verdict": self.verdict, "texts_identical": self.texts_identical,
-                              **self.explain()}  # fmt: skip
+            out["summary"] = {"speedup": self.speedup, "speedup_is": self.speedup_label, "speedups": self.speedups,
+                              "spread": list(self.spread), "margin": self.margin, "verdict": self.verdict,
+                              "texts_identical": self.texts_identical, **self.explain()}  # fmt: skip
         return jsonable(out)
 
     def __str__(self) -> str:
@@ -312,11 +344,13 @@ class RaceReport:
         return lines
 
     def _summary_lines(self) -> list[str]:
-        c = self.costs
-        costs = f"{c.c:.3f}  ({c.draft_step * 1e3:.1f} ms vs {c.target_step * 1e3:.1f} ms)"
-        spec = self.spec
+        c, spec = self.costs, self.spec
         if spec is None:
-            return [f"target step {c.target_step * 1e3:.1f} ms"]
+            ar = self.ar
+            per_token = f"{ar.seconds / len(ar.result.tokens) * 1e3:.1f} ms" if ar and ar.result.tokens else "-"
+            return [f"autoregressive: {per_token} per new token, the pass over the prompt included (no forward-pass "
+                    "costs measured: they price speculative rounds, and none ran)"]  # fmt: skip
+        costs = f"{c.c:.3f}  ({c.draft_step * 1e3:.1f} ms vs {c.target_step * 1e3:.1f} ms)"
         r, summary = spec.result, self.explain()
         tree = "tree_predicted_speedup" in summary  # a tree: one pass checks several candidates per depth
         prompt_pass = f"; +{plural(r.prefill_calls, 'pass')} over the prompt" if r.prefill_calls else ""
@@ -355,7 +389,17 @@ class RaceReport:
                 ("best K for these costs and alpha",
                  "none: plain decoding wins" if best == 0 else f"{best} (predicted {fmtx(summary['best_k_speedup'])})"),
             ]  # fmt: skip
+            if "auto_k" in summary:  # the same formula (best_k) on the policy's own alpha, which lags this run's
+                policy, auto_k = spec.k_policy, summary["auto_k"]
+                why = ("the best K above" if auto_k == best else
+                       f"starts at {fmt(policy.prior_alpha)} and forgets {1 - policy.decay:.0%} a round, so on a short "
+                       "run it lags the alpha above")  # fmt: skip
+                rows.append(("--K auto: its running alpha -> its K", f"{fmt(summary['auto_alpha'])} -> {auto_k}  ({why})"))
         lines_after = [f"NOTE: the costs c and r(m): {self.costs.note}"] if self.costs.note else []
+        problem = self.curve()[1]
+        if problem:
+            lines_after.append(f"NOTE: the recorded r(m) is implausible ({problem}), so the predictions above use it "
+                               "capped at m, raised to at least 1 and made non-decreasing")  # fmt: skip
         if self.ar and "predicted_speedup" in summary and _far_apart(self.speedup, summary["predicted_speedup"]):
             lines_after.append(
                 "NOTE: the measured and predicted speedups differ by more than 1.5x, so the timings are noisy "
@@ -419,15 +463,17 @@ def race(
         make_tree_policy(tree, None, target)  # checks `tree`
     whole_number(k_max, "k_max", 1, K_LIMIT)
     whole_number(repeats, "repeats", 1)
-    m_max = max(k_max, K if isinstance(K, int) else 0) + 1  # up to the widest verification pass
-    if tree is not None:
-        m_max = max(m_max, (tree if isinstance(tree, int) else TreePolicy(0.0).n_max) + 1)
     status = on_status or (lambda text: None)
-    status(f"measuring the forward-pass costs (c and r(m) for m = 1..{m_max})")
-    try:
-        costs = measure_costs(target, checked, prompt, m_max=m_max, repeats=3)
-    except KeyboardInterrupt:
-        raise RaceInterrupted(None, "measuring the costs") from None
+    costs = None  # they price speculative rounds: measured only when some run
+    if run_speculative:
+        m_max = max(k_max, K if isinstance(K, int) else 0) + 1  # up to the widest verification pass
+        if tree is not None:
+            m_max = max(m_max, (tree if isinstance(tree, int) else TreePolicy(0.0).n_max) + 1)
+        status(f"measuring the forward-pass costs (c and r(m) for m = 1..{m_max})")
+        try:
+            costs = measure_costs(target, checked, prompt, m_max=m_max, repeats=3)
+        except KeyboardInterrupt:
+            raise RaceInterrupted(None, "measuring the costs") from None
     settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
                     top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
                     verification=verification, cross_vocab=cross_vocab)  # fmt: skip
@@ -454,7 +500,7 @@ def race(
             result = speculative_sample(target, drafter, request, n, K=k_policy, on_token=stream, tree=tree_policy,
                                         verification=verification, **sampling)  # fmt: skip
             seconds = time.perf_counter() - start
-        return Run(result, seconds, drafting.seconds, verifying.seconds)
+        return Run(result, seconds, drafting.seconds, verifying.seconds, k_policy)
 
     order = [d for d in DECODERS if d in decoders]
     during = "warming up"

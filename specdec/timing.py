@@ -12,10 +12,12 @@ the repeat, t_m / t_1. A burst or a slow drift then hits all calls alike.
 
 Even so a curve can come out impossible: r(8) = 20 says one pass over 8 tokens
 cost more than 8 one-token steps, which would only take longer if it did more
-work. measure_costs checks the curve (`implausible`: r(m) above m, or r falling
+work, and r(2) = 0.9 says a pass over 2 tokens cost less than a pass over 1.
+measure_costs checks the curve (`implausible`: r(m) above m, below 1, or falling
 where it must grow) and measures again, with more repeats, before anything uses
-it; a curve that stays implausible is repaired (capped at m, made non-decreasing)
-and says so in Costs.note.
+it; a curve that stays implausible is repaired (capped at m, at least 1, made
+non-decreasing) and says so in Costs.note. The prompt passes through the model
+once: every timed pass, in every measurement, rolls the cache back to it.
 """
 
 from __future__ import annotations
@@ -102,10 +104,15 @@ def implausible(r: list[float]) -> str | None:
     True
     >>> implausible([1.0, 1.2, 9.0])
     'r(3) = 9.0 is above 3: one pass over 3 tokens cost more than 3 one-token steps'
+    >>> implausible([1.0, 0.9, 1.3])
+    'r(2) = 0.90 is below 1: one pass over 2 tokens cost less than a 1-token step'
     """
     for m, x in enumerate(r, start=1):
         if x > SLACK * m:
             return f"r({m}) = {x:.1f} is above {m}: one pass over {m} tokens cost more than {m} one-token steps"
+    for m, x in enumerate(r[1:], start=2):
+        if x < 1:  # a pass over m tokens does all a 1-token step does, and more
+            return f"r({m}) = {x:.2f} is below 1: one pass over {m} tokens cost less than a 1-token step"
     for m in range(2, len(r) + 1):
         top = max(r[: m - 1])
         if r[m - 1] * SLACK < top:
@@ -114,7 +121,11 @@ def implausible(r: list[float]) -> str | None:
 
 
 def plausible(r: list[float]) -> list[float]:
-    """r capped at m and made non-decreasing: the least change that makes an implausible curve usable."""
+    """r capped at m, at least 1 and non-decreasing: the least change that makes an implausible curve usable.
+
+    >>> plausible([1.0, 0.9, 1.3, 9.0])
+    [1.0, 1.0, 1.3, 4.0]
+    """
     out = []
     for m, x in enumerate(r, start=1):
         out.append(min(max(x, out[-1] if out else 1.0), float(m)))
@@ -132,9 +143,10 @@ def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repea
         costs = measure_costs(target, draft, ids)
         costs.c, costs.r, costs.note
     """
+    calls, rollback = _pass_and_draft_calls(target, draft, context, m_max)  # the one pass over the prompt
     problems = []
     for attempt in range(RETRIES + 1):
-        costs = _measure(target, draft, context, m_max, repeats * 2**attempt, rng)
+        costs = _measure(calls, rollback, repeats * 2**attempt, rng)
         problem = implausible(costs.r)
         if problem is None:
             if problems:
@@ -142,13 +154,14 @@ def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repea
             return costs
         problems.append(problem)
     costs.r = plausible(costs.r)
-    costs.note = (f"r(m) stayed implausible over {RETRIES + 1} measurements ({problems[-1]}), so it was capped at m "
-                  "and made non-decreasing; the machine is too busy for these timings")  # fmt: skip
+    costs.note = (f"r(m) stayed implausible over {RETRIES + 1} measurements ({problems[-1]}), so it was capped at m, "
+                  "raised to at least 1 and made non-decreasing; the machine is too busy for these timings")  # fmt: skip
     return costs
 
 
-def _measure(target: GPT2, draft, context: list[int], m_max: int, repeats: int, rng) -> Costs:
-    """One interleaved measurement of the passes and the draft step (measure_costs checks it)."""
+def _pass_and_draft_calls(target: GPT2, draft, context: list[int], m_max: int) -> tuple[dict, Callable]:
+    """The calls measure_costs times, after one pass over the context: {m: a target pass over m tokens,
+    "draft": one draft step}, and the `after` that rolls the target's cache back to the context."""
     cache = target.new_cache()
     drafter = make_drafter(draft, target) if draft is not None else None
     if drafter is not None:
@@ -166,6 +179,11 @@ def _measure(target: GPT2, draft, context: list[int], m_max: int, repeats: int, 
     greedy, no_features = SamplingParams(0.0), np.zeros((0, target.n_embd), np.float32)
     if drafter is not None:
         calls["draft"] = lambda: (drafter.propose(context, 1, greedy, None), drafter.commit(context, no_features))
-    times = time_calls(calls, repeats, rng, after=lambda key: key != "draft" and rollback(key))
-    draft_step = float(np.median(times["draft"])) if drafter is not None else 0.0
+    return calls, (lambda key: key != "draft" and rollback(key))
+
+
+def _measure(calls: dict, after: Callable, repeats: int, rng) -> Costs:
+    """One interleaved measurement of the passes and the draft step (measure_costs checks it)."""
+    times = time_calls(calls, repeats, rng, after=after)
+    draft_step = float(np.median(times["draft"])) if "draft" in times else 0.0
     return Costs(target_step=float(np.median(times[1])), draft_step=draft_step, r=verify_curve(times))

@@ -3,6 +3,8 @@ spec parsers, text prompts and K given as a word."""
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 from conftest import tiny_model
@@ -70,13 +72,16 @@ BAD_SETTINGS = [
 ]
 
 
-@pytest.mark.parametrize("entry", ["autoregressive_sample", "speculative_sample", "race"])
-@pytest.mark.parametrize("kwargs,message", [(dict(prompt=p), m) for p, m in BAD_PROMPTS] + BAD_SETTINGS)
+@pytest.mark.parametrize(
+    "entry,kwargs,message",
+    [(entry, kwargs, message)
+     for entry in ("autoregressive_sample", "speculative_sample", "race")
+     for kwargs, message in [(dict(prompt=p), m) for p, m in BAD_PROMPTS] + BAD_SETTINGS
+     if not (entry == "race" and "rng" in kwargs)],  # race takes a seed only: test_race_takes_a_seed_not_an_rng
+)  # fmt: skip
 def test_every_entry_point_refuses_bad_requests_with_one_message(target, entry, kwargs, message):
     """What the API takes is checked in one place (autoregressive.py) for every entry point: no
     OverflowError, TypeError or silent truncation, flattening or True-as-1."""
-    if entry == "race" and "rng" in kwargs:
-        pytest.skip("race takes a seed, not an rng")
     kwargs = dict(kwargs)  # (shared by the parametrized cases)
     prompt = kwargs.pop("prompt", [1, 2])
     args = {"n_tokens": 3, **kwargs}
@@ -86,6 +91,22 @@ def test_every_entry_point_refuses_bad_requests_with_one_message(target, entry, 
     with pytest.raises(ValueError) as e:
         call()
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_race_takes_a_seed_not_an_rng(target):
+    """race() times repeats of one request, so it takes a seed, not a Generator (whose state the first
+    run would use up): every repeat of each decoder starts from that seed and makes the same tokens,
+    the ones the sampler makes alone with it."""
+    assert "rng" not in inspect.signature(specdec.race).parameters
+    with pytest.raises(TypeError, match="rng"):
+        specdec.race(target, "ngram", [1, 2], 3, rng=np.random.default_rng(0), warmup=False)
+    report = specdec.race(target, "ngram", [1, 2], 8, temperature=1.0, seed=7, repeats=2, warmup=False)
+    alone = autoregressive_sample(target, [1, 2], 8, temperature=1.0, seed=7).tokens
+    assert [run.result.tokens for run in report.autoregressive] == [alone, alone]
+    spec = speculative_sample(target, "ngram", [1, 2], 8, temperature=1.0, seed=7, K=4).tokens
+    assert [run.result.tokens for run in report.speculative] == [spec, spec]
+    other = specdec.race(target, "ngram", [1, 2], 8, temperature=1.0, seed=8, repeats=1, warmup=False)
+    assert other.ar.result.tokens != alone  # the seed is what the tokens follow
 
 
 @pytest.mark.parametrize("models_dir", [5, 2.5, b"models", ["models"]])

@@ -71,6 +71,9 @@ def test_implausible_curves():
     assert implausible([1.0, 1.1, 1.3, 1.6, 2.0]) is None
     assert "r(8) = 20.0 is above 8" in implausible([1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 20.0])
     assert "a longer pass cost less" in implausible([1.0, 1.2, 3.0, 1.5])
+    assert "r(2) = 0.90 is below 1: one pass over 2 tokens cost less than a 1-token step" in implausible([1.0, 0.9, 1.3])
+    assert "r(3) = 0.95 is below 1" in implausible([1.0, 1.0, 0.95])
+    assert plausible([1.0, 0.9, 1.3]) == [1.0, 1.0, 1.3]
     assert plausible([1.0, 5.0, 1.5, 9.0]) == [1.0, 2.0, 2.0, 4.0]
     assert implausible(plausible([1.0, 5.0, 1.5, 9.0])) is None
 
@@ -80,7 +83,7 @@ def test_measure_costs_measures_again_before_using_an_implausible_curve(monkeypa
     curves = [[1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 20.0, 31.5], [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8]]
     repeats = []
 
-    def fake(target, draft, context, m_max, n, rng):
+    def fake(calls, after, n, rng):
         repeats.append(n)
         return Costs(0.01, 0.001, list(curves[min(len(repeats) - 1, len(curves) - 1)]))
 
@@ -96,3 +99,21 @@ def test_measure_costs_measures_again_before_using_an_implausible_curve(monkeypa
     repeats.clear()
     costs = measure_costs(target, None, [1, 2], repeats=3)
     assert repeats == [3, 6, 12] and implausible(costs.r) is None and "stayed implausible" in costs.note
+
+
+def test_measure_costs_measures_again_when_a_pass_cost_less_than_a_step(monkeypatch):
+    """r(2) = 0.9 would price a 2-token pass under a 1-token step: measured again, and repaired if it stays."""
+    curves = [[1.0, 0.9, 1.3, 1.5], [1.0, 1.2, 1.3, 1.5]]
+    repeats = []
+
+    def fake(calls, after, n, rng):
+        repeats.append(n)
+        return Costs(0.01, 0.001, list(curves[min(len(repeats) - 1, len(curves) - 1)]))
+
+    monkeypatch.setattr(timing, "_measure", fake)
+    costs = measure_costs(tiny_model(seed=1), None, [1, 2], m_max=4, repeats=3)
+    assert repeats == [3, 6] and costs.r == curves[1] and "(r(2) = 0.90 is below 1" in costs.note
+    curves[1] = curves[0]
+    repeats.clear()
+    costs = measure_costs(tiny_model(seed=1), None, [1, 2], m_max=4, repeats=3)
+    assert repeats == [3, 6, 12] and costs.r == [1.0, 1.0, 1.3, 1.5] and "raised to at least 1" in costs.note

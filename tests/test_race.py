@@ -7,7 +7,7 @@ import pytest
 from conftest import tiny_model
 from helpers import perturbed
 
-from specdec import race
+from specdec import race, timing
 from specdec.timing import measure_costs, time_calls, verify_curve
 
 
@@ -89,3 +89,38 @@ def test_race_checks_the_request_before_measuring(models):
         args = {**dict(target=target, draft=draft, prompt=[1, 2], n_tokens=4), **kwargs}
         with pytest.raises(ValueError, match=message):
             race(**args)
+
+
+def count_prompt_passes(monkeypatch, model, prompt: list[int]) -> list[int]:
+    """Wraps model.forward: the returned list grows by one per pass over (nearly) the whole prompt."""
+    passes, forward = [], model.forward
+
+    def counting(tokens, *args, **kwargs):
+        if len(tokens) >= len(prompt) - 1:
+            passes.append(len(tokens))
+        return forward(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting)
+    return passes
+
+
+def test_a_race_of_the_autoregressive_decoder_passes_the_prompt_once(monkeypatch):
+    """The costs c and r(m) price speculative rounds: with nothing speculative to run, the race measures
+    none, and the only pass over a long prompt is the decoder's own."""
+    target, prompt = tiny_model(seed=1), [1, 2, 3] * 10
+    passes = count_prompt_passes(monkeypatch, target, prompt)
+    report = race(target, "ngram", prompt, 4, decoders=("autoregressive",), warmup=False, repeats=1)
+    assert passes == [len(prompt)] and report.costs is None  # autoregressive_sample's prefill, nothing else
+    assert "no forward-pass costs measured" in str(report)
+    assert json.loads(json.dumps(report.to_dict(), allow_nan=False))["costs"] is None
+
+
+def test_measuring_the_costs_again_passes_the_prompt_once(monkeypatch):
+    """An implausible curve is measured again (twice, here): every measurement times its passes on top of
+    the one pass over the prompt, rolling the cache back to it."""
+    target, prompt = tiny_model(seed=1), [1, 2, 3] * 10
+    monkeypatch.setattr(timing, "implausible", lambda r: "always, for this test")
+    passes = count_prompt_passes(monkeypatch, target, prompt)
+    costs = timing.measure_costs(target, "ngram", prompt, m_max=3, repeats=1)
+    assert "stayed implausible over 3 measurements" in costs.note
+    assert passes == [len(prompt) - 1]  # the prompt but its last token, once

@@ -48,6 +48,7 @@ from ..model.shapes import GPT2_SHAPES, random_model
 from ..result import DecodeResult
 from ..sampling import SamplingParams
 from ..timing import time_calls
+from .progress import Progress, add_quiet
 from .suite import load_prompts
 
 M_MAX = 9  # r_B(m) for m = 1..9: K up to 8 for the best-K search
@@ -229,7 +230,9 @@ def main(argv=None) -> int:
                    help="timings of each costing pass per repeat (default 3)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON")
+    add_quiet(p)
     args = p.parse_args(argv)
+    progress = Progress("batch", args.quiet)
     batches = [int(b) for b in args.batches.split(",")]
     rng = np.random.default_rng(args.seed)
     out = sys.stdout
@@ -246,6 +249,7 @@ def main(argv=None) -> int:
               "r_B(9) | eq. 1 | rounds | rounds err | best K (pred.) | same |", file=out)  # fmt: skip
         print("|---" * 16 + "|", file=out, flush=True)
         for b in batches:
+            progress(f"{name}: batch size {b}, {args.repeats} interleaved repeats of both decoders and the passes")
             # Their own generator: the same prompts for a batch size whatever the repeats and samples drew.
             prompts = prompts_for(model, b, np.random.default_rng([args.seed, b]))
             n_past = int(statistics.mean(len(x) for x in prompts)) + args.tokens // 2  # the runs' mean context

@@ -39,6 +39,7 @@ from ..checkpoints.load import load_model
 from ..sampling import SamplingParams, probabilities
 from ..speculative import speculative_sample
 from ..verify import block_weights, token_weights
+from .progress import Progress, add_quiet
 from .suite import load_prompts
 
 FAMILY_DRAFTS = f"{family.DRAFT},early_exit:{family.EARLY_EXIT_LAYER},ngram"
@@ -95,7 +96,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--prompts", type=int, default=3, help="prompts per setting (default %(default)s)")
     p.add_argument("--tokens", type=int, default=24, help="new tokens per prompt (default %(default)s)")
     p.add_argument("--seed", type=int, default=0)
+    add_quiet(p)
     args = p.parse_args(argv)
+    progress = Progress("block", args.quiet)
     temperatures = [float(t) for t in args.temperatures.split(",")]
     Ks = [int(k) for k in args.K.split(",")]
     start, t0 = load(), time.perf_counter()
@@ -119,6 +122,7 @@ def main(argv=None) -> list[dict]:
         for drafter, draft in drafts.items():
             for T in temperatures:
                 for K in Ks:
+                    progress(f"{label}, drafter {drafter}, T={T}, K={K}: {len(prompts)} prompts, both rules")
                     r = measure(target, draft, prompts, args.tokens, K, SamplingParams(T), args.seed)
                     r.update(model=label, drafter=drafter, T=T, K=K)
                     rows.append(r)

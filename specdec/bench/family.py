@@ -19,8 +19,8 @@ Three tables:
      what the cost model predicts if a GPT-2 pair accepted as often as the family.
 
 Commands:
-    python -m specdec.bench --only family               # the README's tables (a few minutes)
-    python -m specdec.bench --only family --prompts 8 --tokens 32 --no-gpt2   # a quick look
+    python -m specdec.bench --only family               # the tables in docs/family.md (19 min at load 6-17 on 2 vCPUs)
+    python -m specdec.bench --only family --prompts 8 --tokens 32 --no-gpt2   # a quicker look (4 min, same machine)
     python -m specdec.bench --only family --json /tmp/family.json
 """
 
@@ -40,6 +40,7 @@ from ..model.gpt2 import GPT2, random_weights
 from ..race import jsonable
 from ..speculative import speculative_sample
 from ..timing import measure_costs, time_calls
+from .progress import Progress, add_quiet
 from .speed import SIZES, table
 
 GPT2_DRAFT, GPT2_TARGET = "124M", "355M"
@@ -50,7 +51,7 @@ def drafters(draft: GPT2, early_exit_layer: int) -> dict:
             "ngram": "ngram"}  # fmt: skip
 
 
-def measure_family(target: GPT2, draft: GPT2, args, rng: np.random.Generator) -> list[dict]:
+def measure_family(target: GPT2, draft: GPT2, args, rng: np.random.Generator, progress: Progress) -> list[dict]:
     """Table 1: every drafter at each temperature over the same prompts, runs interleaved per prompt."""
     prompts = [target.tokenizer.encode(p["text"]) for p in family.prompts()[: args.prompts]]
     rows = []
@@ -58,6 +59,8 @@ def measure_family(target: GPT2, draft: GPT2, args, rng: np.random.Generator) ->
         totals = {name: {"accepted": 0, "judged": 0, "tokens": 0, "passes": 0, "seconds": 0.0}
                   for name in ["autoregressive", *drafters(draft, family.EARLY_EXIT_LAYER)]}  # fmt: skip
         for i, ids in enumerate(prompts):
+            progress(f"table 1: T={temperature:g}, prompt {i + 1} of {len(prompts)} (autoregressive and "
+                     f"{len(totals) - 1} drafters, {args.repeats} repeats each)")  # fmt: skip
             runs = {"autoregressive": lambda ids=ids, i=i: autoregressive_sample(
                 target, ids, args.tokens, temperature=temperature, seed=args.seed + i)}  # fmt: skip
             for name, d in drafters(draft, family.EARLY_EXIT_LAYER).items():
@@ -101,13 +104,15 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-gpt2", action="store_true", help="skip table 3 (it builds 124M/355M-shaped weights, ~2 GB)")
     p.add_argument("--json", metavar="PATH", help="also write every number as JSON to PATH")
+    add_quiet(p)
     args = p.parse_args(argv)
     if not 1 <= args.prompts <= len(family.prompts()) or args.tokens < 1 or args.K < 1:
         p.error(f"--prompts must be 1..{len(family.prompts())}; --tokens and --K at least 1")
     rng = np.random.default_rng(args.seed)
+    progress = Progress("family", args.quiet)
     target, draft = load_model(family.TARGET), load_model(family.DRAFT)
     out = sys.stdout
-    res = {"args": flags.settings(args), "family": measure_family(target, draft, args, rng)}
+    res = {"args": flags.settings(args), "family": measure_family(target, draft, args, rng, progress)}
 
     table(out, f"1. measured on {family.TARGET}: {args.prompts} held-out prompts x {args.tokens} tokens, K={args.K}",
           "alpha = accepted / judged drafts; tau = tokens per round = per target pass (autoregressive: 1); "
@@ -116,6 +121,7 @@ def main(argv=None) -> dict:
           [[r["drafter"], r["T"], r["alpha"], r["tau"], r["speedup"]] for r in res["family"]])  # fmt: skip
 
     # 2. The cost model on the family's own measured costs.
+    progress("table 2: measuring c and r(m) on the family")
     context = target.tokenizer.encode(family.prompts()[0]["text"])
     cs, rm = costs_of(target, drafters(draft, family.EARLY_EXIT_LAYER), args.K, context)
     for r in res["family"]:
@@ -128,6 +134,7 @@ def main(argv=None) -> dict:
            for r in res["family"]])  # fmt: skip
 
     if not args.no_gpt2:
+        progress(f"table 3: building {GPT2_TARGET}- and {GPT2_DRAFT}-shaped random weights, measuring c and r(m)")
         big = GPT2(SIZES[GPT2_TARGET], random_weights(SIZES[GPT2_TARGET]), name=GPT2_TARGET)
         small = GPT2(SIZES[GPT2_DRAFT], random_weights(SIZES[GPT2_DRAFT]), name=GPT2_DRAFT)
         layer = SIZES[GPT2_TARGET].n_layer * family.EARLY_EXIT_LAYER // target.n_layer  # 8 of 24

@@ -1,7 +1,7 @@
 """What Medusa and EAGLE heads cost, on GPT-2-shaped random weights: draft cost c and training speed.
 
-    python -m specdec.bench --only heads             # 124M and 355M shapes (a few minutes)
-    python -m specdec.bench --only heads --sizes 124M --repeats 5
+    python -m specdec.bench --only heads             # 124M and 355M shapes (355M has about 3x the weights)
+    python -m specdec.bench --only heads --sizes 124M   # 6 min 14 s on 2 shared vCPUs at load average 10-13
     python -m specdec.bench --only heads-accept --target stdlib-6L --prompts-file P.json \
         --drafts medusa:DIR,eagle:DIR,stdlib-2L,early_exit:2,ngram   # acceptance on a trained model
 
@@ -43,13 +43,15 @@ from ..sampling import SamplingParams
 from ..speculative import speculative_sample
 from ..timing import time_calls
 from ..train.loop import eagle_step, medusa_step
+from .progress import Progress, add_quiet
 
 SHAPES = GPT2_SHAPES
 RESTRICTED = 8192  # an 8k draft vocabulary (EAGLE-3 / FR-Spec use 32k for LLaMA-3's 128k)
 
 
-def bench_shape(name: str, h: HParams, repeats: int, context: int = 128) -> dict:
+def bench_shape(name: str, h: HParams, repeats: int, progress: Progress, context: int = 128) -> dict:
     """Draft costs (interleaved with target steps, so both see the same machine load) and training speed."""
+    progress(f"{name} shape: building random weights, then the draft costs ({repeats} repeats)")
     rng = np.random.default_rng(0)
     target = GPT2(h, random_weights(h, seed=0), name=name)
     ids = list(rng.integers(0, h.n_vocab, context + 1))
@@ -81,6 +83,7 @@ def bench_shape(name: str, h: HParams, repeats: int, context: int = 128) -> dict
         out[f"c_eagle_commit3_{label}"] = med[f"commit3_{label}"] / t_target
 
     # Training: one step over 8 sequences of 64 positions.
+    progress(f"{name} shape: training steps ({max(1, repeats // 3)} repeats)")
     tokens = rng.integers(0, h.n_vocab, (8, 64))
     feats = rng.standard_normal((8, 64, h.n_embd), np.float32)
     mp, ep = medusa.init_params(4, h.n_embd), eagle.init_params(h.n_embd, rng)
@@ -93,7 +96,8 @@ def bench_shape(name: str, h: HParams, repeats: int, context: int = 128) -> dict
     return out
 
 
-def accept(target: GPT2, drafts: list[str], prompts: list[list[int]], n_tokens: int, K: int, temperatures) -> list:
+def accept(target: GPT2, drafts: list[str], prompts: list[list[int]], n_tokens: int, K: int, temperatures,
+           progress: Progress) -> list:
     """alpha, tau, draft passes per round and speedup of each drafter on a trained target."""
     rows = []
     autoregressive_sample(target, prompts[0], n_tokens)  # warm-up: the first run pays one-off costs
@@ -104,6 +108,7 @@ def accept(target: GPT2, drafts: list[str], prompts: list[list[int]], n_tokens: 
             autoregressive_sample(target, prompt, n_tokens, temperature=t, seed=i)
             ar_time += time.perf_counter() - start
         for spec in drafts:
+            progress(f"acceptance: T={t:g}, drafter {spec}, {len(prompts)} prompts")
             drafter = make_drafter(spec if ":" in spec or spec in ("ngram",) else load_model(spec, progress=False),
                                    target)  # fmt: skip
             speculative_sample(target, drafter, prompts[0], n_tokens, K=K, temperature=t, seed=0)  # warm-up
@@ -134,7 +139,9 @@ def main(argv=None) -> int:
     parser.add_argument("--n-prompts", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=48, help="--accept: new tokens per prompt")
     parser.add_argument("--K", type=int, default=4)
+    add_quiet(parser)
     args = parser.parse_args(argv)
+    progress = Progress("heads", args.quiet)
     if args.accept:
         if not (args.target and args.drafts and args.prompts_file):
             parser.error("--accept needs --target, --drafts and --prompts-file")
@@ -143,14 +150,14 @@ def main(argv=None) -> int:
         prompts = [target.tokenizer.encode(p["text"] if isinstance(p, dict) else p) for p in texts]
         print(f"{target.name}: {len(prompts)} prompts, {args.tokens} new tokens each, K={args.K} (chains)")
         print(f"{'drafter':<40} {'T':>3} {'alpha':>6} {'tau':>6} {'draft passes/round':>19} {'speedup':>8}")
-        for r in accept(target, args.drafts.split(","), prompts, args.tokens, args.K, (0.0, 1.0)):
+        for r in accept(target, args.drafts.split(","), prompts, args.tokens, args.K, (0.0, 1.0), progress):
             print(f"{r['drafter']:<40} {r['T']:>3g} {fmt(r['alpha'], 3):>6} {r['tau']:>6.2f} "
                   f"{r['draft_calls_per_round']:>19.2f} {r['speedup']:>7.2f}x")  # fmt: skip
         return 0
     for name in args.sizes.split(","):
         if name not in SHAPES:
             parser.error(f"unknown size {name!r}: choose from {', '.join(SHAPES)}")
-        r = bench_shape(name, SHAPES[name], args.repeats)
+        r = bench_shape(name, SHAPES[name], args.repeats, progress)
         print(f"\n{name} shape (random weights): target decode step {r['target_step_ms']:.1f} ms")
         print("  draft cost c (x target step)      full vocab   8k vocab")
         for key, label in (("c_medusa4", "Medusa, 4 heads, per round"), ("c_eagle_step", "EAGLE, per draft step"),

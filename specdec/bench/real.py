@@ -37,6 +37,7 @@ from ..checkpoints.load import load_model
 from ..model.kernels import Linear
 from ..model.shapes import random_model
 from ..timing import measure_costs, pass_calls, time_calls
+from .progress import Progress, add_quiet
 from .suite import load_prompts
 
 M_MAX = 9
@@ -113,12 +114,15 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=15, help="interleaved repeats per pass (default %(default)s)")
     p.add_argument("--exit-layers", "--exit_layers", default="4,8,12,16,20,24,26,28,29",
                    help="early-exit layers whose greedy agreement to measure ('' for none; default %(default)s)")  # fmt: skip
+    add_quiet(p)
     args = p.parse_args(argv)
+    progress = Progress("real", args.quiet)
     target = load_model(args.target)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"target {target!r}; load average {load:.2f} at the start")
 
     gpt2 = "GPT-2 124M shape (random)"
+    progress(f"step and r(m) of {args.target} and a 124M shape, and this machine's bandwidth, {args.repeats} repeats")
     steps = step_table({args.target: target, gpt2: random_model("124M")}, args.repeats)
     bandwidth = steps.pop("bandwidth")
     print(f"\n| model | step ms at ctx {CONTEXT} (median, min-max) | " + " | ".join(f"r({m})" for m in range(2, M_MAX + 1)) + " |")
@@ -141,10 +145,13 @@ def main(argv=None) -> dict:
     print("|---|---|---|")
     costs = {}
     for spec in args.drafts.split(","):
+        progress(f"c of drafter {spec}")
         c = measure_costs(target, spec, prompt, m_max=2, repeats=args.repeats)
         costs[spec] = {"c": c.c, "draft_step_ms": 1e3 * c.draft_step, "target_step_ms": 1e3 * c.target_step}
         print(f"| {spec} | {c.c:.3f} | {1e3 * c.draft_step:.2f} |")
     layers = [int(x) for x in args.exit_layers.split(",") if x.strip()]
+    if layers:
+        progress(f"early-exit agreement at layers {args.exit_layers}")
     agreement = exit_agreement(target, layers) if layers else {}
     if agreement:
         print(f"\nearly exit at temperature 0: the first L of {target.n_layer} layers against the full model's greedy reply")

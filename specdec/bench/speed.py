@@ -8,7 +8,9 @@ shapes, except the drafters section, whose acceptance depends on the text the
 random model writes. A script that prints numbers, not a test.
 
 Commands:
-    python -m specdec.bench                          # 124M and 355M, all sections but io (a few minutes)
+    python -m specdec.bench                          # 124M and 355M, all sections but io
+    python -m specdec.bench --sizes 124M --repeats 5 # 17 min on 2 shared vCPUs at load average 10-15
+                                                     # (drafters 6 min, costcheck 7 min, decode 2 min)
     python -m specdec.bench --json /tmp/bench.json   # also write every measurement as one JSON object
     python -m specdec.bench --json -                 # JSON on stdout, the tables on stderr
     python -m specdec.bench --sizes 124M,355M,1558M  # 774M / 1558M on request (1558M: 6.2 GB of weights)
@@ -65,6 +67,7 @@ from ..model.shapes import GPT2_SHAPES
 from ..race import jsonable
 from ..speculative import speculative_sample
 from ..timing import pass_calls, time_calls, verify_curve
+from .progress import Progress, add_quiet
 
 SIZES = GPT2_SHAPES  # 124M, 355M, 774M, 1558M
 # Tiny shapes for the smoke test (--quick): not offered in --help.
@@ -144,6 +147,7 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace, out):
         self.args, self.out, self.rng = args, out, np.random.default_rng(args.seed)
+        self.progress = Progress("speed", args.quiet)  # what it is doing, on stderr
         self.models: dict[str, GPT2] = {}
         self.results: dict = {}  # section -> measurements (the --json object)
 
@@ -306,8 +310,12 @@ def section_drafters(bench: Bench) -> None:
         f"early_exit:{early} K=4": lambda: speculative_sample(model, f"early_exit:{early}", prompt, n, K=4),
     }
     last = {}
-    times = bench.time({name: (lambda name=name: last.__setitem__(name, runs[name]())) for name in runs},
-                       bench.args.drafter_repeats)  # fmt: skip
+
+    def run(name):
+        bench.progress(f"drafters: {name}, {n} tokens")
+        last[name] = runs[name]()
+
+    times = bench.time({name: (lambda name=name: run(name)) for name in runs}, bench.args.drafter_repeats)
     reference = last["autoregressive"].tokens
     base = np.median(times["autoregressive"])
     res, rows = {"size": size, "n_tokens": n, "prompt": prompt, "runs": {}}, []
@@ -356,6 +364,7 @@ def section_costcheck(bench: Bench) -> None:
     n = bench.args.drafter_tokens
     res, rows = {"n_tokens": n, "runs": []}, []
     for target_size, draft, k in costcheck_runs(bench.args.sizes):
+        bench.progress(f"costcheck: target {target_size}, draft {draft}, K={k}: a race, then the costs")
         target = bench.model(target_size)
         drafter = bench.model(draft) if draft in ALL_SIZES else draft
         prompt = [int(t) for t in bench.rng.integers(0, target.n_vocab, 8)]
@@ -424,6 +433,7 @@ def section_overhead(bench: Bench) -> None:
     model.forward = forward_timed  # an instance attribute shadows the method, for draft and target alike
     try:
         for i in range(bench.args.drafter_repeats):
+            bench.progress(f"overhead: run {i + 1} of {bench.args.drafter_repeats}")
             in_forward[0] = 0.0
             start = time.perf_counter()
             # The model drafts for itself at T=1: every round computes the real
@@ -655,6 +665,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--pairs", type=_pairs, help="draft:target pairs to predict (default 124M:355M,124M:1558M)")
     add("--drafter-tokens", type=int, help="tokens generated in the drafters section (default 100)")
     add("--seed", type=int, default=0, help="seed of the benchmark's random inputs (default 0)")
+    add_quiet(p)
     add("--write-checkpoints", metavar="DIR", help="instead of timing: write random-weight checkpoints of --sizes "
         "into DIR/<size>/ with the tokenizer files from --tokenizer, so main.py --models_dir DIR runs offline")
     add("--tokenizer", metavar="DIR", default="../shared/gpt2-tokenizer",
@@ -716,11 +727,12 @@ def main(argv=None) -> dict:
               f"{env['machine']}; {env['env_vars'] or 'no OPENBLAS_* / OMP_* / MKL_* set'}")  # fmt: skip
     bench.say(f"sizes {','.join(args.sizes)}; sections {','.join(args.only)}; repeats {args.repeats}")
     start = time.perf_counter()
-    for name in SECTIONS:  # in this order, whatever order --only gave
-        if name in args.only:
-            t0 = time.perf_counter()
-            SECTION_FUNCTIONS[name](bench)
-            bench.results.setdefault("section_seconds", {})[name] = time.perf_counter() - t0
+    chosen = [name for name in SECTIONS if name in args.only]  # in this order, whatever order --only gave
+    for i, name in enumerate(chosen, start=1):
+        bench.progress(f"section {name} ({i} of {len(chosen)}), sizes {','.join(args.sizes)}")
+        t0 = time.perf_counter()
+        SECTION_FUNCTIONS[name](bench)
+        bench.results.setdefault("section_seconds", {})[name] = time.perf_counter() - t0
     bench.results["total_seconds"] = time.perf_counter() - start
     bench.say(f"\ntotal {bench.results['total_seconds']:.0f} s")
     if args.json:

@@ -51,6 +51,7 @@ from ..autoregressive import autoregressive_sample
 from ..model.gpt2 import GPT2, HParams
 from ..sampling import SamplingParams, probabilities
 from ..speculative import speculative_sample
+from .progress import Progress, add_quiet
 
 # The released GPT-2 family, smallest first (distilgpt2 has 6 layers of 124M's width).
 GPT2_FAMILY = ("distilgpt2", "124M", "355M", "774M", "1558M")
@@ -319,6 +320,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="suite: timed runs per prompt, median kept (default 1)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON to PATH")
+    add_quiet(p)
     args = p.parse_args(argv)
     if args.n_tokens is None:
         args.n_tokens = 32 if args.alpha_table else 48
@@ -357,6 +359,8 @@ def main(argv=None) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    progress = Progress("suite", args.quiet)  # the errors above are said whatever --quiet says
+
     def load(name: str) -> GPT2:
         return load_model(name, args.models_dir, progress=True)
 
@@ -375,9 +379,9 @@ def main(argv=None) -> int:
                     f"--target_model_size 355M --draft 124M")  # fmt: skip
                 return 1
             names = sorted(names, key=lambda name: n_params(model_hparams(name, args.models_dir)))
-            say(f"alpha table: {', '.join(names)}; {sum(map(len, args.suite.values()))} prompts, "
-                f"{args.n_tokens} tokens each, T = {', '.join(map(str, args.temperatures))}")  # fmt: skip
-            table = alpha_table(load, names, args.suite, args.temperatures, args.n_tokens, args.seed, say)
+            progress(f"alpha table: {', '.join(names)}; {sum(map(len, args.suite.values()))} prompts, "
+                     f"{args.n_tokens} tokens each, T = {', '.join(map(str, args.temperatures))}")  # fmt: skip
+            table = alpha_table(load, names, args.suite, args.temperatures, args.n_tokens, args.seed, progress)
             alpha_markdown(table, sys.stdout)
             numbers = table
         else:
@@ -386,10 +390,11 @@ def main(argv=None) -> int:
             for label in args.drafts.split(","):
                 model_free = label.split(":")[0] in ("ngram", "early_exit", "medusa", "eagle")
                 drafts[label] = label if model_free else target if label == args.target else load(label)
-            say(f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "
-                f"{args.n_tokens} tokens per prompt, {args.repeats} timed run(s) each; load average {load_average()}")  # fmt: skip
+            progress(f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "
+                     f"{args.n_tokens} tokens per prompt, {args.repeats} timed run(s) each; load average "
+                     f"{load_average()}")  # fmt: skip
             numbers = run_suite(target, drafts, args.suite, args.n_tokens, args.K, args.temperature, args.seed,
-                                args.repeats, say)  # fmt: skip
+                                args.repeats, progress)  # fmt: skip
             suite_table(numbers, sys.stdout)
             say(f"load average {load_average()} at the end (the speedups are wall-clock: read them with it)")
     except (ValueError, CheckpointError, DownloadError, OSError) as e:

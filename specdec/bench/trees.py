@@ -33,6 +33,7 @@ from ..checkpoints.load import load_model
 from ..model.gpt2 import GPT2, random_weights
 from ..speculative import speculative_sample
 from ..timing import time_calls
+from .progress import Progress, add_quiet
 from .speed import SIZES, VERIFY_CTX, filled_cache, stats_ms, table
 
 N_MAX = 16  # tree nodes per pass: up to 17 new tokens
@@ -66,6 +67,7 @@ def section_r(args, out) -> dict:
     results = {}
     rng = np.random.default_rng(args.seed)
     for size in args.sizes:
+        args.progress(f"r: {size} shape, {args.repeats} repeats of each pass")
         model = GPT2(SIZES[size], random_weights(SIZES[size]), name=size)
         res = measure_r(model, args.repeats, rng)
         results[size] = {kind: [r for r, _ in res[kind].values()] for kind in res}
@@ -107,6 +109,7 @@ def section_tau(args, out) -> dict:
         for draft_name in args.drafts:
             draft = draft_name if ":" in draft_name or draft_name == "ngram" else model(draft_name, args.models_dir)
             for tree in args.trees:
+                args.progress(f"tau: T={temperature:g}, draft {draft_name}, tree {tree}, {len(prompts)} prompts")
                 tokens = accepted = drafted = rounds = 0
                 depth_hits, depth_tests = np.zeros(args.K), np.zeros(args.K)
                 start = time.perf_counter()
@@ -157,7 +160,9 @@ def main(argv=None) -> dict:
     p.add_argument("--n-prompts", type=int, default=3, help="tau: random prompts when --prompt is not given")
     p.add_argument("--models_dir", default="models")
     p.add_argument("--seed", type=int, default=0)
+    add_quiet(p)
     args = p.parse_args(argv)
+    args.progress = Progress("trees", args.quiet)
     args.sizes = [s.strip() for s in args.sizes.split(",")]
     args.drafts = [s.strip() for s in args.draft.split(",")]
     try:
