@@ -401,6 +401,7 @@ def test_traversal_never_accepts_fewer_than_specinfer(widths):
         for world in WORLDS if sum(widths) < 4 else WORLDS[::2]:
             traversal = expected_accepted(traversal_round_law(world, widths, siblings))
             specinfer = expected_accepted(round_law(world, widths, siblings, specinfer_node))
+            print(f"{widths} {siblings} V={world.V}: traversal {traversal:.4f}, SpecInfer {specinfer:.4f}")
             assert traversal >= specinfer - 1e-12, (widths, siblings, world.V, traversal, specinfer)
             gain = max(gain, traversal - specinfer)
     assert gain > 1e-3 or widths[0] > 1 and len(widths) == 1, gain
@@ -549,7 +550,7 @@ def test_the_spectr_sampler_reproduces_the_target(V, n, tree, K, n_ok, monkeypat
     assert not ok, f"the broken SpecTr passed (chi2={stat:.1f}, df={df})"
 
 
-@pytest.mark.parametrize("siblings", ["without replacement", "iid"])
+@pytest.mark.parametrize("siblings", ["without replacement", pytest.param("iid", marks=pytest.mark.slow)])
 def test_the_traversal_sampler_reproduces_the_target(siblings, monkeypatch):
     """The whole sampler, EAGLE-2's dynamic trees from a draft model; a broken update fails the same test."""
     target, draft = tiny_model(10, 4), tiny_model(20, 4)
@@ -559,10 +560,10 @@ def test_the_traversal_sampler_reproduces_the_target(siblings, monkeypatch):
         return speculative_sample(target, ModelDrafter(draft, tree_width=2, siblings=siblings), PROMPT, 3, K=2,
                                   temperature=1.0, rng=rng, tree=4, verification="traversal")  # fmt: skip
 
-    ok, stat, df = chi_square_passes(sample_many(run, n_samples=1500), exact)
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=1000), exact)
     assert ok, f"traversal: chi2={stat:.1f} df={df}"
     monkeypatch.setattr(verify, "traversal_update", weight_reset)
-    ok, stat, df = chi_square_passes(sample_many(run, n_samples=1500, seed=1), exact)
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=1000, seed=1), exact)
     print(f"broken traversal: chi2={stat:.1f} df={df}")
     assert not ok, f"the broken traversal passed (chi2={stat:.1f}, df={df})"
 
