@@ -24,10 +24,10 @@ import pytest
 from block_rules import World, completed_law
 from helpers import PROMPT, chi_square_passes, exact_continuations, sample_many
 
-from specdec import autoregressive_sample, speculative_sample, verify
+from specdec import autoregressive_sample, load_model, speculative_sample, verify
 from specdec.drafters import EarlyExitDrafter, ModelDrafter
 from specdec.model.gpt2 import GPT2, HParams, random_weights
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, probabilities
 from specdec.verify import (
     children_of,
     optimal_acceptance,
@@ -566,6 +566,45 @@ def test_the_traversal_sampler_reproduces_the_target(siblings, monkeypatch):
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=1000, seed=1), exact)
     print(f"broken traversal: chi2={stat:.1f} df={df}")
     assert not ok, f"the broken traversal passed (chi2={stat:.1f}, df={df})"
+
+
+def filtered_continuations(model, prompt, n: int, params: SamplingParams) -> dict[tuple, float]:
+    """P(continuation) for every n-token continuation the filtered target can write (top_k keeps it small)."""
+    if n == 0:
+        return {(): 1.0}
+    row = probabilities(model(list(prompt))[-1:], params)[0]  # [n_vocab]
+    out = {}
+    for y in np.flatnonzero(row > 0):
+        for rest, prob in filtered_continuations(model, [*prompt, int(y)], n - 1, params).items():
+            out[(int(y), *rest)] = float(row[y]) * prob
+    return out
+
+
+@pytest.mark.slow  # minutes: 2 x 2000 runs of the family's models (4 min each on the loaded 2-core machine)
+@pytest.mark.parametrize("rule", ["spectr", "traversal"])
+def test_the_tree_rules_reproduce_the_family_target_with_top_k(rule, monkeypatch):
+    """The shipped stdlib-6L target and its 2-layer draft, i.i.d. siblings, top_k = 3, T = 1: the law of
+    3-token continuations (27 of them) against 2000 runs; the broken rule fails the same test."""
+    target, draft = load_model("stdlib-6L"), load_model("stdlib-2L")
+    prompt = target.tokenizer.encode("    def close(self):\n        self.")
+    params = SamplingParams(1.0, top_k=3)
+    exact = filtered_continuations(target, prompt, 3, params)
+
+    def run(rng):
+        return speculative_sample(target, ModelDrafter(draft, tree_width=3, siblings="iid"), prompt, 3, K=2,
+                                  temperature=1.0, top_k=3, rng=rng, tree=6, verification=rule)  # fmt: skip
+
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=2000), exact)
+    assert ok, f"{rule}: chi2={stat:.1f} df={df}"
+    if rule == "spectr":
+        monkeypatch.setattr(verify, "spectr_plan", broken_spectr_plan)
+    else:
+        monkeypatch.setattr(verify, "traversal_update", weight_reset)
+    samples = sample_many(run, n_samples=2000, seed=1)
+    impossible = sum(exact.get(s, 0.0) <= 0 for s in samples)  # the weight-reset traversal writes some
+    ok, stat, df = chi_square_passes(samples, exact) if not impossible else (False, np.inf, 0)
+    print(f"broken {rule}: chi2={stat:.1f} df={df}, {impossible} continuations the target cannot write")
+    assert not ok, f"the broken {rule} passed (chi2={stat:.1f}, df={df})"
 
 
 def test_greedy_with_every_tree_rule_is_greedy_autoregressive():
