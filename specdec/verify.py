@@ -398,8 +398,8 @@ def traversal_tree(
         and the next child of u is weighed with the new w_u and r_u. The root's weight stays 1
         (s / (s + 1 - 1)): with every child rejected, it emits a token from its residual.
 
-    On a chain this is block verification (block_plan), coin for coin from the end: w_u after the
-    update is block_plan's h_i. On a tree a deep node can be accepted although its parent's own
+    On a chain this has block verification's law (block_plan): its coins, flipped from the end, are
+    block_plan's h_i (w_u after the update). On a tree a deep node can be accepted although its parent's own
     ratio p/q is small: the path is judged as a whole, and a rejected subtree leaves its residual
     to the next sibling instead of ending the round.
 

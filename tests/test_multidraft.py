@@ -21,7 +21,8 @@ import itertools
 
 import numpy as np
 import pytest
-from block_rules import World, completed_law
+from block_rules import World, completed_law, generic_block_plan
+from block_rules import round_law as block_round_law
 from helpers import PROMPT, chi_square_passes, exact_continuations, sample_many
 
 from specdec import autoregressive_sample, load_model, speculative_sample, verify
@@ -385,6 +386,14 @@ def test_every_broken_traversal_has_a_different_law(update, carry, siblings):
     worst = max(completed_error(world, widths, traversal_round_law(world, widths, siblings, update, carry))
                 for world in WORLDS[:4] for widths in ((1, 2), (2, 1)))  # fmt: skip
     assert worst > 1e-3, f"broken traversal ({update}, carry={carry}) with {siblings} siblings passed ({worst:.1e})"
+
+
+def test_traversal_on_a_chain_is_block_verification():
+    """A chain of 3 drafts: traversal's law of one round is block verification's (Sun et al.), output by output."""
+    for world in WORLDS[:3]:
+        traversal = traversal_round_law(world, (1, 1, 1), "iid")
+        block = block_round_law(world, generic_block_plan, 3)
+        assert max(abs(traversal.get(key, 0.0) - block.get(key, 0.0)) for key in {*traversal, *block}) < EXACT
 
 
 def expected_accepted(law: dict[tuple, float]) -> float:
