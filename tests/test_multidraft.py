@@ -210,7 +210,10 @@ def no_residual_update(r, tokens, q_rows):
 
 
 def draft_trees(world: World, widths, siblings: str):
-    """Every tree drafted with widths[d] children per node at depth d: (tokens, parents, paths, q rows, probability)."""
+    """Every tree drafted with widths[d] children per node at depth d: (tokens, parents, paths, q rows, probability).
+
+    siblings: "iid", "without replacement", or "distinct" (the draft's top tokens, each with a point-mass q row).
+    """
     shape = []  # (parent, depth) per node, breadth first
     frontier = [-1]
     for width in widths:
@@ -230,6 +233,9 @@ def draft_trees(world: World, widths, siblings: str):
                 row = row.copy()
                 row[earlier] = 0
                 row = row / row.sum() if row.sum() > 0 else row
+            elif siblings == "distinct":  # deterministic: the s-th most likely draft token, q a point mass on it
+                s = sum(shape[j] == parent for j in range(i))
+                row = np.eye(world.V)[np.argsort(-row, kind="stable")[s]]
             prob *= row[tokens[i]]
             paths.append(path + (tokens[i],))
             q_rows.append(row)
@@ -341,8 +347,8 @@ WORLDS = [World64(V, seed) for V in (3, 4) for seed in range(3)]
 TREES = [(2,), (3,), (1, 2), (2, 1)]  # 2, 3, 3 and 4 nodes
 RULES = {  # rule -> (node law, the sibling draws its proof allows)
     "spectr": (spectr_node, ["iid"]),
-    "specinfer": (specinfer_node, ["iid", "without replacement"]),
-    "traversal": ("traversal", ["iid", "without replacement"]),
+    "specinfer": (specinfer_node, ["iid", "without replacement", "distinct"]),
+    "traversal": ("traversal", ["iid", "without replacement", "distinct"]),
 }
 
 
@@ -380,7 +386,8 @@ def test_every_broken_rule_has_a_different_law(broken, siblings):
         (node_residual, True, "without replacement"),
         (None, False, "iid"),
     ],
-    ids=["weight-kept-iid", "weight-kept-wor", "weight-reset-iid", "node-residual-iid", "node-residual-wor", "weight-not-carried"],
+    ids=["weight-kept-iid", "weight-kept-wor", "weight-reset-iid", "node-residual-iid", "node-residual-wor",
+         "weight-not-carried"],
 )
 def test_every_broken_traversal_has_a_different_law(update, carry, siblings):
     worst = max(completed_error(world, widths, traversal_round_law(world, widths, siblings, update, carry))
@@ -404,9 +411,10 @@ def expected_accepted(law: dict[tuple, float]) -> float:
 @pytest.mark.parametrize("widths", TREES, ids=str)
 def test_traversal_never_accepts_fewer_than_specinfer(widths):
     """On every enumeration tree, world and sibling mode, in expectation over the drafts. With one
-    level (the root's weight is 1) the two rules are the same; deeper, traversal gains somewhere."""
+    level (the root's weight is 1), or point-mass q rows (the carried weight is then the product of
+    p along the path, as token-wise), the two rules accept alike; else traversal gains somewhere."""
     gain = 0.0
-    for siblings in ("iid", "without replacement"):
+    for siblings in ("iid", "without replacement", "distinct"):
         for world in WORLDS if sum(widths) < 4 else WORLDS[::2]:
             traversal = expected_accepted(traversal_round_law(world, widths, siblings))
             specinfer = expected_accepted(round_law(world, widths, siblings, specinfer_node))
