@@ -383,9 +383,9 @@ def traversal_tree(
     """Traversal verification: the tree judged from the leaves towards the root, whole sequences at a time.
 
     Same arguments and answer as sampled_tree. Weng et al., "Traversal Verification for Speculative
-    Tree Decoding" (arXiv 2505.12398, NeurIPS 2025), Algorithm 2, in specdec's letters (p target,
-    q draft; the paper writes M_b and M_s). Every node v carries a *sequence* weight w_v (the
-    paper's p_alpha) and a row r_v, its target row p[v] until a child of v is rejected:
+    Tree Decoding" (arXiv 2505.12398, NeurIPS 2025), its verification algorithm in specdec's letters
+    (p target, q draft). Every node v carries a *sequence* weight w_v (the paper's sequence-level
+    acceptance probability p_alpha) and a row r_v, its target row p[v] until a child of v is rejected:
 
         w_root = 1,   w_c = min(1, w_v r_v(x_c) / q_c(x_c))   for a child c of v with token x_c
             (block verification's carried weight, block_weights, read along each path of the tree)
@@ -403,8 +403,8 @@ def traversal_tree(
     ratio p/q is small: the path is judged as a whole, and a rejected subtree leaves its residual
     to the next sibling instead of ending the round.
 
-    Why the output law is exactly p (a proof written for this code; the paper's Theorem 1 proves it
-    its own way). Claim (R): judging the subtree of a node c with weight w, given c's token,
+    Why the output law is exactly p (a proof written for this code; the paper proves it its own
+    way). Claim (R): judging the subtree of a node c with weight w, given c's token,
         P(the accepted path goes through c, and what follows c, continued by the target, is s)
             = w P_target(s | the text up to c)
     for every sequence s, whatever the subtree below c is, as long as each node's children were
