@@ -71,7 +71,8 @@ def speculative_sample(
     verification: how a chain is judged, "token" (draft by draft, the papers' rule) or "block" (jointly,
     Sun et al.: exact too, never fewer tokens per round in expectation); chains only. With tree=N, "token"
     is SpecInfer's rule and "spectr" SpecTr's k-sequential selection, which needs a drafter drawing
-    siblings i.i.d. (ModelDrafter(model, siblings="iid"), EarlyExitDrafter(target, L, siblings="iid")).
+    siblings i.i.d. (ModelDrafter(model, siblings="iid"), EarlyExitDrafter(target, L, siblings="iid")),
+    and "traversal" traversal verification (Weng et al.: the tree judged from the leaves, whole paths).
     on_round(proposal, logits): called after each verification pass (for measurements; see RoundCallback).
     cross_vocab: a draft model with ANOTHER tokenizer, verified exactly by Timor et al.'s rules
     (drafters/crossvocab.py): "tli" (token-level intersection, any temperature) or "slem"
@@ -152,14 +153,14 @@ def speculative_sample(
 
 def check_verification(verification: str, tree, acceptance: str, drafter) -> None:
     """Refuse, in one line each, the verification settings that are unknown or would not be exact."""
-    if verification == "traversal":
-        raise ValueError("verification='traversal' (Weng et al., arXiv 2505.12398) is not offered: specdec has "
-                         "no proof-checked implementation; use 'block' for chains, 'token' or 'spectr' for trees")  # fmt: skip
     if verification not in VERIFICATION + TREE_VERIFICATION:
-        raise ValueError(f"verification must be 'token', 'block' or 'spectr', got {verification!r}")
+        raise ValueError(f"verification must be 'token', 'block', 'spectr' or 'traversal', got {verification!r}")
     if verification == "block" and (tree is not None or acceptance != "exact"):
         raise ValueError("verification='block' verifies chains with the exact rule: use it without tree= "
                          "and without acceptance='typical'")  # fmt: skip
+    if verification == "traversal" and (tree is None or acceptance != "exact"):
+        raise ValueError("verification='traversal' verifies trees with the exact rule: pass tree=N, and no "
+                         "acceptance='typical' (on a chain it is verification='block')")  # fmt: skip
     if verification == "spectr":
         if tree is None or acceptance != "exact":
             raise ValueError("verification='spectr' verifies trees with the exact rule: pass tree=N, and no "

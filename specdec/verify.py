@@ -24,6 +24,7 @@ the rest:
     greedy_tree      temperature 0: follow the child equal to the target's argmax
     sampled_tree     exact multi-candidate speculative sampling (SpecInfer)
     spectr_tree      SpecTr's k-sequential selection of i.i.d. siblings (Sun et al.)
+    traversal_tree   traversal verification: leaves to root, whole sequences (Weng et al.)
     typical_tree     Medusa's typical acceptance: LOSSY, an explicit opt-in
 and the ways of drawing siblings that sampled_tree keeps exact: draw_iid,
 draw_without_replacement, top_k_distinct. At the end, what several drafts for
@@ -47,7 +48,7 @@ from .sampling import SamplingParams, draw, greedy, point_mass, probabilities
 
 ACCEPTANCE = ("exact", "typical")  # the rules speculative_sample offers; "typical" is lossy
 VERIFICATION = ("token", "block")  # how an exact rule judges a chain: draft by draft, or the block jointly
-TREE_VERIFICATION = ("token", "spectr")  # how it judges a tree's siblings: one by one (SpecInfer), or by SpecTr
+TREE_VERIFICATION = ("token", "spectr", "traversal")  # how it judges a tree: SpecInfer, SpecTr, or leaves to root
 
 
 def verify(
@@ -64,8 +65,10 @@ def verify(
     acceptance "typical" is Medusa's LOSSY rule (typical_tree), for T > 0 only.
     verification "block" judges a chain jointly (block_chain); "spectr" judges
     every node's i.i.d. siblings by SpecTr's k-sequential selection (spectr_tree;
-    on a chain it is the token-wise rule). Under greedy decoding every rule is the
-    greedy walk, and "token" and "block" judge trees by sampled_tree.
+    on a chain it is the token-wise rule); "traversal" judges the tree from the
+    leaves towards the root, whole paths at a time (traversal_tree; on a chain it is
+    block verification). Under greedy decoding every rule is the greedy walk, and
+    "token" and "block" judge trees by sampled_tree.
     """
     tokens, parents = proposal.tokens, proposal.parents
     if params.greedy:
@@ -78,6 +81,8 @@ def verify(
         return typical_tree(tokens, parents, p, rng)
     if verification == "spectr":
         return spectr_tree(tokens, parents, proposal.q, p, rng)
+    if verification == "traversal":  # on a chain it is block verification; the tree code runs either way
+        return traversal_tree(tokens, parents, proposal.q, p, rng)
     if proposal.is_chain:
         chain_rule = block_chain if verification == "block" else sampled_chain
         n_accepted, last = chain_rule(tokens, proposal.q, p, rng)
@@ -370,6 +375,97 @@ def sampled_tree(
             # All children rejected, or a leaf (the bonus token): draw from r_k.
             return path, draw(r, rng)
 
+
+
+def traversal_tree(
+    tokens: list[int], parents: list[int], q: np.ndarray, p: np.ndarray, rng: np.random.Generator
+) -> tuple[list[int], int]:
+    """Traversal verification: the tree judged from the leaves towards the root, whole sequences at a time.
+
+    Same arguments and answer as sampled_tree. Weng et al., "Traversal Verification for Speculative
+    Tree Decoding" (arXiv 2505.12398, NeurIPS 2025), its verification algorithm in specdec's letters
+    (p target, q draft). Every node v carries a *sequence* weight w_v (the paper's sequence-level
+    acceptance probability p_alpha) and a row r_v, its target row p[v] until a child of v is rejected:
+
+        w_root = 1,   w_c = min(1, w_v r_v(x_c) / q_c(x_c))   for a child c of v with token x_c
+            (block verification's carried weight, block_weights, read along each path of the tree)
+        visit the tree in post-order, first child first: a node is judged once all its children
+        are gone (a leaf at once). Judging v: with probability w_v accept the whole path
+        root -> v, emit a token drawn from r_v, stop. Else delete v, and at its parent u:
+            s   = sum_y max(w_u r_u(y) - q_v(y), 0)        (what v's rejection leaves to be accepted)
+            r_u = norm(max(w_u r_u - q_v, 0))               the SEQUENCE residual (w_u inside)
+            w_u = s / (s + 1 - w_u)                          the sequence-level weight update
+        and the next child of u is weighed with the new w_u and r_u. The root's weight stays 1
+        (s / (s + 1 - 1)): with every child rejected, it emits a token from its residual.
+
+    On a chain this has block verification's law (block_plan): its coins, flipped from the end, are
+    block_plan's h_i (w_u after the update). On a tree a deep node can be accepted although its parent's own
+    ratio p/q is small: the path is judged as a whole, and a rejected subtree leaves its residual
+    to the next sibling instead of ending the round.
+
+    Why the output law is exactly p (a proof written for this code; the paper proves it its own
+    way). Claim (R): judging the subtree of a node c with weight w, given c's token,
+        P(the accepted path goes through c, and what follows c, continued by the target, is s)
+            = w P_target(s | the text up to c)
+    for every sequence s, whatever the subtree below c is, as long as each node's children were
+    drawn from their q rows (given the path and the earlier siblings). For a leaf it is the last
+    step: accept with w, emit from r_c = p[c]. For a node v with children c_1 .. c_m, by induction
+    over the siblings: judging from c_1 on with (w, r) must accept with total w and law r. Child
+    c_1 = y (drawn from q_1) is accepted through its subtree with probability min(1, w r(y) /
+    q_1(y)) by (R), which is min(q_1(y), w r(y)) unconditionally, and then its continuation follows
+    p. What is missing from w r(y) is max(w r(y) - q_1(y), 0), in all s, while c_1's subtree is
+    rejected with probability 1 - w + s. Conditional on that rejection, the rest must supply
+    max(w r - q_1, 0) / (1 - w + s) = w' r' with w' = s / (s + 1 - w), r' = norm(max(w r - q_1, 0)):
+    the same claim one sibling later, with the updated weight and row, so it holds by induction
+    down to "no children left", where v itself is accepted with w' and emits from r'. Nothing in
+    w', r' depends on which token c_1 was, and (R) holds for any shape of c_1's subtree, so c_1's
+    subtree being rejected tells nothing about c_2's draws: the induction goes through for i.i.d.
+    siblings, siblings drawn without replacement and deterministic candidates (point-mass q rows),
+    and for trees whose shape reads the tokens of other branches (EAGLE-2's expansion), as long as
+    a node's number of children never depends on those children's own tokens. At the root, w = 1.
+
+    NOTE: both updates are sequence-level. The token-wise residual norm(max(r - q, 0)), or a w_u
+    left unchanged after a rejection, is wrong, and only the exact law of a round shows it
+    (tests/test_multidraft.py).
+    """
+    children = children_of(parents)
+
+    def judge(row: int, w: float) -> tuple[list[int], int] | None:
+        """The accepted (path below this node, last token), or None when this node is rejected."""
+        r = p[row]  # the node's row: p[row] until a child is rejected
+        for child in children[row]:
+            x = tokens[child]
+            # q[child, x] > 0: x was drawn from q[child].
+            found = judge(child + 1, min(1.0, w * float(r[x]) / float(q[child, x])))
+            if found is not None:
+                below, last = found
+                return [child, *below], last
+            w, r = traversal_update(w, r, q[child])
+        # No children left (all rejected, or a leaf): accept the path to here with probability w.
+        # At the root w is 1 and this always accepts; below it, rng.random() < w fails when w = 0.
+        if row == 0 or rng.random() < w:
+            return [], draw(r, rng)
+        return None
+
+    found = judge(0, 1.0)
+    assert found is not None, "the root is always accepted"
+    return found
+
+
+def traversal_update(w: float, r: np.ndarray, q: np.ndarray) -> tuple[float, np.ndarray]:
+    """After a child drawn from q is rejected at a node of weight w and row r: (new w, new r).
+
+    r -> norm(max(w r - q, 0)), the sequence residual, and w -> s / (s + 1 - w) with s its mass
+    (traversal_tree). s = 0 leaves nothing to accept: w -> 0, unless w = 1 too (r == q up to
+    rounding, so the rejection had probability ~0): then w stays 1 and r stays (as in sampled_chain).
+    """
+    residual = np.maximum(w * r - q, 0)  # [n_vocab]
+    s = float(residual.sum())
+    if s <= 0:
+        return (1.0 if w >= 1 else 0.0), r
+    # NOTE: the residual must be renormalised; it sums to s, not 1.
+    # (1 - w) first: s + 1 - w rounds to 0 when s is tiny and w within rounding of 1.
+    return s / (s + (1 - w)), residual / np.asarray(s, residual.dtype)
 
 # Medusa's defaults (Cai et al., arXiv 2401.10774, section 2.3.1): epsilon and delta = sqrt(epsilon).
 TYPICAL_EPS = 0.09

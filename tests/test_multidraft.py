@@ -6,7 +6,9 @@
   2. The exact law of one round, by enumeration: every drafted tree (siblings i.i.d. or without
      replacement, 2-4 nodes, V = 3-4), every path the rule can take, every emitted token. The
      round continued by the target must give the target's own law (to 1e-8 in float64 here);
-     deliberately broken rules must not. The node laws read the library's own plan (spectr_plan).
+     deliberately broken rules must not. The node laws read the library's own plan (spectr_plan);
+     traversal verification's law is enumerated with the library's own update (traversal_update),
+     and never accepts fewer tokens per round than SpecInfer on these trees.
   3. Each rule's acceptance at one node never exceeds the bound; SpecTr's within (1 - 1/e) of it.
   4. The sampling functions draw what the node laws say, and the whole sampler with
      verification="spectr" reproduces the target (chi-square, a broken control failing the same
@@ -19,13 +21,14 @@ import itertools
 
 import numpy as np
 import pytest
-from block_rules import World, completed_law
+from block_rules import World, completed_law, generic_block_plan
+from block_rules import round_law as block_round_law
 from helpers import PROMPT, chi_square_passes, exact_continuations, sample_many
 
-from specdec import autoregressive_sample, speculative_sample, verify
+from specdec import autoregressive_sample, load_model, speculative_sample, verify
 from specdec.drafters import EarlyExitDrafter, ModelDrafter
 from specdec.model.gpt2 import GPT2, HParams, random_weights
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, probabilities
 from specdec.verify import (
     children_of,
     optimal_acceptance,
@@ -35,6 +38,8 @@ from specdec.verify import (
     spectr_acceptance,
     spectr_plan,
     spectr_tree,
+    traversal_tree,
+    traversal_update,
 )
 
 EXACT = 1e-8
@@ -205,7 +210,10 @@ def no_residual_update(r, tokens, q_rows):
 
 
 def draft_trees(world: World, widths, siblings: str):
-    """Every tree drafted with widths[d] children per node at depth d: (tokens, parents, paths, q rows, probability)."""
+    """Every tree drafted with widths[d] children per node at depth d: (tokens, parents, paths, q rows, probability).
+
+    siblings: "iid", "without replacement", or "distinct" (the draft's top tokens, each with a point-mass q row).
+    """
     shape = []  # (parent, depth) per node, breadth first
     frontier = [-1]
     for width in widths:
@@ -225,6 +233,9 @@ def draft_trees(world: World, widths, siblings: str):
                 row = row.copy()
                 row[earlier] = 0
                 row = row / row.sum() if row.sum() > 0 else row
+            elif siblings == "distinct":  # deterministic: the s-th most likely draft token, q a point mass on it
+                s = sum(shape[j] == parent for j in range(i))
+                row = np.eye(world.V)[np.argsort(-row, kind="stable")[s]]
             prob *= row[tokens[i]]
             paths.append(path + (tokens[i],))
             q_rows.append(row)
@@ -254,10 +265,75 @@ def round_law(world: World, widths, siblings: str, node_law) -> dict[tuple, floa
     return law
 
 
-def law_error(world, widths, siblings, node_law) -> float:
-    length = len(widths) + 1
-    completed = completed_law(world, round_law(world, widths, siblings, node_law), length)
+def traversal_law(tokens, parents, q, p, update=None, carry=True) -> dict[tuple, float]:
+    """{output: probability} of traversal verification (verify.traversal_tree) on one drafted tree.
+
+    q: [n, V] the rows the nodes were drawn from; p: [n + 1, V] target rows, as traversal_tree reads
+    them. Not a node law: a node's fate depends on the weight carried down to it and on its subtree,
+    so the leaves-to-root traversal is followed exactly, branch by branch, with the library's update
+    (or a broken one; carry=False weighs each child by its own ratio min(1, r/q), BROKEN).
+    """
+    update = update or traversal_update
+    children = children_of(parents)
+
+    def judge(row: int, prefix: tuple, w: float) -> tuple[dict, float]:
+        """(P(accepted through this node, output) for each output, P(this node rejected))."""
+        r = np.asarray(p[row], np.float64)
+        out: dict[tuple, float] = {}
+        left = 1.0  # P(every child so far rejected)
+        for child in children[row]:
+            x = tokens[child]
+            ratio = r[x] / float(q[child, x])
+            sub, rejected = judge(child + 1, prefix + (x,), min(1.0, (w if carry else 1.0) * ratio))
+            for key, v in sub.items():
+                out[key] = out.get(key, 0.0) + left * v
+            left *= rejected
+            w, r = update(w, r, np.asarray(q[child], np.float64))
+        accept = 1.0 if row == 0 else w
+        for y in np.flatnonzero(r > 0):
+            out[prefix + (int(y),)] = out.get(prefix + (int(y),), 0.0) + left * accept * r[y]
+        return out, left * (1 - accept)
+
+    return judge(0, (), 1.0)[0]
+
+
+def traversal_round_law(world: World, widths, siblings: str, update=None, carry=True) -> dict[tuple, float]:
+    """{output: probability} of one round: a tree drafted from q, judged by traversal verification."""
+    law: dict[tuple, float] = {}
+    for tokens, parents, paths, q, prob in draft_trees(world, widths, siblings):
+        p = [world.p(())] + [world.p(path) for path in paths]
+        for key, v in traversal_law(tokens, parents, q, p, update, carry).items():
+            law[key] = law.get(key, 0.0) + prob * v
+    return law
+
+
+def completed_error(world, widths, law) -> float:
+    completed = completed_law(world, law, len(widths) + 1)
     return max(abs(v - world.target(s)) for s, v in completed.items())
+
+
+def law_error(world, widths, siblings, node_law) -> float:
+    if node_law == "traversal":
+        return completed_error(world, widths, traversal_round_law(world, widths, siblings))
+    return completed_error(world, widths, round_law(world, widths, siblings, node_law))
+
+
+def weight_kept(w, r, q):
+    """BROKEN: the sequence residual, but w left as it was after a rejection (no sequence-level update)."""
+    residual = np.maximum(w * r - q, 0)
+    return w, residual / residual.sum() if residual.sum() > 0 else r
+
+
+def weight_reset(w, r, q):
+    """BROKEN: the sequence residual, but the parent's weight reset to 1 after a rejection, as token-wise."""
+    return 1.0, traversal_update(w, r, q)[1]
+
+
+def node_residual(w, r, q):
+    """BROKEN: the node-wise residual norm(max(r - q, 0)) instead of the sequence residual norm(max(w r - q, 0))."""
+    new_w, _ = traversal_update(w, r, q)
+    residual = np.maximum(r - q, 0)
+    return new_w, residual / residual.sum() if residual.sum() > 0 else r
 
 
 class World64(World):
@@ -271,7 +347,8 @@ WORLDS = [World64(V, seed) for V in (3, 4) for seed in range(3)]
 TREES = [(2,), (3,), (1, 2), (2, 1)]  # 2, 3, 3 and 4 nodes
 RULES = {  # rule -> (node law, the sibling draws its proof allows)
     "spectr": (spectr_node, ["iid"]),
-    "specinfer": (specinfer_node, ["iid", "without replacement"]),
+    "specinfer": (specinfer_node, ["iid", "without replacement", "distinct"]),
+    "traversal": ("traversal", ["iid", "without replacement", "distinct"]),
 }
 
 
@@ -297,6 +374,54 @@ def test_one_round_has_exactly_the_target_law(rule, widths):
 def test_every_broken_rule_has_a_different_law(broken, siblings):
     worst = max(law_error(world, (2, 1), siblings, broken) for world in WORLDS[:4])
     assert worst > 1e-3, f"{broken.__name__} with {siblings} siblings passed (error {worst:.1e})"
+
+
+@pytest.mark.parametrize(
+    "update,carry,siblings",
+    [
+        (weight_kept, True, "iid"),
+        (weight_kept, True, "without replacement"),
+        (weight_reset, True, "iid"),
+        (node_residual, True, "iid"),
+        (node_residual, True, "without replacement"),
+        (None, False, "iid"),
+    ],
+    ids=["weight-kept-iid", "weight-kept-wor", "weight-reset-iid", "node-residual-iid", "node-residual-wor",
+         "weight-not-carried"],
+)
+def test_every_broken_traversal_has_a_different_law(update, carry, siblings):
+    worst = max(completed_error(world, widths, traversal_round_law(world, widths, siblings, update, carry))
+                for world in WORLDS[:4] for widths in ((1, 2), (2, 1)))  # fmt: skip
+    assert worst > 1e-3, f"broken traversal ({update}, carry={carry}) with {siblings} siblings passed ({worst:.1e})"
+
+
+def test_traversal_on_a_chain_is_block_verification():
+    """A chain of 3 drafts: traversal's law of one round is block verification's (Sun et al.), output by output."""
+    for world in WORLDS[:3]:
+        traversal = traversal_round_law(world, (1, 1, 1), "iid")
+        block = block_round_law(world, generic_block_plan, 3)
+        assert max(abs(traversal.get(key, 0.0) - block.get(key, 0.0)) for key in {*traversal, *block}) < EXACT
+
+
+def expected_accepted(law: dict[tuple, float]) -> float:
+    """Drafted tokens accepted per round (the emitted tokens minus the last), in expectation."""
+    return sum(v * (len(key) - 1) for key, v in law.items())
+
+
+@pytest.mark.parametrize("widths", TREES, ids=str)
+def test_traversal_never_accepts_fewer_than_specinfer(widths):
+    """On every enumeration tree, world and sibling mode, in expectation over the drafts. With one
+    level (the root's weight is 1), or point-mass q rows (the carried weight is then the product of
+    p along the path, as token-wise), the two rules accept alike; else traversal gains somewhere."""
+    gain = 0.0
+    for siblings in ("iid", "without replacement", "distinct"):
+        for world in WORLDS if sum(widths) < 4 else WORLDS[::2]:
+            traversal = expected_accepted(traversal_round_law(world, widths, siblings))
+            specinfer = expected_accepted(round_law(world, widths, siblings, specinfer_node))
+            print(f"{widths} {siblings} V={world.V}: traversal {traversal:.4f}, SpecInfer {specinfer:.4f}")
+            assert traversal >= specinfer - 1e-12, (widths, siblings, world.V, traversal, specinfer)
+            gain = max(gain, traversal - specinfer)
+    assert gain > 1e-3 or widths[0] > 1 and len(widths) == 1, gain
 
 
 # --- 3. acceptance at one node against the bound --------------------------------------------------
@@ -385,6 +510,25 @@ def test_spectr_tree_and_sampled_tree_draw_what_the_node_laws_say():
         assert ok, f"{rule.__name__}: chi2={stat:.1f} df={df}"
 
 
+def test_traversal_tree_draws_what_the_enumerated_law_says():
+    """One fixed tree (root: 3 i.i.d. children, the first with a child of its own; float32 rows as
+    the round hands them over), 4000 rounds against traversal_law, chi-square."""
+    world = World(4, 7)
+    rng = np.random.default_rng(8)
+    tokens, parents = [1, 1, 3, 2], [-1, -1, -1, 0]
+    q_root, q_below = world.q(()), world.q((1,))
+    q = np.array([q_root, q_root, q_root, q_below], np.float32)
+    p = np.stack([world.p(()), world.p((1,)), world.p((1,)), world.p((3,)), world.p((1, 2))]).astype(np.float32)
+    exact = traversal_law(tokens, parents, q, p)
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-6)
+    samples = []
+    for _ in range(4000):
+        path, last = traversal_tree(tokens, parents, q, p, rng)
+        samples.append(tuple(tokens[i] for i in path) + (last,))
+    ok, stat, df = chi_square_passes(samples, exact)
+    assert ok, f"traversal_tree: chi2={stat:.1f} df={df}"
+
+
 def tiny_model(seed: int, n_vocab: int = 6, n_layer: int = 1) -> GPT2:
     h = HParams(n_vocab=n_vocab, n_ctx=16, n_embd=16, n_head=2, n_layer=n_layer)
     return GPT2(h, random_weights(h, seed=seed, scale=0.6), name=f"tiny{n_vocab}-{seed}")
@@ -423,11 +567,68 @@ def test_the_spectr_sampler_reproduces_the_target(V, n, tree, K, n_ok, monkeypat
     assert not ok, f"the broken SpecTr passed (chi2={stat:.1f}, df={df})"
 
 
+@pytest.mark.parametrize("siblings", ["without replacement", pytest.param("iid", marks=pytest.mark.slow)])
+def test_the_traversal_sampler_reproduces_the_target(siblings, monkeypatch):
+    """The whole sampler, EAGLE-2's dynamic trees from a draft model; a broken update fails the same test."""
+    target, draft = tiny_model(10, 4), tiny_model(20, 4)
+    exact = exact_continuations(target, PROMPT, 3, SamplingParams(1.0))
+
+    def run(rng):
+        return speculative_sample(target, ModelDrafter(draft, tree_width=2, siblings=siblings), PROMPT, 3, K=2,
+                                  temperature=1.0, rng=rng, tree=4, verification="traversal")  # fmt: skip
+
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=1000), exact)
+    assert ok, f"traversal: chi2={stat:.1f} df={df}"
+    monkeypatch.setattr(verify, "traversal_update", weight_reset)
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=1000, seed=1), exact)
+    print(f"broken traversal: chi2={stat:.1f} df={df}")
+    assert not ok, f"the broken traversal passed (chi2={stat:.1f}, df={df})"
+
+
+def filtered_continuations(model, prompt, n: int, params: SamplingParams) -> dict[tuple, float]:
+    """P(continuation) for every n-token continuation the filtered target can write (top_k keeps it small)."""
+    if n == 0:
+        return {(): 1.0}
+    row = probabilities(model(list(prompt))[-1:], params)[0]  # [n_vocab]
+    out = {}
+    for y in np.flatnonzero(row > 0):
+        for rest, prob in filtered_continuations(model, [*prompt, int(y)], n - 1, params).items():
+            out[(int(y), *rest)] = float(row[y]) * prob
+    return out
+
+
+@pytest.mark.slow  # minutes: 2 x 2000 runs of the family's models (4 min each on the loaded 2-core machine)
+@pytest.mark.parametrize("rule", ["spectr", "traversal"])
+def test_the_tree_rules_reproduce_the_family_target_with_top_k(rule, monkeypatch):
+    """The shipped stdlib-6L target and its 2-layer draft, i.i.d. siblings, top_k = 3, T = 1: the law of
+    3-token continuations (27 of them) against 2000 runs; the broken rule fails the same test."""
+    target, draft = load_model("stdlib-6L"), load_model("stdlib-2L")
+    prompt = target.tokenizer.encode("    def close(self):\n        self.")
+    params = SamplingParams(1.0, top_k=3)
+    exact = filtered_continuations(target, prompt, 3, params)
+
+    def run(rng):
+        return speculative_sample(target, ModelDrafter(draft, tree_width=3, siblings="iid"), prompt, 3, K=2,
+                                  temperature=1.0, top_k=3, rng=rng, tree=6, verification=rule)  # fmt: skip
+
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=2000), exact)
+    assert ok, f"{rule}: chi2={stat:.1f} df={df}"
+    if rule == "spectr":
+        monkeypatch.setattr(verify, "spectr_plan", broken_spectr_plan)
+    else:
+        monkeypatch.setattr(verify, "traversal_update", weight_reset)
+    samples = sample_many(run, n_samples=2000, seed=1)
+    impossible = sum(exact.get(s, 0.0) <= 0 for s in samples)  # the weight-reset traversal writes some
+    ok, stat, df = chi_square_passes(samples, exact) if not impossible else (False, np.inf, 0)
+    print(f"broken {rule}: chi2={stat:.1f} df={df}, {impossible} continuations the target cannot write")
+    assert not ok, f"the broken {rule} passed (chi2={stat:.1f}, df={df})"
+
+
 def test_greedy_with_every_tree_rule_is_greedy_autoregressive():
     target, draft = tiny_model(11, 6, n_layer=2), tiny_model(20, 6, n_layer=2)
     prompt = [1, 2, 1, 2, 3, 1, 2]
     want = autoregressive_sample(target, prompt, 8, temperature=0.0).tokens
-    for verification in ("token", "spectr"):
+    for verification in ("token", "spectr", "traversal"):
         for drafter in (ModelDrafter(draft, siblings="iid"), EarlyExitDrafter(target, 1, siblings="iid")):
             got = speculative_sample(target, drafter, prompt, 8, K=3, tree=5, temperature=0.0,
                                      verification=verification)  # fmt: skip
@@ -445,8 +646,13 @@ def test_spectr_and_traversal_are_offered_only_where_exact():
         speculative_sample(target, iid, PROMPT, 3, temperature=1.0, verification="spectr")
     with pytest.raises(ValueError, match="typical"):
         speculative_sample(target, iid, PROMPT, 3, tree=4, temperature=1.0, acceptance="typical", verification="spectr")
-    with pytest.raises(ValueError, match="traversal"):
-        speculative_sample(target, iid, PROMPT, 3, tree=4, temperature=1.0, verification="traversal")
+    with pytest.raises(ValueError, match="tree=N"):
+        speculative_sample(target, iid, PROMPT, 3, temperature=1.0, verification="traversal")
+    with pytest.raises(ValueError, match="typical"):
+        speculative_sample(target, draft, PROMPT, 3, tree=4, temperature=1.0, acceptance="typical",
+                           verification="traversal")  # fmt: skip
+    with pytest.raises(ValueError, match="'traversal'"):
+        speculative_sample(target, draft, PROMPT, 3, tree=4, temperature=1.0, verification="sideways")
     with pytest.raises(ValueError, match="siblings"):
         ModelDrafter(draft, siblings="distinct")
     rng = np.random.default_rng(0)

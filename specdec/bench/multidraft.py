@@ -22,7 +22,7 @@ which filter the row used (none: the full vocabulary, i.i.d. columns only).
 
 A second table runs whole tree rounds with the family's draft model (--tree nodes, depth --depth):
 SpecInfer with siblings drawn without replacement (the default drafter), SpecInfer and SpecTr
-with i.i.d. siblings, each on the same prompts and seeds: tau, tokens per verification pass
+with i.i.d. siblings, traversal verification both ways, each on the same prompts and seeds: tau, tokens per verification pass
 (± one standard error over rounds), and the time the rule itself takes per round (verify.verify
 on the round's logits, timed again in the on_round callback). A script that prints numbers, not a test.
 """
@@ -104,6 +104,8 @@ TREE_RULES = {  # label -> (how the drafter draws siblings, verification)
     "SpecInfer, without replacement": ("without replacement", "token"),
     "SpecInfer, iid": ("iid", "token"),
     "SpecTr, iid": ("iid", "spectr"),
+    "traversal, without replacement": ("without replacement", "traversal"),
+    "traversal, iid": ("iid", "traversal"),
 }
 
 
