@@ -176,3 +176,52 @@ def test_cli_makes_data_and_errors_are_one_line(tmp_path, capsys, monkeypatch):
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert os.stat(tmp_path / "shard-00000.npz").st_mode & 0o044  # readable by the engineers who train on it
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_recomputed_hidden_states_are_the_models_own(arch):
+    """State n_layer is what forward(return_hidden) gives; state l, normed, what a pass through l blocks gives."""
+    from specdec.model.gpt2 import GPT2, HParams, layer_norm, random_weights
+    from specdec.model.llama import rms_norm
+    from specdec.train.features import layer_states
+
+    if arch == "llama":
+        model = chat_model()
+
+        def norm(x):
+            return rms_norm(x, model.weights.norm_f, model.hparams.rms_eps)
+    else:
+        h = HParams(n_vocab=40, n_ctx=32, n_embd=16, n_head=2, n_layer=3)
+        model = GPT2(h, random_weights(h, seed=1, scale=0.3))
+
+        def norm(x):
+            return layer_norm(x, model.weights.ln_f_weight, model.weights.ln_f_bias, h.layer_norm_epsilon)
+
+    n = model.n_layer
+    rows = [[5, 9, 2, 7, 1], [3], [4, 4, 8]]
+    states = layer_states(model, rows, [0, 1, n])
+    for row, s in zip(rows, states):
+        assert s.shape == (3, len(row), model.n_embd) and s.dtype == np.float32
+        _, final = model.forward(row, model.new_cache(), return_hidden=True)
+        np.testing.assert_allclose(s[2], final, atol=1e-5)
+        _, after_one = model.forward(row, model.new_cache(), n_layer=1, return_hidden=True)
+        np.testing.assert_allclose(norm(s[1]), after_one, atol=1e-5)
+    with pytest.raises(ValueError, match="layers must be in"):
+        layer_states(model, rows, [n + 1])
+
+
+def test_hidden_states_of_the_data_line_up_with_the_labels(tmp_path):
+    """Position n_prompt - 1 + j's final state is the one whose logits the label of reply token j came from."""
+    from specdec.train.features import hidden_states
+
+    model = chat_model()
+    make_data(model, tmp_path, 30, POOL, **SETTINGS)
+    data = load_distill_data(tmp_path, model)
+    seen = 0
+    for r, states in hidden_states(model, data, [model.n_layer], batch=3):
+        n_prompt, n_reply = len(data.prompts[r]), len(data.replies[r])
+        assert states.shape == (1, n_prompt + n_reply - 1, model.n_embd)
+        logits = states[0, n_prompt - 1 :] @ model.weights.wte.T  # the tied LM head  [n_reply, n_vocab]
+        np.testing.assert_array_equal(logits.argmax(axis=1), data.top_ids[r][:, 0])
+        seen += 1
+    assert seen == len(data.replies)
