@@ -336,7 +336,8 @@ def make_data(model, out: str | Path, n_tokens: int, pool: RequestPool, batch: i
                          f"such as smollm2-135m); {model.name} has none")  # fmt: skip
     log = log or (lambda line: None)
     settings = DistillSettings(model.name, model_fingerprint(model), seed, batch, max_reply, float(temperature),
-                               float(greedy_frac), top_k, shard_rows, system, pool.sha256, len(pool.requests))  # fmt: skip
+                               float(greedy_frac), top_k, shard_rows, system, pool.sha256,
+                               len(pool.requests))  # fmt: skip
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as lock:
@@ -441,7 +442,7 @@ def load_distill_data(folder: str | Path, model=None, complete: bool = True) -> 
     folder = Path(folder)
     manifest = read_manifest(folder)
     if manifest is None:
-        raise ValueError(f"{folder}: no {MANIFEST}; make the data with `python -m specdec.train data --out {folder} ...`")
+        raise ValueError(f"{folder}: no {MANIFEST}; make the data with `python -m specdec.train data --out DIR ...`")
     if complete and not manifest.get("complete"):
         raise ValueError(f"{folder}: the run has not finished (complete is false in {MANIFEST}); run the same `data` "
                          f"command again to finish it, or pass complete=False")  # fmt: skip

@@ -4,6 +4,7 @@ crash, checked before trusted, labels equal to the model's softmax, greedy rows 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 
@@ -137,6 +138,10 @@ def test_another_model_or_other_settings_are_refused(tmp_path):
         make_data(chat_model(), tmp_path, 10, POOL, **{**SETTINGS, "max_reply": 5})
     with pytest.raises(ValueError, match="another model"):
         load_distill_data(tmp_path, chat_model(seed=1))
+    with open(tmp_path / ".lock", "w") as lock:  # a run in progress holds the folder
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with pytest.raises(ValueError, match="being written by another run"):
+            make_data(chat_model(), tmp_path, 10, POOL, **SETTINGS)
 
 
 def test_top_k_labels_are_the_models_softmax_and_greedy_rows_are_greedy_decoding(tmp_path):
