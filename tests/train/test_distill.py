@@ -112,6 +112,37 @@ def test_resuming_after_a_crash_gives_the_data_of_an_uninterrupted_run(tmp_path)
     assert json.loads((cut / MANIFEST).read_text())["complete"]
 
 
+def test_a_run_killed_between_writing_a_shard_and_recording_it_resumes_to_the_same_data(tmp_path):
+    """kill -9 at the worst moment: shard 1 renamed into place, the manifest not yet rewritten to name it."""
+    import signal
+
+    import specdec.train.distill as distill
+
+    model = chat_model()
+    make_data(model, tmp_path / "whole", 60, POOL, **SETTINGS)
+    cut = tmp_path / "cut"
+    pid = os.fork()
+    if pid == 0:  # the child: a real process, killed by SIGKILL in the middle of the run
+        real, calls = distill.write_manifest, []
+
+        def write_manifest(folder, manifest):
+            calls.append(1)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            real(folder, manifest)
+
+        distill.write_manifest = write_manifest
+        try:
+            make_data(model, cut, 60, POOL, **SETTINGS)
+        finally:
+            os._exit(1)  # (only if it was not killed)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert (cut / "shard-00001.npz").exists() and len(json.loads((cut / MANIFEST).read_text())["shards"]) == 1
+    make_data(model, cut, 60, POOL, **SETTINGS)
+    assert shard_bytes(cut) == shard_bytes(tmp_path / "whole")
+
+
 def test_a_corrupted_shard_is_refused_by_the_loader_and_made_again_on_resume(tmp_path):
     model = chat_model()
     make_data(model, tmp_path, 30, POOL, **SETTINGS)
