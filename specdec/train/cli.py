@@ -85,7 +85,7 @@ def data_main(argv) -> int:
     parser.add_argument("--temperature", type=float, default=1.0, help="of the sampled rows (default 1.0)")
     parser.add_argument("--greedy-frac", type=float, default=0.5, help="fraction of greedy rows (default 0.5)")
     parser.add_argument("--top-k", type=int, default=8, help="target tokens kept per reply position (default 8)")
-    parser.add_argument("--shard-rows", type=int, default=128, help="rows per shard (default 128)")
+    parser.add_argument("--shard-rows", type=int, default=64, help="rows per shard (default 64)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)

@@ -320,7 +320,7 @@ def trusted_shards(folder: Path, manifest: dict, n_vocab: int, log: Callable[[st
 
 
 def make_data(model, out: str | Path, n_tokens: int, pool: RequestPool, batch: int = 16, max_reply: int = 256,
-              temperature: float = 1.0, greedy_frac: float = 0.5, top_k: int = 8, shard_rows: int = 128,
+              temperature: float = 1.0, greedy_frac: float = 0.5, top_k: int = 8, shard_rows: int = 64,
               seed: int = 0, system: str = DEFAULT_SYSTEM, log: Callable[[str], None] | None = None,
               stop_after: int | None = None) -> dict:  # fmt: skip
     """Answer pool's requests with `model` until the shards hold n_tokens reply tokens; the manifest.
