@@ -47,6 +47,7 @@ import numpy as np
 
 from ..checkpoints.pairs import fsync, sha256_of, show, temporary
 from ..drafters.heads import model_fingerprint
+from ..model.cache import KVCache
 from ..model.tokenizer import DEFAULT_SYSTEM, chat_prompt
 from ..sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
 from .requests import OVERLAP_N, RequestPool
@@ -110,12 +111,12 @@ def check_data_settings(n_tokens: int, batch: int, max_reply: int, temperature: 
 
 @dataclass
 class Reply:
-    """One row being answered (and, once done, answered)."""
+    """One request being answered: its prompt, its mode, its generator, and what it has written so far."""
 
     prompt: list[int]
     greedy: bool
     rng: np.random.Generator
-    cache: object = None  # its KV cache while it is in the batch
+    cache: KVCache | None = None  # its KV cache while it is in the batch
     tokens: list[int] = field(default_factory=list)
     top_ids: list[np.ndarray] = field(default_factory=list)  # one [top_k] per reply token
     top_probs: list[np.ndarray] = field(default_factory=list)
