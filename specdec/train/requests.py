@@ -138,8 +138,11 @@ CODE_TEMPLATES = [
 
 
 def split_list(text: str) -> list[str]:
-    """A comma/newline separated list, trimmed, empties dropped."""
-    return [item.strip() for item in re.split(r"[,\n]", text) if item.strip()]
+    """A comma-separated list, trimmed, empties dropped.
+
+    NOTE: a line break is a space, not a separator: an item may wrap onto the next line.
+    """
+    return [" ".join(item.split()) for item in text.split(",") if item.strip()]
 
 
 def templated_requests() -> list[str]:

@@ -18,7 +18,8 @@ from specdec.model.tokenizer import byte_decoder, gguf_encoding
 from specdec.sampling import SamplingParams, probabilities
 from specdec.train.cli import main
 from specdec.train.distill import MANIFEST, load_distill_data, make_data, read_shard
-from specdec.train.requests import RequestPool, build_requests, eval_texts, overlap, stdlib_docs
+from specdec.train.requests import (RequestPool, build_requests, eval_texts, overlap, split_list, stdlib_docs,
+                                     templated_requests)
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 IM_END = 2
@@ -58,6 +59,12 @@ def test_requests_are_deterministic_from_the_seed_and_many():
     assert sorted(a.requests) == sorted(c.requests) and a.requests != c.requests  # same set, another order
     assert len(set(a.requests)) == len(a.requests) > 4000 and a.n_docs == 1
     assert any("m.f" in r for r in a.requests)
+
+
+def test_list_items_may_wrap_onto_the_next_line():
+    assert split_list("a b,\nc\nd, e,\n") == ["a b", "c d", "e"]
+    assert "Write a Python function to find the largest element of a list." in templated_requests()
+    assert not any(r.startswith("Write a Python function to of ") for r in templated_requests())
 
 
 def test_docstrings_come_from_source_files_and_skip_held_out_and_private_ones(tmp_path):
