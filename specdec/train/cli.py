@@ -1,8 +1,10 @@
-"""`python -m specdec.train`: the command line of the training loop (specdec/train/loop.py)."""
+"""`python -m specdec.train`: the command line of the training loop (specdec/train/loop.py) and of
+distillation data at scale (`python -m specdec.train data ...`, specdec/train/distill.py)."""
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from .. import flags
@@ -10,8 +12,13 @@ from .loop import check_settings, train
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["data"]:
+        return data_main(argv[1:])
     parser = flags.Parser(
-        prog="python -m specdec.train", description="Train Medusa or EAGLE draft heads for a GPT-2, in NumPy."
+        prog="python -m specdec.train",
+        description="Train Medusa or EAGLE draft heads for a GPT-2, in NumPy. (`python -m specdec.train data "
+        "--help`: self-distillation data from a chat model, batched and resumable.)",
     )
     parser.add_argument("kind", choices=["medusa", "eagle"])
     parser.add_argument("--model", required=True, help="the target: a name (124M, ...), a Hub repo id or a folder")
@@ -59,6 +66,55 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted; continue with --resume (checkpoint in {args.out})", file=sys.stderr)
         return 130
+    return 0
+
+
+def data_main(argv) -> int:
+    """`python -m specdec.train data ...`: a chat model answers many requests; shards in --out (distill.py)."""
+    parser = flags.Parser(
+        prog="python -m specdec.train data",
+        description="Self-distillation data: a chat model answers thousands of requests, batched, into resumable "
+        "shards (replies, greedy/sampled mode, the target's top-k tokens and probabilities). Run the same command "
+        "again to resume.",
+    )
+    parser.add_argument("--model", required=True, help="the chat model: smollm2-135m, or a folder")
+    parser.add_argument("--out", required=True, help="folder for manifest.json and the shards")
+    parser.add_argument("--tokens", type=int, required=True, help="reply tokens to make in all")
+    parser.add_argument("--batch", type=int, default=16, help="replies decoded side by side (default 16)")
+    parser.add_argument("--max-reply", type=int, default=256, help="reply tokens at most, per row (default 256)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="of the sampled rows (default 1.0)")
+    parser.add_argument("--greedy-frac", type=float, default=0.5, help="fraction of greedy rows (default 0.5)")
+    parser.add_argument("--top-k", type=int, default=8, help="target tokens kept per reply position (default 8)")
+    parser.add_argument("--shard-rows", type=int, default=64, help="rows per shard (default 64)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+
+    def log(line: str) -> None:
+        if not args.quiet:
+            print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+    try:
+        from ..checkpoints.load import load_model
+        from .distill import check_data_settings, make_data
+        from .requests import build_requests
+
+        check_data_settings(args.tokens, args.batch, args.max_reply, args.temperature, args.greedy_frac,
+                            args.top_k, args.shard_rows)  # fmt: skip
+        target = load_model(args.model, progress=not args.quiet)
+        pool = build_requests(args.seed)
+        log(f"{len(pool.requests):,} distinct requests ({pool.n_templated:,} templated, {pool.n_docs:,} from "
+            f"docstrings; {len(pool.dropped)} dropped for overlapping evaluation text)")  # fmt: skip
+        manifest = make_data(target, args.out, args.tokens, pool, batch=args.batch, max_reply=args.max_reply,
+                             temperature=args.temperature, greedy_frac=args.greedy_frac, top_k=args.top_k,
+                             shard_rows=args.shard_rows, seed=args.seed, log=log)  # fmt: skip
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; run the same command again to resume (shards in {args.out})", file=sys.stderr)
+        return 130
+    log(f"done: {manifest['reply_tokens']:,} reply tokens in {args.out}")
     return 0
 
 

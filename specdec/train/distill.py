@@ -1,0 +1,474 @@
+"""Self-distillation data at scale: a chat model answers many requests, batched, in resumable shards.
+
+What it adds over data.py (one sequence at a time, features kept in memory):
+the target answers real chat requests (train/requests.py), B replies at a time
+with the packed ragged batch (model.forward_batch; a finished row's place is
+refilled by the next request in the same pass), and what training needs is
+written to disk shard by shard, so a run of hours survives being killed:
+
+    DIR/manifest.json          settings, model fingerprint, request counts, one entry per shard (its sha256)
+    DIR/shard-00000.npz        rows 0 .. shard_rows-1 (see SHARD_ARRAYS)
+    DIR/shard-00001.npz        ...
+
+Per row: the request's chat prompt ids, the reply ids (ending with <|im_end|>
+unless max_reply cut it), its mode (greedy or sampled, the two ways a drafter
+is used) and, at every reply position, the target's top-k tokens and their
+probabilities under the target's distribution at T=1 (the softmax of its
+logits, whatever the row was decoded with): the labels of distillation.
+
+Hidden states are NOT stored: 576 float16 values per token per layer are about
+1.2 kB, 230 MB per layer for 200,000 tokens, against 48 bytes for the top-8
+labels. `hidden_states` (features.py) recomputes the layers a head reads with
+one teacher-forced batched pass over prompt + reply, which is many times faster
+per token than the decoding that made them (a matrix product per layer over
+all tokens instead of one token at a time).
+
+Determinism: row r (counted over the whole run) answers request r mod
+n_requests with np.random.default_rng((seed, r)) for its draws, and is greedy
+when default_rng((seed, r, 1)).random() < greedy_frac. Shard s always holds rows
+s * shard_rows ... (s + 1) * shard_rows - 1, batched in the same order, so
+regenerating a shard gives the same bytes: resuming after kill -9 gives the data
+an uninterrupted run gives.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+import zipfile
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..checkpoints.pairs import fsync, sha256_of, show, temporary
+from ..drafters.heads import model_fingerprint
+from ..model.cache import KVCache
+from ..model.tokenizer import DEFAULT_SYSTEM, chat_prompt
+from ..sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
+from .requests import OVERLAP_N, RequestPool
+
+FORMAT = "specdec-distill-1"
+MANIFEST = "manifest.json"
+F32 = np.float32
+
+# Every array of a shard: name -> (dtype, what it holds). n_rows rows, n_prompt / n_reply tokens in all.
+SHARD_ARRAYS = {
+    "row": ("int64", "[n_rows] the row's number in the whole run (its random seed is (seed, row))"),
+    "request": ("int64", "[n_rows] the request's index in the pool"),
+    "greedy": ("bool", "[n_rows] True: decoded greedily; False: sampled at the run's temperature"),
+    "ended": ("bool", "[n_rows] True: the reply ends with <|im_end|>; False: max_reply cut it"),
+    "prompt_offsets": ("int64", "[n_rows + 1] row b's prompt is prompt_ids[prompt_offsets[b]:prompt_offsets[b+1]]"),
+    "prompt_ids": ("int32", "[n_prompt] the chat prompts (system turn, user turn, open assistant turn)"),
+    "reply_offsets": ("int64", "[n_rows + 1] row b's reply is reply_ids[reply_offsets[b]:reply_offsets[b+1]]"),
+    "reply_ids": ("int32", "[n_reply] the replies"),
+    "top_ids": ("int32", "[n_reply, top_k] the target's top tokens at each reply position, most likely first"),
+    "top_probs": ("float16", "[n_reply, top_k] their probabilities (softmax of the target's logits, T=1)"),
+    "request_text": ("str", "[n_rows] the request"),
+    "reply_text": ("str", "[n_rows] the reply, decoded (without <|im_end|>)"),
+}
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    """Everything the data depends on; a resumed run must have the same (manifest.json's "settings")."""
+
+    model: str  # the name it was loaded by (informative)
+    model_fingerprint: str  # drafters.heads.model_fingerprint: the data belongs to these weights
+    seed: int
+    batch: int  # rows decoded side by side (the batch's makeup decides float32 rounding, so it is fixed)
+    max_reply: int  # reply tokens at most, <|im_end|> included
+    temperature: float  # of the sampled rows
+    greedy_frac: float  # chance that a row is greedy
+    top_k: int  # target tokens kept per reply position
+    shard_rows: int  # rows per shard
+    system: str  # the chat system turn
+    requests_sha256: str  # RequestPool.sha256: the same requests in the same order
+    n_requests: int
+
+
+def check_data_settings(n_tokens: int, batch: int, max_reply: int, temperature: float, greedy_frac: float,
+                        top_k: int, shard_rows: int) -> None:  # fmt: skip
+    """ValueError, saying which flag to fix, for settings no run can use."""
+    for name, value in (("--tokens", n_tokens), ("--batch", batch), ("--max-reply", max_reply),
+                        ("--top-k", top_k), ("--shard-rows", shard_rows)):  # fmt: skip
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    if not 0 < temperature <= 10:
+        raise ValueError(f"--temperature is the sampled rows' temperature, in (0, 10], got {temperature}")
+    if not 0 <= greedy_frac <= 1:
+        raise ValueError(f"--greedy-frac must be in [0, 1], got {greedy_frac}")
+
+
+# ---------------------------------------------------------------------------
+# 1. Replies, batched, with refills.
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    """One request being answered: its prompt, its mode, its generator, and what it has written so far."""
+
+    prompt: list[int]
+    greedy: bool
+    rng: np.random.Generator
+    cache: KVCache | None = None  # its KV cache while it is in the batch
+    tokens: list[int] = field(default_factory=list)
+    top_ids: list[np.ndarray] = field(default_factory=list)  # one [top_k] per reply token
+    top_probs: list[np.ndarray] = field(default_factory=list)
+    ended: bool = False
+
+
+def top_k_of(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k most likely tokens of p [n_vocab], most likely first (ties: lower id first): (ids, probs)."""
+    k = min(k, len(p))
+    ids = np.argpartition(-p, k - 1)[:k]  # the k largest, unordered
+    ids = ids[np.lexsort((ids, -p[ids]))]  # by probability, then id: the same order every time
+    return ids.astype(np.int32), p[ids]
+
+
+def answer(model, replies: list[Reply], max_reply: int, batch: int, top_k: int, params: SamplingParams,
+           stop: int | None, on_step: Callable[[int], None] | None = None) -> list[Reply]:  # fmt: skip
+    """Decode every reply, `batch` rows at a time: one model.forward_batch per step for all rows in the batch.
+
+    A row enters with its whole prompt (its prefill shares the pass with the other
+    rows' single new tokens: the batch is ragged), and leaves after `stop` or
+    max_reply tokens; the next waiting row takes its place in the next pass.
+    Each row's tokens depend only on its own prompt, mode and generator (up to
+    float32 rounding of the packed products). on_step(new tokens) after every pass.
+    """
+    waiting, active = deque(replies), []
+    probs_t1 = SamplingParams(temperature=1.0)
+    while waiting or active:
+        while waiting and len(active) < batch:
+            row = waiting.popleft()
+            row.cache = model.new_cache(min(model.n_ctx, len(row.prompt) + max_reply))
+            active.append(row)
+        feed = [row.tokens[-1:] or row.prompt for row in active]  # a new row: its prompt; else its last token
+        logits = model.forward_batch(feed, [row.cache for row in active], last_only=True)
+        for row, row_logits in zip(active, logits):
+            row_logits = check_finite_logits(row_logits[0], model.name)  # [n_vocab]
+            p = probabilities(row_logits[None], probs_t1)[0]  # [n_vocab] the target's distribution at T=1
+            ids, top = top_k_of(p, top_k)
+            if row.greedy:
+                token = greedy(row_logits)  # argmax: its own branch, not a tiny temperature
+            else:
+                token = draw(p if params.temperature == 1.0 else probabilities(row_logits[None], params)[0], row.rng)
+            row.tokens.append(token)
+            row.top_ids.append(ids)
+            row.top_probs.append(top)
+            row.ended = token == stop
+        if on_step:
+            on_step(len(active))
+        for row in active:
+            if row.ended or len(row.tokens) >= max_reply or len(row.prompt) + len(row.tokens) >= model.n_ctx:
+                row.cache = None  # leaves the batch; its memory goes
+        active = [row for row in active if row.cache is not None]
+    return replies
+
+
+# ---------------------------------------------------------------------------
+# 2. Shards: which rows, how written, how checked.
+# ---------------------------------------------------------------------------
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.npz"
+
+
+def shard_rows_of(settings: DistillSettings, index: int) -> range:
+    """The run's row numbers that shard `index` holds."""
+    return range(index * settings.shard_rows, (index + 1) * settings.shard_rows)
+
+
+def make_shard(model, pool: RequestPool, settings: DistillSettings, index: int,
+               on_step: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+    """Shard `index`'s arrays (SHARD_ARRAYS), made afresh: the same for the same model, pool and settings."""
+    tokenizer = model.tokenizer
+    stop = tokenizer._special_tokens["<|im_end|>"]
+    rows = list(shard_rows_of(settings, index))
+    requests = [r % len(pool.requests) for r in rows]
+    replies = [Reply(chat_prompt(tokenizer, pool.requests[q], settings.system),
+                     bool(np.random.default_rng((settings.seed, r, 1)).random() < settings.greedy_frac),
+                     np.random.default_rng((settings.seed, r)))
+               for r, q in zip(rows, requests)]  # fmt: skip
+    answer(model, replies, settings.max_reply, settings.batch, settings.top_k,
+           SamplingParams(temperature=settings.temperature), stop, on_step)  # fmt: skip
+
+    def offsets(lists):
+        return np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+
+    return {
+        "row": np.array(rows, np.int64),
+        "request": np.array(requests, np.int64),
+        "greedy": np.array([r.greedy for r in replies], bool),
+        "ended": np.array([r.ended for r in replies], bool),
+        "prompt_offsets": offsets([r.prompt for r in replies]),
+        "prompt_ids": np.concatenate([r.prompt for r in replies]).astype(np.int32),
+        "reply_offsets": offsets([r.tokens for r in replies]),
+        "reply_ids": np.concatenate([r.tokens for r in replies]).astype(np.int32),
+        "top_ids": np.concatenate([np.stack(r.top_ids) for r in replies]).astype(np.int32),
+        "top_probs": np.concatenate([np.stack(r.top_probs) for r in replies]).astype(np.float16),
+        "request_text": np.array([pool.requests[q] for q in requests], dtype=str),
+        "reply_text": np.array([tokenizer.decode(r.tokens[:-1] if r.ended else r.tokens) for r in replies], dtype=str),
+    }
+
+
+def write_atomically(path: Path, write: Callable) -> None:
+    """write(file) into a temporary file beside `path`, fsync, rename: `path` is whole or absent, never half."""
+    tmp = temporary(path.parent, path.name)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        fsync(tmp)
+        os.chmod(tmp, 0o644)  # (mkstemp makes it private; the data is for anyone on the machine to train on)
+        os.replace(tmp, path)
+        tmp = None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def write_shard(folder: Path, index: int, arrays: dict[str, np.ndarray]) -> dict:
+    """Write shard `index` atomically; its manifest entry (file, sha256, counts)."""
+    path = folder / shard_name(index)
+    write_atomically(path, lambda f: np.savez(f, **arrays))
+    return {"file": path.name, "sha256": sha256_of(path), "rows": len(arrays["row"]),
+            "reply_tokens": len(arrays["reply_ids"]), "greedy_rows": int(arrays["greedy"].sum()),
+            "ended_rows": int(arrays["ended"].sum())}  # fmt: skip
+
+
+def read_shard(folder: Path, entry: dict, n_vocab: int | None = None) -> dict[str, np.ndarray]:
+    """A shard's arrays, checked before trusted: ValueError naming the file when its sha256 is not the
+    manifest's (truncated, changed, or another run's), or its arrays are missing or inconsistent."""
+    path = folder / entry["file"]
+    fix = f"delete it (and its entry in {MANIFEST} is ignored: the next run makes it again)"
+    if not path.is_file():
+        raise ValueError(f"{path}: missing; run the same `data` command again to make it")
+    if sha256_of(path) != entry["sha256"]:
+        raise ValueError(f"{path}: its sha256 is not the one {MANIFEST} records (truncated, changed, or another "
+                         f"run's); run the same `data` command again to make it afresh")  # fmt: skip
+    try:
+        with np.load(path) as data:  # allow_pickle=False: a pickled object is refused, never run
+            arrays = {name: data[name] for name in SHARD_ARRAYS}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path}: not a readable shard ({show(str(e), 100)}); {fix}") from e
+    n_rows, k = entry["rows"], arrays["top_ids"].shape[-1]
+    n_prompt, n_reply = int(arrays["prompt_offsets"][-1]), int(arrays["reply_offsets"][-1])
+    shapes = {"row": (n_rows,), "request": (n_rows,), "greedy": (n_rows,), "ended": (n_rows,),
+              "prompt_offsets": (n_rows + 1,), "prompt_ids": (n_prompt,), "reply_offsets": (n_rows + 1,),
+              "reply_ids": (n_reply,), "top_ids": (n_reply, k), "top_probs": (n_reply, k),
+              "request_text": (n_rows,), "reply_text": (n_rows,)}  # fmt: skip
+    for name, (dtype, _) in SHARD_ARRAYS.items():
+        a = arrays[name]
+        if a.shape != shapes[name] or (a.dtype.kind != "U" if dtype == "str" else a.dtype != np.dtype(dtype)):
+            raise ValueError(f"{path}: {name} is {a.dtype} of shape {a.shape}, not {dtype} of shape "
+                             f"{shapes[name]}; {fix}")  # fmt: skip
+    for name in ("prompt_offsets", "reply_offsets"):
+        if arrays[name][0] != 0 or (np.diff(arrays[name]) < 1).any():
+            raise ValueError(f"{path}: {name} do not cut every row a non-empty piece; {fix}")
+    if n_vocab is not None:
+        for name in ("prompt_ids", "reply_ids", "top_ids"):
+            if arrays[name].min() < 0 or arrays[name].max() >= n_vocab:
+                raise ValueError(f"{path}: {name} hold ids outside 0..{n_vocab - 1} (another model's data?); {fix}")
+    if not np.isfinite(arrays["top_probs"]).all() or (arrays["top_probs"] < 0).any():
+        raise ValueError(f"{path}: top_probs are not probabilities; {fix}")
+    return arrays
+
+
+# ---------------------------------------------------------------------------
+# 3. The run: shards until n_tokens reply tokens, resumable.
+# ---------------------------------------------------------------------------
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """DIR/manifest.json, or None when there is none; ValueError when it is not one."""
+    path = folder / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if manifest.get("format") != FORMAT or not isinstance(manifest.get("shards"), list):
+            raise ValueError(f"format is not {FORMAT!r}")
+        return manifest
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: not a distillation manifest ({show(str(e), 100)}); use another --out, or "
+                         f"delete the folder to start again") from e  # fmt: skip
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    write_atomically(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+
+
+def trusted_shards(folder: Path, manifest: dict, n_vocab: int, log: Callable[[str], None]) -> dict[int, dict]:
+    """{index: entry} of the manifest's shards that check out; the others are reported and will be made again."""
+    good = {}
+    for index, entry in enumerate(manifest["shards"]):
+        if entry is None:
+            continue
+        try:
+            if entry.get("file") != shard_name(index):
+                raise ValueError(f"entry {index} names {show(entry.get('file'))}, not {shard_name(index)}")
+            read_shard(folder, entry, n_vocab)
+            good[index] = entry
+        except (ValueError, AttributeError, KeyError, TypeError) as e:
+            log(f"shard {index} is not trusted ({e}); it is made again")
+    return good
+
+
+def make_data(model, out: str | Path, n_tokens: int, pool: RequestPool, batch: int = 16, max_reply: int = 256,
+              temperature: float = 1.0, greedy_frac: float = 0.5, top_k: int = 8, shard_rows: int = 64,
+              seed: int = 0, system: str = DEFAULT_SYSTEM, log: Callable[[str], None] | None = None,
+              stop_after: int | None = None) -> dict:  # fmt: skip
+    """Answer pool's requests with `model` until the shards hold n_tokens reply tokens; the manifest.
+
+    Resumes: shards already in out/manifest.json, and whose sha256 checks, are kept;
+    a missing, truncated or foreign one is made again. Refuses (ValueError) a folder made
+    with other settings or another model. log(line) gets progress (tokens, tokens/s, ETA).
+    stop_after: make at most this many shards in this call (tests: a run cut short).
+    """
+    check_data_settings(n_tokens, batch, max_reply, temperature, greedy_frac, top_k, shard_rows)
+    if model.tokenizer is None or "<|im_end|>" not in getattr(model.tokenizer, "_special_tokens", {}):
+        raise ValueError(f"distillation data needs a chat model (a tokenizer with <|im_start|> and <|im_end|>, "
+                         f"such as smollm2-135m); {model.name} has none")  # fmt: skip
+    log = log or (lambda line: None)
+    settings = DistillSettings(model.name, model_fingerprint(model), seed, batch, max_reply, float(temperature),
+                               float(greedy_frac), top_k, shard_rows, system, pool.sha256,
+                               len(pool.requests))  # fmt: skip
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        try:  # one writer per folder: a second run would make the same shards and race on the manifest
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{folder} is being written by another run; wait for it, or use another --out") from None
+        return _make_data(model, folder, n_tokens, pool, settings, log, stop_after)
+
+
+def _make_data(model, folder: Path, n_tokens: int, pool: RequestPool, settings: DistillSettings, log, stop_after):
+    """make_data, with the folder locked."""
+    manifest = read_manifest(folder)
+    if manifest is not None and manifest.get("settings") != asdict(settings):
+        old = manifest.get("settings") or {}
+        diff = [k for k, v in asdict(settings).items() if old.get(k) != v]
+        raise ValueError(f"{folder} holds data made with other settings ({', '.join(diff) or 'unknown'} differ); "
+                         f"use another --out, or the same settings to resume")  # fmt: skip
+    if manifest is None:
+        manifest = {"format": FORMAT, "settings": asdict(settings), "shards": []}
+    manifest["requests"] = {"distinct": len(pool.requests), "templated": pool.n_templated, "docstrings": pool.n_docs,
+                            "dropped_for_overlap": len(pool.dropped), "overlap_n": OVERLAP_N}  # fmt: skip
+    good = trusted_shards(folder, manifest, model.n_vocab, log)
+    manifest["shards"] = [good.get(i) for i in range(len(manifest["shards"]))]
+    # What a killed run leaves behind: temporary files, and shards renamed before the manifest named them.
+    for path in [*folder.glob(".shard-*.tmp"), *folder.glob(f".{MANIFEST}.*.tmp"), *folder.glob("shard-*.npz")]:
+        if path.name not in {e["file"] for e in good.values()}:
+            path.unlink()
+    done = sum(e["reply_tokens"] for e in good.values())
+    log(f"{folder}: {len(good)} shards trusted, {done:,} of {n_tokens:,} reply tokens")
+    start, made_tokens, made, index = time.perf_counter(), 0, 0, 0
+    shown = [start, 0]  # when progress was last logged; tokens so far in the current shard
+
+    def on_step(n_new: int) -> None:
+        shown[1] += n_new
+        now = time.perf_counter()
+        if now - shown[0] >= 60:
+            rate = (made_tokens + shown[1]) / (now - start)
+            log(f"shard {index}: {done + shown[1]:,} / {n_tokens:,} reply tokens, {rate:.1f} tokens/s, "
+                f"ETA {max(0, n_tokens - done - shown[1]) / rate / 60:.0f} min")  # fmt: skip
+            shown[0] = now
+
+    while done < n_tokens and (stop_after is None or made < stop_after):
+        if index in good:
+            index += 1
+            continue
+        t0, shown[1] = time.perf_counter(), 0
+        arrays = make_shard(model, pool, settings, index, on_step)
+        entry = write_shard(folder, index, arrays)
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
+        manifest["shards"] += [None] * (index + 1 - len(manifest["shards"]))
+        manifest["shards"][index] = entry
+        done += entry["reply_tokens"]
+        manifest["reply_tokens"] = done
+        manifest["complete"] = done >= n_tokens
+        write_manifest(folder, manifest)
+        made, made_tokens = made + 1, made_tokens + entry["reply_tokens"]
+        rate = made_tokens / (time.perf_counter() - start)
+        eta = max(0, n_tokens - done) / rate
+        log(f"shard {index}: {entry['rows']} rows, {entry['reply_tokens']:,} tokens in {entry['seconds']:.0f} s; "
+            f"{done:,} / {n_tokens:,} reply tokens, {rate:.1f} tokens/s, ETA {eta / 60:.0f} min")  # fmt: skip
+        index += 1
+    manifest["reply_tokens"] = done
+    manifest["complete"] = done >= n_tokens
+    write_manifest(folder, manifest)
+    return manifest
+
+
+# ---------------------------------------------------------------------------
+# 4. Reading it back, for training.
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class DistillData:
+    """Every row of a distillation folder, in row order (load_distill_data)."""
+
+    settings: dict  # manifest.json's settings (model_fingerprint: the weights the data belongs to)
+    prompts: list[np.ndarray]  # per row, [n_prompt] int32 chat prompt ids
+    replies: list[np.ndarray]  # per row, [n_reply] int32 reply ids
+    top_ids: list[np.ndarray]  # per row, [n_reply, top_k] int32
+    top_probs: list[np.ndarray]  # per row, [n_reply, top_k] float32 (stored as float16)
+    greedy: np.ndarray  # [n_rows] bool
+    ended: np.ndarray  # [n_rows] bool
+    request_text: list[str]
+    reply_text: list[str]
+
+    @property
+    def n_tokens(self) -> int:
+        """Reply tokens in all."""
+        return sum(len(r) for r in self.replies)
+
+
+def load_distill_data(folder: str | Path, model=None, complete: bool = True) -> DistillData:
+    """The data in `folder`, every shard checked first (sha256 against the manifest, shapes, dtypes, ids).
+
+    model: when given, the data must have been made with it (same fingerprint) and its
+    ids must lie in its vocabulary. complete: refuse a folder whose run has not reached
+    its --tokens yet (complete=False reads whatever whole shards there are).
+    Raises ValueError with a sentence saying what to do.
+    """
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise ValueError(f"{folder}: no {MANIFEST}; make the data with `python -m specdec.train data --out DIR ...`")
+    if complete and not manifest.get("complete"):
+        raise ValueError(f"{folder}: the run has not finished (complete is false in {MANIFEST}); run the same `data` "
+                         f"command again to finish it, or pass complete=False")  # fmt: skip
+    if model is not None and manifest["settings"].get("model_fingerprint") != model_fingerprint(model):
+        raise ValueError(f"{folder}: made with another model ({manifest['settings'].get('model')!r}, fingerprint "
+                         f"{manifest['settings'].get('model_fingerprint')}); make data with this one")  # fmt: skip
+    n_vocab = None if model is None else model.n_vocab
+    data = DistillData(manifest["settings"], [], [], [], [], np.zeros(0, bool), np.zeros(0, bool), [], [])
+    greedy_rows, ended_rows = [], []
+    for entry in manifest["shards"]:
+        if entry is None:
+            if complete:
+                raise ValueError(f"{folder}: a shard is missing from {MANIFEST}; run the same `data` command again")
+            continue
+        a = read_shard(folder, entry, n_vocab)
+        po, ro = a["prompt_offsets"], a["reply_offsets"]
+        for b in range(len(a["row"])):
+            data.prompts.append(a["prompt_ids"][po[b] : po[b + 1]])
+            data.replies.append(a["reply_ids"][ro[b] : ro[b + 1]])
+            data.top_ids.append(a["top_ids"][ro[b] : ro[b + 1]])
+            data.top_probs.append(a["top_probs"][ro[b] : ro[b + 1]].astype(F32))
+        greedy_rows.append(a["greedy"])
+        ended_rows.append(a["ended"])
+        data.request_text += [str(t) for t in a["request_text"]]
+        data.reply_text += [str(t) for t in a["reply_text"]]
+    if greedy_rows:
+        data.greedy, data.ended = np.concatenate(greedy_rows), np.concatenate(ended_rows)
+    return data
