@@ -35,7 +35,8 @@ from typing import Callable
 import numpy as np
 
 from ..model.cache import KVCache
-from ..model.gpt2 import GPT2, softmax
+from ..model.attention import softmax
+from ..model.base import CausalLM
 from ..sampling import SamplingParams, point_mass, probabilities
 from ..verify import draw_iid, draw_without_replacement, top_k_tokens
 
@@ -170,7 +171,7 @@ def dynamic_tree(
 
 
 def model_tree(
-    model: GPT2,
+    model: CausalLM,
     cache: KVCache,
     pending: list[int],
     depth: int,

@@ -7,14 +7,20 @@ n_ctx from the model's hyperparameters.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .gpt2 import HParams
-
 F32 = np.float32
+
+
+class HParams(Protocol):
+    """What a cache reads from a model's hyperparameters (gpt2.HParams, llama.LlamaHParams)."""
+
+    n_layer: int
+    n_kv_head: int
+    d_head: int
+    n_ctx: int
 
 
 class KVCache:
