@@ -2,7 +2,7 @@
 
 What it adds over speculative.py: the same round (draft, verify, accept, residual,
 bonus, roll back), run for B sequences side by side. Each weight matrix is then
-read once per round for all B sequences (model/gpt2.forward_batch), which is
+read once per round for all B sequences (model/base.LanguageModel.forward_batch), which is
 what a batch buys on memory-bound hardware. Letters as in speculative.py:
 p is the TARGET's distribution, q the DRAFT's.
 

@@ -41,7 +41,7 @@ class KVCache:
     """
 
     def __init__(self, hparams: HParams, capacity: int | None = None, reserve: int = 64, dtype=F32):
-        self.dtype = np.dtype(dtype)  # the model's: float32, or float64 under GPT2.astype(np.float64)
+        self.dtype = np.dtype(dtype)  # the model's: float32, or float64 under model.astype(np.float64)
         self.capacity = hparams.n_ctx if capacity is None else capacity
         if not 1 <= self.capacity <= hparams.n_ctx:
             raise ValueError(f"cache capacity must be in 1..{hparams.n_ctx}, got {self.capacity}")

@@ -1,8 +1,9 @@
 """A Llama-architecture forward pass in NumPy (SmolLM2, and the models built like it), with the same KV cache.
 
-Read it next to gpt2.py: the interface is the same (forward over a chain or a
-tree of new tokens against a KVCache, early exit, hidden states, float64), so
-every sampler and drafter in specdec runs on either. What changed between
+Read it next to gpt2.py: both are a base.LanguageModel (forward over a chain or
+a tree of new tokens against a KVCache, early exit, hidden states, float64), so
+every sampler and drafter in specdec runs on either; this file holds only what is
+Llama's own (embedding, block, final norm, the weights a step reads). What changed between
 GPT-2's block (2019) and Llama's (Touvron et al., arXiv 2302.13971), which
 nearly every model since is built from:
 
