@@ -65,7 +65,7 @@ class Restricted:
         return (logits, out[1]) if return_hidden else logits
 
 
-class RestrictedHead(Restricted, CausalLM):
+class RestrictedHead(Restricted, GPT2):
     """A GPT-2 scoring only the draft vocabulary."""
 
 
