@@ -1,4 +1,4 @@
-"""specdec: speculative decoding on GPT-2, in NumPy.
+"""specdec: speculative decoding on GPT-2 and Llama (SmolLM2), in NumPy.
 
     import specdec
     target = specdec.load_model("355M")
@@ -28,8 +28,10 @@ from .checkpoints.safetensors import CheckpointError
 from .costmodel import AdaptiveK, CostModelK, FixedK, best_k, expected_tokens_per_round, predicted_speedup
 from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter
 from .interfaces import Drafter, KPolicy, Proposal
+from .model.base import CausalLM
 from .model.cache import KVCache
 from .model.gpt2 import GPT2, HParams, random_weights
+from .model.llama import Llama, LlamaHParams
 from .model.shapes import GPT2_SHAPES, random_model
 from .model.tokenizer import load_tokenizer
 from .race import RaceReport, race
@@ -70,8 +72,11 @@ __all__ = [
     "predicted_speedup",
     "best_k",
     # models
+    "CausalLM",
     "GPT2",
     "HParams",
+    "Llama",
+    "LlamaHParams",
     "KVCache",
     "GPT2_SHAPES",
     "random_model",

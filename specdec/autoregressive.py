@@ -11,13 +11,13 @@ import numbers
 
 import numpy as np
 
-from .model.gpt2 import GPT2
+from .model.base import CausalLM
 from .model.tokenizer import ENDOFTEXT, chat_prompt, encode_text
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
 
 
-def check_request(model: GPT2, prompt, n_tokens: int, chat: bool = False, allow_special: bool = False) -> list[int]:
+def check_request(model: CausalLM, prompt, n_tokens: int, chat: bool = False, allow_special: bool = False) -> list[int]:
     """Validate a prompt (token ids, or text for a model with a tokenizer) and a length
     against a model; return the prompt as a list of ints. chat=True wraps text as one
     user turn of the model's chat template (ChatML, model/tokenizer.chat_prompt).
@@ -63,7 +63,7 @@ def check_request(model: GPT2, prompt, n_tokens: int, chat: bool = False, allow_
     return prompt
 
 
-def end_of_reply(model: GPT2, chat: bool) -> int | None:
+def end_of_reply(model: CausalLM, chat: bool) -> int | None:
     """The token that ends a chat reply (<|im_end|>), after which decoding stops; None when not chatting."""
     if not chat:
         return None
@@ -118,7 +118,7 @@ def make_rng(seed: int | None, rng: np.random.Generator | None) -> np.random.Gen
 
 
 def autoregressive_sample(
-    model: GPT2, prompt_ids, n_tokens: int,
+    model: CausalLM, prompt_ids, n_tokens: int,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
     chat: bool = False, allow_special: bool = False,

@@ -2,7 +2,7 @@
 
 What it adds over speculative.py: the same round (draft, verify, accept, residual,
 bonus, roll back), run for B sequences side by side. Each weight matrix is then
-read once per round for all B sequences (model/gpt2.forward_batch), which is
+read once per round for all B sequences (model/base.LanguageModel.forward_batch), which is
 what a batch buys on memory-bound hardware. Letters as in speculative.py:
 p is the TARGET's distribution, q the DRAFT's.
 
@@ -51,9 +51,8 @@ from .costmodel import AdaptiveK, FixedK, make_k_policy
 from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter, make_drafter
 from .drafters.specs import parse_draft
 from .interfaces import KPolicy, Proposal
+from .model.base import CausalLM, LanguageModel
 from .model.cache import KVCache
-from .model.gpt2 import GPT2
-from .model.llama import Llama
 from .result import DecodeResult
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
 from .verify import ACCEPTANCE, VERIFICATION, verify
@@ -136,7 +135,7 @@ def emit(row: Sequence, tokens: list[int], kinds: list[str], n_tokens: int, stop
 
 
 def autoregressive_sample_batch(
-    model: GPT2, prompts, n_tokens: int,
+    model: CausalLM, prompts, n_tokens: int,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed=None, rng: np.random.Generator | None = None, on_token: BatchTokenCallback | None = None,
     chat: bool = False, allow_special: bool = False,
@@ -259,7 +258,7 @@ class PerRowDrafts:
 
 def make_batch_drafts(draft, target):
     """What `draft` means for a batch: a model or early exit drafts in batched passes; a lookup or heads per row."""
-    if isinstance(draft, (GPT2, Llama)):
+    if isinstance(draft, LanguageModel):
         make_drafter(draft, target)  # the checks (a shared vocabulary)
         return BatchModelDraft(draft)
     if isinstance(draft, ModelDrafter):
@@ -310,7 +309,7 @@ def keep_accepted(row: Sequence, n_past: int, n_accepted: int) -> None:
 
 
 def speculative_sample_batch(
-    target: GPT2, draft, prompts, n_tokens: int, K=4,
+    target: CausalLM, draft, prompts, n_tokens: int, K=4,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed=None, rng: np.random.Generator | None = None, on_token: BatchTokenCallback | None = None,
     tree=None, acceptance: str = "exact", chat: bool = False, verification: str = "token",
@@ -318,8 +317,8 @@ def speculative_sample_batch(
 ) -> list[DecodeResult]:  # fmt: skip
     """speculative_sample for each prompt, with ONE target pass per round for the whole batch: a DecodeResult each.
 
-    prompts: a list of prompts (text or token ids), of any lengths. draft: a GPT2 or
-    Llama (batched draft passes), "early_exit:L" (batched), "ngram[:N]", "medusa:DIR",
+    prompts: a list of prompts (text or token ids), of any lengths. draft: a model
+    (GPT2 or Llama: batched draft passes), "early_exit:L" (batched), "ngram[:N]", "medusa:DIR",
     "eagle:DIR" (drafted per row). K: an int or "adaptive" (per row). Other keywords
     as speculative_sample (verification="block": each row's chain judged jointly); seed=s gives every
     row default_rng(s) (module docstring). on_batch_round(BatchRound) is called after every round of the

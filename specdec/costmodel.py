@@ -26,7 +26,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .interfaces import KPolicy
-from .model.gpt2 import GPT2
 from .verify import children_of
 
 K_LIMIT = 32  # the most drafts a round may ask for: a verification pass over 33 tokens is far past any gain
@@ -415,25 +414,23 @@ class FixedTree:
         pass
 
 
-OTHER_DRAFT_COST = 0.1  # c assumed for a drafter that is neither a GPT-2 nor model-free (heads: one block + a head)
+OTHER_DRAFT_COST = 0.1  # c assumed for a drafter whose model cannot say what it reads (one without step_weights)
 
 
 def draft_step_cost(drafter, target) -> float:
-    """c, estimated without timing: a GPT-2 step on a CPU is memory-bound, so a
-    draft step costs about the bytes of weights it reads over the target's.
-    0 for a drafter without a model (n-gram); the first L blocks and the LM head
-    for early exit; OTHER_DRAFT_COST for anything else. Pass a TreePolicy with
-    measured costs instead where timings exist (main.py and race do)."""
+    """c, estimated without timing: a model's step on a CPU is memory-bound, so a
+    draft step costs about the weights it reads over the target's, each model
+    counting its own (`step_weights`: a draft model, a restricted head, the first
+    L blocks of the target for early exit). 0 for a drafter without a model
+    (n-gram); OTHER_DRAFT_COST for a drafter whose model cannot count them. Pass a
+    TreePolicy with measured costs instead where timings exist (main.py and race do)."""
     model = getattr(drafter, "model", None)
     if model is None:
         return 0.0
-    if not isinstance(model, GPT2):
+    if not hasattr(model, "step_weights"):
         return OTHER_DRAFT_COST
-
-    def step_bytes(m, n_layer):  # n_layer blocks (12 n_embd^2 weights each) + the LM head
-        return n_layer * 12 * m.n_embd**2 + m.n_vocab * m.n_embd
-
-    return step_bytes(model, getattr(drafter, "n_layer", model.n_layer)) / step_bytes(target, target.n_layer)
+    n_layer = getattr(drafter, "n_layer", model.n_layer)  # early exit: the first n_layer blocks
+    return model.step_weights(n_layer) / target.step_weights()
 
 
 def make_tree_policy(tree, drafter, target):

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
+    from .model.base import CausalLM
     from .model.cache import KVCache
-    from .model.gpt2 import GPT2
     from .sampling import SamplingParams
 
 
@@ -122,7 +122,7 @@ class Drafter(Protocol):
     n_ctx: int | None  # the longest text the drafter can handle, None for no limit
     calls: int  # draft forward passes so far (0 for a drafter without a model)
 
-    def begin(self, target: GPT2, cache: KVCache, prompt: list[int]) -> None:
+    def begin(self, target: CausalLM, cache: KVCache, prompt: list[int]) -> None:
         """A new run: the target, the target's KV cache for this run (empty now; a
         drafter may write into it, as early exit does, if it sets the length back),
         and the prompt. Reset all per-run state here."""

@@ -37,7 +37,7 @@ from .costmodel import (
     speedup_from_rounds,
 )
 from .drafters import CrossVocabDrafter, make_drafter
-from .model.gpt2 import GPT2
+from .model.base import CausalLM
 from .result import DecodeResult, TokenCallback, fmt, sparkline, token_pieces, trace_html
 from .sampling import SamplingParams
 from .speculative import speculative_sample
@@ -417,7 +417,7 @@ class RaceReport:
 
 
 def race(
-    target: GPT2, draft, prompt, n_tokens: int, K=4,
+    target: CausalLM, draft, prompt, n_tokens: int, K=4,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = 0,
     repeats: int = 3, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
     on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,

@@ -40,6 +40,7 @@ from .autoregressive import check_request, end_of_reply, make_rng
 from .costmodel import make_k_policy, make_tree_policy
 from .drafters import CrossVocabDrafter, make_drafter
 from .interfaces import Proposal
+from .model.base import CausalLM
 from .model.gpt2 import GPT2
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, check_finite_logits
@@ -52,7 +53,7 @@ RoundCallback = Callable[[Proposal, np.ndarray], None]
 
 
 def speculative_sample(
-    target: GPT2, draft, prompt_ids, n_tokens: int, K=4,
+    target: CausalLM, draft, prompt_ids, n_tokens: int, K=4,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
     seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
     tree=None, acceptance: str = "exact", chat: bool = False, verification: str = "token",

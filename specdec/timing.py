@@ -29,8 +29,8 @@ from typing import Callable
 import numpy as np
 
 from .drafters import make_drafter
+from .model.base import CausalLM
 from .model.cache import KVCache
-from .model.gpt2 import GPT2
 from .sampling import SamplingParams
 
 
@@ -81,7 +81,7 @@ def verify_curve(times: dict) -> list[float]:
     return [float(np.median(np.asarray(times[m]) / t1)) for m in sorted(k for k in times if isinstance(k, int))]
 
 
-def pass_calls(model: GPT2, cache: KVCache, m_values, token: int = 0) -> tuple[dict, Callable]:
+def pass_calls(model: CausalLM, cache: KVCache, m_values, token: int = 0) -> tuple[dict, Callable]:
     """Calls for time_calls: {m: a forward over m new tokens on top of `cache`} and the
     `after` that rolls the cache back, so every pass sees the same context length."""
     n = cache.length
@@ -132,7 +132,7 @@ def plausible(r: list[float]) -> list[float]:
     return out
 
 
-def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repeats: int = 5, rng=None) -> Costs:
+def measure_costs(target: CausalLM, draft, context: list[int], m_max: int = 9, repeats: int = 5, rng=None) -> Costs:
     """Time 1..m_max-token target passes and one draft step after `context`, interleaved; measure again
     (RETRIES times, doubling the repeats) while the r curve is implausible, and repair it if it stays so.
 
@@ -159,7 +159,7 @@ def measure_costs(target: GPT2, draft, context: list[int], m_max: int = 9, repea
     return costs
 
 
-def _pass_and_draft_calls(target: GPT2, draft, context: list[int], m_max: int) -> tuple[dict, Callable]:
+def _pass_and_draft_calls(target: CausalLM, draft, context: list[int], m_max: int) -> tuple[dict, Callable]:
     """The calls measure_costs times, after one pass over the context: {m: a target pass over m tokens,
     "draft": one draft step}, and the `after` that rolls the target's cache back to the context."""
     cache = target.new_cache()

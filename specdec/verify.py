@@ -256,7 +256,7 @@ def token_weights(drafts: list[int], q: np.ndarray, p: np.ndarray) -> np.ndarray
 
 
 # ---------------------------------------------------------------------------
-# Trees. A tree of n drafted nodes is two lists, parents first (gpt2.tree_mask):
+# Trees. A tree of n drafted nodes is two lists, parents first (model/attention.tree_mask):
 # tokens[i] is node i's token, parents[i] its parent node or -1 for a child of
 # the root, the text's last token ids[-1]. The target pass over [ids[-1], *tokens]
 # gives row 0 (after the root) and row i + 1 (after node i: for node i's

@@ -172,6 +172,11 @@ def test_the_public_api():
                  "random_model", "DecodeResult", "SamplingParams", "load_model", "speculative_sample_batch",
                  "autoregressive_sample_batch"):  # fmt: skip
         assert name in specdec.__all__ and getattr(specdec, name).__doc__, name
+    assert {"GPT2", "Llama", "CausalLM"} <= set(specdec.__all__)  # both architectures, and the interface they share
+    from specdec.model.llama import random_llama
+
+    for model in (specdec.random_model(n_layer=1, n_embd=8, n_head=2, n_vocab=16, n_ctx=8), random_llama()):
+        assert isinstance(model, specdec.CausalLM) and isinstance(model, (specdec.GPT2, specdec.Llama))
     assert specdec.__version__.count(".") == 2
     model = specdec.random_model(n_layer=2, n_embd=32, n_head=4, n_vocab=100, n_ctx=32, seed=0)
     assert model.n_layer == 2 and model.n_vocab == 100

@@ -6,13 +6,19 @@ from conftest import tiny_model
 
 from specdec import AdaptiveK, speculative_sample
 from specdec.costmodel import (
+    OTHER_DRAFT_COST,
     CostModelK,
     best_k,
+    draft_step_cost,
     expected_tokens_per_round,
     predicted_speedup,
     speedup_from_rounds,
+    make_tree_policy,
     verify_cost,
 )
+from specdec.drafters import EarlyExitDrafter, ModelDrafter
+from specdec.drafters.restricted import restrict
+from specdec.model.llama import LlamaHParams, random_llama
 
 
 def test_expected_tokens_per_round():
@@ -147,3 +153,44 @@ def test_batch_rounds_are_priced_by_their_tokens_on_the_measured_pass_curve():
     # 10 autoregressive 4-row steps (100 ms) against two rounds of 18 and 12 tokens (31 + 30 ms).
     assert abs(speedup_from_batch_rounds([(4, [4, 4, 4, 2], 4), (4, [2, 2, 2, 2], 2)], [4] * 10, times)
                - 0.100 / 0.061) < 1e-9  # fmt: skip
+
+
+# c under tree="auto" comes from the drafter's own model: the weights one of its steps reads over the target's.
+# A SmolLM2-shaped Llama (grouped-query attention, SwiGLU 2.67x wide, a head as large as several blocks), tiny.
+SMOLLM2_SHAPED = dict(n_vocab=512, n_ctx=64, n_embd=48, n_head=3, n_kv_head=1, n_layer=6, n_ff=128)
+
+
+def llama_step_weights(h, n_layer: int, head_rows: int) -> int:
+    """Written out here, independently of the library: q and output n_embd^2, k and v n_embd * n_kv_head * d_head,
+    gate, up and down n_embd * n_ff, per block; the LM head head_rows * n_embd."""
+    d_head = h["n_embd"] // h["n_head"]
+    block = 2 * h["n_embd"] ** 2 + 2 * h["n_embd"] * h["n_kv_head"] * d_head + 3 * h["n_embd"] * h["n_ff"]
+    return n_layer * block + head_rows * h["n_embd"]
+
+
+def test_a_llama_early_exit_is_priced_by_the_weights_it_reads():
+
+    target = random_llama(LlamaHParams(**SMOLLM2_SHAPED))
+    drafter = EarlyExitDrafter(target, n_layer=2)
+    want = llama_step_weights(SMOLLM2_SHAPED, 2, 512) / llama_step_weights(SMOLLM2_SHAPED, 6, 512)
+    assert draft_step_cost(drafter, target) == pytest.approx(want, rel=1e-12)
+    assert make_tree_policy("auto", drafter, target).c == pytest.approx(want, rel=1e-12)
+    assert abs(want - OTHER_DRAFT_COST) > 0.2  # 0.52 here: a flat guess would be far off
+
+
+def test_a_restricted_llama_draft_is_priced_by_the_head_rows_it_scores():
+
+    target = random_llama(LlamaHParams(**SMOLLM2_SHAPED))
+    small = random_llama(LlamaHParams(**{**SMOLLM2_SHAPED, "n_layer": 1}), seed=1)
+    full, cut = ModelDrafter(small), ModelDrafter(restrict(small, 64))
+    whole = llama_step_weights(SMOLLM2_SHAPED, 6, 512)
+    assert draft_step_cost(full, target) == pytest.approx(llama_step_weights(SMOLLM2_SHAPED, 1, 512) / whole)
+    assert draft_step_cost(cut, target) == pytest.approx(llama_step_weights(SMOLLM2_SHAPED, 1, 64) / whole)
+
+
+def test_a_gpt2_early_exit_is_priced_by_its_blocks_and_head():
+    model = tiny_model()
+    h = model.hparams
+    block = 12 * h.n_embd**2 + 13 * h.n_embd  # four matrices, their biases, two LayerNorms
+    want = (1 * block + h.n_vocab * h.n_embd) / (h.n_layer * block + h.n_vocab * h.n_embd)
+    assert draft_step_cost(EarlyExitDrafter(model, n_layer=1), model) == pytest.approx(want, rel=1e-12)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest import tiny_model
 
-from specdec.model.gpt2 import tree_mask
+from specdec.model.attention import tree_mask
 
 TREE_ATOL = 1e-5  # a tree pass against one-token-at-a-time passes
 

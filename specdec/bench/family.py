@@ -36,6 +36,7 @@ from .. import costmodel, flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints import family
 from ..checkpoints.load import load_model
+from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, random_weights
 from ..race import jsonable
 from ..speculative import speculative_sample
@@ -46,12 +47,12 @@ from .speed import SIZES, table
 GPT2_DRAFT, GPT2_TARGET = "124M", "355M"
 
 
-def drafters(draft: GPT2, early_exit_layer: int) -> dict:
+def drafters(draft: CausalLM, early_exit_layer: int) -> dict:
     return {"draft model stdlib-2L": draft, f"early_exit:{early_exit_layer}": f"early_exit:{early_exit_layer}",
             "ngram": "ngram"}  # fmt: skip
 
 
-def measure_family(target: GPT2, draft: GPT2, args, rng: np.random.Generator, progress: Progress) -> list[dict]:
+def measure_family(target: CausalLM, draft: CausalLM, args, rng: np.random.Generator, progress: Progress) -> list[dict]:
     """Table 1: every drafter at each temperature over the same prompts, runs interleaved per prompt."""
     prompts = [target.tokenizer.encode(p["text"]) for p in family.prompts()[: args.prompts]]
     rows = []
@@ -86,7 +87,7 @@ def measure_family(target: GPT2, draft: GPT2, args, rng: np.random.Generator, pr
     return rows
 
 
-def costs_of(target: GPT2, drafters: dict, K: int, context: list[int]) -> tuple[dict, list[float]]:
+def costs_of(target: CausalLM, drafters: dict, K: int, context: list[int]) -> tuple[dict, list[float]]:
     """({drafter name: c}, r(m) for m = 1..K+1), all measured after `context`."""
     r = measure_costs(target, None, context, m_max=K + 1, repeats=21).r
     return {name: measure_costs(target, d, context, m_max=1, repeats=21).c for name, d in drafters.items()}, r

@@ -36,6 +36,7 @@ from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
 from ..drafters import eagle, make_drafter, medusa
 from ..drafters.heads import DraftVocab
+from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, HParams, random_weights
 from ..model.shapes import GPT2_SHAPES
 from ..result import fmt
@@ -96,7 +97,7 @@ def bench_shape(name: str, h: HParams, repeats: int, progress: Progress, context
     return out
 
 
-def accept(target: GPT2, drafts: list[str], prompts: list[list[int]], n_tokens: int, K: int, temperatures,
+def accept(target: CausalLM, drafts: list[str], prompts: list[list[int]], n_tokens: int, K: int, temperatures,
            progress: Progress) -> list:
     """alpha, tau, draft passes per round and speedup of each drafter on a trained target."""
     rows = []

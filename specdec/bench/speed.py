@@ -60,8 +60,10 @@ from ..checkpoints.load import load_folder, save_folder
 from ..checkpoints.safetensors import read_safetensors
 from ..costmodel import AdaptiveK
 from ..model import kernels, threads
+from ..model.base import CausalLM
 from ..model.cache import KVCache
 from ..model.gpt2 import F32, GPT2, HParams, random_weights
+from ..model.gpt2 import step_weights as gpt2_step_weights
 from ..model.kernels import linear
 from ..model.shapes import GPT2_SHAPES
 from ..race import jsonable
@@ -119,7 +121,7 @@ def _cell(value) -> str:
     return str(value)
 
 
-def filled_cache(model: GPT2, n_past: int, rng: np.random.Generator) -> KVCache:
+def filled_cache(model: CausalLM, n_past: int, rng: np.random.Generator) -> KVCache:
     """A KV cache holding n_past positions of random keys and values.
 
     NOTE: not a real forward over n_past tokens. Attention's cost depends only on
@@ -128,18 +130,16 @@ def filled_cache(model: GPT2, n_past: int, rng: np.random.Generator) -> KVCache:
     h = model.hparams
     cache = model.new_cache()
     cache.reserve(min(h.n_ctx, n_past + max(VERIFY_M)))  # room for the timed passes: no growth while timing
-    shape = (h.n_layer, h.n_head, n_past, h.d_head)
-    cache.k[:, :, :n_past] = rng.standard_normal(shape, dtype=F32)  # [n_layer, n_head, n_past, d_head]
+    shape = (h.n_layer, h.n_kv_head, n_past, h.d_head)
+    cache.k[:, :, :n_past] = rng.standard_normal(shape, dtype=F32)  # [n_layer, n_kv_head, n_past, d_head]
     cache.v[:, :, :n_past] = rng.standard_normal(shape, dtype=F32)
     cache.length = n_past
     return cache
 
 
 def step_bytes(h: HParams) -> int:
-    """Bytes of float32 weights one 1-token step reads: the four linears and two LayerNorms
-    of every block (12 n_embd^2 + 13 n_embd), the LM head (wte) and ln_f."""
-    e = h.n_embd
-    return 4 * (h.n_layer * (12 * e * e + 13 * e) + h.n_vocab * e + 2 * e)
+    """Bytes of float32 weights one 1-token step of a GPT-2 with these hyperparameters reads (GPT2.step_weights)."""
+    return 4 * gpt2_step_weights(h)
 
 
 class Bench:

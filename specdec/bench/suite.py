@@ -48,6 +48,7 @@ import numpy as np
 
 from .. import flags
 from ..autoregressive import autoregressive_sample
+from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, HParams
 from ..sampling import SamplingParams, probabilities
 from ..speculative import speculative_sample
@@ -74,7 +75,7 @@ def load_prompts(path: str | Path | None = None) -> dict[str, list[str]]:
     return suite
 
 
-def encode(model: GPT2, text: str) -> list[int]:
+def encode(model: CausalLM, text: str) -> list[int]:
     if model.tokenizer is None:
         raise ValueError(f"{model.name} has no tokenizer: the suite's prompts are text")
     return model.tokenizer.encode(text, allowed_special="all")
@@ -124,7 +125,7 @@ def _median_seconds(fn: Callable[[], object], repeats: int):
 
 
 def run_suite(
-    target: GPT2,
+    target: CausalLM,
     drafts: dict[str, object],
     prompts: dict[str, list[str]],
     n_tokens: int = 48,
@@ -209,7 +210,7 @@ class TargetRows:
     logits: list[np.ndarray] = field(default_factory=list)  # [n_tokens, n_vocab] each
 
 
-def target_rows(target: GPT2, prompts: list[list[int]], n_tokens: int, temperature: float, seed: int) -> TargetRows:
+def target_rows(target: CausalLM, prompts: list[list[int]], n_tokens: int, temperature: float, seed: int) -> TargetRows:
     rows = TargetRows()
     for j, prompt in enumerate(prompts):
         new = autoregressive_sample(target, prompt, n_tokens, temperature=temperature, seed=seed + j).tokens
@@ -221,7 +222,7 @@ def target_rows(target: GPT2, prompts: list[list[int]], n_tokens: int, temperatu
     return rows
 
 
-def pair_alpha(draft: GPT2, rows: TargetRows, temperature: float) -> float:
+def pair_alpha(draft: CausalLM, rows: TargetRows, temperature: float) -> float:
     """Mean beta over every generated position of every prompt."""
     betas = [beta(p, draft(text[:-1])[start:], temperature) for text, start, p in zip(rows.texts, rows.starts, rows.logits)]
     return float(np.concatenate(betas).mean())
@@ -361,7 +362,7 @@ def main(argv=None) -> int:
 
     progress = Progress("suite", args.quiet)  # the errors above are said whatever --quiet says
 
-    def load(name: str) -> GPT2:
+    def load(name: str) -> CausalLM:
         return load_model(name, args.models_dir, progress=True)
 
     try:

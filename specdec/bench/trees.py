@@ -30,6 +30,7 @@ import numpy as np
 from .. import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
+from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, random_weights
 from ..speculative import speculative_sample
 from ..timing import time_calls
@@ -44,7 +45,7 @@ def width_two_tree(n: int) -> list[int]:
     return [-1] + [(i - 1) // 2 for i in range(1, n)]
 
 
-def measure_r(model: GPT2, repeats: int, rng: np.random.Generator) -> dict:
+def measure_r(model: CausalLM, repeats: int, rng: np.random.Generator) -> dict:
     """{kind: {m: (r, stats)}} for passes over m = 1 .. N_MAX + 1 new tokens, as a chain and as root + tree."""
     cache = filled_cache(model, VERIFY_CTX, rng)
     cache.reserve(VERIFY_CTX + N_MAX + 1)
@@ -82,14 +83,14 @@ def section_r(args, out) -> dict:
     return results
 
 
-def model(name: str, models_dir: str) -> GPT2:
+def model(name: str, models_dir: str) -> CausalLM:
     """A GPT-2 shape name: random weights; anything else: load_model."""
     if name in SIZES:
         return GPT2(SIZES[name], random_weights(SIZES[name]), name=f"{name} (random weights)")
     return load_model(name, models_dir, progress=False)
 
 
-def prompts_for(target: GPT2, args) -> list[list[int]]:
+def prompts_for(target: CausalLM, args) -> list[list[int]]:
     if target.tokenizer is None or args.prompt is None:
         rng = np.random.default_rng(args.seed)
         return [[int(t) for t in rng.integers(0, target.n_vocab, 16)] for _ in range(args.n_prompts)]

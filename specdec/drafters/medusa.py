@@ -153,7 +153,7 @@ class MedusaDrafter:
 
     @classmethod
     def load(cls, folder, target, **options) -> "MedusaDrafter":
-        _, params, vocab = load_heads(folder, "medusa", target)
+        _, params, vocab = load_heads(folder, "medusa", target, param_shapes)
         return cls(params, vocab, **options)
 
     def begin(self, target, cache, prompt) -> None:

@@ -29,6 +29,7 @@ import dataclasses
 
 import numpy as np
 
+from ..model.base import CausalLM, LanguageModel
 from ..model.gpt2 import GPT2
 from ..model.kernels import Linear
 from ..model.llama import Llama
@@ -72,7 +73,10 @@ class RestrictedLlama(Restricted, Llama):
     """A Llama scoring only the draft vocabulary."""
 
 
-def restrict(model: GPT2 | Llama, n: int, corpus_ids=None) -> RestrictedHead | RestrictedLlama:
+RESTRICTED: dict[type[LanguageModel], type[Restricted]] = {GPT2: RestrictedHead, Llama: RestrictedLlama}
+
+
+def restrict(model: CausalLM, n: int, corpus_ids=None) -> RestrictedHead | RestrictedLlama:
     """`model` scoring only n tokens: the n most frequent in `corpus_ids` (token ids of
     some representative text), or without a corpus, ids 0..n-2 and <|endoftext|>.
 
@@ -84,7 +88,8 @@ def restrict(model: GPT2 | Llama, n: int, corpus_ids=None) -> RestrictedHead | R
     (A Llama's byte-level BPE numbers its tokens the same way; SmolLM2's special
     tokens come first, ids 0-2, so they are kept too.)
     """
-    if not isinstance(model, (GPT2, Llama)):
+    restricted = next((cls for arch, cls in RESTRICTED.items() if isinstance(model, arch)), None)
+    if restricted is None:
         raise ValueError(f"restrict takes a GPT-2 or Llama model, not {type(model).__name__}")
     n_vocab = model.n_vocab
     if not 1 <= n <= n_vocab:
@@ -93,4 +98,4 @@ def restrict(model: GPT2 | Llama, n: int, corpus_ids=None) -> RestrictedHead | R
         ids = top_tokens(np.asarray(corpus_ids, dtype=np.int64), n, n_vocab)
     else:
         ids = np.append(np.arange(n - 1), n_vocab - 1)  # ... and the last id, GPT-2's <|endoftext|>
-    return RestrictedLlama(model, ids) if isinstance(model, Llama) else RestrictedHead(model, ids)
+    return restricted(model, ids)

@@ -2,7 +2,7 @@
 
 What this adds over the chains of drafters/__init__.py: two ways of spending a budget of
 `nodes` draft tokens on several candidate continuations at once, so that one
-target pass (gpt2.forward with `parents`) can accept the longest path the
+target pass (a model's forward with `parents`, model/base.py) can accept the longest path the
 target agrees with (verify.py decides which).
 
     ngram_tree     no model: every earlier occurrence of the text's tail,
@@ -35,7 +35,8 @@ from typing import Callable
 import numpy as np
 
 from ..model.cache import KVCache
-from ..model.gpt2 import GPT2, softmax
+from ..model.attention import softmax
+from ..model.base import CausalLM
 from ..sampling import SamplingParams, point_mass, probabilities
 from ..verify import draw_iid, draw_without_replacement, top_k_tokens
 
@@ -170,7 +171,7 @@ def dynamic_tree(
 
 
 def model_tree(
-    model: GPT2,
+    model: CausalLM,
     cache: KVCache,
     pending: list[int],
     depth: int,
@@ -186,7 +187,7 @@ def model_tree(
     pending: the text the cache has not seen yet (at least the text's last
     token); the first pass feeds it and gives the root's row. Each further pass
     runs the whole tree so far after it, with the tree mask (a node already in
-    the cache cannot be a parent in gpt2.forward, so the layer before is fed
+    the cache cannot be a parent in a model's forward, so the layer before is fed
     again: a pass over <= `nodes` tokens costs little more than over a few).
     On return the cache holds the text, pending included, and no tree node.
     `n_layer`: draft with the model's first layers only (early exit). `siblings`: as in dynamic_tree.

@@ -7,14 +7,20 @@ n_ctx from the model's hyperparameters.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .gpt2 import HParams
-
 F32 = np.float32
+
+
+class HParams(Protocol):
+    """What a cache reads from a model's hyperparameters (gpt2.HParams, llama.LlamaHParams)."""
+
+    n_layer: int
+    n_kv_head: int
+    d_head: int
+    n_ctx: int
 
 
 class KVCache:
@@ -35,7 +41,7 @@ class KVCache:
     """
 
     def __init__(self, hparams: HParams, capacity: int | None = None, reserve: int = 64, dtype=F32):
-        self.dtype = np.dtype(dtype)  # the model's: float32, or float64 under GPT2.astype(np.float64)
+        self.dtype = np.dtype(dtype)  # the model's: float32, or float64 under model.astype(np.float64)
         self.capacity = hparams.n_ctx if capacity is None else capacity
         if not 1 <= self.capacity <= hparams.n_ctx:
             raise ValueError(f"cache capacity must be in 1..{hparams.n_ctx}, got {self.capacity}")

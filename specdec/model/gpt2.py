@@ -1,8 +1,11 @@
 """GPT-2 forward pass in NumPy, with an explicit KV cache.
 
 This file is pure math: hyperparameters, weights as plain float32 arrays named as in
-the checkpoint, the KV cache, and the forward pass. Reading checkpoints from disk
-lives in checkpoints/load.py; nothing here does I/O.
+the checkpoint, and GPT-2's own part of the forward pass (embedding, block, final
+LayerNorm). What every architecture shares lives beside it: the KV cache (cache.py),
+attention and the tree mask (attention.py), the ragged batch (packing.py), and the
+model class's plumbing, `forward` and `forward_batch` (base.py). Reading checkpoints
+from disk lives in checkpoints/load.py; nothing here does I/O.
 
 What it adds over a minimal NumPy GPT-2 (such as picoGPT): a KV cache that is
 explicit data with O(1) rollback, a forward pass over *several* new tokens at
@@ -30,9 +33,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .attention import attention
+from .base import LanguageModel, weights_per_step
 from .cache import KVCache
-from .kernels import Linear, linear, pass_threads
-from .packing import PREFILL_CHUNK, Row, in_chunks, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: gpt2.tree_mask, as before)
+from .kernels import Linear, linear
+from .packing import Row
 
 F32 = np.float32
 
@@ -123,15 +128,6 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Softmax over the last axis, shifted by the max for stability, in one buffer
-    (out=x: in place, which attention does with its scores, the largest arrays of a long prompt)."""
-    out = np.subtract(x, x.max(axis=-1, keepdims=True), out=out)
-    np.exp(out, out=out)
-    out /= out.sum(axis=-1, keepdims=True)
-    return out
-
-
 def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     """Normalise each row to mean 0, variance 1, then scale and shift.  [n_seq, n_embd]"""
     n = F32(x.shape[-1])
@@ -142,26 +138,6 @@ def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.nd
     y *= g
     y += b
     return y
-
-
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    """Masked attention of n_seq new queries over n_kv = n_past + n_seq positions.
-
-    q: [n_head, n_seq, d_head]; k, v: [n_head, n_kv, d_head] -> [n_head, n_seq, d_head]
-    bias: [n_seq, n_kv], 0 where query i may attend to key j and -inf where not
-    (None for a single new token, which may attend to everything).
-
-    NOTE: in a chain, new token i sits at position n_past + i and may attend to
-    every cached position and to new tokens 0..i, never to new tokens after it.
-    This mask is what makes one forward over [last token, d_0 .. d_(K-1)] give,
-    in row i, the same logits as feeding those tokens one at a time. A tree
-    replaces the new-token part with `tree_mask` (see `forward`).
-    """
-    d_head = q.shape[2]
-    scores = (q * F32(1.0 / np.sqrt(d_head))) @ k.transpose(0, 2, 1)  # [n_head, n_seq, n_kv]
-    if bias is not None:
-        scores += bias  # broadcast over heads
-    return softmax(scores, out=scores) @ v  # [n_head, n_seq, n_kv] @ [n_head, n_kv, d_head]
 
 
 def transformer_block(
@@ -210,97 +186,12 @@ def packed_block(x: np.ndarray, block: Block, hparams: HParams, rows: list[Row],
     return x + linear(h, block.mlp_c_proj)  # [n_tok, n_embd]
 
 
-def forward(
-    weights: Weights,
-    hparams: HParams,
-    tokens: np.ndarray,
-    cache: KVCache,
-    last_only: bool = False,
-    n_layer: int | None = None,
-    return_hidden: bool = False,
-    parents=None,
-):
-    """Run n_seq new tokens through GPT-2 after the cache's n_past tokens: `forward_batch` of one row.
-
-    tokens: [n_seq] int.  Returns float32 logits, [n_seq, n_vocab], or [1, n_vocab]
-    for the last new token only when `last_only` (the LM head is the largest
-    matrix in the model, so skipping rows nobody reads matters).
-
-    `n_layer` runs only the first n_layer blocks before ln_f and the LM head: the
-    early-exit draft of self-speculative decoding. It writes keys/values for
-    those layers only, so its caller must roll the cache back before a full pass.
-
-    `parents` ([n_seq] ints, see `tree_mask`) makes the new tokens a tree: node i
-    attends to the cache, its ancestors and itself, and sits at position
-    n_past + depth(i). None is a chain, parents = [-1, 0, 1, ...]. The cache then
-    holds one entry per node in this flat order; `KVCache.keep` compacts the
-    accepted path afterwards.
-
-    `return_hidden` returns (logits, hidden) instead, hidden [n_seq, n_embd] being
-    the final hidden state after ln_f (what the LM head reads; what learned draft
-    heads read), for every new token even when `last_only` trims the logits.
-    """
-    if parents is None and len(tokens) > PREFILL_CHUNK:  # a long prompt: in passes of PREFILL_CHUNK tokens
-        def run(part):  # one chunk, after the cache the chunks before it filled
-            return forward(weights, hparams, part, cache, last_only, n_layer, return_hidden)
-
-        return in_chunks(run, tokens, cache, last_only, return_hidden, PREFILL_CHUNK)
-    out = forward_batch(weights, hparams, [tokens], [cache], last_only, n_layer, return_hidden, [parents])
-    return (out[0][0], out[1][0]) if return_hidden else out[0]
-
-
-def forward_batch(
-    weights: Weights,
-    hparams: HParams,
-    tokens: list,
-    caches: list[KVCache],
-    last_only: bool = False,
-    n_layer: int | None = None,
-    return_hidden: bool = False,
-    parents: list | None = None,
-):
-    """A ragged batch: row b's new tokens tokens[b] ([n_seq_b] ints) after caches[b]'s n_past_b tokens.
-
-    Each row brings its own tokens, its own KV cache and its own cache length,
-    so rows may differ in both (after a round of speculative decoding they do:
-    each row accepted a different number of drafts). The rows' new tokens are
-    packed into one [n_tok, n_embd] matrix, n_tok = sum of n_seq_b, so every
-    weight matrix is read once for the whole batch (`packed_block`); attention
-    runs per row against the row's own cache. Rolling back stays per row:
-    caches[b].rollback(n).
-
-    Returns a list with one [n_seq_b, n_vocab] logits array per row ([1, n_vocab]
-    with `last_only`), or (logits list, hidden list) with `return_hidden`.
-    `n_layer`, `parents` (one entry per row, None for a chain) and the rest: as
-    in `forward`, which is this function for a batch of one.
-    """
-    n_layer = hparams.n_layer if n_layer is None else n_layer
-    if not 1 <= n_layer <= hparams.n_layer:
-        raise ValueError(f"n_layer must be in 1..{hparams.n_layer}, got {n_layer}")
-    flat, positions, rows = pack(hparams, tokens, caches, parents)
-
-    x = weights.wte[flat] + weights.wpe[positions]  # [n_tok, n_embd]
-    with pass_threads(len(flat)):  # OpenBLAS on one thread for a few tokens (kernels.pass_threads)
-        for layer in range(n_layer):
-            x = packed_block(x, weights.blocks[layer], hparams, rows, layer)
-        for row in rows:
-            row.cache.length = row.n_past + row.stop - row.start
-        return lm_head_rows(x, rows, last_only, return_hidden, lambda h: layer_norm(
-            h, weights.ln_f_weight, weights.ln_f_bias, hparams.layer_norm_epsilon), weights.lm_head)  # fmt: skip
-
-
-class GPT2:
-    """A GPT-2 ready to run: hyperparameters, weights and (optionally) its tokenizer.
-
-    `model(tokens)` is the cache-free convenience call: logits for every
-    position of a fresh sequence. Decoders use `new_cache()` and `forward()`.
-    """
+class GPT2(LanguageModel):
+    """GPT-2 ready to run (base.LanguageModel): what is GPT-2's own is the embedding
+    (token + learned position), the block, the final LayerNorm and the weights a step reads."""
 
     def __init__(self, hparams: HParams, weights: Weights, tokenizer=None, name: str = "gpt2"):
-        self.hparams = hparams
-        self.weights = weights
-        self.tokenizer = tokenizer  # a tiktoken.Encoding, or None for tokenizer-less test models
-        self.name = name
+        super().__init__(hparams, weights, tokenizer, name)
 
     def __repr__(self) -> str:
         h = self.hparams
@@ -309,70 +200,43 @@ class GPT2:
             f"n_head={h.n_head}, n_vocab={h.n_vocab}, n_ctx={h.n_ctx})"
         )
 
-    # Hyperparameters read like attributes of the model: model.n_vocab, ...
-    n_vocab = property(lambda self: self.hparams.n_vocab)
-    n_ctx = property(lambda self: self.hparams.n_ctx)
-    n_embd = property(lambda self: self.hparams.n_embd)
-    n_head = property(lambda self: self.hparams.n_head)
-    n_layer = property(lambda self: self.hparams.n_layer)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.weights.wte.dtype  # float32, or float64 after astype(np.float64)
-
-    def new_cache(self, capacity: int | None = None) -> KVCache:
-        return KVCache(self.hparams, capacity, dtype=self.dtype)
-
-    def astype(self, dtype) -> "GPT2":
-        """This model with every weight converted to `dtype` (np.float32 or np.float64): a copy.
-
-        float64 is the exact-greedy option. In float32, a (K+1)-token verification
-        pass and a 1-token step add the same numbers in different orders, so
-        their logits differ by about 1e-6 relative, and where the two best tokens
-        lie that close, greedy speculative decoding can pick differently from
-        greedy autoregressive decoding. In float64 the two agree wherever the top
-        two logits differ by more than about 1e-13, so in practice always.
-        It costs twice the memory and, decoding being memory-bound, about twice
-        the time per step (README, "Performance"). The draft can stay float32.
-        """
-        dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise ValueError(f"a GPT2 computes in float32 or float64, not {dtype}")
-
-        def cast(value):
-            if isinstance(value, Linear):
-                return Linear(value.w_t.astype(dtype), None if value.b is None else value.b.astype(dtype))
-            return value.astype(dtype)
-
+    def embed_and_run(self, flat: np.ndarray, positions: np.ndarray, rows: list[Row], n_layer: int) -> np.ndarray:
+        """Token ids and positions -> [n_tok, n_embd] after the first n_layer blocks."""
         w = self.weights
-        blocks = [Block(**{name: cast(value) for name, value in vars(b).items()}) for b in w.blocks]
-        weights = Weights(cast(w.wte), cast(w.wpe), blocks, cast(w.ln_f_weight), cast(w.ln_f_bias))
+        x = w.wte[flat] + w.wpe[positions]  # [n_tok, n_embd]: token plus learned position embedding
+        for layer in range(n_layer):
+            x = packed_block(x, w.blocks[layer], self.hparams, rows, layer)
+        return x
+
+    def final_norm(self, x: np.ndarray) -> np.ndarray:
+        """ln_f.  [n_tok, n_embd]"""
+        return layer_norm(x, self.weights.ln_f_weight, self.weights.ln_f_bias, self.hparams.layer_norm_epsilon)
+
+    def block_weights(self) -> int:
+        return block_weights(self.n_embd)
+
+    def cast(self, convert) -> GPT2:
+        w = self.weights
+        blocks = [Block(**{name: convert(value) for name, value in vars(b).items()}) for b in w.blocks]
+        weights = Weights(convert(w.wte), convert(w.wpe), blocks, convert(w.ln_f_weight), convert(w.ln_f_bias))
         return GPT2(self.hparams, weights, self.tokenizer, name=self.name)
 
-    def forward(
-        self,
-        tokens,
-        cache: KVCache,
-        last_only: bool = False,
-        n_layer: int | None = None,
-        return_hidden: bool = False,
-        parents=None,
-    ):
-        """See `forward` above: appends `tokens` (a chain, or a tree given `parents`) to `cache`;
-        returns logits, or (logits, hidden after ln_f) with `return_hidden`."""
-        return forward(self.weights, self.hparams, tokens, cache, last_only, n_layer, return_hidden, parents)
 
-    def forward_batch(self, tokens: list, caches: list[KVCache], last_only: bool = False,
-                      n_layer: int | None = None, return_hidden: bool = False, parents: list | None = None):  # fmt: skip
-        """See `forward_batch` above: row b's `tokens[b]` appended to `caches[b]`; a list of logits per row."""
-        return forward_batch(self.weights, self.hparams, tokens, caches, last_only, n_layer, return_hidden, parents)
+def block_linear_weights(n_embd: int) -> int:
+    """A GPT-2 block's matrix weights: c_attn 3 n_embd^2, c_proj n_embd^2, mlp_c_fc and mlp_c_proj 4 n_embd^2 each
+    (checkpoints/names.py sizes the transposed copy kept beside a checkpoint with it)."""
+    return 12 * n_embd * n_embd
 
-    def __call__(self, tokens) -> np.ndarray:
-        """[n_seq] token ids -> [n_seq, n_vocab] float32 logits, no cache kept."""
-        tokens = np.asarray(tokens)
-        if not 1 <= len(tokens) <= self.n_ctx:
-            raise ValueError(f"need 1..{self.n_ctx} tokens, got {len(tokens)}")
-        return self.forward(tokens, self.new_cache(len(tokens)))
+
+def block_weights(n_embd: int) -> int:
+    """Weights one GPT-2 block reads per token: its four matrices, their biases (9 n_embd), two LayerNorms (4 n_embd)."""
+    return block_linear_weights(n_embd) + 13 * n_embd
+
+
+def step_weights(hparams: HParams, n_layer: int | None = None) -> int:
+    """GPT2.step_weights from hyperparameters alone (bench/speed.py sizes models it has not built)."""
+    n_layer = hparams.n_layer if n_layer is None else n_layer
+    return weights_per_step(n_layer, block_weights(hparams.n_embd), hparams.n_vocab, hparams.n_embd)
 
 
 def random_weights(hparams: HParams, seed: int = 0, scale: float = 0.02) -> Weights:

@@ -1,8 +1,9 @@
 """A Llama-architecture forward pass in NumPy (SmolLM2, and the models built like it), with the same KV cache.
 
-Read it next to gpt2.py: the interface is the same (forward over a chain or a
-tree of new tokens against a KVCache, early exit, hidden states, float64), so
-every sampler and drafter in specdec runs on either. What changed between
+Read it next to gpt2.py: both are a base.LanguageModel (forward over a chain or
+a tree of new tokens against a KVCache, early exit, hidden states, float64), so
+every sampler and drafter in specdec runs on either; this file holds only what is
+Llama's own (embedding, block, final norm, the weights a step reads). What changed between
 GPT-2's block (2019) and Llama's (Touvron et al., arXiv 2302.13971), which
 nearly every model since is built from:
 
@@ -25,10 +26,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .cache import KVCache
-from .gpt2 import attention, softmax  # noqa: F401 (softmax: for readers of both)
-from .kernels import Linear, linear, pass_threads
-from .packing import PREFILL_CHUNK, Row, in_chunks, lm_head_rows, pack, tree_mask  # noqa: F401 (tree_mask: for readers of both)
+from .attention import attention
+from .base import LanguageModel
+from .kernels import Linear, linear
+from .packing import Row
 
 F32 = np.float32
 
@@ -200,7 +201,7 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 def grouped_attention(q, k, v, bias, n_kv_head: int) -> np.ndarray:
-    """Grouped-query attention with gpt2.attention: q [n_head, n_seq, d], k, v [n_kv_head, n_kv, d] -> [n_head, n_seq, d].
+    """Grouped-query attention with attention.attention: q [n_head, n_seq, d], k, v [n_kv_head, n_kv, d] -> [n_head, n_seq, d].
 
     The n_head // n_kv_head query heads of a group share one key/value head, so
     they are stacked as extra query rows of that head: [n_kv_head, group * n_seq, d].
@@ -245,110 +246,45 @@ def llama_block(x, block: LlamaBlock, h: LlamaHParams, rows: list[Row], layer: i
     return x + linear(gated, block.ffn_down)  # [n_tok, n_embd]
 
 
-def forward(weights: LlamaWeights, h: LlamaHParams, tokens, cache: KVCache, last_only=False, n_layer=None,
-            return_hidden=False, parents=None):  # fmt: skip
-    """Run n_seq new tokens after the cache's n_past: as gpt2.forward (see there for every argument),
-    and like it, `forward_batch` of one row.
-
-    The only difference in the plumbing: positions enter through the rotation of
-    q and k in every layer instead of an embedding added once.
-    """
-    if parents is None and len(tokens) > PREFILL_CHUNK:  # a long prompt: in passes of PREFILL_CHUNK tokens
-        def run(part):  # one chunk, after the cache the chunks before it filled
-            return forward(weights, h, part, cache, last_only, n_layer, return_hidden)
-
-        return in_chunks(run, tokens, cache, last_only, return_hidden, PREFILL_CHUNK)
-    out = forward_batch(weights, h, [tokens], [cache], last_only, n_layer, return_hidden, [parents])
-    return (out[0][0], out[1][0]) if return_hidden else out[0]
-
-
-def forward_batch(weights: LlamaWeights, h: LlamaHParams, tokens: list, caches: list[KVCache], last_only=False,
-                  n_layer=None, return_hidden=False, parents=None):  # fmt: skip
-    """A ragged batch, row b's tokens[b] after caches[b]: as gpt2.forward_batch (one list of logits per row)."""
-    n_layer = h.n_layer if n_layer is None else n_layer
-    if not 1 <= n_layer <= h.n_layer:
-        raise ValueError(f"n_layer must be in 1..{h.n_layer}, got {n_layer}")
-    flat, positions, rows = pack(h, tokens, caches, parents)
-    dtype = weights.wte.dtype
-    rows = [row if row.bias is None else replace(row, bias=row.bias.astype(dtype)) for row in rows]
-    cos, sin = rope_tables(positions, h.d_head, h.rope_theta, dtype)  # [n_tok, d_head] each
-
-    x = weights.wte[flat]  # [n_tok, n_embd]: no position embedding
-    with pass_threads(len(flat)):  # OpenBLAS on one thread for a few tokens (kernels.pass_threads)
-        for layer in range(n_layer):
-            x = llama_block(x, weights.blocks[layer], h, rows, layer, cos, sin)
-        for row in rows:
-            row.cache.length = row.n_past + row.stop - row.start
-        return lm_head_rows(x, rows, last_only, return_hidden, lambda x: rms_norm(x, weights.norm_f, h.rms_eps),
-                            weights.lm_head)  # fmt: skip
-
-
-class Llama:
-    """A Llama ready to run, with GPT2's interface (see gpt2.GPT2): forward, new_cache, astype, __call__."""
+class Llama(LanguageModel):
+    """A Llama ready to run (base.LanguageModel): what is Llama's own is the embedding (tokens only: positions
+    enter by rotating q and k in every block), the block, the final RMSNorm and the weights a step reads."""
 
     def __init__(self, hparams: LlamaHParams, weights: LlamaWeights, tokenizer=None, name: str = "llama"):
-        self.hparams = hparams
-        self.weights = weights
-        self.tokenizer = tokenizer  # a tiktoken.Encoding (tokenizer.gguf_encoding), or None
-        self.name = name
+        super().__init__(hparams, weights, tokenizer, name)  # tokenizer: tokenizer.gguf_encoding, or None
 
     def __repr__(self) -> str:
         h = self.hparams
         return (f"Llama({self.name!r}, n_layer={h.n_layer}, n_embd={h.n_embd}, n_head={h.n_head}, "
                 f"n_kv_head={h.n_kv_head}, n_vocab={h.n_vocab}, n_ctx={h.n_ctx})")  # fmt: skip
 
-    n_vocab = property(lambda self: self.hparams.n_vocab)
-    n_ctx = property(lambda self: self.hparams.n_ctx)
-    n_embd = property(lambda self: self.hparams.n_embd)
-    n_head = property(lambda self: self.hparams.n_head)
-    n_layer = property(lambda self: self.hparams.n_layer)
+    def embed_and_run(self, flat: np.ndarray, positions: np.ndarray, rows: list[Row], n_layer: int) -> np.ndarray:
+        """Token ids and positions -> [n_tok, n_embd] after the first n_layer blocks."""
+        w, h = self.weights, self.hparams
+        dtype = w.wte.dtype
+        rows = [row if row.bias is None else replace(row, bias=row.bias.astype(dtype)) for row in rows]
+        cos, sin = rope_tables(positions, h.d_head, h.rope_theta, dtype)  # [n_tok, d_head] each
+        x = w.wte[flat]  # [n_tok, n_embd]: no position embedding
+        for layer in range(n_layer):
+            x = llama_block(x, w.blocks[layer], h, rows, layer, cos, sin)
+        return x
 
-    @property
-    def dtype(self) -> np.dtype:
-        return self.weights.wte.dtype
+    def final_norm(self, x: np.ndarray) -> np.ndarray:
+        """output_norm.  [n_tok, n_embd]"""
+        return rms_norm(x, self.weights.norm_f, self.hparams.rms_eps)
 
-    def step_weights(self, n_layer: int | None = None) -> int:
-        """Weights read by one decoding step through n_layer blocks and the LM head (the cost model's c)."""
+    def block_weights(self) -> int:
+        """One block's matrices: q and output n_embd^2 each, k and v n_embd * n_kv_head * d_head each,
+        gate, up and down n_embd * n_ff each (the two RMSNorm gains, 2 n_embd, left out as a rounding error)."""
         h = self.hparams
-        n_layer = h.n_layer if n_layer is None else n_layer
-        per_block = h.n_embd * (2 * h.n_embd + 2 * h.n_kv_head * h.d_head) + 3 * h.n_embd * h.n_ff
-        return n_layer * per_block + h.n_vocab * h.n_embd
+        return h.n_embd * (2 * h.n_embd + 2 * h.n_kv_head * h.d_head) + 3 * h.n_embd * h.n_ff
 
-    def new_cache(self, capacity: int | None = None) -> KVCache:
-        return KVCache(self.hparams, capacity, dtype=self.dtype)
-
-    def astype(self, dtype) -> "Llama":
-        """A copy with every weight in `dtype` (np.float32 or np.float64; see GPT2.astype for why float64)."""
-        dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise ValueError(f"a Llama computes in float32 or float64, not {dtype}")
-
-        def cast(value):
-            return Linear(value.w_t.astype(dtype), None) if isinstance(value, Linear) else value.astype(dtype)
-
+    def cast(self, convert) -> Llama:
         w = self.weights
-        blocks = [LlamaBlock(**{name: cast(value) for name, value in vars(b).items()}) for b in w.blocks]
+        blocks = [LlamaBlock(**{name: convert(value) for name, value in vars(b).items()}) for b in w.blocks]
         tied = w.lm_head.w_t is w.wte
-        wte = cast(w.wte)
-        weights = LlamaWeights(wte, blocks, cast(w.norm_f), None if tied else cast(w.lm_head))
+        weights = LlamaWeights(convert(w.wte), blocks, convert(w.norm_f), None if tied else convert(w.lm_head))
         return Llama(self.hparams, weights, self.tokenizer, name=self.name)
-
-    def forward(self, tokens, cache: KVCache, last_only: bool = False, n_layer: int | None = None,
-                return_hidden: bool = False, parents=None):  # fmt: skip
-        """Append `tokens` (a chain, or a tree given `parents`) to `cache`; logits, or (logits, hidden)."""
-        return forward(self.weights, self.hparams, tokens, cache, last_only, n_layer, return_hidden, parents)
-
-    def forward_batch(self, tokens: list, caches: list[KVCache], last_only: bool = False,
-                      n_layer: int | None = None, return_hidden: bool = False, parents: list | None = None):  # fmt: skip
-        """Row b's `tokens[b]` appended to `caches[b]` (gpt2.forward_batch); a list of logits per row."""
-        return forward_batch(self.weights, self.hparams, tokens, caches, last_only, n_layer, return_hidden, parents)
-
-    def __call__(self, tokens) -> np.ndarray:
-        """[n_seq] token ids -> [n_seq, n_vocab] logits, no cache kept."""
-        tokens = np.asarray(tokens)
-        if not 1 <= len(tokens) <= self.n_ctx:
-            raise ValueError(f"need 1..{self.n_ctx} tokens, got {len(tokens)}")
-        return self.forward(tokens, self.new_cache(len(tokens)))
 
 
 def random_llama(hparams: LlamaHParams | None = None, seed: int = 0, scale: float = 0.02) -> Llama:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .attention import tree_mask
 from .cache import KVCache
 from .kernels import Linear, linear
 
@@ -26,43 +27,6 @@ F32 = np.float32
 # (an 8,000-token prompt on SmolLM2: 147 MB instead of 2.3 GB per layer). Each chunk is still
 # hundreds of rows per product, where the matrix-matrix kernel runs at full speed.
 PREFILL_CHUNK = 512
-
-
-def tree_mask(parents) -> np.ndarray:
-    """Which new tokens each new token may attend to: [n_seq] parents -> [n_seq, n_seq] bool.
-
-    parents[i] is the index of token i's parent among the new tokens, or -1 when
-    its parent is the last cached position; a parent comes before its children.
-    mask[i, j] is True when j is i itself or one of its ancestors, so each node
-    sees exactly its own root-to-node path, never a sibling or a cousin. Every
-    node also sees all cached positions (not part of this array). A chain,
-    parents = [-1, 0, 1, ...], gives the usual lower-triangular causal mask.
-
-    >>> tree_mask([-1, 0, 0, 1]).astype(int)  # a root, two children, one grandchild
-    array([[1, 0, 0, 0],
-           [1, 1, 0, 0],
-           [1, 0, 1, 0],
-           [1, 1, 0, 1]])
-
-    A node's depth (0 for a child of the cache) is its row sum minus one.
-    """
-    parents = np.asarray(parents)
-    n_seq = len(parents)
-    if parents.ndim != 1 or not np.issubdtype(parents.dtype, np.integer) or n_seq == 0:
-        raise ValueError(f"parents must be a non-empty 1-D list of ints, got {parents!r}")
-    bad = np.flatnonzero((parents < -1) | (parents >= np.arange(n_seq)))
-    if len(bad):
-        i = int(bad[0])
-        raise ValueError(
-            f"parents[{i}] = {parents[i]}: each parent must be -1 (the cache) or an earlier new token's index "
-            f"(list the tree's nodes parents first)"
-        )
-    mask = np.zeros((n_seq, n_seq), dtype=bool)
-    for i, parent in enumerate(parents):
-        if parent >= 0:
-            mask[i] = mask[parent]  # everything the parent sees ...
-        mask[i, i] = True  # ... and itself
-    return mask
 
 
 @dataclass(frozen=True)

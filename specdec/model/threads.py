@@ -1,7 +1,7 @@
 """Both cores for one weight matrix: OpenBLAS on one thread, and specdec's own workers.
 
 (The same workers also split the loader's transposed copies and NaN scan: gpt2.transposed_copy,
-checkpoint._check_finite.)
+checkpoints/safetensors.check_finite.)
 
 What it adds: `linear()` in gpt2.py splits the rows of each weight matrix into
 one part per core and multiplies the parts at the same time, each on its own

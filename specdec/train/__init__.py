@@ -1,5 +1,9 @@
 """Train Medusa or EAGLE draft heads for a GPT-2, in NumPy.
 
+Layer: a tool beside the samplers. May import model/, checkpoints/, drafters/ and the
+round's autoregressive.py, sampling.py and flags.py; nothing imports it but bench/
+(tests/test_imports.py).
+
     python -m specdec.train medusa --model 124M --tokens 20000 --out heads/medusa-124M
     python -m specdec.train eagle  --model models/tiny --tokens 4000 --out heads/eagle-tiny --vocab-top 2000
 

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from ..checkpoints.pairs import fsync, show, temporary
 from ..drafters.heads import model_fingerprint
-from ..model.gpt2 import GPT2
+from ..model.base import CausalLM
 from ..model.tokenizer import DEFAULT_SYSTEM
 from ..sampling import SamplingParams, draw, greedy, probabilities
 
@@ -30,12 +30,12 @@ F32 = np.float32
 # ---------------------------------------------------------------------------
 
 
-def bos_token(target: GPT2) -> int:
+def bos_token(target: CausalLM) -> int:
     """<|endoftext|>, which GPT-2 tokenizers put last: every sequence starts with it."""
     return target.tokenizer.eot_token if target.tokenizer is not None else target.n_vocab - 1
 
 
-def start_tokens(target: GPT2) -> list[int]:
+def start_tokens(target: CausalLM) -> list[int]:
     """Where every self-distilled sequence starts: <|endoftext|> for a plain language model.
 
     For a chat model (one with <|im_start|>, as SmolLM2-Instruct) it is the chat
@@ -52,7 +52,7 @@ def start_tokens(target: GPT2) -> list[int]:
 
 
 def self_distill(
-    target: GPT2,
+    target: CausalLM,
     n_tokens: int,
     seq_len: int,
     rng: np.random.Generator,
@@ -101,7 +101,7 @@ def self_distill(
     return tokens, features
 
 
-def load_or_make_data(path: Path, target: GPT2, n_tokens: int, seq_len: int, seed: int, greedy_frac: float,
+def load_or_make_data(path: Path, target: CausalLM, n_tokens: int, seq_len: int, seed: int, greedy_frac: float,
                       progress: bool) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Self-distillation data, cached in `path`: reused when made for the same model and settings
     (and checked: read_data), made afresh otherwise."""
@@ -132,7 +132,7 @@ def load_or_make_data(path: Path, target: GPT2, n_tokens: int, seq_len: int, see
     return tokens, features
 
 
-def read_data(path: Path, meta: dict, target: GPT2) -> tuple[np.ndarray, np.ndarray] | None:
+def read_data(path: Path, meta: dict, target: CausalLM) -> tuple[np.ndarray, np.ndarray] | None:
     """The data cached in `path` if its meta is `meta` (None when made with other settings: it is made
     again), after checking it: ValueError naming the file if it is not readable, not shaped as the
     settings say, has token ids outside the vocabulary or features that are not finite."""
@@ -166,7 +166,7 @@ def read_data(path: Path, meta: dict, target: GPT2) -> tuple[np.ndarray, np.ndar
     return tokens, features
 
 
-def text_data(target: GPT2, text: str, seq_len: int, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+def text_data(target: CausalLM, text: str, seq_len: int, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """Held-out text for teacher-forced evaluation: windows of seq_len tokens and the target's features.
 
     Returns tokens [n_seq, seq_len] and features [n_seq, seq_len, n_embd], as self_distill does,

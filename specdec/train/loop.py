@@ -16,7 +16,7 @@ from ..checkpoints.pairs import read_json, show, weights_named, write_pair
 from ..checkpoints.safetensors import read_safetensors
 from ..drafters import eagle, medusa
 from ..drafters.heads import DraftVocab, model_fingerprint, one_hot, save_heads, target_distributions, top_tokens
-from ..model.gpt2 import GPT2
+from ..model.base import CausalLM
 from .data import load_or_make_data, text_data
 from .optim import AdamW, cosine_lr
 
@@ -30,7 +30,7 @@ LOCK_FILE = ".specdec-train.lock"  # held by the training writing into a folder
 # ---------------------------------------------------------------------------
 
 
-def labels(target: GPT2, vocab: DraftVocab, tokens: np.ndarray, features: np.ndarray, kind: str) -> np.ndarray:
+def labels(target: CausalLM, vocab: DraftVocab, tokens: np.ndarray, features: np.ndarray, kind: str) -> np.ndarray:
     """What a head should put on each draft-vocabulary token at these positions.
 
     tokens: [n] the token that followed each position; features: [n, n_embd] the
@@ -150,7 +150,7 @@ def memory_bytes() -> int | None:
 
 def train(
     kind: str,
-    target: GPT2,
+    target: CausalLM,
     n_tokens: int,
     out: str | Path,
     n_heads: int = 4,

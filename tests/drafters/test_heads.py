@@ -220,20 +220,20 @@ def test_head_files_round_trip_and_refuse_other_models(tmp_path):
     params = medusa.init_params(2, target.n_embd)
     params["w"] += 1
     save_heads(tmp_path / "m", "medusa", target, params, {"n_heads": 2}, vocab)
-    config, loaded, vocab2 = load_heads(tmp_path / "m", "medusa", target)
+    config, loaded, vocab2 = load_heads(tmp_path / "m", "medusa", target, medusa.param_shapes)
     assert config["n_heads"] == 2 and config["model"] == target.name
     np.testing.assert_array_equal(loaded["w"], params["w"])
     np.testing.assert_array_equal(vocab2.ids, vocab.ids)
 
     with pytest.raises(HeadFileError, match="not 'eagle'"):
-        load_heads(tmp_path / "m", "eagle", target)
+        load_heads(tmp_path / "m", "eagle", target, eagle.param_shapes)
     with pytest.raises(HeadFileError, match="other weights"):
-        load_heads(tmp_path / "m", "medusa", tiny_model(seed=1))
+        load_heads(tmp_path / "m", "medusa", tiny_model(seed=1), medusa.param_shapes)
     wide = HParams(n_vocab=target.n_vocab, n_ctx=64, n_embd=48, n_head=4, n_layer=2)
     with pytest.raises(HeadFileError, match="n_embd=32, but the target 'wide' has n_embd=48"):
-        load_heads(tmp_path / "m", "medusa", GPT2(wide, random_weights(wide), name="wide"))
+        load_heads(tmp_path / "m", "medusa", GPT2(wide, random_weights(wide), name="wide"), medusa.param_shapes)
     with pytest.raises(HeadFileError, match="no trained heads"):
-        load_heads(tmp_path / "nothing", "medusa", target)
+        load_heads(tmp_path / "nothing", "medusa", target, medusa.param_shapes)
 
 
 def test_medusa_drafters_fused_heads_equal_the_training_forward():

@@ -10,7 +10,7 @@ from test_tree_rules import N_BROKEN, N_SAMPLES, T1, World
 from specdec.costmodel import TreeAcceptance, TreePolicy, expected_tokens_per_round
 from specdec.drafters import NgramDrafter
 from specdec.drafters.trees import dynamic_tree, ngram_tree
-from specdec.model.gpt2 import tree_mask
+from specdec.model.attention import tree_mask
 from specdec.sampling import SamplingParams
 from specdec.verify import sampled_tree
 

@@ -6,7 +6,8 @@ from conftest import FIXTURES, TINY_HPARAMS, tiny_model
 
 from specdec.checkpoints.load import load_folder
 from specdec.model.cache import KVCache
-from specdec.model.gpt2 import HParams, gelu, layer_norm, softmax
+from specdec.model.attention import softmax
+from specdec.model.gpt2 import HParams, gelu, layer_norm
 
 ATOL = 2e-5  # float32 accumulation differences between one call and many
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec.model import gpt2, llama
+from specdec.model import base, gpt2, llama
 from specdec.model.llama import LlamaHParams, random_llama
 from specdec.model.packing import in_chunks
 from specdec.model.shapes import random_model
@@ -56,7 +56,7 @@ def test_a_long_prompt_never_attends_with_more_than_a_chunk_of_queries(module, m
         return attention(q, k, v, bias)
 
     monkeypatch.setattr(module, "attention", watched)
-    monkeypatch.setattr(module, "PREFILL_CHUNK", 8)
+    monkeypatch.setattr(base, "PREFILL_CHUNK", 8)
     whole = model(TOKENS)  # [45, n_vocab] from passes of 8 tokens
     group = model.hparams.n_head // model.hparams.n_kv_head
     assert max(seen) <= 8 * group, seen
@@ -66,7 +66,7 @@ def test_a_long_prompt_never_attends_with_more_than_a_chunk_of_queries(module, m
 
 def test_a_failing_chunk_leaves_the_cache_where_it_was(monkeypatch):
     model = models()[0]
-    monkeypatch.setattr(llama, "PREFILL_CHUNK", 8)
+    monkeypatch.setattr(base, "PREFILL_CHUNK", 8)
     cache = model.new_cache()
     model.forward(TOKENS[:5], cache)
     with pytest.raises(ValueError, match="token ids"):

@@ -30,16 +30,16 @@ def test_transposed_copy_split_over_threads_covers_every_band(monkeypatch, parts
 
 @pytest.mark.parametrize("where", [0, 1_500_000, 3_000_000 - 1])
 def test_the_load_time_nan_scan_finds_a_bad_value_in_any_worker_s_share(monkeypatch, where):
-    from specdec.checkpoints.load import _check_finite
+    from specdec.checkpoints.safetensors import check_finite
     from specdec.checkpoints.safetensors import CheckpointError
 
     monkeypatch.setattr(kernels, "SPLIT_PARTS", 3)  # one chunk per worker, whatever this machine has
 
     w = np.zeros(3_000_000, np.float32)  # three scan chunks of 2**20, shared between the workers
-    _check_finite(w, "w", "test")
+    check_finite(w, "w", "test")
     w[where] = np.inf if where else np.nan
     with pytest.raises(CheckpointError, match="'w' holds NaN or infinite values"):
-        _check_finite(w, "w", "test")
+        check_finite(w, "w", "test")
 
 
 def test_transposed_copy_reads_a_memory_map(tmp_path):

@@ -10,6 +10,7 @@ from conftest import tiny_model, write_checkpoint
 from helpers import learnable_model
 
 from specdec.checkpoints.safetensors import read_safetensors
+from specdec.drafters import medusa
 from specdec.drafters.heads import load_heads
 from specdec.train import loop as train_module
 from specdec.train import main, self_distill, train
@@ -58,7 +59,7 @@ def test_a_few_hundred_steps_raise_held_out_accuracy_well_above_the_untrained_he
 def test_restricted_vocabulary_heads_keep_only_the_most_frequent_tokens(tmp_path):
     target = learnable_model()
     train("medusa", target, 600, tmp_path, n_heads=2, steps=5, seq_len=16, vocab_top=10, progress=False, log=quiet)
-    config, params, vocab = load_heads(tmp_path, "medusa", target)
+    config, params, vocab = load_heads(tmp_path, "medusa", target, medusa.param_shapes)
     assert config["draft_vocab"] == 10 and len(vocab.ids) == 10 and vocab.w.shape == (10, 64)
     with np.load(tmp_path / "data.npz") as data:
         counts = np.bincount(data["tokens"].ravel(), minlength=64)
