@@ -41,7 +41,6 @@ from .costmodel import make_k_policy, make_tree_policy
 from .drafters import CrossVocabDrafter, make_drafter
 from .interfaces import Proposal
 from .model.base import CausalLM
-from .model.gpt2 import GPT2
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, check_finite_logits
 from .timing import measure_costs
@@ -61,7 +60,7 @@ def speculative_sample(
 ) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids by speculative sampling: exactly the target's distribution.
 
-    prompt_ids: token ids, or text when the target has a tokenizer. draft: a GPT2 with the target's
+    prompt_ids: token ids, or text when the target has a tokenizer. draft: a model with the target's
     vocabulary, "ngram[:N]", "early_exit:L" or a Drafter. K: an int, "adaptive", "auto" or a KPolicy.
     tree: None drafts a chain of K tokens; N a tree of up to N tokens and depth K per round; "auto" lets
     the tree cost model (costmodel.py) pick N each round; or a tree policy. acceptance="typical" is

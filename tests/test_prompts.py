@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import SHARED_TOKENIZER, save_folder
+from conftest import SHARED_TOKENIZER
 
 import specdec
 from specdec import __main__ as main

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model import kernels
 from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, Block, HParams, Weights
 from ..model.kernels import Linear
