@@ -11,7 +11,8 @@
      and never accepts fewer tokens per round than SpecInfer on these trees.
   3. Each rule's acceptance at one node never exceeds the bound; SpecTr's within (1 - 1/e) of it.
   4. The sampling functions draw what the node laws say, and the whole sampler with
-     verification="spectr" reproduces the target (chi-square, a broken control failing the same
+     verification="spectr" or "traversal" reproduces the target on tiny models, the family and SmolLM2
+     with top-k (chi-square, a broken control failing the same
      test); greedy decoding with it equals autoregressive greedy; bad combinations are refused.
 """
 
@@ -538,7 +539,7 @@ def broken_spectr_plan(p, q, k):
     """BROKEN: gamma = 1 (each i.i.d. sibling accepted with min(1, p/q)), residual clipped at 0."""
     gamma, _ = spectr_plan(p, q, k)
     beta = float(np.minimum(q, p).sum())
-    c = (1 - (1 - beta) ** k) / beta
+    c = (1 - (1 - beta) ** k) / beta if beta > 0 else k  # beta = 0 (disjoint supports under top-k): the limit
     return 1.0, np.maximum(p - c * np.minimum(q, p), 0)
 
 
@@ -660,3 +661,32 @@ def test_spectr_and_traversal_are_offered_only_where_exact():
         spectr_tree([0, 1], [-1, -1], np.array([[0.5, 0.5], [0, 1]], np.float32), np.full((3, 2), 0.5, np.float32), rng)
     out = speculative_sample(target, iid, PROMPT, 6, K=2, tree=4, temperature=1.0, seed=0, verification="spectr")
     assert len(out.tokens) == 6 and out.drafted > 0
+
+
+@pytest.mark.slow  # ~3 min on a 2-core machine: 4 x 200 runs of SmolLM2-135M on a 2-token prompt
+def test_the_tree_rules_reproduce_smollm2_with_top_k(smollm2_gguf, monkeypatch):
+    """SmolLM2-135M drafting for itself by early exit (i.i.d. siblings, which SpecTr needs), top_k = 4, T = 1:
+    the law of 2-token continuations (16 of them: one round, a 1-deep tree of 3 siblings and its bonus token)
+    for SpecInfer, SpecTr and traversal against the target's own filtered law; SpecTr with gamma = 1 fails.
+    The exit is at layer 29 of 30: shallower exits' top-4 share no token with the target's here (beta = 0),
+    and then every rule, broken or not, just draws from p."""
+    target = load_model(str(smollm2_gguf))
+    prompt = target.tokenizer.encode("The cat")
+    params = SamplingParams(1.0, top_k=4)
+    exact = filtered_continuations(target, prompt, 2, params)
+    drafter = EarlyExitDrafter(target, n_layer=29, tree_width=3, siblings="iid")
+
+    def sampler(rule):
+        def run(rng):
+            return speculative_sample(target, drafter, prompt, 2, K=1, temperature=1.0, top_k=4, rng=rng, tree=3,
+                                      verification=rule)  # fmt: skip
+
+        return run
+
+    for seed, rule in enumerate(["token", "spectr", "traversal"]):
+        ok, stat, df = chi_square_passes(sample_many(sampler(rule), n_samples=200, seed=seed), exact)
+        assert ok, f"{rule}: chi2={stat:.1f} df={df}"
+    monkeypatch.setattr(verify, "spectr_plan", broken_spectr_plan)
+    ok, stat, df = chi_square_passes(sample_many(sampler("spectr"), n_samples=200, seed=3), exact)
+    print(f"broken SpecTr on SmolLM2: chi2={stat:.1f} df={df}")
+    assert not ok, f"the broken SpecTr passed (chi2={stat:.1f}, df={df})"
