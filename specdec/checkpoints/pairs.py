@@ -112,3 +112,22 @@ def fsync(path: Path) -> None:
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
 
+
+def write_atomically(path: Path, write, mode: int | None = None) -> None:
+    """write(file) into a temporary file beside `path`, fsync, rename: `path` is whole or absent, never half.
+
+    mode: the file's permission bits (mkstemp makes it private to its owner); None keeps them.
+    """
+    tmp = temporary(path.parent, path.name)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        fsync(tmp)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+        tmp = None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+

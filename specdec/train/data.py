@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import zipfile
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from ..checkpoints.pairs import fsync, show, temporary
+from ..checkpoints.pairs import show, write_atomically
 from ..drafters.heads import model_fingerprint
 from ..model.base import CausalLM
 from ..model.tokenizer import DEFAULT_SYSTEM
@@ -119,16 +118,7 @@ def load_or_make_data(path: Path, target: CausalLM, n_tokens: int, seq_len: int,
             return cached
     rng = np.random.default_rng(seed)
     tokens, features = self_distill(target, n_tokens, seq_len, rng, greedy_frac, progress=progress)
-    tmp = temporary(path.parent, path.name)  # a unique name, renamed when whole
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, tokens=tokens, features=features, meta=json.dumps(meta))
-        fsync(tmp)
-        os.replace(tmp, path)
-        tmp = None
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
+    write_atomically(path, lambda f: np.savez(f, tokens=tokens, features=features, meta=json.dumps(meta)))
     return tokens, features
 
 

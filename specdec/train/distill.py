@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import time
 import zipfile
 from collections import deque
@@ -45,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoints.pairs import fsync, sha256_of, show, temporary
+from ..checkpoints.pairs import sha256_of, show, write_atomically
 from ..drafters.heads import model_fingerprint
 from ..model.cache import KVCache
 from ..model.tokenizer import DEFAULT_SYSTEM, chat_prompt
@@ -218,25 +217,10 @@ def make_shard(model, pool: RequestPool, settings: DistillSettings, index: int,
     }
 
 
-def write_atomically(path: Path, write: Callable) -> None:
-    """write(file) into a temporary file beside `path`, fsync, rename: `path` is whole or absent, never half."""
-    tmp = temporary(path.parent, path.name)
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        fsync(tmp)
-        os.chmod(tmp, 0o644)  # (mkstemp makes it private; the data is for anyone on the machine to train on)
-        os.replace(tmp, path)
-        tmp = None
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-
-
 def write_shard(folder: Path, index: int, arrays: dict[str, np.ndarray]) -> dict:
     """Write shard `index` atomically; its manifest entry (file, sha256, counts)."""
     path = folder / shard_name(index)
-    write_atomically(path, lambda f: np.savez(f, **arrays))
+    write_atomically(path, lambda f: np.savez(f, **arrays), mode=0o644)  # the data is for anyone here to train on
     return {"file": path.name, "sha256": sha256_of(path), "rows": len(arrays["row"]),
             "reply_tokens": len(arrays["reply_ids"]), "greedy_rows": int(arrays["greedy"].sum()),
             "ended_rows": int(arrays["ended"].sum())}  # fmt: skip
@@ -301,7 +285,7 @@ def read_manifest(folder: Path) -> dict | None:
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
-    write_atomically(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    write_atomically(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()), mode=0o644)
 
 
 def trusted_shards(folder: Path, manifest: dict, n_vocab: int, log: Callable[[str], None]) -> dict[int, dict]:
