@@ -21,18 +21,16 @@ n_vocab the full vocabulary, N the draft vocabulary (N = n_vocab unrestricted).
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..checkpoints.fingerprint import FINGERPRINT, FINGERPRINT_SAMPLES, model_fingerprint  # noqa: F401 (re-exported)
 from ..checkpoints.pairs import read_json, show, weights_named, write_pair
 from ..checkpoints.safetensors import CheckpointError, read_safetensors
 from ..model.attention import softmax
 from ..model.base import CausalLM
-from ..model.llama import LlamaBlock
-from ..model.kernels import MAX_CHUNKED_ROWS, Linear, linear
+from ..model.restricted import DraftVocab
 from ..sampling import SamplingParams, greedy, probabilities
 from .specs import HEADS
 
@@ -42,66 +40,6 @@ F32 = np.float32
 # ---------------------------------------------------------------------------
 # The frozen (optionally restricted) LM head and the losses.
 # ---------------------------------------------------------------------------
-
-
-@dataclass
-class DraftVocab:
-    """The tokens a head may propose, and the LM head rows that score them.
-
-    ids: [N] sorted token ids (all n_vocab of them when unrestricted);
-    w: [N, n_embd] the target's wte rows for them (a view when unrestricted).
-    """
-
-    ids: np.ndarray  # [N] int64
-    w: np.ndarray  # [N, n_embd] float32
-    n_vocab: int  # the full vocabulary, for scattering q back
-    head: Linear | None = None  # w as a bias-free Linear, for drafting (gpt2.linear's fast few-row path)
-
-    def __post_init__(self):
-        if self.head is None and self.w.dtype == F32:
-            self.head = Linear(self.w, None)  # [N, n_embd] is already Linear's transposed layout: no copy
-
-    @classmethod
-    def of(cls, target: CausalLM, ids: np.ndarray | None = None) -> "DraftVocab":
-        wte = target.weights.lm_head.w_t  # [n_vocab, n_embd]: the LM head's rows (wte itself when tied)
-        if ids is None:
-            return cls(np.arange(target.n_vocab), wte, target.n_vocab)
-        ids = np.unique(np.asarray(ids, dtype=np.int64))
-        if len(ids) == 0 or ids[0] < 0 or ids[-1] >= target.n_vocab:
-            raise ValueError(f"draft vocabulary ids must lie in 0..{target.n_vocab - 1}")
-        return cls(ids, np.ascontiguousarray(wte[ids]), target.n_vocab)
-
-    @property
-    def restricted(self) -> bool:
-        return len(self.ids) < self.n_vocab
-
-    def logits(self, r: np.ndarray) -> np.ndarray:
-        """[n, n_embd] features -> [n, N] logits over the draft vocabulary.
-
-        NOTE: drafting is memory-bound like decoding: w is read from RAM once per
-        call whatever n is, so score several rows (all Medusa heads, a tree layer)
-        in one call. gpt2.linear does that for float32; training (many rows, or
-        float64 in the gradient checks) takes the plain product.
-        """
-        if self.head is not None and r.dtype == F32 and len(r) <= MAX_CHUNKED_ROWS:
-            return linear(r, self.head)
-        return r @ self.w.T
-
-    def full(self, logits: np.ndarray) -> np.ndarray:
-        """[n, N] draft-vocabulary logits -> [n, n_vocab], -inf outside the draft vocabulary.
-
-        NOTE: -inf, not a large negative number: softmax then gives exactly q = 0
-        there, so a token outside the draft vocabulary can never be drawn.
-        """
-        if not self.restricted:
-            return logits
-        out = np.full((logits.shape[0], self.n_vocab), -np.inf, dtype=logits.dtype)
-        out[:, self.ids] = logits
-        return out
-
-    def targets(self, p_full: np.ndarray) -> np.ndarray:
-        """Target distributions [n, n_vocab] -> their mass on the draft vocabulary [n, N]."""
-        return p_full if not self.restricted else p_full[:, self.ids]
 
 
 def top_tokens(token_ids: np.ndarray, n: int, n_vocab: int) -> np.ndarray:
@@ -176,50 +114,11 @@ def smooth_l1(pred: np.ndarray, target: np.ndarray, beta: float = 1.0) -> tuple[
 
 CONFIG_FILE = "heads.json"
 WEIGHTS_STEM = "heads"  # heads.json names heads-<sha256 prefix>.safetensors (checkpoints/pairs.py)
-FINGERPRINT = "v2"  # what model_fingerprint hashes; bump when that changes
-FINGERPRINT_SAMPLES = 4096  # values read from each tensor
 MAX_HEADS = 64
 
 
 class HeadFileError(ValueError):
     """A head folder that is missing, malformed, or made for another model."""
-
-
-def model_fingerprint(target: CausalLM) -> str:
-    """A short hash that tells models apart: "v2-" + 16 hex digits.
-
-    Every tensor of the model goes in, by name and shape, with FINGERPRINT_SAMPLES
-    of its values, evenly spaced from its first to its last, as float32 (a float64
-    copy of a model has the same fingerprint, and so has a load through the kept
-    layout). Two checkpoints that differ anywhere but in a few unsampled values
-    therefore differ here: another model, a fine-tune, every block changed.
-    Measured (docs/checkpoints.md): 18 ms for GPT-2 124M, 28 ms for 355M, where
-    sha256 over every byte takes 0.44 s and 1.2 s.
-    NOTE: a fingerprint, not a signature: heads for the wrong model could only
-    draft badly, never change the output (the target verifies every token).
-    """
-    w = target.weights
-    # Every weight outside the blocks (GPT-2: wte, wpe, ln_f; Llama: wte, norm_f), the LM head when it is its own.
-    named = [(name.replace("ln_f_", "ln_f."), value) for name, value in vars(w).items() if name not in ("blocks", "lm_head")]
-    if w.lm_head.w_t is not w.wte:
-        named.append(("lm_head.w_t", w.lm_head.w_t))
-    for i, block in enumerate(w.blocks):
-        # A Llama's fused matrices go in as the checkpoint's own (LlamaBlock.checkpoint_tensors), as they are stored.
-        tensors = block.checkpoint_tensors() if isinstance(block, LlamaBlock) else vars(block)
-        for field, value in tensors.items():
-            if isinstance(value, Linear):  # w_t: [n_out, n_in], however it was loaded
-                named += [(f"h.{i}.{field}.w_t", value.w_t), (f"h.{i}.{field}.b", value.b)]
-            else:
-                named.append((f"h.{i}.{field}", value))
-    digest = hashlib.sha256(FINGERPRINT.encode())
-    for name, array in named:
-        if array is None:  # a Linear without bias
-            continue
-        flat = np.asarray(array).reshape(-1)
-        at = np.linspace(0, flat.size - 1, min(flat.size, FINGERPRINT_SAMPLES)).astype(np.int64)
-        digest.update(f"{name}{array.shape}".encode())
-        digest.update(np.ascontiguousarray(flat[at], dtype=F32).tobytes())
-    return f"{FINGERPRINT}-{digest.hexdigest()[:16]}"
 
 
 def save_heads(folder, kind: str, target: CausalLM, params: dict[str, np.ndarray], config: dict, vocab: DraftVocab) -> Path:

@@ -16,64 +16,20 @@ price is acceptance: a draft cannot propose a token it cannot score.
     draft = restrict(load_model("124M"), 8192)      # the 8192 most frequent tokens
     speculative_sample(target, draft, ids, 40, K=4)
 
-`RestrictedHead` is a GPT2 like any other, and `RestrictedLlama` a Llama (both
-return full-width logits, -inf outside the draft vocabulary), so every sampler
-and drafter takes them unchanged. (SmolLM2's head is its 49,152 x 576
+`RestrictedHead` is a GPT2 like any other, and `RestrictedLlama` a Llama (both in
+model/restricted.py: full-width logits, -inf outside the draft vocabulary), so every
+sampler and drafter takes them unchanged. (SmolLM2's head is its 49,152 x 576
 embedding, a fifth of what one of its steps reads.)
-The vocabulary itself is heads.DraftVocab, which the Medusa and EAGLE heads use.
+The vocabulary itself is model/restricted.py's DraftVocab, which the Medusa and EAGLE heads use.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
-from ..model.base import CausalLM, LanguageModel
-from ..model.gpt2 import GPT2
-from ..model.kernels import Linear
-from ..model.llama import Llama
-from .heads import DraftVocab, top_tokens
-
-
-class Restricted:
-    """`model` with its LM head cut to the rows of `ids`; logits are -inf for every other token.
-
-    Shares every weight with `model` (no copy) except the [N, n_embd] rows of the
-    LM head the new head reads, which are copied once to make them contiguous.
-    Mixed into a model class: RestrictedHead (GPT-2) and RestrictedLlama below.
-    """
-
-    def __init__(self, model, ids):
-        self.vocab = DraftVocab.of(model, ids)  # ids sorted, unique, checked; w = the head's rows [ids]
-        weights = dataclasses.replace(model.weights, lm_head=Linear(self.vocab.w, None))  # [N, n_embd]
-        super().__init__(model.hparams, weights, model.tokenizer, name=f"{model.name}[{len(self.vocab.ids)} tokens]")
-
-    def forward(self, tokens, cache, last_only=False, n_layer=None, return_hidden=False, parents=None):
-        """As the model's forward, with [n_seq, n_vocab] logits that are -inf outside the draft vocabulary."""
-        out = super().forward(tokens, cache, last_only, n_layer, return_hidden, parents)
-        if return_hidden:
-            logits, hidden = out
-            return self.vocab.full(logits), hidden
-        return self.vocab.full(out)  # [n_seq, N] -> [n_seq, n_vocab]
-
-    def forward_batch(self, tokens, caches, last_only=False, n_layer=None, return_hidden=False, parents=None):
-        """As the model's forward_batch (one logits array per row), each row widened as in `forward`."""
-        out = super().forward_batch(tokens, caches, last_only, n_layer, return_hidden, parents)
-        logits = out[0] if return_hidden else out
-        logits = [self.vocab.full(row) for row in logits]
-        return (logits, out[1]) if return_hidden else logits
-
-
-class RestrictedHead(Restricted, GPT2):
-    """A GPT-2 scoring only the draft vocabulary."""
-
-
-class RestrictedLlama(Restricted, Llama):
-    """A Llama scoring only the draft vocabulary."""
-
-
-RESTRICTED: dict[type[LanguageModel], type[Restricted]] = {GPT2: RestrictedHead, Llama: RestrictedLlama}
+from ..model.base import CausalLM
+from ..model.restricted import RESTRICTED, Restricted, RestrictedHead, RestrictedLlama  # noqa: F401 (re-exported)
+from .heads import top_tokens
 
 
 def restrict(model: CausalLM, n: int, corpus_ids=None) -> RestrictedHead | RestrictedLlama:
