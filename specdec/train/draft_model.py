@@ -1,0 +1,142 @@
+"""Distilling a small draft model for a chat model: `python -m specdec.train draft ...`.
+
+    python -m specdec.train draft --target smollm2-135m --data distill-data \
+        --out specdec/checkpoints/weights/smollm2-draft
+
+The draft is the papers' kind (Leviathan et al., arXiv 2211.17192): a separate,
+small Llama with the target's tokenizer and its own KV cache, drafting K tokens
+one at a time. What this file adds over a plain language model:
+
+1. Its start: the target itself, cut down. The draft's width is the target's
+   (576 for SmolLM2-135M), so it reads the target's token embedding and scores
+   tokens with it (tied, frozen, not stored: checkpoints/draft.py), and its
+   blocks start as copies of target blocks spread over the depth (`--layers`),
+   the final RMSNorm as the target's. A narrower MLP (`--n-ff`) keeps the units
+   with the largest weight norms (gate row x up row x down column).
+2. Its data: the target's own replies to chat requests (train/distill.py), with
+   the target's top-8 probabilities at every reply position. DistillSpec (Zhou et
+   al., arXiv 2310.08461) shows a draft gains acceptance when distilled on data
+   the models actually produce when decoding, against the target's full
+   distribution rather than one sampled token: these replies are that (sampled
+   and greedy rows, the two ways a drafter is used).
+3. Its loss, a divergence between the target's p and the draft's q at each
+   reply position, over the draft vocabulary (FR-Spec top-N, Zhao et al., arXiv
+   2502.14856), with p the stored top-8 renormalised:
+   - "fkl" (default): forward KL(p || q) = cross-entropy minus p's entropy (a
+     constant). Mode-covering: q puts mass wherever p does, which is what
+     acceptance at T=1 needs (a token q never proposes is never accepted), and
+     its argmax follows p's, which is what greedy acceptance needs. Smooth, with
+     the well-scaled gradient q - p. DistillSpec's own comparison finds no
+     divergence best everywhere; FKL is the robust choice for both temperatures.
+   - "tvd": total variation 1/2 sum |p - q|, which IS the rejection probability
+     of one speculative step (Leviathan et al., Corollary 3.6: alpha = 1 - TVD),
+     so it optimises acceptance directly; its gradient is a sign, weaker far
+     from the optimum. Offered to fine-tune a draft FKL has trained.
+4. Its held-out figure: teacher-forced top-1 agreement with the token the target
+   wrote, by reply position, on rows whose REQUEST never appears in training
+   (heads_train.held_out_rows: the split is by the request's text).
+
+The block's forward and backward are train/llama_grad.py's (one copy of the
+Llama block's training math, shared with EAGLE's Llama head); this file adds
+the embedding lookup (frozen), the final norm, the frozen LM head and the loss.
+
+Shape notation: B rows, T positions (right-padded), e = n_embd, n labelled
+positions, N the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..checkpoints.draft import param_shapes
+from ..model.base import CausalLM
+from ..model.llama import LlamaBlock
+
+F32 = np.float32
+LOSSES = ("fkl", "tvd")
+
+
+# ---------------------------------------------------------------------------
+# 1. The draft's shape and its start from the target.
+# ---------------------------------------------------------------------------
+
+
+def spread_layers(n_target_layers: int, n_blocks: int) -> list[int]:
+    """n_blocks target layers evenly spread from the first to the last: 1 -> [0], 2 -> [0, L-1], ..."""
+    if n_blocks == 1:
+        return [0]
+    return [round(i * (n_target_layers - 1) / (n_blocks - 1)) for i in range(n_blocks)]
+
+
+def draft_shape(target: CausalLM, layers: list[int], n_ff: int | None) -> dict:
+    """The draft's hyperparameters (checkpoints/draft.py SHAPE_FIELDS) and where its blocks start."""
+    h = target.hparams
+    if not layers or any(not 0 <= layer < h.n_layer for layer in layers):
+        raise ValueError(f"--layers must name target layers in 0..{h.n_layer - 1}, got {layers}")
+    n_ff = h.n_ff if n_ff is None else n_ff
+    if not 1 <= n_ff <= h.n_ff:
+        raise ValueError(f"--n-ff must be in 1..{h.n_ff} (the target's MLP width), got {n_ff}")
+    return {"n_layer": len(layers), "n_head": h.n_head, "n_kv_head": h.n_kv_head, "n_ff": n_ff,
+            "init_layers": list(layers)}  # fmt: skip
+
+
+def init_params(target: CausalLM, shape: dict) -> dict[str, np.ndarray]:
+    """The draft's tensors (checkpoints/draft.param_shapes names), copied from the target: block i from
+    target layer shape["init_layers"][i], MLP cut to the n_ff units of largest weight norm; output_norm
+    the target's. float32 copies (the target's weights are never changed)."""
+    params = {}
+    for i, layer in enumerate(shape["init_layers"]):
+        block: LlamaBlock = target.weights.blocks[layer]
+        tensors = {name: np.array(t.w_t if hasattr(t, "w_t") else t, dtype=F32)
+                   for name, t in block.checkpoint_tensors().items()}  # fmt: skip
+        keep = mlp_units(tensors["ffn_gate"], tensors["ffn_up"], tensors["ffn_down"], shape["n_ff"])
+        tensors["ffn_gate"], tensors["ffn_up"] = tensors["ffn_gate"][keep], tensors["ffn_up"][keep]
+        tensors["ffn_down"] = np.ascontiguousarray(tensors["ffn_down"][:, keep])
+        params.update({f"blk.{i}.{name}": t for name, t in tensors.items()})
+    params["output_norm"] = np.array(target.weights.norm_f, dtype=F32)
+    shapes = param_shapes(n_embd=target.n_embd, **{k: shape[k] for k in ("n_layer", "n_head", "n_kv_head", "n_ff")})
+    assert {k: v.shape for k, v in params.items()} == shapes, "init_params and param_shapes disagree"
+    return params
+
+
+def mlp_units(gate: np.ndarray, up: np.ndarray, down: np.ndarray, n_ff: int) -> np.ndarray:
+    """The n_ff SwiGLU units to keep, in their original order: those whose gate row, up row and down column
+    have the largest product of norms (a unit's output is down[:, j] * silu(gate_j . x) * (up_j . x)).
+
+    gate, up: [n_ff_full, e]; down: [e, n_ff_full].
+    """
+    score = np.linalg.norm(gate, axis=1) * np.linalg.norm(up, axis=1) * np.linalg.norm(down, axis=0)  # [n_ff_full]
+    return np.sort(np.argsort(-score, kind="stable")[:n_ff])
+
+
+# ---------------------------------------------------------------------------
+# 3. The divergences, each with its gradient in the logits.
+# ---------------------------------------------------------------------------
+
+
+def divergence(logits: np.ndarray, p: np.ndarray, kind: str) -> tuple[float, np.ndarray]:
+    """Mean over rows of D(p || q), q = softmax(logits), and dD/dlogits.
+
+    logits: [n, N] the draft's, over the draft vocabulary; p: [n, N] the target's
+    stored top-8 renormalised, restricted to the draft vocabulary (a row may sum to
+    less than 1: mass on tokens the draft cannot propose).
+        fkl: sum_j p_j (log p_j - log q_j)      dD/dz = q sum(p) - p
+        tvd: 1/2 sum_j |p_j - q_j| + 1/2 (1 - sum p)   (the mass outside counts in full)
+             dD/dz_k = 1/2 q_k (s_k - sum_j s_j q_j),  s = sign(q - p)
+    """
+    n = logits.shape[0]
+    z = logits - logits.max(axis=-1, keepdims=True)  # [n, N]
+    log_q = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))  # [n, N]
+    q = np.exp(log_q)
+    if kind == "fkl":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0)  # 0 log 0 = 0
+        loss = (plogp - p * log_q).sum() / n
+        grad = (q * p.sum(axis=-1, keepdims=True) - p) / n  # [n, N]
+    elif kind == "tvd":
+        loss = 0.5 * (np.abs(p - q).sum() + (1 - p.sum(axis=-1)).sum()) / n
+        s = np.sign(q - p)  # [n, N]
+        grad = 0.5 * q * (s - (s * q).sum(axis=-1, keepdims=True)) / n
+    else:
+        raise ValueError(f"--loss must be one of {', '.join(LOSSES)}, got {kind!r}")
+    return float(loss), grad.astype(logits.dtype, copy=False)
