@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from .. import flags
+from .heads_train import KINDS
 from .loop import check_settings, train
 
 
@@ -20,9 +21,15 @@ def main(argv=None) -> int:
         description="Train Medusa or EAGLE draft heads for a GPT-2, in NumPy. (`python -m specdec.train data "
         "--help`: self-distillation data from a chat model, batched and resumable.)",
     )
-    parser.add_argument("kind", choices=["medusa", "eagle"])
+    parser.add_argument("kind", choices=["medusa"] + sorted(KINDS))
     parser.add_argument("--model", required=True, help="the target: a name (124M, ...), a Hub repo id or a folder")
-    parser.add_argument("--tokens", type=int, required=True, help="self-distilled training tokens to generate")
+    parser.add_argument("--tokens", type=int, help="self-distilled training tokens to generate (or --data)")
+    parser.add_argument("--data", metavar="DIR", help="train on distillation shards (`python -m specdec.train data`) "
+                        "instead of generating --tokens; with --epochs, --batch-tokens, --held-out, --max-rows")  # fmt: skip
+    parser.add_argument("--epochs", type=float, default=4.0, help="with --data: passes over the data (default 4)")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help="with --data: positions per step (default 4096)")
+    parser.add_argument("--held-out", type=float, default=0.05, help="with --data: share of requests held out (0.05)")
+    parser.add_argument("--max-rows", type=int, default=None, help="with --data: use only the first N rows")
     parser.add_argument("--out", required=True, help="folder for the heads (and data/checkpoint caches)")
     parser.add_argument("--heads", type=int, default=4, help="Medusa heads (default 4)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: about 4 epochs)")
@@ -40,8 +47,16 @@ def main(argv=None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.*")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
-    flags.refuse_ignored(parser, args, [("heads", args.kind == "eagle", "only applies to medusa: EAGLE trains one "
+    flags.refuse_ignored(parser, args, [("heads", args.kind != "medusa", "only applies to medusa: EAGLE trains one "
                                          "head that drafts autoregressively")])  # fmt: skip
+    if (args.tokens is None) == (args.data is None):
+        parser.error("give either --tokens N (generate data) or --data DIR (distillation shards), not both")
+    if args.data is not None:
+        return data_train_main(parser, args)
+    if args.kind not in ("medusa", "eagle"):
+        parser.error(f"{args.kind} heads train on distillation shards: give --data DIR")
+    flags.refuse_ignored(parser, args, [(name, True, "only applies with --data DIR") for name in
+                                        ("epochs", "batch_tokens", "held_out", "max_rows")])  # fmt: skip
     try:
         from ..checkpoints.load import load_model
 
@@ -62,6 +77,32 @@ def main(argv=None) -> int:
     except MemoryError:  # (the data's size is checked first: this is the rest of training)
         print(f"error: out of memory training {args.kind} heads in {args.out}; use fewer --tokens or a smaller "
               f"--batch", file=sys.stderr)  # fmt: skip
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; continue with --resume (checkpoint in {args.out})", file=sys.stderr)
+        return 130
+    return 0
+
+
+def data_train_main(parser, args) -> int:
+    """`python -m specdec.train KIND --data DIR ...`: a head trained on distillation shards (heads_train.py)."""
+    if args.kind == "medusa":
+        parser.error("--data trains EAGLE heads; Medusa heads generate their data with --tokens N")
+    flags.refuse_ignored(parser, args, [(name, True, "only applies with --tokens") for name in
+                                        ("seq_len", "labels", "greedy_frac", "eval_tokens", "eval_text")])  # fmt: skip
+    try:
+        from ..checkpoints.load import load_model
+        from .heads_train import command_line, train_from_data
+
+        target = load_model(args.model, progress=not args.quiet)
+        train_from_data(
+            args.kind, target, args.data, args.out, vocab_top=args.vocab_top, epochs=args.epochs, steps=args.steps,
+            batch_tokens=args.batch_tokens, lr=args.lr or 1e-3, held_out=args.held_out, max_rows=args.max_rows,
+            seed=args.seed, resume=args.resume, save_every=args.save_every, progress=not args.quiet,
+            command=command_line(),
+        )  # fmt: skip
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"\ninterrupted; continue with --resume (checkpoint in {args.out})", file=sys.stderr)
