@@ -3,11 +3,13 @@ distillation data at scale (`python -m specdec.train data ...`, specdec/train/di
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
 
 from .. import flags
+from .draft_model import LOSSES
 from .heads_train import KINDS
 from .loop import check_settings, train
 
@@ -18,8 +20,8 @@ def main(argv=None) -> int:
         return data_main(argv[1:])
     parser = flags.Parser(
         prog="python -m specdec.train",
-        description="Train Medusa or EAGLE draft heads for a GPT-2, in NumPy. (`python -m specdec.train data "
-        "--help`: self-distillation data from a chat model, batched and resumable.)",
+        description="Train Medusa or EAGLE draft heads, or (draft) a small distilled draft model, in NumPy. "
+        "(`python -m specdec.train data --help`: self-distillation data from a chat model, batched and resumable.)",
     )
     parser.add_argument("kind", choices=["medusa"] + sorted(KINDS))
     parser.add_argument("--model", required=True, help="the target: a name (124M, ...), a Hub repo id or a folder")
@@ -42,6 +44,11 @@ def main(argv=None) -> int:
     parser.add_argument("--greedy-frac", type=float, default=0.5, help="fraction of greedy sequences (default 0.5)")
     parser.add_argument("--eval-tokens", type=int, default=None, help="held-out self-distilled tokens")
     parser.add_argument("--eval-text", metavar="FILE", help="also report accuracy on this held-out text file")
+    parser.add_argument("--layers", type=layer_list, default=None, help="draft: the target layers its blocks start "
+                        "from, comma-separated (default 0: one block)")  # fmt: skip
+    parser.add_argument("--n-ff", type=int, default=None, help="draft: its MLP width (default: the target's)")
+    parser.add_argument("--loss", choices=LOSSES, default=None, help="draft: the divergence, forward KL (fkl, the "
+                        "default) or total variation (tvd = 1 - acceptance)")  # fmt: skip
     parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (default 100)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.*")
@@ -49,6 +56,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     flags.refuse_ignored(parser, args, [("heads", args.kind != "medusa", "only applies to medusa: EAGLE trains one "
                                          "head that drafts autoregressively")])  # fmt: skip
+    flags.refuse_ignored(parser, args, [(name, args.kind != "draft", "only applies to draft (a distilled draft model)")
+                                        for name in ("layers", "n_ff", "loss")])  # fmt: skip
     if (args.tokens is None) == (args.data is None):
         parser.error("give either --tokens N (generate data) or --data DIR (distillation shards), not both")
     if args.data is not None:
@@ -84,6 +93,15 @@ def main(argv=None) -> int:
     return 0
 
 
+def layer_list(text: str) -> list[int]:
+    """--layers "0,15" -> [0, 15]."""
+    try:
+        layers = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer numbers separated by commas, such as 0 or 0,15; got {text!r}")
+    return layers
+
+
 def data_train_main(parser, args) -> int:
     """`python -m specdec.train KIND --data DIR ...`: a head trained on distillation shards (heads_train.py)."""
     if args.kind == "medusa":
@@ -99,7 +117,7 @@ def data_train_main(parser, args) -> int:
             args.kind, target, args.data, args.out, vocab_top=args.vocab_top, epochs=args.epochs, steps=args.steps,
             batch_tokens=args.batch_tokens, lr=args.lr or 1e-3, held_out=args.held_out, max_rows=args.max_rows,
             seed=args.seed, resume=args.resume, save_every=args.save_every, progress=not args.quiet,
-            command=command_line(),
+            command=command_line(), options={"layers": args.layers, "n_ff": args.n_ff, "loss": args.loss},
         )  # fmt: skip
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

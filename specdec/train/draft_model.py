@@ -48,9 +48,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checkpoints import draft as checkpoints_draft
 from ..checkpoints.draft import param_shapes
 from ..model.base import CausalLM
-from ..model.llama import LlamaBlock
+from ..model.llama import LlamaBlock, LlamaHParams
+from ..model.restricted import DraftVocab
+from . import llama_grad
 
 F32 = np.float32
 LOSSES = ("fkl", "tvd")
@@ -140,3 +143,88 @@ def divergence(logits: np.ndarray, p: np.ndarray, kind: str) -> tuple[float, np.
     else:
         raise ValueError(f"--loss must be one of {', '.join(LOSSES)}, got {kind!r}")
     return float(loss), grad.astype(logits.dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------
+# 2, 3. The draft as a kind of the trainer (heads_train.HeadKind): forward, loss, backward.
+# ---------------------------------------------------------------------------
+
+
+def draft_hparams(target: CausalLM, config: dict) -> LlamaHParams:
+    """The draft's LlamaHParams (its depth, heads, MLP width; the target's width and positions)."""
+    return checkpoints_draft.draft_hparams(target, config)
+
+
+def forward(params: dict[str, np.ndarray], wte: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,
+            h: LlamaHParams) -> tuple[np.ndarray, list]:  # fmt: skip
+    """Teacher-forced: token ids [B, T] (right-padded) -> the final hidden states [B, T, e] the LM head reads,
+    and what backward needs. wte [n_vocab, e] is the target's embedding (frozen)."""
+    B, T = tokens.shape
+    x = wte[tokens]  # [B, T, e]
+    positions = np.broadcast_to(np.arange(T), (B, T))  # every row starts at position 0
+    mask = llama_grad.causal_mask(lengths, T)  # [B, T, T]
+    saved = []
+    for i in range(h.n_layer):
+        x, s = llama_grad.block_forward(params, x, positions, h, mask, prefix=f"blk.{i}.")
+        saved.append(s)
+    y, norm = llama_grad.rms_norm(x, params["output_norm"], h.rms_eps)  # [B, T, e]
+    return y, [*saved, norm]
+
+
+def backward(dy: np.ndarray, params: dict[str, np.ndarray], saved: list, h: LlamaHParams) -> dict[str, np.ndarray]:
+    """dL/d(final hidden states) [B, T, e] -> every parameter's gradient (the embedding is frozen: no gradient)."""
+    *blocks, norm = saved
+    dx, d_norm = llama_grad.rms_norm_backward(dy, params["output_norm"], norm)
+    grads = {"output_norm": d_norm}
+    for i in reversed(range(h.n_layer)):
+        dx, grads = llama_grad.block_backward(dx, params, blocks[i], h, grads, prefix=f"blk.{i}.")
+    return grads
+
+
+def head_logits(y: np.ndarray, vocab: DraftVocab) -> np.ndarray:
+    """[n, e] final hidden states -> [n, N] logits over the draft vocabulary (the tied, frozen LM head rows)."""
+    return vocab.logits(y) if y.dtype == vocab.w.dtype else y @ vocab.w.T.astype(y.dtype)
+
+
+def loss_and_grads(params, wte, vocab: DraftVocab, batch, h: LlamaHParams, loss: str) -> tuple[float, dict]:
+    """The divergence of the draft's q from the target's p at every reply position of the batch, and the
+    gradient of every parameter. batch: a heads_train.HeadBatch (p rows in label_mask order)."""
+    y, saved = forward(params, wte, batch.tokens, batch.lengths, h)
+    logits = head_logits(y[batch.label_mask], vocab)  # [n, N]: position t predicts token t + 1
+    value, dlogits = divergence(logits, batch.p.astype(y.dtype), loss)
+    dy = np.zeros_like(y)
+    dy[batch.label_mask] = dlogits @ vocab.w.astype(y.dtype)  # logits = y W.T  =>  dy = dlogits W
+    return value, backward(dy, params, saved, h)
+
+
+class DraftKind:
+    """The distilled draft model as the trainer sees it (heads_train.HeadKind): it reads no target states,
+    only tokens, and is saved as the shipped draft's file (checkpoints/draft.py), not as a head."""
+
+    name = "draft"
+
+    def layers(self, target):
+        return []  # a separate model: it reads the text, not the target's hidden states
+
+    def config(self, target, options):
+        layers = options.get("layers") or [0]
+        return {**draft_shape(target, layers, options.get("n_ff")), "loss": options.get("loss") or "fkl"}
+
+    def param_shapes(self, target, config):
+        return param_shapes(n_embd=target.n_embd, **{k: config[k] for k in checkpoints_draft.SHAPE_FIELDS})
+
+    def init_params(self, target, config, rng):
+        return init_params(target, config)  # the target's own blocks: no randomness
+
+    def loss_and_grads(self, params, target, config, vocab, batch):
+        value, grads = loss_and_grads(params, target.weights.wte, vocab, batch, draft_hparams(target, config),
+                                      config["loss"])  # fmt: skip
+        return value, {config["loss"]: value}, grads
+
+    def logits(self, params, target, config, vocab, batch):
+        y, _ = forward(params, target.weights.wte, batch.tokens, batch.lengths, draft_hparams(target, config))
+        return head_logits(y[batch.label_mask], vocab), np.ones(batch.n_labels, bool)
+
+    def save(self, out, target, params, card, vocab):
+        """The draft's own file; card: the trainer's card, which holds config() (the shape) too."""
+        return checkpoints_draft.save_draft(out, target, card, params, vocab.ids if vocab.restricted else None, card)

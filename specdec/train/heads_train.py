@@ -47,6 +47,7 @@ from ..drafters import eagle
 from ..drafters.heads import DraftVocab, head_cross_entropy, model_fingerprint, save_heads, smooth_l1, top_tokens
 from ..model.base import CausalLM
 from .distill import DistillData, load_distill_data
+from .draft_model import DraftKind
 from .features import hidden_states
 from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, save_checkpoint
 from .optim import AdamW, cosine_lr
@@ -94,6 +95,8 @@ def soft_targets(top_ids: np.ndarray, top_probs: np.ndarray, vocab: DraftVocab) 
 def row_states(target: CausalLM, data: DistillData, rows: list[int], layers: list[int], progress: bool) -> dict:
     """{row: [len(layers), n_prompt + n_reply - 1, n_embd] float16}: the hidden states a head reads,
     recomputed (features.hidden_states) in batches of similar length, kept as float16 (half the memory)."""
+    if not layers:  # a kind that reads no states (the draft model): empty arrays, no target pass
+        return {r: np.zeros((0, len(data.prompts[r]) + len(data.replies[r]) - 1, target.n_embd), F16) for r in rows}
     order = sorted(rows, key=lambda r: len(data.prompts[r]) + len(data.replies[r]))  # little padding per pass
     out = {}
     bar = tqdm(total=len(order), desc="hidden states", unit="row", disable=not progress)
@@ -180,6 +183,8 @@ class HeadKind(Protocol):
     loss_and_grads(params, target, config, vocab, batch): (loss, named parts, grads).
     logits(params, target, config, vocab, batch): ([n, N] teacher-forced logits, [n_labels] bool: which of
         the batch's label rows they are, in order).
+    save(out, target, params, card, vocab), if the kind has it: writes what was trained (the draft model's
+        own file); otherwise heads.save_heads writes a head file.
     """
 
     name: str
@@ -243,7 +248,7 @@ class EagleKind:
         return vocab.logits(y[label_mask]), rows
 
 
-KINDS: dict[str, HeadKind] = {"eagle": EagleKind()}
+KINDS: dict[str, HeadKind] = {"eagle": EagleKind(), "draft": DraftKind()}
 
 
 # ---------------------------------------------------------------------------
@@ -406,7 +411,10 @@ def train_from_data(
             "held_out": {"untrained": before, "trained": after},
             "command": command,
         }
-        save_heads(out, kind.name, target, params, card, vocab)
+        if hasattr(kind, "save"):
+            kind.save(out, target, params, card, vocab)
+        else:
+            save_heads(out, kind.name, target, params, card, vocab)
     log(f"held-out ({after['positions']:,} reply positions of {len(eval_rows)} rows), teacher-forced: top-1 "
         f"{before['top1']:.3f} -> {after['top1']:.3f}, top-5 {before['top5']:.3f} -> {after['top5']:.3f}; "
         f"by reply position {after['top1_by_position']}")  # fmt: skip
