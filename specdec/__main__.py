@@ -158,7 +158,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         if args.prompt is None:
             args.prompt = DEFAULT_PROMPT
         for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):
-            if name is not None and name not in WHEELS and not name.lower().endswith(".gguf"):
+            if name is not None and name not in (*WHEELS, shipped_draft.NAME) and not name.lower().endswith(".gguf"):
                 resolve_model(name, args.models_dir)
     except ValueError as e:
         p.error(f"--{e}" if str(e).startswith("K ") else str(e))

