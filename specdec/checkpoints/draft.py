@@ -58,8 +58,10 @@ SHAPE_FIELDS = {"n_layer": int, "n_head": int, "n_kv_head": int, "n_ff": int}
 MAX_LAYERS = 32
 
 
-def train_command(out=FOLDER) -> str:
-    return f"python -m specdec.train draft --target {TARGET} --data DIR --out {out}"
+def train_command(folder=FOLDER) -> str:
+    """How to make the draft that belongs in folder (training writes checkpoints too: train elsewhere, copy two files)."""
+    return (f"python -m specdec.train draft --model {TARGET} --data DATA --out RUN --vocab-top 8192, then copy "
+            f"RUN/{CONFIG_FILE} and RUN/{WEIGHTS_STEM}-*.safetensors into {folder}")
 
 
 def param_shapes(n_layer: int, n_embd: int, n_head: int, n_kv_head: int, n_ff: int) -> dict[str, tuple[int, ...]]:
