@@ -2,7 +2,8 @@
 
 Readers for each kind of file (safetensors.py, gguf.py, hf_llama.py, load.py's GPT-2
 folders), where files come from (hub.py, wheel.py with its pins.py, family.py's models
-shipped inside specdec), what is known of a name before a download (names.py), and the
+and draft.py's distilled SmolLM2 draft shipped inside specdec), which model a trained file
+belongs to (fingerprint.py), what is known of a name before a download (names.py), and the
 disk they use (layout.py, store.py, locks.py, pairs.py).
 
 May import: model/ and the modules of checkpoints/ itself; nothing above (the round,

@@ -7,6 +7,7 @@
     packing.py    a ragged batch in one matrix; long prompts in chunks
     kernels.py, threads.py   the matrix products and the workers that split them
     tokenizer.py  GPT-2's and Llama's byte-level BPE (tiktoken)
+    restricted.py a draft vocabulary (FR-Spec's top N) and models whose LM head scores only it
     shapes.py     GPT-2's sizes, and random models of them for tests and benchmarks
 
 May import: NumPy, tiktoken, and the modules of model/ itself; nothing else of

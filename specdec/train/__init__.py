@@ -5,6 +5,8 @@ round's autoregressive.py, sampling.py and flags.py; nothing imports it but benc
 (tests/test_imports.py).
 
     python -m specdec.train medusa --model 124M --tokens 20000 --out heads/medusa-124M
+    python -m specdec.train draft --model smollm2-135m --data DIR --out runs/smollm2-draft --vocab-top 8192
+        (a small separate draft model distilled on shards: draft_model.py, docs/draft-model.md)
     python -m specdec.train eagle  --model models/tiny --tokens 4000 --out heads/eagle-tiny --vocab-top 2000
 
 Then draft with them: speculative_sample(target, "medusa:DIR", ...), or
