@@ -32,10 +32,10 @@ MAX_JSON_BYTES = 1 << 20  # specdec's JSON files are a few kB
 
 
 def write_pair(folder: Path, json_name: str, stem: str, tensors: dict[str, np.ndarray], meta: dict,
-               dtype: str = "F32") -> Path:  # fmt: skip
-    """Write tensors (stored as dtype: "F32" or "F16") and then json_name (meta plus "weights_file" and
-    "weights_sha256") as above; returns the tensors' path. Interrupted at any point, it leaves the old pair
-    (and no temporary file)."""
+               dtype: str | dict = "F32") -> Path:  # fmt: skip
+    """Write tensors and then json_name (meta plus "weights_file" and "weights_sha256") as above; returns the
+    tensors' path. Interrupted at any point, it leaves the old pair (and no temporary file).
+    dtype: the tensors' stored type (safetensors.write_safetensors); they are read back as float32."""
     tmp = temporary(folder, stem)
     try:
         write_safetensors(tmp, tensors, dtype)

@@ -18,6 +18,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["data"]:
         return data_main(argv[1:])
+    if argv[:1] == ["ship"]:
+        return ship_main(argv[1:])
     parser = flags.Parser(
         prog="python -m specdec.train",
         description="Train Medusa or EAGLE draft heads, or (draft) a small distilled draft model, in NumPy. "
@@ -125,6 +127,27 @@ def data_train_main(parser, args) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted; continue with --resume (checkpoint in {args.out})", file=sys.stderr)
         return 130
+    return 0
+
+
+def ship_main(argv) -> int:
+    """`python -m specdec.train ship ...`: a trained head copied as float16 into the package, with its card."""
+    parser = flags.Parser(prog="python -m specdec.train ship", description="Copy a trained EAGLE head into a "
+                          "folder as float16 (checked before and after), with CARD.txt: how heads shipped inside "
+                          "specdec are made.")  # fmt: skip
+    parser.add_argument("--model", required=True, help="the target the head was trained for")
+    parser.add_argument("--head", required=True, metavar="DIR", help="the trained head's folder")
+    parser.add_argument("--out", required=True, metavar="DIR", help="where the float16 copy goes")
+    args = parser.parse_args(argv)
+    try:
+        from ..checkpoints.load import load_model
+        from .heads_train import ship_head
+
+        weights = ship_head(args.head, args.out, load_model(args.model, progress=False))
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"shipped {weights} ({weights.stat().st_size / 2**20:.1f} MiB) with {Path(args.out) / 'CARD.txt'}")
     return 0
 
 

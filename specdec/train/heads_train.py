@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -425,3 +427,69 @@ def train_from_data(
 def command_line() -> str:
     """The command as typed (for the card)."""
     return " ".join(["python -m specdec.train"] + sys.argv[1:])
+
+
+# ---------------------------------------------------------------------------
+# Shipping a trained head inside specdec.
+# ---------------------------------------------------------------------------
+
+SHIP_LIMIT = 10 * 2**20  # bytes: a head shipped inside the package stays small
+
+
+def ship_head(src: str | Path, dst: str | Path, target: CausalLM, kind: str = "eagle") -> Path:
+    """Copy the head trained in src into dst as float16 (checked on the way in and out), with CARD.txt.
+
+    The head is read with the checked loader (its file, its shapes, the target it belongs to), written
+    with heads.save_heads(half=True), and read back through the drafter's own loader; a file over
+    SHIP_LIMIT is refused. Returns the weights' path.
+    """
+    from ..drafters.heads import load_heads
+
+    config, params, vocab = load_heads(src, kind, target, eagle.param_shapes)
+    for key in ("kind", "model", "model_fingerprint", "n_embd", "n_vocab", "n_head", "layer_norm_epsilon",
+                "draft_vocab", "weights_file", "weights_sha256"):  # fmt: skip
+        config.pop(key, None)  # save_heads writes these afresh
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))  # made whole here, then moved into place
+    try:
+        weights = save_heads(work, kind, target, params, config, vocab, half=True)
+        size = weights.stat().st_size
+        if size > SHIP_LIMIT:
+            raise ValueError(f"{dst}: the head would take {size / 2**20:.1f} MiB, over the {SHIP_LIMIT / 2**20:.0f} "
+                             f"MiB a shipped head may take; use a smaller --vocab-top or head (nothing written)")  # fmt: skip
+        eagle.EagleDrafter.load(work, target)  # the drafter reads it back
+        (work / "CARD.txt").write_text(card_text(kind, target, config, size))
+        if dst.exists():
+            shutil.rmtree(dst)
+        work.rename(dst)
+        work = None
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+    weights = dst / weights.name
+    return weights
+
+
+def card_text(kind: str, target: CausalLM, config: dict, size: int) -> str:
+    """The head's card in words: what it is, its data, its training, its held-out figures, the command."""
+    d, h = config.get("data", {}), config.get("held_out", {})
+    after, before = h.get("trained", {}), h.get("untrained", {})
+    lines = [
+        f"{kind} head for {target.name} (float16, {size / 2**20:.1f} MiB; computed in float32)",
+        "",
+        f"data: {d.get('reply_tokens_train', '?'):,} reply tokens in {d.get('rows_train', '?'):,} replies that "
+        f"{target.name} wrote itself to templated chat requests and Python docstrings "
+        "(python -m specdec.train data; docs/distill.md)",
+        f"held out: {d.get('reply_tokens_held_out', '?'):,} reply tokens in {d.get('rows_held_out', '?'):,} replies "
+        f"to requests never trained on ({d.get('held_out_rule', '?')})",
+        f"draft vocabulary: the {config.get('vocab_top')} most frequent reply tokens (FR-Spec)",
+        f"training: {config.get('steps')} steps, {config.get('epochs')} epochs, {config.get('batch_tokens')} "
+        f"positions per step, AdamW lr {config.get('lr')}, seed {config.get('seed')}, "
+        f"{config.get('train_seconds')} s",
+        f"held-out teacher-forced top-1: {before.get('top1', float('nan')):.3f} untrained -> "
+        f"{after.get('top1', float('nan')):.3f} trained; top-5 {after.get('top5', float('nan')):.3f}",
+        f"command: {config.get('command')}",
+        "",
+    ]
+    return "\n".join(lines)

@@ -152,7 +152,10 @@ def test_the_name_is_known_to_the_registry_the_help_and_the_cache(tmp_path, monk
         main(["--help"])
     assert draft.NAME in capsys.readouterr().out
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(draft, "FOLDER", tmp_path / "none")
+    assert main(["cache"]) == 0
+    assert "(absent)" in capsys.readouterr().out.split(draft.NAME)[1].splitlines()[0]
     monkeypatch.setattr(draft, "FOLDER", saved(tmp_path / "shipped"))
     assert main(["cache"]) == 0
     out = capsys.readouterr().out
-    assert f"shipped with specdec: {draft.NAME}" in out and str(tmp_path / "shipped") in out
+    assert f"{draft.NAME} " in out and "--draft smollm2-draft" in out and "(absent)" not in out.split(draft.NAME)[1]

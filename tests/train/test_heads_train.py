@@ -128,6 +128,22 @@ def test_a_trained_head_loads_drafts_and_keeps_greedy_output(shards, tmp_path, c
     assert sd.tokens == ar.tokens
     assert main([*args[:-1], "--resume", "--quiet"]) == 0  # a finished run resumes to the same end
 
+    # Shipped: float16 weights (ids kept exact), checked on the way in and out, with a card.
+    shipped = tmp_path / "shipped"
+    assert main(["ship", "--model", "tiny", "--head", str(out), "--out", str(shipped)]) == 0
+    half = next(shipped.glob("heads-*.safetensors")).stat().st_size
+    assert half < 0.6 * next(out.glob("heads-*.safetensors")).stat().st_size
+    _, half_params, half_vocab = load_heads(shipped, "eagle", model, eagle.param_shapes)
+    np.testing.assert_array_equal(half_vocab.ids, vocab.ids)
+    np.testing.assert_allclose(half_params["fc.weight"], params["fc.weight"], rtol=1e-3, atol=1e-4)
+    assert "held-out teacher-forced top-1" in (shipped / "CARD.txt").read_text()
+    sd = speculative_sample(model, f"eagle:{shipped}", prompt, 20, K=3, temperature=0.0)
+    assert sd.tokens == ar.tokens
+    monkeypatch.setattr(ht, "SHIP_LIMIT", 1000)
+    assert main(["ship", "--model", "tiny", "--head", str(out), "--out", str(tmp_path / "big")]) == 2
+    assert "over the" in capsys.readouterr().err
+    assert not (tmp_path / "big").exists() and not list(tmp_path.glob(".big.*"))  # nothing left half-made
+
 
 def test_cli_refuses_mixed_or_wrong_flags_in_one_line(shards, tmp_path, capsys):
     model, folder = shards
