@@ -140,6 +140,13 @@ class LlamaBlock:
         n_ff = self.ffn_gate_up.w_t.shape[0] // 2
         return 0, n_ff, 2 * n_ff
 
+    @staticmethod
+    def checkpoint_shapes(h: LlamaHParams) -> dict[str, tuple[int, ...]]:
+        """{GGUF name: shape} of one block's nine tensors, matrices as stored ([n_out, n_in])."""
+        e, dq, dkv = h.n_embd, h.n_head * h.d_head, h.n_kv_head * h.d_head
+        return {"attn_norm": (e,), "attn_q": (dq, e), "attn_k": (dkv, e), "attn_v": (dkv, e), "attn_output": (e, dq),
+                "ffn_norm": (e,), "ffn_gate": (h.n_ff, e), "ffn_up": (h.n_ff, e), "ffn_down": (e, h.n_ff)}  # fmt: skip
+
     def checkpoint_tensors(self) -> dict:
         """{GGUF name: the norm's array or the matrix's Linear}, the checkpoint's nine (views, no copies)."""
         return {name: getattr(self, name) for name in self.CHECKPOINT_NAMES}
