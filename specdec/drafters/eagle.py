@@ -349,6 +349,17 @@ def head_block(folder) -> str:
     return block
 
 
+def head_shapes(folder, target):
+    """What heads.load_heads checks an EAGLE head file's tensors against, by the block the file names."""
+    block = head_block(folder)
+    if block == "gpt2":
+        return param_shapes
+    if not isinstance(target.hparams, LlamaHParams):
+        raise HeadFileError(f"{folder}: these EAGLE heads have a Llama block ({block!r}) and draft only for a Llama "
+                            f"target, not {target.name!r}")  # fmt: skip
+    return lambda n_heads, n_embd: llama_param_shapes(target.hparams, block)
+
+
 class EagleDrafter:
     """Drafts with a trained EAGLE model: a chain, or an EAGLE-2 dynamic tree.
 
@@ -373,17 +384,11 @@ class EagleDrafter:
 
     @classmethod
     def load(cls, folder, target, **options) -> "EagleDrafter":
-        block = head_block(folder)
-        if block == "gpt2":
-            config, params, vocab = load_heads(folder, "eagle", target, param_shapes)
+        config, params, vocab = load_heads(folder, "eagle", target, head_shapes(folder, target))
+        if config.get("block", "gpt2") == "gpt2":
             model = EagleModel(params, target.n_embd, config["n_head"], target.n_ctx, config["layer_norm_epsilon"])
         else:
-            if not isinstance(target.hparams, LlamaHParams):
-                raise HeadFileError(f"{folder}: these EAGLE heads have a Llama block ({block!r}) and draft only for "
-                                    f"a Llama target, not {target.name!r}")  # fmt: skip
-            config, params, vocab = load_heads(folder, "eagle", target,
-                                               lambda n_heads, n_embd: llama_param_shapes(target.hparams, block))  # fmt: skip
-            model = LlamaEagleModel(params, target.hparams, block, target.n_ctx)
+            model = LlamaEagleModel(params, target.hparams, config["block"], target.n_ctx)
         return cls(model, vocab, target.weights.wte, **options)
 
     def begin(self, target, cache, prompt) -> None:

@@ -97,22 +97,23 @@ def head_backward(dy, params, saved, h: LlamaHParams, grads=None):
 
 
 # ---------------------------------------------------------------------------
-# Batches: pairs from a HeadBatch (train/heads_train.py), and which p rows they learn.
+# Batches: pairs from a HeadBatch (heads_train.py), and which label rows they learn.
 # ---------------------------------------------------------------------------
 
 
 def pair_rows(batch, shift: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs j whose token x_(j+1+shift) has labels: (where [B, P] bool, their p rows [n]).
+    """Pairs j whose token x_(j+1+shift) has labels: (where [B, P] bool, which of the batch's label rows [n_labels] bool).
 
-    A pair j (0 <= j < P) predicts, shift steps on, token x_(j+1+shift), whose labels are the
-    p row of label position j + shift; p rows run row-major over batch.label_mask.
+    A pair j (0 <= j < P) predicts, shift steps on, token x_(j+1+shift), whose labels are the p row
+    of label position j + shift; p rows run row-major over batch.label_mask, and so do the pairs
+    selected by `where`, so batch.p[rows] lines up with y[where].
     """
     B, T = batch.label_mask.shape
-    row_of = np.full((B, T), -1)
-    row_of[batch.label_mask] = np.arange(int(batch.label_mask.sum()))
     where = np.zeros((B, T - 1), bool)
     where[:, : T - shift] = batch.label_mask[:, shift:]
-    return where, row_of[:, shift:][batch.label_mask[:, shift:]]
+    keep = batch.label_mask.copy()
+    keep[:, :shift] = False  # labels with no pair shift steps before them
+    return where, keep[batch.label_mask]
 
 
 def pairs(target, batch, layers_used: int):
@@ -121,8 +122,7 @@ def pairs(target, batch, layers_used: int):
     g fuses the first layers_used hidden states of batch.states by concatenation (EAGLE: 1, EAGLE-3: 3).
     Pair j exists for j < length - 1 (the state at j and the token j + 1 are real).
     """
-    T = batch.tokens.shape[1]
-    B = len(batch.tokens)
+    B, T = batch.tokens.shape
     g = np.concatenate(list(batch.states[:layers_used, :, : T - 1]), axis=-1)  # [B, P, layers_used * e]
     emb = target.weights.wte[batch.tokens[:, 1:]]  # [B, P, e]: x_(j+1)
     positions = np.broadcast_to(np.arange(T - 1), (B, T - 1))
@@ -137,20 +137,31 @@ def pairs(target, batch, layers_used: int):
 def eagle_loss_and_grads(params, target, vocab: DraftVocab, batch):
     """EAGLE's loss on a batch (section 4.2: SmoothL1 on features + 0.1 CE on tokens) and its gradients.
 
-    Returns (loss, {"feat", "ce"}, grads, logits [n, N] in p's row order).
+    The feature loss is read at every pair whose next feature exists (prompt positions too: the
+    features there are the target's as much as in a reply), the token loss at labelled pairs.
+    Returns (loss, {"feat", "ce"}, grads).
     """
     h = head_hparams(target)
     f, emb, positions, mask = pairs(target, batch, 1)
     y, saved = head_forward(params, f, emb, positions, mask, h)  # [B, P, e]
+    P = y.shape[1]
+    has_next = np.arange(P)[None, :] + 1 <= np.asarray(batch.lengths)[:, None] - 2  # f_(j+1) is a real state
+    l_feat, dy_feat = smooth_l1(y[has_next], batch.states[0][:, 1:][has_next])  # f_(j+1): what chose x_(j+2)
     where, rows = pair_rows(batch, 1)
-    f_next = batch.states[0][:, 1:][where]  # [n, e]: f_(j+1), the feature that chose x_(j+2)
-    l_feat, dy_feat = smooth_l1(y[where], f_next)
-    logits = vocab.logits(y[where])  # [n, N]
-    ce, dlogits = cross_entropy(logits, batch.p[rows])
+    ce, dlogits = cross_entropy(vocab.logits(y[where]), batch.p[rows])
     dy = np.zeros_like(y)
-    dy[where] = dy_feat + y.dtype.type(CE_WEIGHT) * (dlogits @ vocab.w)  # frozen LM head: dr = dlogits W
+    dy[has_next] += dy_feat
+    dy[where] += y.dtype.type(CE_WEIGHT) * (dlogits @ vocab.w)  # the frozen LM head: dr = dlogits W
     _, grads = head_backward(dy, params, saved, h)
-    return l_feat + CE_WEIGHT * ce, {"feat": l_feat, "ce": ce}, grads, logits
+    return l_feat + CE_WEIGHT * ce, {"feat": l_feat, "ce": ce}, grads
+
+
+def eagle_logits(params, target, vocab: DraftVocab, batch) -> tuple[np.ndarray, np.ndarray]:
+    """Teacher-forced logits [n, N] of the labelled pairs, and which label rows they are ([n_labels] bool)."""
+    f, emb, positions, mask = pairs(target, batch, 1)
+    y, _ = head_forward(params, f, emb, positions, mask, head_hparams(target))
+    where, rows = pair_rows(batch, 1)
+    return vocab.logits(y[where]), rows
 
 
 # ---------------------------------------------------------------------------
@@ -194,14 +205,11 @@ def eagle3_forward(params, target, batch):
 
 
 def eagle3_loss_and_grads(params, target, vocab: DraftVocab, batch):
-    """EAGLE-3's loss (token CE of both unrolled steps) and its gradients.
-
-    Returns (loss, {"ce0", "ce1"}, grads, step 0's logits [n, N] in p's row order).
-    """
+    """EAGLE-3's loss (token CE of both unrolled steps) and its gradients: (loss, {"ce0", "ce1"}, grads)."""
     h = head_hparams(target)
     y, y1, (feats, saved0, saved1) = eagle3_forward(params, target, batch)
     P = y.shape[1]
-    losses, dys, grads, grad_norm, logits0 = {}, [], {}, np.zeros_like(params["norm"]), None
+    losses, dys, grad_norm = {}, [], np.zeros_like(params["norm"])
     for step, out in enumerate((y, y1)):
         where, rows = pair_rows(batch, 1 + step)
         logits, norm_saved = rms_logits(params, out[where], vocab, h.rms_eps)
@@ -213,38 +221,62 @@ def eagle3_loss_and_grads(params, target, vocab: DraftVocab, batch):
         dy[where] = dr
         dys.append(dy)
         losses[f"ce{step}"] = ce
-        logits0 = logits if step == 0 else logits0
-    # Step 1's pass: [u ; u'] -> only its second half is read; its input's feature half is [fused ; y].
-    dg1, grads = head_backward(np.concatenate([np.zeros_like(y), dys[1]], axis=1), params, saved1, h, grads)
+    # Step 1's pass read [u ; u']: only its second half is scored; its input's feature half is [fused ; y].
+    dg1, grads = head_backward(np.concatenate([np.zeros_like(y), dys[1]], axis=1), params, saved1, h)
     d_fused, d_y = dg1[:, :P], dg1[:, P:]
     dg0, grads = head_backward(dys[0] + d_y, params, saved0, h, grads)  # y feeds step 1: its gradient joins
-    d_fused = d_fused + dg0
-    grads["fuse"] = lg.matmul_backward(d_fused, feats, params["fuse"])[1]
+    grads["fuse"] = lg.matmul_backward(d_fused + dg0, feats, params["fuse"])[1]
     grads["norm"] = grad_norm
-    loss = sum(w * losses[f"ce{i}"] for i, w in enumerate(STEP_WEIGHTS))
-    return loss, losses, grads, logits0
+    return sum(w * losses[f"ce{i}"] for i, w in enumerate(STEP_WEIGHTS)), losses, grads
 
 
-def eagle3_logits(params, target, vocab: DraftVocab, batch) -> np.ndarray:
-    """Step 0's teacher-forced logits [n, N], in the order of the p rows of label positions 1.. (pair_rows(batch, 1))."""
+def eagle3_logits(params, target, vocab: DraftVocab, batch) -> tuple[np.ndarray, np.ndarray]:
+    """Step 0's teacher-forced logits [n, N] (what drafting's first token reads), and which label rows they are."""
     h = head_hparams(target)
     feats, emb, positions, mask = pairs(target, batch, 3)
     y, _ = head_forward(params, feats @ params["fuse"].T, emb, positions, mask, h)
-    where, _ = pair_rows(batch, 1)
-    return rms_logits(params, y[where], vocab, h.rms_eps)[0]
+    where, rows = pair_rows(batch, 1)
+    return rms_logits(params, y[where], vocab, h.rms_eps)[0], rows
 
 
-def eagle_logits(params, target, vocab: DraftVocab, batch) -> np.ndarray:
-    """EAGLE's teacher-forced logits [n, N], in the order of the p rows of label positions 1.."""
-    h = head_hparams(target)
-    f, emb, positions, mask = pairs(target, batch, 1)
-    y, _ = head_forward(params, f, emb, positions, mask, h)
-    where, _ = pair_rows(batch, 1)
-    return vocab.logits(y[where])
+# ---------------------------------------------------------------------------
+# The two as the trainer's head kinds (heads_train.HeadKind).
+# ---------------------------------------------------------------------------
 
 
-def layers(target, block: str) -> list[int]:
-    """The hidden states each head reads (features.py numbering)."""
-    n = target.n_layer
-    return eagle3_layers(n)[:3] if block == "eagle3" else [n]
+class LlamaEagleKind:
+    """`python -m specdec.train eagle --block llama|eagle3 --data DIR ...`: a Llama-block EAGLE head.
 
+    The file's kind is "eagle" (drafted by drafters/eagle.py, `--draft eagle:DIR`); its config's
+    "block" says which head, "layers" which of the target's hidden states it reads.
+    """
+
+    name = "eagle"
+
+    def __init__(self, block: str):
+        assert block in ("llama", "eagle3"), block
+        self.block = block
+
+    def layers(self, target) -> list[int]:
+        """features.py numbering: EAGLE the last state (after the final norm), EAGLE-3 a low, middle and high one."""
+        n = target.hparams.n_layer
+        if self.block == "llama":
+            return [n]
+        return [min(max(layer, 0), n) for layer in eagle3_layers(n)[:3]]  # (a model of under 5 layers repeats some)
+
+    def config(self, target, options: dict) -> dict:
+        h = head_hparams(target)
+        return {"n_heads": 1, "block": self.block, "layers": self.layers(target), "n_kv_head": h.n_kv_head,
+                "n_ff": h.n_ff, "rope_theta": h.rope_theta}  # fmt: skip
+
+    def param_shapes(self, target, config: dict) -> dict[str, tuple[int, ...]]:
+        return llama_param_shapes(head_hparams(target), self.block)
+
+    def init_params(self, target, config: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        return init_params(target, self.block, rng)
+
+    def loss_and_grads(self, params, target, config, vocab, batch):
+        return (eagle3_loss_and_grads if self.block == "eagle3" else eagle_loss_and_grads)(params, target, vocab, batch)
+
+    def logits(self, params, target, config, vocab, batch):
+        return (eagle3_logits if self.block == "eagle3" else eagle_logits)(params, target, vocab, batch)

@@ -4,8 +4,6 @@ training forward, head files, greedy equivalence and exact sampling on tiny rand
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 from helpers import assert_grads_match, chi_square_passes, exact_continuations, sample_many
@@ -18,6 +16,7 @@ from specdec.model.llama import LlamaHParams, random_llama
 from specdec.sampling import SamplingParams
 from specdec.train import eagle_llama as el
 from specdec.train.features import layer_states
+from specdec.train.heads_train import HeadBatch
 from specdec.train.optim import AdamW
 
 F32 = np.float32
@@ -27,7 +26,7 @@ SMOLLM2 = LlamaHParams(n_vocab=49152, n_ctx=8192, n_embd=576, n_head=9, n_kv_hea
 
 
 def head_batch(target, vocab: DraftVocab, rows: list[list[int]], n_prompt: int, layers: list[int]):
-    """A HeadBatch (train/heads_train.py's fields) of these rows: states of `layers`, labels after the prompt.
+    """A HeadBatch (as heads_train.make_batch makes from shards) of these rows: states of `layers`, labels after the prompt.
 
     Label position t (token t + 1 is a reply token): the target's distribution there on the draft vocabulary.
     """
@@ -39,9 +38,9 @@ def head_batch(target, vocab: DraftVocab, rows: list[list[int]], n_prompt: int, 
         tokens[b, : len(row)] = row
         states[:, b, : len(row) - 1] = s
         label_mask[b, n_prompt - 1 : len(row) - 1] = True
-    final = states[-1][label_mask]  # [n, e]
-    return SimpleNamespace(tokens=tokens, states=states[:-1], lengths=lengths, label_mask=label_mask,
-                           p=target_distributions(final, vocab, target), next_ids=tokens[:, 1:][label_mask[:, :-1]])  # fmt: skip
+    p = target_distributions(states[-1][label_mask], vocab, target)  # [n, N]
+    next_ids = tokens[:, 1:][label_mask[:, :-1]]
+    return HeadBatch(tokens, states[:-1], lengths, label_mask, p, next_ids, np.zeros(len(next_ids), np.int64))
 
 
 def float64_problem(block: str, restricted: bool, seed=0):
@@ -53,25 +52,25 @@ def float64_problem(block: str, restricted: bool, seed=0):
         if value.ndim == 1:
             value += rng.standard_normal(value.shape) * 0.3
     rows = [list(rng.integers(0, 64, 9)), list(rng.integers(0, 64, 6))]  # the second row padded
-    return target, vocab, params, head_batch(target, vocab, rows, 3, el.layers(target, block))
+    return target, vocab, params, head_batch(target, vocab, rows, 3, el.LlamaEagleKind(block).layers(target))
 
 
 @pytest.mark.parametrize("restricted", [False, True])
 def test_eagle_llama_gradients_of_every_parameter(restricted):
     target, vocab, params, batch = float64_problem("llama", restricted)
-    loss, parts, grads, logits = el.eagle_loss_and_grads(params, target, vocab, batch)
+    loss, parts, grads = el.eagle_loss_and_grads(params, target, vocab, batch)
     assert sorted(grads) == sorted(params) and set(parts) == {"feat", "ce"}
-    assert len(logits) == batch.label_mask[:, 1:].sum()
+    logits, rows = el.eagle_logits(params, target, vocab, batch)
+    assert len(logits) == rows.sum() == batch.label_mask[:, 1:].sum() and len(rows) == batch.n_labels
     assert_grads_match(lambda: el.eagle_loss_and_grads(params, target, vocab, batch)[0], params, grads, n=5)
 
 
 @pytest.mark.parametrize("restricted", [False, True])
 def test_eagle3_gradients_of_every_parameter_through_both_steps(restricted):
     target, vocab, params, batch = float64_problem("eagle3", restricted, seed=1)
-    loss, parts, grads, logits = el.eagle3_loss_and_grads(params, target, vocab, batch)
+    loss, parts, grads = el.eagle3_loss_and_grads(params, target, vocab, batch)
     assert sorted(grads) == sorted(params) and set(parts) == {"ce0", "ce1"}
     assert_grads_match(lambda: el.eagle3_loss_and_grads(params, target, vocab, batch)[0], params, grads, n=5)
-    np.testing.assert_allclose(el.eagle3_logits(params, target, vocab, batch), logits)
 
 
 def test_the_eagle3_check_sees_step_1_cut_off_from_step_0(monkeypatch):
@@ -89,7 +88,7 @@ def test_the_eagle3_check_sees_step_1_cut_off_from_step_0(monkeypatch):
         return dg, grads
 
     monkeypatch.setattr(el, "head_backward", cut)
-    _, _, grads, _ = el.eagle3_loss_and_grads(params, target, vocab, batch)
+    _, _, grads = el.eagle3_loss_and_grads(params, target, vocab, batch)
     monkeypatch.undo()
     with pytest.raises(AssertionError):
         assert_grads_match(lambda: el.eagle3_loss_and_grads(params, target, vocab, batch)[0], params, grads, n=5)
@@ -137,13 +136,13 @@ def train_briefly(target, block: str, steps=60, seed=0):
     for i in range(12):
         prompt = [int(t) for t in rng.integers(0, TINY.n_vocab, 3)]
         rows.append(prompt + autoregressive_sample(target, prompt, 21, temperature=i % 2, seed=i).tokens)
-    batch = head_batch(target, vocab, rows, 3, el.layers(target, block))
+    batch = head_batch(target, vocab, rows, 3, el.LlamaEagleKind(block).layers(target))
     params = el.init_params(target, block, rng)
     opt = AdamW(params, lr=1e-2)
     loss_and_grads = el.eagle_loss_and_grads if block == "llama" else el.eagle3_loss_and_grads
     first = None
     for _ in range(steps):
-        loss, _, grads, _ = loss_and_grads(params, target, vocab, batch)
+        loss, _, grads = loss_and_grads(params, target, vocab, batch)
         first = loss if first is None else first
         opt.step(grads)
     assert loss < first
