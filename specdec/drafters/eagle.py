@@ -374,8 +374,11 @@ class EagleDrafter:
     tree (trees.dynamic_tree), each new layer fed in one block pass with a tree mask.
     """
 
-    def __init__(self, model: EagleModel, vocab: DraftVocab, wte: np.ndarray, width: int = 4):
+    def __init__(self, model, vocab: DraftVocab, wte: np.ndarray, width: int = 4, hidden_layers: list | None = None):
         self.model, self.vocab, self.wte, self.width = model, vocab, wte, width
+        # The target's states commit() is given (interfaces.features_asked): None, the final one (EAGLE);
+        # EAGLE-3's three layers, side by side, which its model fuses (LlamaEagleModel.read).
+        self.hidden_layers = hidden_layers
         self.n_vocab = vocab.n_vocab
         self.n_ctx = model.hparams.n_ctx
         self.calls = 0  # block passes
@@ -387,9 +390,16 @@ class EagleDrafter:
         config, params, vocab = load_heads(folder, "eagle", target, head_shapes(folder, target))
         if config.get("block", "gpt2") == "gpt2":
             model = EagleModel(params, target.n_embd, config["n_head"], target.n_ctx, config["layer_norm_epsilon"])
-        else:
-            model = LlamaEagleModel(params, target.hparams, config["block"], target.n_ctx)
-        return cls(model, vocab, target.weights.wte, **options)
+            return cls(model, vocab, target.weights.wte, **options)
+        model = LlamaEagleModel(params, target.hparams, config["block"], target.n_ctx)
+        if config["block"] == "llama":
+            return cls(model, vocab, target.weights.wte, **options)
+        layers = config.get("layers")
+        if not (isinstance(layers, list) and len(layers) == 3
+                and all(type(x) is int and 0 <= x <= target.n_layer for x in layers)):  # fmt: skip
+            raise HeadFileError(f"{Path(folder) / CONFIG_FILE}: 'layers' must list the 3 target layers (0.."
+                                f"{target.n_layer}) an EAGLE-3 head reads, got {show(layers)}")  # fmt: skip
+        return cls(model, vocab, target.weights.wte, hidden_layers=layers, **options)
 
     def begin(self, target, cache, prompt) -> None:
         self.cache.rollback(0)

@@ -267,3 +267,75 @@ def test_sampling_with_a_llama_head_keeps_the_target_distribution(nodes):
     assert ok, f"chi2={stat:.1f} df={df}"
     ok, stat, df = chi_square_passes(sample_many(run(broken), n_samples=2000), exact)
     assert not ok, f"a drafter misreporting q passed (chi2={stat:.1f}, df={df})"
+
+
+# --- EAGLE-3 drafting: the target's low, middle and high states through the round ---------------
+
+
+def test_a_pass_returns_the_layers_asked_for_side_by_side(llama_target, monkeypatch):
+    """return_hidden=[layers]: the states features.layer_states computes, in one pass, chunked or not."""
+    from specdec.model import base
+
+    tokens = [3, 9, 27, 1, 5, 8, 13]
+    layers = [2, 1, TINY.n_layer, 0]
+    want = layer_states(llama_target, [tokens], layers)[0]  # [4, n, e]
+    logits, hidden = llama_target.forward(tokens, llama_target.new_cache(), return_hidden=layers)
+    np.testing.assert_allclose(hidden, np.concatenate(list(want), axis=1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits, llama_target(tokens), rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(base, "PREFILL_CHUNK", 3)  # a long prompt's passes of 3 tokens
+    _, chunked = llama_target.forward(tokens, llama_target.new_cache(), return_hidden=layers)
+    np.testing.assert_allclose(chunked, hidden, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="layers 0..4"):
+        llama_target.forward(tokens, llama_target.new_cache(), return_hidden=[5])
+
+
+@pytest.fixture(scope="module")
+def trained_eagle3(llama_target, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eagle3")
+    kind = el.LlamaEagleKind("eagle3")
+    params = train_briefly(llama_target, "eagle3")
+    save_heads(folder, "eagle", llama_target, params, kind.config(llama_target, {}), DraftVocab.of(llama_target))
+    return folder
+
+
+def test_eagle3_drafting_feeds_back_its_output_as_training_step_1_did(llama_target, trained_eagle3):
+    """The drafter's pair (its own output y_j, x_(j+2)) after committing 0..j == the training-time test's step 1."""
+    drafter = EagleDrafter.load(trained_eagle3, llama_target)
+    assert drafter.hidden_layers == el.LlamaEagleKind("eagle3").layers(llama_target)
+    rows = [[7, 3, 4, 9, 11, 2, 30, 8]]
+    batch = head_batch(llama_target, drafter.vocab, rows, 1, drafter.hidden_layers)
+    params = load_params(trained_eagle3, llama_target)
+    y, y1, _ = el.eagle3_forward(params, llama_target, batch)
+    text = rows[0]
+    for j in (2, 5):
+        ids = text[: j + 2]  # the committed text: pairs 0..j
+        _, hidden = llama_target.forward(ids[:-1], llama_target.new_cache(), return_hidden=drafter.hidden_layers)
+        drafter.begin(llama_target, None, ids)
+        drafter.commit(ids, hidden)
+        np.testing.assert_allclose(drafter.root, y[0, j], rtol=1e-4, atol=1e-5)
+        fed = drafter.model.step(drafter.root[None], llama_target.weights.wte[text[j + 2]][None], drafter.cache)[0]
+        np.testing.assert_allclose(fed, y1[0, j], rtol=1e-4, atol=1e-5)
+
+
+def load_params(folder, target):
+    from specdec.drafters.eagle import head_shapes
+    from specdec.drafters.heads import load_heads
+
+    return load_heads(folder, "eagle", target, head_shapes(folder, target))[1]
+
+
+def test_greedy_speculative_with_an_eagle3_head_equals_greedy_autoregressive(llama_target, trained_eagle3):
+    from specdec import speculative_sample_batch
+
+    drafter = EagleDrafter.load(trained_eagle3, llama_target)
+    accepted = 0
+    prompts = ([7, 5, 9], [7], [1, 40, 41, 42, 43])
+    for prompt in prompts:
+        expected = autoregressive_sample(llama_target, prompt, 30).tokens
+        for nodes in (None, 8):
+            got = speculative_sample(llama_target, drafter, prompt, 30, K=3, tree=nodes)
+            assert got.tokens == expected, (prompt, nodes)
+            accepted += got.accepted
+    assert accepted > 0
+    batched = speculative_sample_batch(llama_target, f"eagle:{trained_eagle3}", list(prompts), 30, K=3)
+    assert [r.tokens for r in batched] == [autoregressive_sample(llama_target, p, 30).tokens for p in prompts]
