@@ -327,6 +327,8 @@ def train_from_data(
         raise ValueError(f"--held-out must be a fraction between 0 and 1, got {held_out!r}")
     if batch_tokens < 64:
         raise ValueError(f"--batch-tokens must be at least 64, got {batch_tokens}")
+    config = kind.config(target, options or {})  # (refuses a head this target cannot have, before reading data)
+    shapes = kind.param_shapes(target, config)
     data = load_distill_data(data_dir, target, complete=False)
     if not data.replies:
         raise ValueError(f"{data_dir}: no whole shards yet; let `python -m specdec.train data` write some first")
@@ -340,8 +342,6 @@ def train_from_data(
     reply_ids = np.concatenate([data.replies[r] for r in train_rows])
     ids = None if vocab_top is None or vocab_top >= target.n_vocab else top_tokens(reply_ids, vocab_top, target.n_vocab)
     vocab = DraftVocab.of(target, ids)
-    config = kind.config(target, options or {})
-    shapes = kind.param_shapes(target, config)
 
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():

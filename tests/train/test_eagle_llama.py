@@ -247,15 +247,17 @@ class FlatQ:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("block", ["llama", "eagle3"])
 @pytest.mark.parametrize("nodes", [None, 4], ids=["chain", "tree"])
-def test_sampling_with_a_llama_head_keeps_the_target_distribution(nodes):
+def test_sampling_with_a_llama_head_keeps_the_target_distribution(block, nodes):
     target = random_llama(SMALL_LLAMA, seed=10, scale=0.6)
-    params = el.init_params(target, "llama", np.random.default_rng(0), std=0.1)  # q far from one-hot
+    params = el.init_params(target, block, np.random.default_rng(0), std=0.1)  # q far from one-hot
+    layers = el.LlamaEagleKind(block).layers(target) if block == "eagle3" else None
     exact = exact_continuations(target, [1, 2], 3, SamplingParams(1.0))
 
     def drafter():
-        return EagleDrafter(LlamaEagleModel(params, target.hparams, "llama", target.n_ctx),
-                            DraftVocab.of(target, [0, 2, 3, 5]), target.weights.wte)  # fmt: skip
+        return EagleDrafter(LlamaEagleModel(params, target.hparams, block, target.n_ctx),
+                            DraftVocab.of(target, [0, 2, 3, 5]), target.weights.wte, hidden_layers=layers)  # fmt: skip
 
     good, broken = drafter(), FlatQ(drafter())
 
@@ -339,3 +341,47 @@ def test_greedy_speculative_with_an_eagle3_head_equals_greedy_autoregressive(lla
     assert accepted > 0
     batched = speculative_sample_batch(llama_target, f"eagle:{trained_eagle3}", list(prompts), 30, K=3)
     assert [r.tokens for r in batched] == [autoregressive_sample(llama_target, p, 30).tokens for p in prompts]
+
+
+# --- the trainer: python -m specdec.train eagle --block llama|eagle3 --data DIR -------------------
+
+
+@pytest.mark.parametrize("block", ["llama", "eagle3"])
+def test_the_trainer_trains_ships_and_drafts_with_a_llama_block(block, tmp_path, capsys, monkeypatch):
+    import json
+
+    import specdec.checkpoints.load as load
+    from test_distill import POOL, SETTINGS, chat_model
+
+    from specdec.train.cli import main
+    from specdec.train.distill import make_data
+
+    model = chat_model(scale=1.0)
+    make_data(model, tmp_path / "data", 200, POOL, **{**SETTINGS, "max_reply": 16, "greedy_frac": 0.75})
+    monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)
+    out = tmp_path / "head"
+    args = ["eagle", "--model", "tiny", "--data", str(tmp_path / "data"), "--out", str(out), "--block", block,
+            "--vocab-top", "100", "--steps", "4", "--batch-tokens", "256", "--held-out", "0.3", "--quiet"]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    card = json.loads((out / "heads.json").read_text())
+    assert card["kind"] == "eagle" and card["block"] == block and card["steps"] == 4
+    assert main(["ship", "--model", "tiny", "--head", str(out), "--out", str(tmp_path / "shipped")]) == 0
+    prompt = model.tokenizer.encode("Hi there")
+    expected = autoregressive_sample(model, prompt, 16).tokens
+    for folder in (out, tmp_path / "shipped"):
+        assert speculative_sample(model, f"eagle:{folder}", prompt, 16, K=3).tokens == expected
+
+
+def test_the_trainer_refuses_a_llama_block_for_a_gpt2_target_in_one_line(tmp_path, capsys, monkeypatch):
+    import specdec.checkpoints.load as load
+    from conftest import tiny_model
+
+    from specdec.train.cli import main
+
+    monkeypatch.setattr(load, "load_model", lambda name, progress=True: tiny_model())
+    (tmp_path / "data").mkdir()
+    assert main(["eagle", "--model", "tiny", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "o"),
+                 "--block", "llama", "--quiet"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs a Llama target" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
