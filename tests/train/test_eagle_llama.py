@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import assert_grads_match, chi_square_passes, exact_continuations, sample_many
+from helpers import LyingQ, assert_grads_match, chi_square_passes, exact_continuations, sample_many
 
 from specdec import autoregressive_sample, speculative_sample
 from specdec.drafters.eagle import EagleDrafter, LlamaEagleModel, llama_param_shapes
 from specdec.drafters.heads import DraftVocab, HeadFileError, save_heads, target_distributions
-from specdec.interfaces import Proposal
 from specdec.model.llama import LlamaHParams, random_llama
 from specdec.sampling import SamplingParams
 from specdec.train import eagle_llama as el
@@ -224,26 +223,11 @@ def test_tree_nodes_sit_at_their_depth_not_their_slot(llama_target, trained_head
 SMALL_LLAMA = LlamaHParams(n_vocab=6, n_ctx=16, n_embd=16, n_head=4, n_kv_head=2, n_layer=1, n_ff=24)
 
 
-class FlatQ:
+class FlatQ(LyingQ):
     """BROKEN: proposes what the inner drafter drew, but reports q uniform over the draft vocabulary."""
 
-    def __init__(self, inner):
-        self.inner, self.n_vocab, self.n_ctx = inner, inner.n_vocab, inner.n_ctx
-
-    calls = property(lambda self: self.inner.calls)
-
-    def begin(self, target, cache, prompt):
-        self.inner.begin(target, cache, prompt)
-
-    def commit(self, ids, features):
-        self.inner.commit(ids, features)
-
-    def propose(self, ids, k, params, rng, nodes=None):
-        p = self.inner.propose(ids, k, params, rng, nodes)
-        if not len(p):
-            return p
-        q = (p.q > 0).astype(np.float32)
-        return Proposal(p.tokens, p.parents, q / q.sum(axis=1, keepdims=True))
+    def misreport(self, q):
+        return (q > 0).astype(np.float32)
 
 
 @pytest.mark.slow
