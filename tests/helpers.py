@@ -13,6 +13,7 @@ import numpy as np
 
 from specdec.model.gpt2 import GPT2, Block, HParams, Weights, random_weights
 from specdec.model.kernels import Linear
+from specdec.interfaces import Proposal
 from specdec.sampling import SamplingParams, draw, probabilities
 
 # A 6-token vocabulary: every 3-token continuation (216 of them) can be enumerated.
@@ -190,3 +191,33 @@ def assert_grads_match(f, arrays: dict[str, np.ndarray], grads: dict[str, np.nda
             idx = np.unravel_index(flat, x.shape)
             num = numeric_grad(f, x, idx)
             assert np.isclose(grads[name][idx], num, rtol=1e-5, atol=1e-8), (name, idx, grads[name][idx], num)
+
+
+# --- a drafter that misreports its q (the exactness tests' broken control) -------------------------
+
+
+class LyingQ:
+    """BROKEN: proposes what the inner drafter drew, but reports q sharpened (q^2, renormalised)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.n_vocab, self.n_ctx = inner.n_vocab, inner.n_ctx
+        self.hidden_layers = getattr(inner, "hidden_layers", None)  # what it reads of the target (EAGLE-3's layers)
+
+    calls = property(lambda self: self.inner.calls)
+
+    def begin(self, target, cache, prompt):
+        self.inner.begin(target, cache, prompt)
+
+    def commit(self, ids, features):
+        self.inner.commit(ids, features)
+
+    def propose(self, ids, k, params, rng, nodes=None):
+        p = self.inner.propose(ids, k, params, rng, nodes)
+        if not len(p):
+            return p
+        q = self.misreport(p.q)
+        return Proposal(p.tokens, p.parents, q / q.sum(axis=1, keepdims=True))
+
+    def misreport(self, q):
+        return q**2

@@ -19,7 +19,8 @@ API (what a caller needs; shapes in the notation below):
                     attn_output [e, n_head*d]  ffn_norm [e]
                     ffn_gate, ffn_up [n_ff, e]   ffn_down [e, n_ff]
                 A stack of blocks uses one prefix per block ("blk.0.", "blk.1.", ...) in one dict.
-    block_shapes(h, prefix) / init_block(h, rng, prefix): the names, shapes and a fresh block.
+    block_shapes(h, prefix) / init_block(h, rng, prefix): the names, shapes and a fresh block
+                (init_tensors(shapes, rng) for any such dict: a stack's, a head's).
     block_forward(params, x, positions, h, mask=None, prefix="") -> (y, saved)
                 x [B, T, e]; positions [B, T] (RoPE); mask [B, T, T] bool, True where query i
                 may attend to key j (None: causal; causal_mask(lengths, T) also hides padding).
@@ -48,17 +49,19 @@ NAMES = LlamaBlock.CHECKPOINT_NAMES
 
 
 def block_shapes(h: LlamaHParams, prefix: str = "") -> dict[str, tuple[int, ...]]:
-    """{prefix + name: shape} of one block's nine tensors."""
-    e, dq, dkv = h.n_embd, h.n_head * h.d_head, h.n_kv_head * h.d_head
-    shapes = {"attn_norm": (e,), "attn_q": (dq, e), "attn_k": (dkv, e), "attn_v": (dkv, e), "attn_output": (e, dq),
-              "ffn_norm": (e,), "ffn_gate": (h.n_ff, e), "ffn_up": (h.n_ff, e), "ffn_down": (e, h.n_ff)}  # fmt: skip
-    return {prefix + name: shapes[name] for name in NAMES}
+    """{prefix + name: shape} of one block's nine tensors (LlamaBlock.checkpoint_shapes)."""
+    return {prefix + name: shape for name, shape in LlamaBlock.checkpoint_shapes(h).items()}
 
 
 def init_block(h: LlamaHParams, rng: np.random.Generator, prefix: str = "", std: float = 0.02) -> dict[str, np.ndarray]:
-    """Matrices ~ N(0, std^2), RMSNorm gains 1 (the block starts near the identity: x + small)."""
+    """A fresh block: the block starts near the identity (x + small), see init_tensors."""
+    return init_tensors(block_shapes(h, prefix), rng, std)
+
+
+def init_tensors(shapes: dict[str, tuple[int, ...]], rng: np.random.Generator, std: float = 0.02) -> dict[str, np.ndarray]:
+    """Matrices ~ N(0, std^2), vectors (RMSNorm gains) 1."""
     return {name: np.ones(shape, F32) if len(shape) == 1 else (rng.standard_normal(shape) * std).astype(F32)
-            for name, shape in block_shapes(h, prefix).items()}  # fmt: skip
+            for name, shape in shapes.items()}  # fmt: skip
 
 
 def inference_block(params: dict[str, np.ndarray], prefix: str = "") -> LlamaBlock:
