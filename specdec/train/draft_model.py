@@ -129,12 +129,15 @@ def divergence(logits: np.ndarray, p: np.ndarray, kind: str) -> tuple[float, np.
     """
     n = logits.shape[0]
     z = logits - logits.max(axis=-1, keepdims=True)  # [n, N]
-    log_q = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))  # [n, N]
-    q = np.exp(log_q)
+    e = np.exp(z)
+    total = e.sum(axis=-1, keepdims=True)  # [n, 1]
+    q = e / total  # [n, N]
     if kind == "fkl":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            plogp = np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0)  # 0 log 0 = 0
-        loss = (plogp - p * log_q).sum() / n
+        # NOTE: p has at most 8 non-zero entries per row (the stored top-8): sum over those only.
+        rows, cols = np.nonzero(p)
+        p_nz = p[rows, cols]
+        log_q_nz = z[rows, cols] - np.log(total[rows, 0])  # log q at p's support
+        loss = (p_nz * (np.log(p_nz) - log_q_nz)).sum() / n
         grad = (q * p.sum(axis=-1, keepdims=True) - p) / n  # [n, N]
     elif kind == "tvd":
         loss = 0.5 * (np.abs(p - q).sum() + (1 - p.sum(axis=-1)).sum()) / n
@@ -191,7 +194,7 @@ def loss_and_grads(params, wte, vocab: DraftVocab, batch, h: LlamaHParams, loss:
     gradient of every parameter. batch: a heads_train.HeadBatch (p rows in label_mask order)."""
     y, saved = forward(params, wte, batch.tokens, batch.lengths, h)
     logits = head_logits(y[batch.label_mask], vocab)  # [n, N]: position t predicts token t + 1
-    value, dlogits = divergence(logits, batch.p.astype(y.dtype), loss)
+    value, dlogits = divergence(logits, batch.p.astype(y.dtype, copy=False), loss)
     dy = np.zeros_like(y)
     dy[batch.label_mask] = dlogits @ vocab.w.astype(y.dtype)  # logits = y W.T  =>  dy = dlogits W
     return value, backward(dy, params, saved, h)
