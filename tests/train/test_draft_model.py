@@ -98,14 +98,15 @@ def test_the_training_forward_is_the_inference_model_in_float32(shards):
         np.testing.assert_allclose(dm.head_logits(y[b, :length], vocab), full[:, vocab.ids], rtol=1e-4, atol=1e-4)
 
 
-def test_a_distilled_draft_trains_loads_as_a_llama_and_keeps_greedy_output(shards, tmp_path, capsys, monkeypatch):
+def test_a_distilled_draft_trains_loads_as_a_llama_and_keeps_greedy_output(shards, tmp_path, monkeypatch):
     model, folder = shards
     from specdec.checkpoints import load
 
-    monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)
+    monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)  # the tiny chat model as "tiny"
     out = tmp_path / "draft"
-    args = ["draft", "--model", "tiny", "--data", str(folder), "--out", str(out), "--vocab-top", "100",
-            "--epochs", "20", "--batch-tokens", "256", "--held-out", "0.3", "--lr", "3e-3", "--quiet"]  # fmt: skip
+    flags = {"--model": "tiny", "--data": folder, "--out": out, "--vocab-top": 100, "--epochs": 20, "--lr": 3e-3,
+             "--batch-tokens": 256, "--held-out": 0.3, "--layers": 0, "--loss": "fkl"}  # fmt: skip
+    args = ["draft", *(str(part) for pair in flags.items() for part in pair), "--quiet"]
     assert main(args) == 0
     card = json.loads((out / draft.CONFIG_FILE).read_text())["card"]
     assert card["data"]["rows_held_out"] > 0 and card["loss"] == "fkl" and card["init_layers"] == [0]
@@ -131,21 +132,6 @@ def test_a_distilled_draft_trains_loads_as_a_llama_and_keeps_greedy_output(shard
     sd = speculative_sample(model, trained, prompt, 20, K=3, temperature=0.0)
     assert sd.tokens == ar.tokens and sd.drafted > 0
     assert main([*args[:-1], "--resume", "--quiet"]) == 0  # a finished run resumes to the same end
-
-
-def test_cli_refuses_draft_flags_elsewhere_and_bad_values_in_one_line(shards, tmp_path, capsys):
-    _, folder = shards
-    for bad, message in (
-        (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--n-ff", "8"], "only applies to draft"),
-        (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--loss", "tvd"], "only applies to draft"),
-        (["draft", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--layers", "0,a"], "separated by commas"),
-        (["draft", "--model", "x", "--out", str(tmp_path), "--tokens", "5"], "train on distillation shards"),
-    ):  # fmt: skip
-        with pytest.raises(SystemExit) as e:
-            main(bad)
-        assert e.value.code == 2
-        err = capsys.readouterr().err
-        assert message in err and "Traceback" not in err
 
 
 @pytest.mark.slow
