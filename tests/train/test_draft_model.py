@@ -25,8 +25,8 @@ from specdec import verify
 from specdec.autoregressive import autoregressive_sample
 from specdec.checkpoints import draft
 from specdec.model.llama import Llama, LlamaHParams, random_llama
-from specdec.model.tokenizer import chat_prompt
 from specdec.model.restricted import DraftVocab
+from specdec.model.tokenizer import chat_prompt
 from specdec.sampling import SamplingParams
 from specdec.speculative import speculative_sample
 from specdec.train import draft_model as dm
@@ -90,7 +90,7 @@ def test_the_training_forward_is_the_inference_model_in_float32(shards):
     batch = ht.make_batch(data, [0, 5], ht.row_states(model, data, [0, 5], [], False), vocab)
     y, _ = dm.forward(params, model.weights.wte, batch.tokens, batch.lengths, dm.draft_hparams(model, shape))
     assert y.dtype == np.float32
-    value, grads = dm.loss_and_grads(params, model.weights.wte, vocab, batch, dm.draft_hparams(model, shape), "fkl")
+    _, grads = dm.loss_and_grads(params, model.weights.wte, vocab, batch, dm.draft_hparams(model, shape), "fkl")
     assert {g.dtype for g in grads.values()} == {np.dtype(np.float32)}  # float32 end to end
     built = draft.build_draft(model, shape, params, vocab.ids)
     for b, length in enumerate(batch.lengths):
