@@ -480,7 +480,8 @@ def card_text(kind: str, target: CausalLM, config: dict, size: int) -> str:
     d, h = config.get("data", {}), config.get("held_out", {})
     after, before = h.get("trained", {}), h.get("untrained", {})
     lines = [
-        f"{kind} head for {target.name} (float16, {size / 2**20:.1f} MiB; computed in float32)",
+        f"{kind} head for {target.name}" + (f", {config['block']} block" if "block" in config else "")
+        + f" (float16, {size / 2**20:.1f} MiB; computed in float32)",
         "",
         f"data: {d.get('reply_tokens_train', '?'):,} reply tokens in {d.get('rows_train', '?'):,} replies that "
         f"{target.name} wrote itself to templated chat requests and Python docstrings "
