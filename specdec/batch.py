@@ -50,7 +50,7 @@ from .autoregressive import check_request, check_seed, end_of_reply
 from .costmodel import AdaptiveK, FixedK, make_k_policy
 from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter, make_drafter
 from .drafters.specs import parse_draft
-from .interfaces import KPolicy, Proposal
+from .interfaces import KPolicy, Proposal, features_asked
 from .model.base import CausalLM, LanguageModel
 from .model.cache import KVCache
 from .result import DecodeResult
@@ -233,12 +233,14 @@ class PerRowDrafts:
         self.make, self.target = make, target
         self.drafters: dict[int, object] = {}
         self.n_ctx = None
+        self.hidden_layers = None  # set by begin: what its drafters read of the target (interfaces.features_asked)
 
     def begin(self, rows: list[Sequence]) -> None:
         self.drafters = {row.index: self.make() for row in rows}
         for row in rows:
             self.drafters[row.index].begin(self.target, row.cache, row.prompt)
         self.n_ctx = self.drafters[rows[0].index].n_ctx
+        self.hidden_layers = getattr(self.drafters[rows[0].index], "hidden_layers", None)  # interfaces.features_asked
 
     def after_prefill(self, row: Sequence, hidden: np.ndarray) -> None:
         self.drafters[row.index].commit(row.prompt, hidden)
@@ -347,7 +349,7 @@ def speculative_sample_batch(
     prefill = [row for row in active if len(row.prompt) > 1]
     if prefill:
         _, hidden = target.forward_batch([row.prompt[:-1] for row in prefill], [row.cache for row in prefill],
-                                         last_only=True, return_hidden=True)  # fmt: skip
+                                         last_only=True, return_hidden=features_asked(drafts))  # fmt: skip
         for row, row_hidden in zip(prefill, hidden):
             row.result.target_calls += 1
             drafts.after_prefill(row, row_hidden)
@@ -363,7 +365,7 @@ def speculative_sample_batch(
         # Step 2, ONE target pass for the whole batch: row b over [ids_b[-1], its drafts], after its own cache.
         # NOTE: within each row, logits row i verifies that row's draft i; its last row is its bonus position.
         logits, hidden = target.forward_batch([[row.ids[-1], *p.tokens] for row, p in zip(active, proposals)],
-                                              [row.cache for row in active], return_hidden=True)  # fmt: skip
+                                              [row.cache for row in active], return_hidden=features_asked(drafts))  # fmt: skip
 
         record = BatchRound([row.index for row in active], [len(p) for p in proposals], [], draft_passes)
         for row, proposal, row_logits, row_hidden in zip(active, proposals, logits, hidden):

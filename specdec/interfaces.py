@@ -140,7 +140,9 @@ class Drafter(Protocol):
         """After every target pass: ids is the whole text now; features [m, n_embd]
         are the target's hidden states (after ln_f) at the m positions just written
         for good into its cache; the last row is the one whose logits gave ids[-1].
-        Roll back or store state here."""
+        Roll back or store state here. (A drafter with a `hidden_layers` list gets
+        those layers' states side by side instead, [m, len(hidden_layers) * n_embd]:
+        see `features_asked`.)"""
 
 
 @runtime_checkable
@@ -154,3 +156,9 @@ class KPolicy(Protocol):
 
     def update(self, k: int, n_accepted: int) -> None:
         """What happened in a round that drafted k > 0 tokens: n_accepted of them were accepted."""
+
+
+def features_asked(drafter) -> bool | list[int]:
+    """What the round asks the target's pass for, as model.forward's return_hidden: the final hidden
+    state (True), or the layers a drafter lists in its optional `hidden_layers` (EAGLE-3's heads)."""
+    return getattr(drafter, "hidden_layers", None) or True

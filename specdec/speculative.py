@@ -39,7 +39,7 @@ import numpy as np
 from .autoregressive import check_request, end_of_reply, make_rng
 from .costmodel import make_k_policy, make_tree_policy
 from .drafters import CrossVocabDrafter, make_drafter
-from .interfaces import Proposal
+from .interfaces import Proposal, features_asked
 from .model.base import CausalLM
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, check_finite_logits
@@ -98,7 +98,7 @@ def speculative_sample(
     cache = target.new_cache()
     drafter.begin(target, cache, prompt)
     if n_tokens and len(prompt) > 1:  # prefill: the prompt but its last token (logits not needed)
-        _, hidden = target.forward(prompt[:-1], cache, last_only=True, return_hidden=True)
+        _, hidden = target.forward(prompt[:-1], cache, last_only=True, return_hidden=features_asked(drafter))
         result.target_calls += 1
         drafter.commit(prompt, hidden)
 
@@ -116,7 +116,7 @@ def speculative_sample(
         # Step 2 ("run M_p in parallel"): one target pass over the unseen token and the drafts.
         # NOTE: logits row i verifies proposal.tokens[i]; the last row is the bonus position.
         tokens, parents = [ids[-1], *proposal.tokens], proposal.pass_parents()
-        logits, hidden = target.forward(tokens, cache, return_hidden=True, parents=parents)  # [k+1, n_vocab]
+        logits, hidden = target.forward(tokens, cache, return_hidden=features_asked(drafter), parents=parents)
         check_finite_logits(logits, target.name)  # NaN weights would otherwise pass as token 0
         result.target_calls += 1
         if on_round:

@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from .drafters import make_drafter
+from .interfaces import features_asked
 from .model.base import CausalLM
 from .model.cache import KVCache
 from .sampling import SamplingParams
@@ -167,7 +168,8 @@ def _pass_and_draft_calls(target: CausalLM, draft, context: list[int], m_max: in
     if drafter is not None:
         drafter.begin(target, cache, context)
     if len(context) > 1:
-        _, hidden = target.forward(context[:-1], cache, last_only=True, return_hidden=True)
+        asked = True if drafter is None else features_asked(drafter)
+        _, hidden = target.forward(context[:-1], cache, last_only=True, return_hidden=asked)
         if drafter is not None:
             drafter.commit(context, hidden)
     m_max = max(1, min(m_max, target.n_ctx - cache.length))

@@ -1,5 +1,6 @@
 """Shared test helpers: small models, the exact distribution of short continuations,
-the chi-square check, deliberately broken verification rules, and cache checks.
+the chi-square check, deliberately broken verification rules, cache checks, and the
+finite-difference gradient check.
 
 (Tiny checkpoints on disk and the loopback Hub live in conftest.py.)
 """
@@ -12,6 +13,7 @@ import numpy as np
 
 from specdec.model.gpt2 import GPT2, Block, HParams, Weights, random_weights
 from specdec.model.kernels import Linear
+from specdec.interfaces import Proposal
 from specdec.sampling import SamplingParams, draw, probabilities
 
 # A 6-token vocabulary: every 3-token continuation (216 of them) can be enumerated.
@@ -166,3 +168,56 @@ LEARNABLE = HParams(n_vocab=64, n_ctx=64, n_embd=64, n_head=4, n_layer=2)
 def learnable_model() -> GPT2:
     """A tiny GPT-2 whose large random weights make its next-token distributions sharp: heads can learn it."""
     return GPT2(LEARNABLE, random_weights(LEARNABLE, seed=0, scale=1.0), name="learnable")
+
+
+def numeric_grad(f, x: np.ndarray, idx) -> float:
+    """Central difference of the scalar f() in entry idx of x (x is changed in place and restored)."""
+    h = 1e-6
+    old = x[idx]
+    x[idx] = old + h
+    up = f()
+    x[idx] = old - h
+    down = f()
+    x[idx] = old
+    return (up - down) / (2 * h)
+
+
+def assert_grads_match(f, arrays: dict[str, np.ndarray], grads: dict[str, np.ndarray], n: int = 12, seed=0):
+    """Compare analytic grads[name] with finite differences of f at n random entries of each array."""
+    rng = np.random.default_rng(seed)
+    for name, x in arrays.items():
+        assert grads[name].shape == x.shape, name
+        for flat in rng.choice(x.size, size=min(n, x.size), replace=False):
+            idx = np.unravel_index(flat, x.shape)
+            num = numeric_grad(f, x, idx)
+            assert np.isclose(grads[name][idx], num, rtol=1e-5, atol=1e-8), (name, idx, grads[name][idx], num)
+
+
+# --- a drafter that misreports its q (the exactness tests' broken control) -------------------------
+
+
+class LyingQ:
+    """BROKEN: proposes what the inner drafter drew, but reports q sharpened (q^2, renormalised)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.n_vocab, self.n_ctx = inner.n_vocab, inner.n_ctx
+        self.hidden_layers = getattr(inner, "hidden_layers", None)  # what it reads of the target (EAGLE-3's layers)
+
+    calls = property(lambda self: self.inner.calls)
+
+    def begin(self, target, cache, prompt):
+        self.inner.begin(target, cache, prompt)
+
+    def commit(self, ids, features):
+        self.inner.commit(ids, features)
+
+    def propose(self, ids, k, params, rng, nodes=None):
+        p = self.inner.propose(ids, k, params, rng, nodes)
+        if not len(p):
+            return p
+        q = self.misreport(p.q)
+        return Proposal(p.tokens, p.parents, q / q.sum(axis=1, keepdims=True))
+
+    def misreport(self, q):
+        return q**2

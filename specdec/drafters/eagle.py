@@ -35,20 +35,28 @@ n_head heads of d_head, n = B*T rows.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from ..checkpoints.pairs import read_json, show
 from ..interfaces import Proposal
 from ..model.cache import KVCache
 from ..model.attention import softmax
 from ..model.gpt2 import _GELU_A, _GELU_C, Block, HParams, gelu, transformer_block
 from ..model.kernels import Linear
 from ..model.kernels import linear as gpt2_linear
+from ..model.llama import LlamaBlock, LlamaHParams, llama_block, rms_norm, rope_tables
+from ..model.packing import Row
 from ..sampling import draw
-from .heads import DraftVocab, draft_argmax, draft_distribution, head_cross_entropy, load_heads, smooth_l1
+from .heads import CONFIG_FILE, DraftVocab, HeadFileError, draft_argmax, draft_distribution, head_cross_entropy, load_heads, smooth_l1
 from .trees import dynamic_tree
 
 F32 = np.float32
 CE_WEIGHT = 0.1  # EAGLE's weight of the token loss next to the feature loss
+# The block a head file's config names: "gpt2" (this file's, the default of files without the field), or a
+# Llama block for Llama targets, EAGLE's ("llama") or EAGLE-3's ("eagle3"), trained in train/eagle_llama.py.
+BLOCKS = ("gpt2", "llama", "eagle3")
 
 LINEARS = {  # name: (n_in, n_out) in units of n_embd
     "fc": (2, 1),
@@ -68,6 +76,16 @@ def param_shapes(n_heads: int, n_embd: int) -> dict[str, tuple[int, ...]]:
         shapes[name + ".bias"] = (b * n_embd,)
     for ln in ("ln_1", "ln_2"):
         shapes[ln + ".weight"] = shapes[ln + ".bias"] = (n_embd,)
+    return shapes
+
+
+def llama_param_shapes(h: LlamaHParams, block: str) -> dict[str, tuple[int, ...]]:
+    """A Llama-block head's tensors (train/eagle_llama.py): fc [e, 2e] ([n_out, n_in]), one block of the
+    target's shapes as blk.<GGUF name>, and for EAGLE-3 fuse [e, 3e] (low, mid, high layers) and norm [e]."""
+    e = h.n_embd
+    shapes = {"fc": (e, 2 * e), **{"blk." + name: shape for name, shape in LlamaBlock.checkpoint_shapes(h).items()}}
+    if block == "eagle3":
+        shapes.update(fuse=(e, 3 * e), norm=(e,))
     return shapes
 
 
@@ -248,22 +266,98 @@ class EagleModel:
     def new_cache(self) -> KVCache:
         return KVCache(self.hparams)
 
-    def step(self, f: np.ndarray, emb: np.ndarray, cache: KVCache, seen: np.ndarray | None = None) -> np.ndarray:
+    def read(self, features: np.ndarray) -> np.ndarray:
+        """The target's features as the head reads them: as they are."""
+        return features
+
+    def out(self, y: np.ndarray) -> np.ndarray:
+        """What the LM head reads of an output: the output itself (it predicts a feature after ln_f)."""
+        return y
+
+    def step(self, f, emb, cache: KVCache, seen=None, positions=None) -> np.ndarray:
         """Append n pairs (f_j, emb of x_(j+1)) to the cache; return their predicted next features.
 
         f, emb: [n, n_embd] -> [n, n_embd]. seen: [n, n_past + n] bool, which
         positions each new pair may attend to (a tree's ancestors); None is a
-        chain after the whole cache.
+        chain after the whole cache. positions: unused (GPT-2's block has no
+        positions of its own; LlamaEagleModel's rotary block reads them).
         """
         n, n_past = len(f), cache.length
         u = gpt2_linear(np.concatenate([f, emb], axis=-1), self.fc)  # [n, 2e] -> [n, e]
         cache.reserve(n_past + n)
-        if seen is None and n > 1:
-            seen = np.concatenate([np.ones((n, n_past), dtype=bool), np.tri(n, dtype=bool)], axis=1)
-        bias = None if seen is None else np.where(seen, F32(0), F32(-np.inf))  # [n, n_past + n]
-        y = transformer_block(u, self.block, self.hparams, cache, 0, bias)
+        y = transformer_block(u, self.block, self.hparams, cache, 0, attention_bias(seen, n, n_past))
         cache.length = n_past + n
         return y
+
+
+def attention_bias(seen: np.ndarray | None, n: int, n_past: int) -> np.ndarray | None:
+    """[n, n_past + n] bool of what each new pair may see (None: a chain) -> 0 / -inf bias, None for one pair."""
+    if seen is None and n > 1:
+        seen = np.concatenate([np.ones((n, n_past), dtype=bool), np.tri(n, dtype=bool)], axis=1)
+    return None if seen is None else np.where(seen, F32(0), F32(-np.inf))
+
+
+class LlamaEagleModel:
+    """A trained Llama-block head (train/eagle_llama.py) ready to draft: fc, model.llama's own block, a KV cache.
+
+    block "llama" (EAGLE): reads the target's final feature, its output is a feature for the LM head.
+    block "eagle3": reads three of the target's layers fused by `fuse`, and its output passes its own
+    RMSNorm before the LM head; drafting feeds its outputs back, as it was trained to (training-time test).
+    """
+
+    def __init__(self, params: dict[str, np.ndarray], hparams: LlamaHParams, block: str, n_ctx: int):
+        self.hparams = LlamaHParams(**{**vars(hparams), "n_layer": 1, "n_ctx": n_ctx})
+        self.fc = Linear(np.ascontiguousarray(params["fc"], F32), None)  # [e, 2e]: Linear's [n_out, n_in]
+        self.block = LlamaBlock.fuse(**{name: np.ascontiguousarray(params["blk." + name], F32)
+                                        for name in LlamaBlock.CHECKPOINT_NAMES})  # fmt: skip
+        self.fuse = Linear(np.ascontiguousarray(params["fuse"], F32), None) if block == "eagle3" else None
+        self.norm = params.get("norm")
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.hparams)
+
+    def read(self, features: np.ndarray) -> np.ndarray:
+        """[n, e] final features (EAGLE), or [n, 3e] low, mid, high layers fused to [n, e] (EAGLE-3)."""
+        return features if self.fuse is None else gpt2_linear(features, self.fuse)
+
+    def out(self, y: np.ndarray) -> np.ndarray:
+        return y if self.norm is None else rms_norm(y, self.norm, self.hparams.rms_eps)
+
+    def step(self, f, emb, cache: KVCache, seen=None, positions=None) -> np.ndarray:
+        """As EagleModel.step; positions [n]: each pair's rotary position (None: the next cache slots, a chain)."""
+        n, n_past = len(f), cache.length
+        h = self.hparams
+        u = gpt2_linear(np.concatenate([f, emb], axis=-1), self.fc)  # [n, 2e] -> [n, e]
+        cache.reserve(n_past + n)
+        positions = n_past + np.arange(n) if positions is None else np.asarray(positions)
+        cos, sin = rope_tables(positions, h.d_head, h.rope_theta)  # [n, d_head] each
+        y = llama_block(u, self.block, h, [Row(0, n, cache, n_past, attention_bias(seen, n, n_past))], 0, cos, sin)
+        cache.length = n_past + n
+        return y
+
+
+def head_block(folder) -> str:
+    """The block an EAGLE head file names (its config's "block"; "gpt2" when absent), checked."""
+    path = Path(folder).expanduser() / CONFIG_FILE
+    try:
+        block = read_json(path).get("block", "gpt2") if path.is_file() else "gpt2"  # load_heads says what is missing
+    except ValueError:
+        return "gpt2"  # load_heads reports the malformed file
+    if block not in BLOCKS:
+        raise HeadFileError(f"{path}: 'block' is {show(block)}, expected one of {', '.join(map(repr, BLOCKS))}; "
+                            f"train heads with: python -m specdec.train eagle --model MODEL --out {folder}")  # fmt: skip
+    return block
+
+
+def head_shapes(folder, target):
+    """What heads.load_heads checks an EAGLE head file's tensors against, by the block the file names."""
+    block = head_block(folder)
+    if block == "gpt2":
+        return param_shapes
+    if not isinstance(target.hparams, LlamaHParams):
+        raise HeadFileError(f"{folder}: these EAGLE heads have a Llama block ({block!r}) and draft only for a Llama "
+                            f"target, not {target.name!r}")  # fmt: skip
+    return lambda n_heads, n_embd: llama_param_shapes(target.hparams, block)
 
 
 class EagleDrafter:
@@ -280,8 +374,11 @@ class EagleDrafter:
     tree (trees.dynamic_tree), each new layer fed in one block pass with a tree mask.
     """
 
-    def __init__(self, model: EagleModel, vocab: DraftVocab, wte: np.ndarray, width: int = 4):
+    def __init__(self, model, vocab: DraftVocab, wte: np.ndarray, width: int = 4, hidden_layers: list | None = None):
         self.model, self.vocab, self.wte, self.width = model, vocab, wte, width
+        # The target's states commit() is given (interfaces.features_asked): None, the final one (EAGLE);
+        # EAGLE-3's three layers, side by side, which its model fuses (LlamaEagleModel.read).
+        self.hidden_layers = hidden_layers
         self.n_vocab = vocab.n_vocab
         self.n_ctx = model.hparams.n_ctx
         self.calls = 0  # block passes
@@ -290,9 +387,19 @@ class EagleDrafter:
 
     @classmethod
     def load(cls, folder, target, **options) -> "EagleDrafter":
-        config, params, vocab = load_heads(folder, "eagle", target, param_shapes)
-        model = EagleModel(params, target.n_embd, config["n_head"], target.n_ctx, config["layer_norm_epsilon"])
-        return cls(model, vocab, target.weights.wte, **options)
+        config, params, vocab = load_heads(folder, "eagle", target, head_shapes(folder, target))
+        if config.get("block", "gpt2") == "gpt2":
+            model = EagleModel(params, target.n_embd, config["n_head"], target.n_ctx, config["layer_norm_epsilon"])
+            return cls(model, vocab, target.weights.wte, **options)
+        model = LlamaEagleModel(params, target.hparams, config["block"], target.n_ctx)
+        if config["block"] == "llama":
+            return cls(model, vocab, target.weights.wte, **options)
+        layers = config.get("layers")
+        if not (isinstance(layers, list) and len(layers) == 3
+                and all(type(x) is int and 0 <= x <= target.n_layer for x in layers)):  # fmt: skip
+            raise HeadFileError(f"{Path(folder) / CONFIG_FILE}: 'layers' must list the 3 target layers (0.."
+                                f"{target.n_layer}) an EAGLE-3 head reads, got {show(layers)}")  # fmt: skip
+        return cls(model, vocab, target.weights.wte, hidden_layers=layers, **options)
 
     def begin(self, target, cache, prompt) -> None:
         self.cache.rollback(0)
@@ -305,7 +412,8 @@ class EagleDrafter:
         if m == 0:
             return
         self.calls += 1
-        y = self.model.step(np.asarray(features, F32), self.wte[ids[start + 1 : start + 1 + m]], self.cache)
+        f = self.model.read(np.asarray(features, F32))  # [m, n_embd]
+        y = self.model.step(f, self.wte[ids[start + 1 : start + 1 + m]], self.cache)
         self.root = y[-1]
 
     def propose(self, ids, k, params, rng, nodes=None):
@@ -315,7 +423,7 @@ class EagleDrafter:
             return self._tree(k, nodes, params, rng)
         y, tokens, q_rows = self.root, [], []
         for i in range(k):
-            logits = self.vocab.logits(y[None])  # [1, N]
+            logits = self.vocab.logits(self.model.out(y[None]))  # [1, N]
             if params.greedy:
                 tokens.append(draft_argmax(logits[0], self.vocab))
             else:
@@ -328,7 +436,7 @@ class EagleDrafter:
 
     def _tree(self, k, nodes, params, rng):
         committed = self.cache.length
-        out, slot, rows = [], [], [self.vocab.full(self.vocab.logits(self.root[None]))[0]]
+        out, slot, rows = [], [], [self.vocab.full(self.vocab.logits(self.model.out(self.root[None])))[0]]
 
         def step(tokens, parents):  # feed the nodes added since the last call, as one layer
             new = range(len(out), len(tokens))
@@ -336,18 +444,20 @@ class EagleDrafter:
                 n = len(new)
                 seen = np.zeros((n, self.cache.length + n), dtype=bool)  # [n, n_past + n]
                 seen[:, :committed] = True  # the committed text
+                depth = np.zeros(n, np.int64)
                 for row, node in enumerate(new):
                     seen[row, self.cache.length + row] = True  # itself
                     a = parents[node]
                     while a >= 0:  # its ancestors, fed in earlier layers
                         seen[row, committed + slot[a]] = True
-                        a = parents[a]
+                        a, depth[row] = parents[a], depth[row] + 1
                 slot.extend(range(self.cache.length - committed, self.cache.length - committed + n))
                 f = np.stack([out[parents[i]] if parents[i] >= 0 else self.root for i in new])  # what drew each
                 self.calls += 1
-                y = self.model.step(f, self.wte[[tokens[i] for i in new]], self.cache, seen)  # [n, n_embd]
-                out.extend(y)
-                rows.extend(self.vocab.full(self.vocab.logits(y)))
+                # NOTE: a node's position is committed + its depth (as a chain's i-th draft's), not its slot
+                y = self.model.step(f, self.wte[[tokens[i] for i in new]], self.cache, seen, committed + depth)
+                out.extend(y)  # [n, n_embd]
+                rows.extend(self.vocab.full(self.vocab.logits(self.model.out(y))))
             return np.stack(rows)  # [len(tokens) + 1, n_vocab]
 
         tokens, parents, q = dynamic_tree(step, k, nodes, self.width, params, rng)

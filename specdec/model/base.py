@@ -13,7 +13,7 @@ together, the n_* properties, `new_cache`, `astype`, `forward` (`forward_batch`
 of one row, a long prompt in chunks), `forward_batch` and `__call__`. An
 architecture supplies only what differs:
 
-    embed_and_run(flat, positions, rows, n_layer)  token ids -> the residual stream after n_layer blocks
+    embed_and_run(flat, positions, rows, n_layer, states)  token ids -> the residual stream after n_layer blocks
     final_norm(x)                                  the norm before the LM head
     block_weights()                                weights one block reads (`step_weights` adds the rest)
     cast(convert)                                  a copy of the model with `convert` applied to every weight
@@ -101,8 +101,10 @@ class LanguageModel:
 
     # --- what each architecture supplies -----------------------------------
 
-    def embed_and_run(self, flat: np.ndarray, positions: np.ndarray, rows: list, n_layer: int) -> np.ndarray:
-        """[n_tok] token ids at [n_tok] positions -> [n_tok, n_embd] after the first n_layer blocks."""
+    def embed_and_run(self, flat: np.ndarray, positions: np.ndarray, rows: list, n_layer: int,
+                      states: dict | None = None) -> np.ndarray:  # fmt: skip
+        """[n_tok] token ids at [n_tok] positions -> [n_tok, n_embd] after the first n_layer blocks.
+        states: {layer: None, ...}, filled in with the residual stream after that many blocks (0: the embeddings)."""
         raise NotImplementedError
 
     def final_norm(self, x: np.ndarray) -> np.ndarray:
@@ -174,6 +176,10 @@ class LanguageModel:
         `return_hidden` returns (logits, hidden) instead, hidden [n_seq, n_embd] being
         the final hidden state after the final norm (what the LM head reads; what
         learned draft heads read), for every new token even when `last_only` trims the logits.
+        `return_hidden` may instead list layers (features.py's numbering: 0 the embeddings,
+        l the residual stream after l blocks, n_layer the final state after the norm):
+        hidden is then [n_seq, len(layers) * n_embd], those states side by side (EAGLE-3's
+        low, middle and high features).
 
         NOTE: this calls LanguageModel's own methods, never a subclass's override, so a
         subclass that post-processes logits (drafters/restricted.py) does it once.
@@ -207,10 +213,19 @@ class LanguageModel:
             raise ValueError(f"n_layer must be in 1..{self.n_layer}, got {n_layer}")
         flat, positions, rows = pack(self.hparams, tokens, caches, parents)  # [n_tok], [n_tok], one Row per row
         with pass_threads(len(flat)):  # OpenBLAS on one thread for a few tokens (kernels.pass_threads)
-            x = self.embed_and_run(flat, positions, rows, n_layer)  # [n_tok, n_embd]
+            layers = None if isinstance(return_hidden, bool) else [int(layer) for layer in return_hidden]
+            if layers is not None and not all(0 <= layer <= n_layer for layer in layers):
+                raise ValueError(f"hidden states are of layers 0..{n_layer}, not {layers}")
+            states = None if layers is None else {layer: None for layer in layers if layer < self.n_layer}
+            x = self.embed_and_run(flat, positions, rows, n_layer, states)  # [n_tok, n_embd]
             for row in rows:
                 row.cache.length = row.n_past + row.stop - row.start
-            return lm_head_rows(x, rows, last_only, return_hidden, self.final_norm, self.weights.lm_head)
+            out = lm_head_rows(x, rows, last_only, bool(return_hidden), self.final_norm, self.weights.lm_head)
+            if layers is None:
+                return out
+            final = np.concatenate(out[1])  # [n_tok, n_embd] after the final norm (layer n_layer)
+            wide = np.concatenate([final if layer == self.n_layer else states[layer] for layer in layers], axis=1)
+            return out[0], [wide[row.start : row.stop] for row in rows]
 
     def __call__(self, tokens) -> np.ndarray:
         """[n_seq] token ids -> [n_seq, n_vocab] float32 logits, no cache kept."""

@@ -140,6 +140,13 @@ class LlamaBlock:
         n_ff = self.ffn_gate_up.w_t.shape[0] // 2
         return 0, n_ff, 2 * n_ff
 
+    @staticmethod
+    def checkpoint_shapes(h: LlamaHParams) -> dict[str, tuple[int, ...]]:
+        """{GGUF name: shape} of one block's nine tensors, matrices as stored ([n_out, n_in])."""
+        e, dq, dkv = h.n_embd, h.n_head * h.d_head, h.n_kv_head * h.d_head
+        return {"attn_norm": (e,), "attn_q": (dq, e), "attn_k": (dkv, e), "attn_v": (dkv, e), "attn_output": (e, dq),
+                "ffn_norm": (e,), "ffn_gate": (h.n_ff, e), "ffn_up": (h.n_ff, e), "ffn_down": (e, h.n_ff)}  # fmt: skip
+
     def checkpoint_tensors(self) -> dict:
         """{GGUF name: the norm's array or the matrix's Linear}, the checkpoint's nine (views, no copies)."""
         return {name: getattr(self, name) for name in self.CHECKPOINT_NAMES}
@@ -258,14 +265,17 @@ class Llama(LanguageModel):
         return (f"Llama({self.name!r}, n_layer={h.n_layer}, n_embd={h.n_embd}, n_head={h.n_head}, "
                 f"n_kv_head={h.n_kv_head}, n_vocab={h.n_vocab}, n_ctx={h.n_ctx})")  # fmt: skip
 
-    def embed_and_run(self, flat: np.ndarray, positions: np.ndarray, rows: list[Row], n_layer: int) -> np.ndarray:
-        """Token ids and positions -> [n_tok, n_embd] after the first n_layer blocks."""
+    def embed_and_run(self, flat: np.ndarray, positions: np.ndarray, rows: list[Row], n_layer: int,
+                      states: dict | None = None) -> np.ndarray:  # fmt: skip
+        """Token ids and positions -> [n_tok, n_embd] after the first n_layer blocks (states: base.embed_and_run)."""
         w, h = self.weights, self.hparams
         dtype = w.wte.dtype
         rows = [row if row.bias is None else replace(row, bias=row.bias.astype(dtype)) for row in rows]
         cos, sin = rope_tables(positions, h.d_head, h.rope_theta, dtype)  # [n_tok, d_head] each
         x = w.wte[flat]  # [n_tok, n_embd]: no position embedding
         for layer in range(n_layer):
+            if states is not None and layer in states:
+                states[layer] = x
             x = llama_block(x, w.blocks[layer], h, rows, layer, cos, sin)
         return x
 

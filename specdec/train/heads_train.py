@@ -49,6 +49,7 @@ from ..drafters import eagle
 from ..drafters.heads import DraftVocab, head_cross_entropy, model_fingerprint, save_heads, smooth_l1, top_tokens
 from ..model.base import CausalLM
 from .distill import DistillData, load_distill_data
+from .eagle_llama import LlamaEagleKind
 from .features import hidden_states
 from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, save_checkpoint
 from .optim import AdamW, cosine_lr
@@ -246,6 +247,19 @@ class EagleKind:
 
 
 KINDS: dict[str, HeadKind] = {"eagle": EagleKind()}
+# EAGLE's --block: the GPT-2 block above, or a Llama block (train/eagle_llama.py): EAGLE's, or EAGLE-3's.
+EAGLE_BLOCKS: dict[str, HeadKind] = {"gpt2": KINDS["eagle"], "llama": LlamaEagleKind("llama"),
+                                     "eagle3": LlamaEagleKind("eagle3")}  # fmt: skip
+
+
+def head_kind(kind_name: str, options: dict) -> HeadKind:
+    """The kind `python -m specdec.train KIND [--block BLOCK]` trains."""
+    if kind_name not in KINDS:
+        raise ValueError(f"--data trains {', '.join(sorted(KINDS))} heads, not {kind_name!r}")
+    block = options.get("block", "gpt2")
+    if kind_name != "eagle" or block not in EAGLE_BLOCKS:
+        raise ValueError(f"--block {block} is not a block an {kind_name} head has: use one of {', '.join(EAGLE_BLOCKS)}")
+    return EAGLE_BLOCKS[block]
 
 
 # ---------------------------------------------------------------------------
@@ -306,15 +320,15 @@ def train_from_data(
     log=print,
 ) -> dict:
     """Train a head of kind `kind_name` on the distillation data in data_dir; write it into out. Returns its config."""
-    if kind_name not in KINDS:
-        raise ValueError(f"--data trains {', '.join(sorted(KINDS))} heads, not {kind_name!r}")
+    kind = head_kind(kind_name, options or {})
     if not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
         raise ValueError(f"--epochs must be a number > 0, got {epochs!r}")
     if not 0 < held_out < 1:
         raise ValueError(f"--held-out must be a fraction between 0 and 1, got {held_out!r}")
     if batch_tokens < 64:
         raise ValueError(f"--batch-tokens must be at least 64, got {batch_tokens}")
-    kind = KINDS[kind_name]
+    config = kind.config(target, options or {})  # (refuses a head this target cannot have, before reading data)
+    shapes = kind.param_shapes(target, config)
     data = load_distill_data(data_dir, target, complete=False)
     if not data.replies:
         raise ValueError(f"{data_dir}: no whole shards yet; let `python -m specdec.train data` write some first")
@@ -328,8 +342,6 @@ def train_from_data(
     reply_ids = np.concatenate([data.replies[r] for r in train_rows])
     ids = None if vocab_top is None or vocab_top >= target.n_vocab else top_tokens(reply_ids, vocab_top, target.n_vocab)
     vocab = DraftVocab.of(target, ids)
-    config = kind.config(target, options or {})
-    shapes = kind.param_shapes(target, config)
 
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
@@ -437,7 +449,7 @@ def ship_head(src: str | Path, dst: str | Path, target: CausalLM, kind: str = "e
     """
     from ..drafters.heads import load_heads
 
-    config, params, vocab = load_heads(src, kind, target, eagle.param_shapes)
+    config, params, vocab = load_heads(src, kind, target, eagle.head_shapes(src, target))
     for key in ("kind", "model", "model_fingerprint", "n_embd", "n_vocab", "n_head", "layer_norm_epsilon",
                 "draft_vocab", "weights_file", "weights_sha256"):  # fmt: skip
         config.pop(key, None)  # save_heads writes these afresh
@@ -468,7 +480,8 @@ def card_text(kind: str, target: CausalLM, config: dict, size: int) -> str:
     d, h = config.get("data", {}), config.get("held_out", {})
     after, before = h.get("trained", {}), h.get("untrained", {})
     lines = [
-        f"{kind} head for {target.name} (float16, {size / 2**20:.1f} MiB; computed in float32)",
+        f"{kind} head for {target.name}" + (f", {config['block']} block" if "block" in config else "")
+        + f" (float16, {size / 2**20:.1f} MiB; computed in float32)",
         "",
         f"data: {d.get('reply_tokens_train', '?'):,} reply tokens in {d.get('rows_train', '?'):,} replies that "
         f"{target.name} wrote itself to templated chat requests and Python docstrings "

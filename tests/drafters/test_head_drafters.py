@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import SMALL, chi_square_passes, exact_continuations, learnable_model, sample_many
+from helpers import SMALL, LyingQ, chi_square_passes, exact_continuations, learnable_model, sample_many
 
 from specdec import autoregressive_sample, speculative_sample
 from specdec.drafters import medusa
@@ -112,29 +112,6 @@ def test_block_verification_with_head_drafters_keeps_the_target_distribution(sma
         ok, stat, df = chi_square_passes(sample_many(run, n_samples=6000, seed=1), exact_t1)
         assert not ok, f"{broken.__name__} passed with {kind} heads (chi2={stat:.1f}, df={df})"
         monkeypatch.undo()
-
-class LyingQ:
-    """BROKEN: proposes what the inner drafter drew, but reports q sharpened (q^2, renormalised)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.n_vocab, self.n_ctx = inner.n_vocab, inner.n_ctx
-
-    calls = property(lambda self: self.inner.calls)
-
-    def begin(self, target, cache, prompt):
-        self.inner.begin(target, cache, prompt)
-
-    def commit(self, ids, features):
-        self.inner.commit(ids, features)
-
-    def propose(self, ids, k, params, rng, nodes=None):
-        p = self.inner.propose(ids, k, params, rng, nodes)
-        if not len(p):
-            return p
-        q = p.q**2
-        return Proposal(p.tokens, p.parents, q / q.sum(axis=1, keepdims=True))
-
 
 @pytest.mark.parametrize("kind", ["medusa", pytest.param("eagle", marks=pytest.mark.slow)])
 def test_the_exactness_check_catches_a_drafter_that_misreports_q(small_target, exact_t1, kind):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import tiny_model
+from helpers import assert_grads_match
 
 from specdec.drafters import eagle, medusa
 from specdec.drafters.heads import (
@@ -26,29 +27,6 @@ from specdec.model.gpt2 import GPT2, HParams, random_weights
 from specdec.train.optim import AdamW
 
 E, H, V = 8, 2, 13  # width, heads, vocabulary of the gradient-check problems
-
-
-def numeric_grad(f, x: np.ndarray, idx) -> float:
-    """Central difference of the scalar f() in entry idx of x (x is changed in place and restored)."""
-    h = 1e-6
-    old = x[idx]
-    x[idx] = old + h
-    up = f()
-    x[idx] = old - h
-    down = f()
-    x[idx] = old
-    return (up - down) / (2 * h)
-
-
-def assert_grads_match(f, arrays: dict[str, np.ndarray], grads: dict[str, np.ndarray], n: int = 12, seed=0):
-    """Compare analytic grads[name] with finite differences of f at n random entries of each array."""
-    rng = np.random.default_rng(seed)
-    for name, x in arrays.items():
-        assert grads[name].shape == x.shape, name
-        for flat in rng.choice(x.size, size=min(n, x.size), replace=False):
-            idx = np.unravel_index(flat, x.shape)
-            num = numeric_grad(f, x, idx)
-            assert np.isclose(grads[name][idx], num, rtol=1e-5, atol=1e-8), (name, idx, grads[name][idx], num)
 
 
 def test_the_gradient_check_catches_a_wrong_gradient():
