@@ -22,9 +22,14 @@ which filter the row used (none: the full vocabulary, i.i.d. columns only).
 
 A second table runs whole tree rounds with the family's draft model (--tree nodes, depth --depth):
 SpecInfer with siblings drawn without replacement (the default drafter), SpecInfer and SpecTr
-with i.i.d. siblings, traversal verification both ways, each on the same prompts and seeds: tau, tokens per verification pass
-(± one standard error over rounds), and the time the rule itself takes per round (verify.verify
-on the round's logits, timed again in the on_round callback). A script that prints numbers, not a test.
+with i.i.d. siblings, traversal verification both ways, each on the same prompts and seeds: tau,
+tokens per verification pass, realised (± one standard error over rounds) and expected from the
+rows (verify.expected_accepted on each drafted tree, + 1: no coin flipped, so far less noisy), and
+the time the rule itself takes per round (verify.verify on the round's logits, timed again in the
+on_round callback). A third table judges the same drafted trees by every rule offered for them
+(SpecTr only with i.i.d. siblings), from the rows: E[tau], P(accept the first position) and, for
+that first position, the bound (verify.first_position_bound: with i.i.d. siblings always, without
+replacement only when the rows keep at most 16 tokens). A script that prints numbers, not a test.
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ from ..sampling import SamplingParams, probabilities
 from ..speculative import speculative_sample
 from ..verify import (
     WOR_SUPPORT_MAX,
+    accepted_law,
     draw_without_replacement,
+    first_position_bound,
     optimal_acceptance,
     specinfer_acceptance,
     specinfer_iid_acceptance,
@@ -107,28 +114,51 @@ TREE_RULES = {  # label -> (how the drafter draws siblings, verification)
     "traversal, without replacement": ("without replacement", "traversal"),
     "traversal, iid": ("iid", "traversal"),
 }
+RULES_FOR = {"iid": ("token", "spectr", "traversal"), "without replacement": ("token", "traversal")}  # exact there
 
 
-def tree_rounds(target, draft_model, prompts, n_tokens: int, T: float, nodes: int, depth: int, seed: int) -> dict:
-    """{rule: (tau per drafted round, seconds the rule took per round)} over whole tree rounds, same prompts and seeds."""
-    out = {}
+def tree_rounds(target, draft_model, prompts, n_tokens: int, T: float, nodes: int, depth: int, seed: int):
+    """Whole tree rounds of every rule on the same prompts and seeds: (per rule, per sibling mode).
+
+    per rule {label: {"tau": realised tokens per drafted round, "expected": E[tau] of the rule on its own
+    drafted trees (verify.expected_accepted + 1), "seconds": the rule's time per round}};
+    per sibling mode {siblings: {verification: E[tau] on each tree drafted that way, in every run,
+    "first " + verification: P(accept the first position), "bound": first_position_bound}}: every
+    rule offered for those siblings judged on the same drafted trees, from the rows.
+    """
+    params = SamplingParams(T)
+    per_rule = {}
+    same = {s: {} for s in RULES_FOR}
     for label, (siblings, verification) in TREE_RULES.items():
-        taus, seconds = [], []
-        params, timing_rng = SamplingParams(T), np.random.default_rng(seed)
+        taus, expected, seconds = [], [], []
+        timing_rng = np.random.default_rng(seed)
+        on_same = same[siblings]
 
         def on_round(proposal, logits):
-            if len(proposal):
-                t0 = time.perf_counter()
-                verify(proposal, logits, params, timing_rng, "exact", verification)
-                seconds.append(time.perf_counter() - t0)
+            if not len(proposal):
+                return
+            t0 = time.perf_counter()
+            verify(proposal, logits, params, timing_rng, "exact", verification)
+            seconds.append(time.perf_counter() - t0)
+            p = probabilities(logits, params)  # [n + 1, n_vocab], filtered as the round filters it
+            tree = (proposal.tokens, proposal.parents, proposal.q, p)
+            for rule in RULES_FOR[siblings]:
+                law = accepted_law(*tree, rule)
+                e = 1 + float(law @ np.arange(len(law)))
+                on_same.setdefault(rule, []).append(e)
+                on_same.setdefault("first " + rule, []).append(1 - float(law[0]))
+                if rule == verification:
+                    expected.append(e)
+            if siblings == "iid" or np.count_nonzero(p[0]) <= WOR_SUPPORT_MAX:
+                on_same.setdefault("bound", []).append(first_position_bound(*tree))
 
         for i, ids in enumerate(prompts):
             drafter = ModelDrafter(draft_model, siblings=siblings)
             result = speculative_sample(target, drafter, ids, n_tokens, K=depth, tree=nodes, temperature=T,
                                         seed=seed + i, verification=verification, on_round=on_round)  # fmt: skip
             taus += [n + 1 for k, n in zip(result.k_per_round, result.accepted_per_round) if k > 0]
-        out[label] = (taus, seconds)
-    return out
+        per_rule[label] = {"tau": taus, "expected": expected, "seconds": seconds}
+    return per_rule, same
 
 
 def main(argv=None) -> list[dict]:
@@ -188,12 +218,24 @@ def main(argv=None) -> list[dict]:
         prompts = [target.tokenizer.encode(p["text"]) for p in family.prompts()[: args.prompts]]
         print(f"\nWhole rounds: {family.TARGET} with {family.DRAFT}, trees of {args.tree} nodes, depth {args.depth}, "
               f"{args.prompts} prompts x {args.positions} tokens, seeds {args.seed}..{args.seed + args.prompts - 1}")  # fmt: skip
-        print("| T | rule | rounds | tau | rule time per round (ms) |")
-        print("|---|---|---|---|---|")
+        print("| T | rule | rounds | tau realised | E[tau] from the rows | rule time per round (ms) |")
+        print("|---|---|---|---|---|---|")
+        same_rows = []
         for T in temperatures:
-            for label, (taus, seconds) in tree_rounds(target, draft_model, prompts, args.positions, T, args.tree,
-                                                      args.depth, args.seed).items():  # fmt: skip
-                print(f"| {T} | {label} | {len(taus)} | {mean(taus):.2f} ± {stderr(taus):.2f} "
-                      f"| {1e3 * mean(seconds):.2f} |", flush=True)  # fmt: skip
+            per_rule, same = tree_rounds(target, draft_model, prompts, args.positions, T, args.tree, args.depth, args.seed)
+            for label, r in per_rule.items():
+                print(f"| {T} | {label} | {len(r['tau'])} | {mean(r['tau']):.2f} ± {stderr(r['tau']):.2f} "
+                      f"| {mean(r['expected']):.3f} | {1e3 * mean(r['seconds']):.2f} |", flush=True)  # fmt: skip
+            same_rows += [(T, siblings, values) for siblings, values in same.items()]
+        print("\nThe same drafted trees judged by every rule offered for them (E[tau] and P(accept the first position) "
+              "from the rows; bound: first_position_bound, '-' where the rows are too wide for it)")  # fmt: skip
+        print("| T | siblings | trees | E[tau] SpecInfer | E[tau] SpecTr | E[tau] traversal "
+              "| first: SpecInfer | first: SpecTr | first: traversal | first: bound |")  # fmt: skip
+        print("|" + "---|" * 10)
+        for T, siblings, v in same_rows:
+            cells = [v.get(c) for c in ("token", "spectr", "traversal", "first token", "first spectr",
+                                        "first traversal", "bound")]  # fmt: skip
+            print(f"| {T} | {siblings} | {len(v['token'])} | "
+                  + " | ".join("-" if c is None else f"{mean(c):.3f}" for c in cells) + " |", flush=True)  # fmt: skip
     print(f"\nload average {load():.2f} at the end; {time.perf_counter() - t0:.0f} s", file=sys.stdout)
     return rows

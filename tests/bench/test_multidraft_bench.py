@@ -32,7 +32,16 @@ def test_every_rule_sits_between_one_draft_and_the_bound():
 
 def test_whole_tree_rounds_for_each_rule():
     target, draft = model(10), model(20)
-    rounds = tree_rounds(target, draft, [[1, 2, 3], [4, 5]], 6, 1.0, nodes=4, depth=2, seed=0)
-    assert set(rounds) == set(TREE_RULES)
-    for taus, seconds in rounds.values():
+    per_rule, same = tree_rounds(target, draft, [[1, 2, 3], [4, 5]], 6, 1.0, nodes=4, depth=2, seed=0)
+    assert set(per_rule) == set(TREE_RULES)
+    for r in per_rule.values():
+        taus, expected, seconds = r["tau"], r["expected"], r["seconds"]
         assert taus and all(1 <= t <= 3 for t in taus) and len(seconds) == len(taus) and min(seconds) > 0
+        assert len(expected) == len(taus) and all(1 <= e <= 3 for e in expected)
+    assert set(same["iid"]) == {"token", "spectr", "traversal", "first token", "first spectr", "first traversal",
+                                "bound"}  # fmt: skip
+    assert "spectr" not in same["without replacement"]
+    for values in same.values():  # the same trees for every rule; none passes the bound on average by much
+        assert len({len(v) for v in values.values()}) == 1
+        for rule in ("token", "traversal"):
+            assert np.mean(values["first " + rule]) <= np.mean(values["bound"]) + 0.1
