@@ -1,7 +1,9 @@
 """bench --only multidraft: the bound and each rule's acceptance per position, on tiny models (the plumbing)."""
 
 import numpy as np
+import pytest
 
+from specdec.bench import multidraft
 from specdec.bench.multidraft import TREE_RULES, measure, positions, tree_rounds
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 
@@ -28,6 +30,15 @@ def test_every_rule_sits_between_one_draft_and_the_bound():
             if top_k:
                 assert r["bound_wor"] >= r["bound_iid"] - 1e-9 and r["specinfer_wor"] <= r["bound_wor"] + 0.05
         assert result[4]["bound_iid"] >= result[2]["bound_iid"]
+
+
+@pytest.mark.parametrize("broken", ["spectr_acceptance", "specinfer_iid_acceptance"])
+def test_a_rule_above_the_bound_stops_the_run(broken, monkeypatch):
+    p, q = positions(model(10), "model", model(20), [[1, 2, 3]], 4, 1.0, seed=0)
+    measure(p, q, 1.0, None, [2], draws=1, seed=0)  # the real rules pass the never-worse checks
+    monkeypatch.setattr(multidraft, broken, lambda p, q, k: multidraft.optimal_acceptance(p, q, k) + 0.01)
+    with pytest.raises(AssertionError, match="passed the i.i.d. bound"):
+        measure(p, q, 1.0, None, [2], draws=1, seed=0)
 
 
 def test_whole_tree_rounds_for_each_rule():
