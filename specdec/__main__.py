@@ -368,6 +368,8 @@ def run(args) -> int:
     say(f"prompt: {shorten(args.prompt)!r} ({plural(len(prompt_ids), 'token')}"
         + (f", {template} of them the chat template)" if args.chat else ")"))
     tree = f", tree={args.tree}" if args.tree else ""
+    tree += f", {args.verification} verification" if args.verification != "token" else ""
+    tree += f", siblings {args.siblings}" if args.siblings else ""
     say(f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}")
 
     status = Status()
