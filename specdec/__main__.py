@@ -97,7 +97,9 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
              "local folder or a Llama GGUF file (default: %(default)s)")
     add("--draft_model_size", "--draft", dest="draft", default="124M", metavar="DRAFT",
         help="the drafter: a model as above, 'ngram[:N]' (prompt lookup, no model), 'early_exit:L' (the target's "
-             "first L layers), or 'medusa:DIR' / 'eagle:DIR' (trained heads) (default: %(default)s)")
+             "first L layers), 'eagle' (the EAGLE head shipped for "
+             f"{', '.join(sorted({t for t, k in names.SHIPPED_HEADS if k == 'eagle'}))}), or 'medusa:DIR' / "
+             "'eagle:DIR' (trained heads) (default: %(default)s)")
     add("--ngram_max", type=int, default=3, help="longest suffix 'ngram' matches (default: %(default)s)")
     add("--K", default="4", help="draft tokens per round: an integer 1..32, 'auto' (chosen from measured costs and "
         "the running acceptance rate) or 'adaptive' (grow on full acceptance, shrink on rejection) "
@@ -299,6 +301,9 @@ def cache(argv: list[str], prog: str) -> int:
         print("  " + entry.line())
     if found:
         print(f"remove one: {prog} --remove NAME; every kept layout: {prog} --remove-layouts")
+    print("shipped inside specdec (nothing to fetch or remove):")
+    for line in store.shipped():
+        print("  " + line)
     return 0
 
 

@@ -18,6 +18,7 @@ per layer, 4 bytes each. A Llama (SmolLM2) keeps no such file.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..model.gpt2 import block_linear_weights
 from . import family, layout, wheel
@@ -70,6 +71,21 @@ CARDS: dict[str, ModelCard] = {
     **{name: _smollm2(name.split("-")[1], repo, not name.endswith("-base")) for name, repo in LLAMA_REPOS.items()},
 }
 _BY_REPO = {repo: name for name, repo in {**MODEL_REPOS, **LLAMA_REPOS}.items()}
+
+
+# Draft heads shipped inside specdec for a named target, in checkpoints/weights/<folder>/ (heads.json and its
+# safetensors, float16): `--draft eagle` (API: draft="eagle") drafts with the target's shipped EAGLE head.
+SHIPPED_HEADS: dict[tuple[str, str], str] = {("smollm2-135m", "eagle"): "eagle-smollm2-135m"}
+
+
+def shipped_heads(target: str, kind: str) -> Path:
+    """The folder of the `kind` head shipped for the target named `target`; ValueError (one line) if none is."""
+    folder = SHIPPED_HEADS.get((canonical(target), kind))
+    if folder is None:
+        have = ", ".join(f"{t}" for t, k in SHIPPED_HEADS if k == kind) or "none"
+        raise ValueError(f"no {kind} head is shipped for {target} (shipped for: {have}); train one with "
+                         f"`python -m specdec.train {kind} ...` and pass '{kind}:DIR'")  # fmt: skip
+    return family.WEIGHTS_DIR / folder
 
 
 def canonical(name: str) -> str:

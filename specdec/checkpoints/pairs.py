@@ -31,12 +31,14 @@ from .safetensors import write_safetensors
 MAX_JSON_BYTES = 1 << 20  # specdec's JSON files are a few kB
 
 
-def write_pair(folder: Path, json_name: str, stem: str, tensors: dict[str, np.ndarray], meta: dict) -> Path:
+def write_pair(folder: Path, json_name: str, stem: str, tensors: dict[str, np.ndarray], meta: dict,
+               dtype: str | dict = "F32") -> Path:  # fmt: skip
     """Write tensors and then json_name (meta plus "weights_file" and "weights_sha256") as above; returns the
-    tensors' path. Interrupted at any point, it leaves the old pair (and no temporary file)."""
+    tensors' path. Interrupted at any point, it leaves the old pair (and no temporary file).
+    dtype: the tensors' stored type (safetensors.write_safetensors); they are read back as float32."""
     tmp = temporary(folder, stem)
     try:
-        write_safetensors(tmp, tensors)
+        write_safetensors(tmp, tensors, dtype)
         fsync(tmp)
         sha256 = sha256_of(tmp)
         weights = folder / f"{stem}-{sha256[:16]}.safetensors"

@@ -216,28 +216,32 @@ def _encode(array: np.ndarray, dtype_name: str) -> np.ndarray:
     return array.astype(_DTYPES[dtype_name], copy=False)
 
 
-def write_safetensors(path: str | os.PathLike, tensors, dtype: str = "F32", metadata: dict | None = None) -> int:
+def write_safetensors(path: str | os.PathLike, tensors, dtype: str | dict = "F32", metadata: dict | None = None) -> int:
     """Write tensors as safetensors; returns the file size.
 
     tensors: a dict, or a function returning (name, array) pairs (called twice,
     once for the header and once for the data, so only one tensor is in memory
-    at a time). dtype: "F32", "F16" or "BF16" for every tensor. metadata: more
-    string pairs for the header's "__metadata__".
+    at a time). dtype: "F32", "F16" or "BF16" for every tensor, or {name: dtype}
+    (F32 for a name it leaves out). metadata: more string pairs for the header's
+    "__metadata__".
     """
     pairs = tensors.items if isinstance(tensors, dict) else tensors
-    itemsize = _DTYPES[dtype].itemsize
+
+    def dtype_of(name: str) -> str:
+        return dtype.get(name, "F32") if isinstance(dtype, dict) else dtype
+
     header, offset = {"__metadata__": {"format": "pt", **(metadata or {})}}, 0
     for name, array in pairs():
-        n_bytes = math.prod(array.shape) * itemsize
-        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + n_bytes]}
+        n_bytes = math.prod(array.shape) * _DTYPES[dtype_of(name)].itemsize
+        header[name] = {"dtype": dtype_of(name), "shape": list(array.shape), "data_offsets": [offset, offset + n_bytes]}
         offset += n_bytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
     with open(path, "wb") as f:
         f.write(len(blob).to_bytes(8, "little"))
         f.write(blob)
-        for _, array in pairs():
-            f.write(_encode(array, dtype).data)
+        for name, array in pairs():
+            f.write(_encode(array, dtype_of(name)).data)
     return Path(path).stat().st_size
 
 

@@ -206,3 +206,18 @@ def remove_layouts(home: Path, models_dir: Path | None = None) -> tuple[list[Ent
         if not (folder / layout.FILE_NAME).is_file():
             layout.record_of(folder, models_dir).unlink(missing_ok=True)
     return removed, skipped
+
+
+def shipped() -> list[str]:
+    """One line per model or head shipped inside specdec (checkpoints/weights/), with its size on disk."""
+    from . import family
+    from .names import SHIPPED_HEADS
+
+    lines = []
+    for name in (family.DRAFT, family.TARGET):
+        lines.append(f"{name:<24} {_human(size_of(family.WEIGHTS_DIR / name) or 0):>9}  model (the stdlib family)")
+    for (target, kind), folder in sorted(SHIPPED_HEADS.items()):
+        path = family.WEIGHTS_DIR / folder
+        where = f"{_human(size_of(path) or 0):>9}" if path.is_dir() else "  (absent)"
+        lines.append(f"{kind + ' for ' + target:<24} {where}  head: --target_model_size {target} --draft {kind}")
+    return lines

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checkpoints.names import shipped_heads
 from ..interfaces import Drafter, Proposal
 from ..model.base import CausalLM, LanguageModel
 from ..model.cache import KVCache
@@ -290,6 +291,8 @@ def _as_drafter(draft, target: CausalLM, siblings: str) -> Drafter:
             return NgramDrafter(target.n_vocab, n_max=spec.arg)
         if spec.kind == "early_exit":
             return EarlyExitDrafter(target, spec.arg, siblings=siblings)
+        if spec.kind == "eagle" and spec.arg == "":  # the head shipped inside specdec for this target
+            return EagleDrafter.load(shipped_heads(target.name, "eagle"), target)
         if spec.kind in ("medusa", "eagle"):  # heads trained by `python -m specdec.train`, in folder spec.arg
             return (MedusaDrafter if spec.kind == "medusa" else EagleDrafter).load(spec.arg, target)
         raise ValueError(

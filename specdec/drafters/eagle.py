@@ -90,14 +90,20 @@ def init_params(n_embd: int, rng: np.random.Generator, std: float = 0.02) -> dic
 
 
 def linear(x, params, name):
-    return x @ params[name + ".weight"] + params[name + ".bias"]  # [..., n_in] -> [..., n_out]
+    """[..., n_in] -> [..., n_out].
+    NOTE: one product over all rows ([B*T, n_in] @ [n_in, n_out]): a [B, T, n_in] operand would be
+    multiplied batch by batch, 2.5x slower measured at [13, 295, 576] @ [576, 1728]."""
+    w = params[name + ".weight"]
+    return (x.reshape(-1, x.shape[-1]) @ w + params[name + ".bias"]).reshape(*x.shape[:-1], w.shape[1])
 
 
 def linear_backward(dy, x, params, name, grads):
     """y = x W + b:  dW = x.T dy (over all rows), db = sum_rows dy, dx = dy W.T."""
-    grads[name + ".weight"] += x.reshape(-1, x.shape[-1]).T @ dy.reshape(-1, dy.shape[-1])
-    grads[name + ".bias"] += dy.reshape(-1, dy.shape[-1]).sum(axis=0)
-    return dy @ params[name + ".weight"].T
+    w = params[name + ".weight"]
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    grads[name + ".weight"] += x.reshape(-1, x.shape[-1]).T @ dy2
+    grads[name + ".bias"] += dy2.sum(axis=0)
+    return (dy2 @ w.T).reshape(*dy.shape[:-1], w.shape[0])
 
 
 def layer_norm(x, params, name, eps):

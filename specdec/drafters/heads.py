@@ -222,15 +222,21 @@ def model_fingerprint(target: CausalLM) -> str:
     return f"{FINGERPRINT}-{digest.hexdigest()[:16]}"
 
 
-def save_heads(folder, kind: str, target: CausalLM, params: dict[str, np.ndarray], config: dict, vocab: DraftVocab) -> Path:
+def save_heads(folder, kind: str, target: CausalLM, params: dict[str, np.ndarray], config: dict, vocab: DraftVocab,
+               half: bool = False) -> Path:  # fmt: skip
     """Write trained heads: heads.json, naming the model they belong to, and the tensors it names,
     heads-<sha256 prefix>.safetensors. Returns the tensors' path. Refuses (ValueError) heads holding
     NaN or inf. The two files are replaced as one (checkpoints/pairs.py): a process killed while
     saving leaves the old pair or the new, never a mix. One writer per folder (python -m
     specdec.train holds a lock on its --out).
+    half: store the weights as float16 (half the bytes; they are computed in float32 after
+    loading), as the heads shipped inside specdec are. The vocabulary ids stay float32, where
+    every id below 2^24 is exact (float16 is exact only to 2048).
     """
     folder = Path(folder).expanduser()
     bad = [name for name, a in params.items() if not np.isfinite(a).all()]
+    if half and not bad:  # a weight beyond float16's range would be stored as inf
+        bad = [name for name, a in params.items() if not np.isfinite(a.astype(np.float16)).all()]
     if bad:
         raise ValueError(f"the {kind} heads hold NaN or infinite values (tensor {bad[0]!r}); nothing was saved")
     folder.mkdir(parents=True, exist_ok=True)
@@ -248,7 +254,8 @@ def save_heads(folder, kind: str, target: CausalLM, params: dict[str, np.ndarray
         "draft_vocab": len(vocab.ids),
         **config,
     }
-    return write_pair(folder, CONFIG_FILE, WEIGHTS_STEM, tensors, meta)
+    dtype = {name: "F16" for name in params} if half else "F32"
+    return write_pair(folder, CONFIG_FILE, WEIGHTS_STEM, tensors, meta, dtype)
 
 
 def load_heads(folder, kind: str, target: CausalLM, param_shapes) -> tuple[dict, dict[str, np.ndarray], DraftVocab]:

@@ -1,6 +1,7 @@
 """The draft spec, the small language a user types to name a drafter, parsed in one place.
 
     draft spec   "ngram" | "ngram:N" | "early_exit:L" | "medusa:DIR" | "eagle:DIR" (trained heads)
+                 | "eagle" (the EAGLE head shipped for the target: checkpoints/names.SHIPPED_HEADS)
                  | a model (a name such as 124M, a Hub repo id owner/name, or a local folder)
 
 The CLI parses flags with this before it downloads anything; make_drafter turns
@@ -24,7 +25,9 @@ class DraftSpec:
     arg: int | str
 
     def __str__(self) -> str:
-        return self.arg if self.kind == "model" else f"{self.kind}:{self.arg}"
+        if self.kind == "model":
+            return self.arg
+        return f"{self.kind}:{self.arg}" if self.arg != "" else self.kind
 
     def describe(self) -> str:
         """In words, for a report header."""
@@ -33,7 +36,7 @@ class DraftSpec:
         if self.kind == "early_exit":
             return f"the target's first {self.arg} layer" + ("s" if self.arg != 1 else "")
         if self.kind in HEADS:
-            return f"{HEADS[self.kind]} heads from {self.arg}"
+            return f"{HEADS[self.kind]} heads from {self.arg}" if self.arg else f"the {HEADS[self.kind]} head shipped for the target"
         return str(self.arg)
 
 
@@ -49,6 +52,8 @@ def parse_draft(spec: str) -> DraftSpec:
         return DraftSpec("ngram", n_max)
     if kind == "early_exit":
         return DraftSpec("early_exit", _positive(arg, "early_exit:L needs L >= 1, the target layers the draft uses"))
+    if kind == "eagle" and not sep:
+        return DraftSpec("eagle", "")  # the head shipped for the target (make_drafter finds it)
     if kind in HEADS:
         if not arg:
             raise ValueError(f"{kind}:DIR needs the folder of heads trained by `python -m specdec.train {kind}`")

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from .. import flags
+from .heads_train import KINDS
 from .loop import check_settings, train
 
 
@@ -15,14 +16,22 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["data"]:
         return data_main(argv[1:])
+    if argv[:1] == ["ship"]:
+        return ship_main(argv[1:])
     parser = flags.Parser(
         prog="python -m specdec.train",
         description="Train Medusa or EAGLE draft heads for a GPT-2, in NumPy. (`python -m specdec.train data "
         "--help`: self-distillation data from a chat model, batched and resumable.)",
     )
-    parser.add_argument("kind", choices=["medusa", "eagle"])
+    parser.add_argument("kind", choices=["medusa"] + sorted(KINDS))
     parser.add_argument("--model", required=True, help="the target: a name (124M, ...), a Hub repo id or a folder")
-    parser.add_argument("--tokens", type=int, required=True, help="self-distilled training tokens to generate")
+    parser.add_argument("--tokens", type=int, help="self-distilled training tokens to generate (or --data)")
+    parser.add_argument("--data", metavar="DIR", help="train on distillation shards (`python -m specdec.train data`) "
+                        "instead of generating --tokens; with --epochs, --batch-tokens, --held-out, --max-rows")  # fmt: skip
+    parser.add_argument("--epochs", type=float, default=4.0, help="with --data: passes over the data (default 4)")
+    parser.add_argument("--batch-tokens", type=int, default=4096, help="with --data: positions per step (default 4096)")
+    parser.add_argument("--held-out", type=float, default=0.05, help="with --data: share of requests held out (0.05)")
+    parser.add_argument("--max-rows", type=int, default=None, help="with --data: use only the first N rows")
     parser.add_argument("--out", required=True, help="folder for the heads (and data/checkpoint caches)")
     parser.add_argument("--heads", type=int, default=4, help="Medusa heads (default 4)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: about 4 epochs)")
@@ -40,8 +49,16 @@ def main(argv=None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.*")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
-    flags.refuse_ignored(parser, args, [("heads", args.kind == "eagle", "only applies to medusa: EAGLE trains one "
+    flags.refuse_ignored(parser, args, [("heads", args.kind != "medusa", "only applies to medusa: EAGLE trains one "
                                          "head that drafts autoregressively")])  # fmt: skip
+    if (args.tokens is None) == (args.data is None):
+        parser.error("give either --tokens N (generate data) or --data DIR (distillation shards), not both")
+    if args.data is not None:
+        return data_train_main(parser, args)
+    if args.kind not in ("medusa", "eagle"):
+        parser.error(f"{args.kind} heads train on distillation shards: give --data DIR")
+    flags.refuse_ignored(parser, args, [(name, True, "only applies with --data DIR") for name in
+                                        ("epochs", "batch_tokens", "held_out", "max_rows")])  # fmt: skip
     try:
         from ..checkpoints.load import load_model
 
@@ -66,6 +83,53 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted; continue with --resume (checkpoint in {args.out})", file=sys.stderr)
         return 130
+    return 0
+
+
+def data_train_main(parser, args) -> int:
+    """`python -m specdec.train KIND --data DIR ...`: a head trained on distillation shards (heads_train.py)."""
+    if args.kind == "medusa":
+        parser.error("--data trains EAGLE heads; Medusa heads generate their data with --tokens N")
+    flags.refuse_ignored(parser, args, [(name, True, "only applies with --tokens") for name in
+                                        ("seq_len", "labels", "greedy_frac", "eval_tokens", "eval_text")])  # fmt: skip
+    try:
+        from ..checkpoints.load import load_model
+        from .heads_train import command_line, train_from_data
+
+        target = load_model(args.model, progress=not args.quiet)
+        train_from_data(
+            args.kind, target, args.data, args.out, vocab_top=args.vocab_top, epochs=args.epochs, steps=args.steps,
+            batch_tokens=args.batch_tokens, lr=args.lr or 1e-3, held_out=args.held_out, max_rows=args.max_rows,
+            seed=args.seed, resume=args.resume, save_every=args.save_every, progress=not args.quiet,
+            command=command_line(),
+        )  # fmt: skip
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; continue with --resume (checkpoint in {args.out})", file=sys.stderr)
+        return 130
+    return 0
+
+
+def ship_main(argv) -> int:
+    """`python -m specdec.train ship ...`: a trained head copied as float16 into the package, with its card."""
+    parser = flags.Parser(prog="python -m specdec.train ship", description="Copy a trained EAGLE head into a "
+                          "folder as float16 (checked before and after), with CARD.txt: how heads shipped inside "
+                          "specdec are made.")  # fmt: skip
+    parser.add_argument("--model", required=True, help="the target the head was trained for")
+    parser.add_argument("--head", required=True, metavar="DIR", help="the trained head's folder")
+    parser.add_argument("--out", required=True, metavar="DIR", help="where the float16 copy goes")
+    args = parser.parse_args(argv)
+    try:
+        from ..checkpoints.load import load_model
+        from .heads_train import ship_head
+
+        weights = ship_head(args.head, args.out, load_model(args.model, progress=False))
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"shipped {weights} ({weights.stat().st_size / 2**20:.1f} MiB) with {Path(args.out) / 'CARD.txt'}")
     return 0
 
 

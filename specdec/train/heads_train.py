@@ -1,0 +1,487 @@
+"""Training draft heads on distillation data at scale (the shards of `python -m specdec.train data`).
+
+    python -m specdec.train eagle --model smollm2-135m --data distill-data --out heads/eagle-smollm2 \
+        --vocab-top 8192 --epochs 4
+
+What it does, in order:
+1. Reads the shards (distill.load_distill_data: every shard's checksum checked) and
+   splits the rows by request: a request's rows are all held out or all trained on
+   (held_out_rows), so the held-out figures are on requests the head never saw.
+2. The draft vocabulary (FR-Spec, Zhao et al., arXiv 2502.14856): the --vocab-top
+   most frequent tokens of the training replies (heads.top_tokens).
+3. The target's hidden states at every position of every row (features.hidden_states),
+   recomputed in one teacher-forced pass and kept in memory as float16; the layers
+   are the ones the head kind reads (EAGLE: the last, after the final norm).
+4. Labels: at every reply position, the target's own distribution at T=1 as the
+   shards store it, its 8 most likely tokens, renormalised and restricted to the
+   draft vocabulary (soft_targets). Prompt positions carry no labels; they are the
+   context the head attends to, as when it drafts.
+5. Batches of whole rows of similar length (row_batches, at most --batch-tokens
+   positions each, right-padded; causal attention means padding at the end of a
+   row changes nothing before it), shuffled per epoch; AdamW with a warm-up and a
+   cosine decay; a checkpoint every --save-every steps (loop.save_checkpoint,
+   written as one pair), so --resume continues.
+6. Held-out teacher-forced top-1/top-5 before and after, then the head file
+   (heads.save_heads) with a card's worth of config: the data, the steps, the
+   figures, the command.
+
+The head's own mathematics lives in its kind (HeadKind below): what layers it
+reads, its parameters, its loss and gradients on a HeadBatch, its logits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from ..checkpoints import locks
+from ..drafters import eagle
+from ..drafters.heads import DraftVocab, head_cross_entropy, model_fingerprint, save_heads, smooth_l1, top_tokens
+from ..model.base import CausalLM
+from .distill import DistillData, load_distill_data
+from .features import hidden_states
+from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, save_checkpoint
+from .optim import AdamW, cosine_lr
+
+F32 = np.float32
+F16 = np.float16
+
+
+# ---------------------------------------------------------------------------
+# 1-4. Rows, the draft vocabulary, states, labels, batches.
+# ---------------------------------------------------------------------------
+
+
+def held_out_rows(data: DistillData, frac: float) -> np.ndarray:
+    """[n_rows] bool: True for the rows held out. A row is held out when its request's text hashes into
+    the first `frac` of the range, so every row answering one request falls on the same side."""
+    cut = int(frac * 2**32)
+    return np.array([int.from_bytes(hashlib.sha256(t.encode()).digest()[:4], "big") < cut for t in data.request_text])
+
+
+def row_tokens(data: DistillData, r: int) -> np.ndarray:
+    """Row r's whole sequence: its chat prompt, then its reply. [n_prompt + n_reply] int64."""
+    return np.concatenate([data.prompts[r], data.replies[r]]).astype(np.int64)
+
+
+def soft_targets(top_ids: np.ndarray, top_probs: np.ndarray, vocab: DraftVocab) -> np.ndarray:
+    """The stored top-k of the target's distribution -> [n, N] targets on the draft vocabulary.
+
+    top_ids, top_probs: [n, k]. The k probabilities are renormalised to sum to 1
+    (they are the target's k most likely tokens; the rest of its mass, typically a
+    few percent, is unknown), then restricted: mass on tokens outside the draft
+    vocabulary is dropped, so a row may sum to less than 1, which is the mass a
+    restricted head must give up (heads.cross_entropy handles such rows).
+    """
+    p = top_probs / np.maximum(top_probs.sum(axis=-1, keepdims=True), 1e-30)  # [n, k]
+    where = np.searchsorted(vocab.ids, top_ids)  # [n, k] the slot each id would take in the sorted vocabulary
+    where = np.minimum(where, len(vocab.ids) - 1)
+    inside = vocab.ids[where] == top_ids  # [n, k]
+    out = np.zeros((len(top_ids), len(vocab.ids)), F32)
+    rows = np.repeat(np.arange(len(top_ids)), top_ids.shape[1]).reshape(top_ids.shape)
+    np.add.at(out, (rows[inside], where[inside]), p[inside].astype(F32))
+    return out
+
+
+def row_states(target: CausalLM, data: DistillData, rows: list[int], layers: list[int], progress: bool) -> dict:
+    """{row: [len(layers), n_prompt + n_reply - 1, n_embd] float16}: the hidden states a head reads,
+    recomputed (features.hidden_states) in batches of similar length, kept as float16 (half the memory)."""
+    order = sorted(rows, key=lambda r: len(data.prompts[r]) + len(data.replies[r]))  # little padding per pass
+    out = {}
+    bar = tqdm(total=len(order), desc="hidden states", unit="row", disable=not progress)
+    for r, states in hidden_states(target, data, layers, order, batch=8):
+        out[r] = states.astype(F16)
+        bar.update(1)
+    bar.close()
+    return out
+
+
+@dataclass
+class HeadBatch:
+    """A batch of whole rows, right-padded (see the trainer's interface notes in HeadKind)."""
+
+    tokens: np.ndarray  # [B, T] int64 token ids (prompt then reply, padded with 0)
+    states: np.ndarray  # [n_layers, B, T, e] float32: states[:, b, t] the hidden state at position t (0 past the row)
+    lengths: np.ndarray  # [B] each row's length
+    label_mask: np.ndarray  # [B, T] bool: position t has a label (token t + 1 is a reply token)
+    p: np.ndarray  # [n_labels, N] float32 the target's distribution of token t + 1 (row-major over label_mask)
+    next_ids: np.ndarray  # [n_labels] int64 the token t + 1 actually written
+    reply_pos: np.ndarray  # [n_labels] int64 which reply token t + 1 is (0: the reply's first)
+
+    @property
+    def n_labels(self) -> int:
+        return len(self.next_ids)
+
+
+def make_batch(data: DistillData, rows: list[int], states: dict, vocab: DraftVocab) -> HeadBatch:
+    """Rows -> one HeadBatch (right-padded to the longest)."""
+    seqs = [row_tokens(data, r) for r in rows]
+    lengths = np.array([len(s) for s in seqs])
+    B, T = len(rows), int(lengths.max())
+    n_layers, _, e = states[rows[0]].shape
+    tokens = np.zeros((B, T), np.int64)
+    st = np.zeros((n_layers, B, T, e), F32)
+    mask = np.zeros((B, T), bool)
+    ids, probs = [], []
+    for b, (r, s) in enumerate(zip(rows, seqs)):
+        tokens[b, : len(s)] = s
+        st[:, b, : len(s) - 1] = states[r]
+        n_prompt = len(data.prompts[r])
+        mask[b, n_prompt - 1 : len(s) - 1] = True  # positions whose next token is a reply token
+        ids.append(data.top_ids[r])
+        probs.append(data.top_probs[r])
+    p = soft_targets(np.concatenate(ids), np.concatenate(probs), vocab)
+    next_ids = np.concatenate([data.replies[r] for r in rows]).astype(np.int64)
+    reply_pos = np.concatenate([np.arange(len(data.replies[r])) for r in rows])
+    return HeadBatch(tokens, st, lengths, mask, p, next_ids, reply_pos)
+
+
+def row_batches(data: DistillData, rows: list[int], max_tokens: int, rng: np.random.Generator | None) -> list[list[int]]:
+    """Rows grouped into batches of similar length, each at most max_tokens positions padded
+    (a row longer than that is a batch alone); the batches in random order when rng is given."""
+    order = sorted(rows, key=lambda r: (len(data.prompts[r]) + len(data.replies[r]), r))
+    if rng is not None:  # shuffle within runs of similar length, so batches differ between epochs
+        order = [order[i] for i in np.argsort(np.arange(len(order)) // 32 + rng.random(len(order)), kind="stable")]
+    batches, current, longest = [], [], 0
+    for r in order:
+        n = len(data.prompts[r]) + len(data.replies[r])
+        if current and max(longest, n) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(r)
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+# ---------------------------------------------------------------------------
+# The kinds of head this trainer can train.
+# ---------------------------------------------------------------------------
+
+
+class HeadKind(Protocol):
+    """What the trainer needs from a kind of head.
+
+    name: what the head file records as its kind (heads.save_heads / load_heads).
+    layers(target): the hidden-state layers it reads (features.py's numbering).
+    config(target, options): what the head file's config records about its shape.
+    param_shapes / init_params: its parameters.
+    loss_and_grads(params, target, config, vocab, batch): (loss, named parts, grads).
+    logits(params, target, config, vocab, batch): ([n, N] teacher-forced logits, [n_labels] bool: which of
+        the batch's label rows they are, in order).
+    """
+
+    name: str
+
+    def layers(self, target: CausalLM) -> list[int]: ...
+    def config(self, target: CausalLM, options: dict) -> dict: ...
+    def param_shapes(self, target: CausalLM, config: dict) -> dict[str, tuple[int, ...]]: ...
+    def init_params(self, target: CausalLM, config: dict, rng: np.random.Generator) -> dict[str, np.ndarray]: ...
+    def loss_and_grads(self, params, target, config, vocab, batch: HeadBatch) -> tuple[float, dict, dict]: ...
+    def logits(self, params, target, config, vocab, batch: HeadBatch) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class EagleKind:
+    """EAGLE (Li et al., arXiv 2401.15077) as drafters/eagle.py has it: pair (f_t, x_(t+1)) predicts
+    the feature f_(t+1) (SmoothL1, at every position of a row) and the token x_(t+2) (cross-entropy
+    against the target's distribution, at reply positions only)."""
+
+    name = "eagle"
+
+    def layers(self, target):
+        return [target.hparams.n_layer]  # after the final norm: what the LM head reads
+
+    def config(self, target, options):
+        return {"n_heads": 1, "n_head": target.n_head, "layer_norm_epsilon": target.hparams.layer_norm_epsilon}
+
+    def param_shapes(self, target, config):
+        return eagle.param_shapes(1, target.n_embd)
+
+    def init_params(self, target, config, rng):
+        return eagle.init_params(target.n_embd, rng)
+
+    @staticmethod
+    def _pairs(target, batch: HeadBatch):
+        """Inputs and what each pair t = 0 .. T-2 is scored on."""
+        f = batch.states[-1][:, :-1]  # [B, T-1, e] f_t
+        emb = target.weights.wte[batch.tokens[:, 1:]]  # [B, T-1, e] x_(t+1)
+        f_next = batch.states[-1][:, 1:]  # [B, T-1, e] f_(t+1)
+        t = np.arange(f.shape[1])
+        feat_mask = t[None, :] + 2 <= batch.lengths[:, None] - 1  # f_(t+1) exists: t + 1 <= length - 2
+        label_mask = batch.label_mask[:, 1:]  # x_(t+2) is a reply token
+        keep = batch.label_mask.copy()
+        keep[:, 0] = False  # a label at position 0 has no pair before it (never in chat rows: position 0 is a prompt)
+        rows = keep[batch.label_mask]  # which of the batch's label rows the pairs use
+        return f, emb, f_next, feat_mask, label_mask, rows
+
+    def loss_and_grads(self, params, target, config, vocab, batch):
+        f, emb, f_next, feat_mask, label_mask, rows = self._pairs(target, batch)
+        n_head, eps = config["n_head"], config["layer_norm_epsilon"]
+        y, saved = eagle.forward(params, f, emb, n_head, eps)  # [B, T-1, e]
+        l_feat, d_feat = smooth_l1(y[feat_mask], f_next[feat_mask])
+        ce, d_ce, _ = head_cross_entropy(y[label_mask], batch.p[rows], vocab)
+        dy = np.zeros_like(y)
+        dy[feat_mask] += d_feat
+        dy[label_mask] += F32(eagle.CE_WEIGHT) * d_ce
+        grads = eagle.backward(dy, params, saved, n_head)
+        return l_feat + eagle.CE_WEIGHT * ce, {"feat": l_feat, "ce": ce}, grads
+
+    def logits(self, params, target, config, vocab, batch):
+        f, emb, _, _, label_mask, rows = self._pairs(target, batch)
+        y, _ = eagle.forward(params, f, emb, config["n_head"], config["layer_norm_epsilon"])
+        return vocab.logits(y[label_mask]), rows
+
+
+KINDS: dict[str, HeadKind] = {"eagle": EagleKind()}
+
+
+# ---------------------------------------------------------------------------
+# 6. Held-out accuracy.
+# ---------------------------------------------------------------------------
+
+
+def held_out_accuracy(kind: HeadKind, params, target, config, vocab, data, rows, states, max_tokens) -> dict:
+    """Teacher-forced top-1 and top-5 over every labelled position of the rows, and top-1 by reply position
+    bucket (0-15, 16-63, 64+): {"top1", "top5", "positions", "top1_by_position"}."""
+    hits1 = hits5 = n = 0
+    buckets = {"0-15": [0, 0], "16-63": [0, 0], "64+": [0, 0]}
+    for group in row_batches(data, rows, max_tokens, None):
+        batch = make_batch(data, group, states, vocab)
+        z, rows_used = kind.logits(params, target, config, vocab, batch)
+        truth, j = batch.next_ids[rows_used], batch.reply_pos[rows_used]
+        top5 = vocab.ids[np.argpartition(-z, 4, axis=-1)[:, :5]] if z.shape[1] > 5 else vocab.ids[None, :].repeat(len(z), 0)
+        top1 = vocab.ids[z.argmax(axis=-1)]
+        hit = top1 == truth
+        hits1 += int(hit.sum())
+        hits5 += int((top5 == truth[:, None]).any(axis=1).sum())
+        n += len(truth)
+        for name, (lo, hi) in (("0-15", (0, 16)), ("16-63", (16, 64)), ("64+", (64, 1 << 30))):
+            sel = (j >= lo) & (j < hi)
+            buckets[name][0] += int(hit[sel].sum())
+            buckets[name][1] += int(sel.sum())
+    return {
+        "top1": hits1 / max(n, 1),
+        "top5": hits5 / max(n, 1),
+        "positions": n,
+        "top1_by_position": {k: (h / m if m else None) for k, (h, m) in buckets.items()},
+    }
+
+
+# ---------------------------------------------------------------------------
+# The run.
+# ---------------------------------------------------------------------------
+
+
+def train_from_data(
+    kind_name: str,
+    target: CausalLM,
+    data_dir: str | Path,
+    out: str | Path,
+    vocab_top: int | None = 8192,
+    epochs: float = 4.0,
+    steps: int | None = None,
+    batch_tokens: int = 4096,
+    lr: float = 1e-3,
+    held_out: float = 0.05,
+    max_rows: int | None = None,
+    seed: int = 0,
+    resume: bool = False,
+    save_every: int = 100,
+    options: dict | None = None,
+    progress: bool = True,
+    command: str | None = None,
+    log=print,
+) -> dict:
+    """Train a head of kind `kind_name` on the distillation data in data_dir; write it into out. Returns its config."""
+    if kind_name not in KINDS:
+        raise ValueError(f"--data trains {', '.join(sorted(KINDS))} heads, not {kind_name!r}")
+    if not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
+        raise ValueError(f"--epochs must be a number > 0, got {epochs!r}")
+    if not 0 < held_out < 1:
+        raise ValueError(f"--held-out must be a fraction between 0 and 1, got {held_out!r}")
+    if batch_tokens < 64:
+        raise ValueError(f"--batch-tokens must be at least 64, got {batch_tokens}")
+    kind = KINDS[kind_name]
+    data = load_distill_data(data_dir, target, complete=False)
+    if not data.replies:
+        raise ValueError(f"{data_dir}: no whole shards yet; let `python -m specdec.train data` write some first")
+    n_rows = len(data.replies) if max_rows is None else min(max_rows, len(data.replies))
+    is_held = held_out_rows(data, held_out)[:n_rows]
+    train_rows = [r for r in range(n_rows) if not is_held[r]]
+    eval_rows = [r for r in range(n_rows) if is_held[r]]
+    if not train_rows or not eval_rows:
+        raise ValueError(f"{data_dir}: {n_rows} rows leave {len(train_rows)} to train and {len(eval_rows)} to hold "
+                         f"out; make more data or change --held-out")  # fmt: skip
+    reply_ids = np.concatenate([data.replies[r] for r in train_rows])
+    ids = None if vocab_top is None or vocab_top >= target.n_vocab else top_tokens(reply_ids, vocab_top, target.n_vocab)
+    vocab = DraftVocab.of(target, ids)
+    config = kind.config(target, options or {})
+    shapes = kind.param_shapes(target, config)
+
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder (it is made if missing)")
+    out.mkdir(parents=True, exist_ok=True)
+    with locks.exclusive(out / LOCK_FILE, wait=False) as held:
+        if not held:
+            raise ValueError(f"{out}: another training is writing into this folder (it holds {out / LOCK_FILE}); "
+                             f"wait for it to end, or choose another --out")  # fmt: skip
+        batches_per_epoch = len(row_batches(data, train_rows, batch_tokens, None))
+        steps = steps if steps is not None else max(1, round(epochs * batches_per_epoch))
+        settings = {
+            "kind": kind.name, "model_fingerprint": model_fingerprint(target), "data": str(Path(data_dir).resolve()),
+            "rows": n_rows, "vocab_top": vocab_top, "batch_tokens": batch_tokens, "seed": seed, "held_out": held_out,
+            "config": config,
+        }  # fmt: skip
+        saved = read_checkpoint(out, settings, shapes, steps) if resume else None
+
+        t0 = time.perf_counter()
+        states = row_states(target, data, train_rows + eval_rows, kind.layers(target), progress)
+        states_s = time.perf_counter() - t0
+        rng = np.random.default_rng(seed)
+        params = kind.init_params(target, config, rng)
+        initial = {name: a.copy() for name, a in params.items()}
+        opt = AdamW(params, lr=lr, weight_decay=0.0)
+        start = 0
+        if saved is not None:
+            start, adam_t, tensors = saved
+            for name, w in opt.params.items():
+                w[...] = tensors[name]
+            opt.load_state(tensors, adam_t)
+            log(f"resuming from step {start} of {steps}")
+        before = held_out_accuracy(kind, initial, target, config, vocab, data, eval_rows, states, batch_tokens)
+
+        t1 = time.perf_counter()
+        epoch_batches: list[list[int]] = []
+        bar = tqdm(range(start, steps), desc=f"train {kind.name}", unit="step", disable=not progress, initial=start,
+                   total=steps)  # fmt: skip
+        with np.errstate(over="ignore", invalid="ignore"):
+            for step in bar:
+                epoch, within = divmod(step, batches_per_epoch)
+                if within == 0 or not epoch_batches:  # each epoch's order depends on (seed, epoch) only: resumable
+                    epoch_batches = row_batches(data, train_rows, batch_tokens, np.random.default_rng([seed, epoch]))
+                batch = make_batch(data, epoch_batches[within % len(epoch_batches)], states, vocab)
+                loss, parts, grads = kind.loss_and_grads(params, target, config, vocab, batch)
+                if not math.isfinite(loss):
+                    raise ValueError(f"the loss is {loss} at step {step + 1}: training diverged and no head was saved; "
+                                     f"lower --lr (it is {lr:g}) and run again")  # fmt: skip
+                opt.step(grads, lr=cosine_lr(step, steps, lr, warmup=max(1, steps // 20)))
+                bar.set_postfix(loss=f"{loss:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
+                if (step + 1) % save_every == 0 or step + 1 == steps:
+                    _check_finite_weights(params, step + 1, lr)
+                    save_checkpoint(out, settings, opt, step + 1)
+        train_s = time.perf_counter() - t1
+        _check_finite_weights(params, steps, lr)
+        after = held_out_accuracy(kind, params, target, config, vocab, data, eval_rows, states, batch_tokens)
+        card = {
+            **config,
+            "data": {
+                "folder": Path(data_dir).name,
+                "requests_sha256": data.settings.get("requests_sha256"),
+                "rows_train": len(train_rows),
+                "rows_held_out": len(eval_rows),
+                "reply_tokens_train": int(sum(len(data.replies[r]) for r in train_rows)),
+                "reply_tokens_held_out": int(sum(len(data.replies[r]) for r in eval_rows)),
+                "held_out_rule": f"sha256(request text) in the first {held_out:g} of its range",
+            },
+            "steps": steps,
+            "epochs": round(steps / batches_per_epoch, 2),
+            "batch_tokens": batch_tokens,
+            "lr": lr,
+            "seed": seed,
+            "vocab_top": vocab_top,
+            "states_seconds": round(states_s, 1),
+            "train_seconds": round(train_s, 1),
+            "held_out": {"untrained": before, "trained": after},
+            "command": command,
+        }
+        save_heads(out, kind.name, target, params, card, vocab)
+    log(f"held-out ({after['positions']:,} reply positions of {len(eval_rows)} rows), teacher-forced: top-1 "
+        f"{before['top1']:.3f} -> {after['top1']:.3f}, top-5 {before['top5']:.3f} -> {after['top5']:.3f}; "
+        f"by reply position {after['top1_by_position']}")  # fmt: skip
+    log(f"saved a {kind.name} head for {target.name!r} in {out} ({train_s:.0f} s training, {steps} steps)")
+    return card
+
+
+def command_line() -> str:
+    """The command as typed (for the card)."""
+    return " ".join(["python -m specdec.train"] + sys.argv[1:])
+
+
+# ---------------------------------------------------------------------------
+# Shipping a trained head inside specdec.
+# ---------------------------------------------------------------------------
+
+SHIP_LIMIT = 10 * 2**20  # bytes: a head shipped inside the package stays small
+
+
+def ship_head(src: str | Path, dst: str | Path, target: CausalLM, kind: str = "eagle") -> Path:
+    """Copy the head trained in src into dst as float16 (checked on the way in and out), with CARD.txt.
+
+    The head is read with the checked loader (its file, its shapes, the target it belongs to), written
+    with heads.save_heads(half=True), and read back through the drafter's own loader; a file over
+    SHIP_LIMIT is refused. Returns the weights' path.
+    """
+    from ..drafters.heads import load_heads
+
+    config, params, vocab = load_heads(src, kind, target, eagle.param_shapes)
+    for key in ("kind", "model", "model_fingerprint", "n_embd", "n_vocab", "n_head", "layer_norm_epsilon",
+                "draft_vocab", "weights_file", "weights_sha256"):  # fmt: skip
+        config.pop(key, None)  # save_heads writes these afresh
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))  # made whole here, then moved into place
+    try:
+        weights = save_heads(work, kind, target, params, config, vocab, half=True)
+        size = weights.stat().st_size
+        if size > SHIP_LIMIT:
+            raise ValueError(f"{dst}: the head would take {size / 2**20:.1f} MiB, over the {SHIP_LIMIT / 2**20:.0f} "
+                             f"MiB a shipped head may take; use a smaller --vocab-top or head (nothing written)")  # fmt: skip
+        eagle.EagleDrafter.load(work, target)  # the drafter reads it back
+        (work / "CARD.txt").write_text(card_text(kind, target, config, size))
+        if dst.exists():
+            shutil.rmtree(dst)
+        work.rename(dst)
+        work = None
+    finally:
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+    weights = dst / weights.name
+    return weights
+
+
+def card_text(kind: str, target: CausalLM, config: dict, size: int) -> str:
+    """The head's card in words: what it is, its data, its training, its held-out figures, the command."""
+    d, h = config.get("data", {}), config.get("held_out", {})
+    after, before = h.get("trained", {}), h.get("untrained", {})
+    lines = [
+        f"{kind} head for {target.name} (float16, {size / 2**20:.1f} MiB; computed in float32)",
+        "",
+        f"data: {d.get('reply_tokens_train', '?'):,} reply tokens in {d.get('rows_train', '?'):,} replies that "
+        f"{target.name} wrote itself to templated chat requests and Python docstrings "
+        "(python -m specdec.train data; docs/distill.md)",
+        f"held out: {d.get('reply_tokens_held_out', '?'):,} reply tokens in {d.get('rows_held_out', '?'):,} replies "
+        f"to requests never trained on ({d.get('held_out_rule', '?')})",
+        f"draft vocabulary: the {config.get('vocab_top')} most frequent reply tokens (FR-Spec)",
+        f"training: {config.get('steps')} steps, {config.get('epochs')} epochs, {config.get('batch_tokens')} "
+        f"positions per step, AdamW lr {config.get('lr')}, seed {config.get('seed')}, "
+        f"{config.get('train_seconds')} s",
+        f"held-out teacher-forced top-1: {before.get('top1', float('nan')):.3f} untrained -> "
+        f"{after.get('top1', float('nan')):.3f} trained; top-5 {after.get('top5', float('nan')):.3f}",
+        f"command: {config.get('command')}",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,160 @@
+"""Training heads on distillation shards (specdec/train/heads_train.py), on a tiny random chat Llama:
+labels, the held-out split, batches that line up with the data, the masked loss's gradient against
+finite differences, and a whole run whose head loads, drafts, and leaves greedy output unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec.autoregressive import autoregressive_sample
+from specdec.drafters import eagle
+from specdec.drafters.heads import DraftVocab, load_heads
+from specdec.speculative import speculative_sample
+from specdec.train import heads_train as ht
+from specdec.train.cli import main
+from specdec.train.distill import load_distill_data, make_data
+from specdec.train.features import hidden_states
+
+from test_distill import POOL, SETTINGS, chat_model
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("distill")
+    model = chat_model(scale=1.0)  # peaked enough that its replies have patterns a head can learn
+    make_data(model, folder, 400, POOL, **{**SETTINGS, "max_reply": 24, "greedy_frac": 0.75})
+    return model, folder
+
+
+def test_soft_targets_renormalise_the_top_k_and_drop_mass_outside_the_vocabulary():
+    vocab = DraftVocab(np.array([1, 4, 7]), np.zeros((3, 2), np.float32), 10)
+    ids = np.array([[4, 1, 9], [7, 4, 1]])
+    probs = np.array([[0.4, 0.2, 0.2], [0.5, 0.3, 0.2]], np.float32)
+    p = ht.soft_targets(ids, probs, vocab)
+    np.testing.assert_allclose(p, [[0.25, 0.5, 0.0], [0.2, 0.3, 0.5]], atol=1e-7)  # token 9 is outside: 0.25 lost
+
+
+def test_held_out_rows_keep_every_row_of_a_request_on_one_side(shards):
+    model, folder = shards
+    data = load_distill_data(folder, model)
+    held = ht.held_out_rows(data, 0.5)
+    for text in set(data.request_text):
+        sides = {bool(h) for h, t in zip(held, data.request_text) if t == text}
+        assert len(sides) == 1
+    assert held.any() and not held.all()
+    assert not ht.held_out_rows(data, 1e-9).any()
+
+
+def test_batches_cover_every_row_once_within_the_budget_and_line_up_with_the_data(shards):
+    model, folder = shards
+    data = load_distill_data(folder, model)
+    rows = list(range(len(data.replies)))
+    groups = ht.row_batches(data, rows, 64, np.random.default_rng(0))
+    assert sorted(r for g in groups for r in g) == rows
+    for g in groups:
+        longest = max(len(data.prompts[r]) + len(data.replies[r]) for r in g)
+        assert len(g) == 1 or longest * len(g) <= 64
+    states = ht.row_states(model, data, rows, [model.hparams.n_layer], progress=False)
+    vocab = DraftVocab.of(model, np.arange(0, model.n_vocab, 2))
+    batch = ht.make_batch(data, groups[0], states, vocab)
+    b, t = np.nonzero(batch.label_mask)
+    np.testing.assert_array_equal(batch.next_ids, batch.tokens[b, t + 1])  # label at t describes token t + 1
+    for i, r in enumerate(groups[0]):
+        n_prompt, n_reply = len(data.prompts[r]), len(data.replies[r])
+        np.testing.assert_array_equal(np.nonzero(batch.label_mask[i])[0], np.arange(n_prompt - 1, n_prompt + n_reply - 1))
+        ref = dict(hidden_states(model, data, [model.hparams.n_layer], [r]))[r]
+        np.testing.assert_allclose(batch.states[:, i, : n_prompt + n_reply - 1], ref, atol=2e-3)  # float16 kept
+    first = np.concatenate([data.top_ids[r] for r in groups[0]])
+    assert batch.p.shape == (len(first), len(vocab.ids))
+    assert np.all(batch.p.sum(axis=1) <= 1 + 1e-5)
+
+
+def test_the_masked_eagle_loss_has_the_gradient_of_finite_differences(shards):
+    model, folder = shards
+    data = load_distill_data(folder, model)
+    rows = [0, 1, 2]
+    states = ht.row_states(model, data, rows, [model.hparams.n_layer], progress=False)
+    vocab = DraftVocab.of(model, np.arange(0, model.n_vocab, 3))
+    vocab = DraftVocab(vocab.ids, vocab.w.astype(np.float64), vocab.n_vocab)  # float64 for the differences
+    batch = ht.make_batch(data, rows, states, vocab)
+    batch.states = batch.states.astype(np.float64)
+    kind = ht.KINDS["eagle"]
+    config = kind.config(model, {})
+    params = {k: v.astype(np.float64) for k, v in kind.init_params(model, config, np.random.default_rng(1)).items()}
+    params = {k: v + 0.05 * np.random.default_rng(2).standard_normal(v.shape) for k, v in params.items()}
+    _, _, grads = kind.loss_and_grads(params, model, config, vocab, batch)
+    rng = np.random.default_rng(3)
+    for name in ("fc.weight", "attn.c_attn.weight", "mlp.c_proj.bias", "ln_2.weight"):
+        for _ in range(3):
+            at = tuple(rng.integers(0, s) for s in params[name].shape)
+            old = params[name][at]
+            params[name][at] = old + 1e-5
+            up = kind.loss_and_grads(params, model, config, vocab, batch)[0]
+            params[name][at] = old - 1e-5
+            down = kind.loss_and_grads(params, model, config, vocab, batch)[0]
+            params[name][at] = old
+            assert abs((up - down) / 2e-5 - grads[name][at]) <= 1e-6 + 1e-4 * abs(grads[name][at]), name
+
+
+def test_a_trained_head_loads_drafts_and_keeps_greedy_output(shards, tmp_path, capsys, monkeypatch):
+    model, folder = shards
+    import specdec.checkpoints.load as load
+
+    monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)
+    out = tmp_path / "head"
+    args = ["eagle", "--model", "tiny", "--data", str(folder), "--out", str(out), "--vocab-top", "100",
+            "--epochs", "30", "--batch-tokens", "256", "--held-out", "0.3", "--lr", "3e-3", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err + capsys.readouterr().out
+    import json
+
+    card = json.loads((out / "heads.json").read_text())
+    assert card["data"]["rows_held_out"] > 0 and card["draft_vocab"] == 100
+    assert set(card["held_out"]["trained"]) == {"top1", "top5", "positions", "top1_by_position"}
+    # A random model's replies are too few to generalise from; the rows it trained on it must have learned.
+    data = load_distill_data(folder, model)
+    rows = [r for r in range(len(data.replies)) if not ht.held_out_rows(data, 0.3)[r]]
+    kind = ht.KINDS["eagle"]
+    config, params, vocab = load_heads(out, "eagle", model, eagle.param_shapes)
+    states = ht.row_states(model, data, rows, kind.layers(model), progress=False)
+    trained = ht.held_out_accuracy(kind, params, model, config, vocab, data, rows, states, 256)
+    untrained = ht.held_out_accuracy(kind, kind.init_params(model, config, np.random.default_rng(0)), model, config,
+                                     vocab, data, rows, states, 256)  # fmt: skip
+    assert trained["top1"] > untrained["top1"] + 0.2, err
+    prompt = model.tokenizer.encode("Hi there")
+    ar = autoregressive_sample(model, prompt, 20, temperature=0.0)
+    sd = speculative_sample(model, f"eagle:{out}", prompt, 20, K=3, temperature=0.0)
+    assert sd.tokens == ar.tokens
+    assert main([*args[:-1], "--resume", "--quiet"]) == 0  # a finished run resumes to the same end
+
+    # Shipped: float16 weights (ids kept exact), checked on the way in and out, with a card.
+    shipped = tmp_path / "shipped"
+    assert main(["ship", "--model", "tiny", "--head", str(out), "--out", str(shipped)]) == 0
+    half = next(shipped.glob("heads-*.safetensors")).stat().st_size
+    assert half < 0.6 * next(out.glob("heads-*.safetensors")).stat().st_size
+    _, half_params, half_vocab = load_heads(shipped, "eagle", model, eagle.param_shapes)
+    np.testing.assert_array_equal(half_vocab.ids, vocab.ids)
+    np.testing.assert_allclose(half_params["fc.weight"], params["fc.weight"], rtol=1e-3, atol=1e-4)
+    assert "held-out teacher-forced top-1" in (shipped / "CARD.txt").read_text()
+    sd = speculative_sample(model, f"eagle:{shipped}", prompt, 20, K=3, temperature=0.0)
+    assert sd.tokens == ar.tokens
+    monkeypatch.setattr(ht, "SHIP_LIMIT", 1000)
+    assert main(["ship", "--model", "tiny", "--head", str(out), "--out", str(tmp_path / "big")]) == 2
+    assert "over the" in capsys.readouterr().err
+    assert not (tmp_path / "big").exists() and not list(tmp_path.glob(".big.*"))  # nothing left half-made
+
+
+def test_cli_refuses_mixed_or_wrong_flags_in_one_line(shards, tmp_path, capsys):
+    model, folder = shards
+    for bad, message in (
+        (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--tokens", "5"], "not both"),
+        (["eagle", "--model", "x", "--out", str(tmp_path)], "either --tokens"),
+        (["medusa", "--model", "x", "--out", str(tmp_path), "--data", str(folder)], "--data trains EAGLE"),
+        (["eagle", "--model", "x", "--out", str(tmp_path), "--tokens", "5", "--epochs", "2"], "only applies with --data"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            main(bad)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
