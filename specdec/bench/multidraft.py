@@ -21,7 +21,8 @@ rule above the i.i.d. bound, SpecTr at least (1 - 1/e) of it). The without-repla
 support, so those columns need the rows filtered to at most 16 tokens: the `top_k` column says
 which filter the row used (none: the full vocabulary, i.i.d. columns only).
 
-A second table runs whole tree rounds with the family's draft model (--tree nodes, depth --depth):
+A second table runs whole tree rounds (--tree nodes, depth --depth) with the family's draft model,
+and for every other model with the first of --drafts:
 SpecInfer with siblings drawn without replacement (the default drafter), SpecInfer and SpecTr
 with i.i.d. siblings, traversal verification both ways, each on the same prompts and seeds: tau,
 tokens per verification pass, realised (± one standard error over rounds) and expected from the
@@ -45,7 +46,7 @@ from .. import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints import family
 from ..checkpoints.load import load_model
-from ..drafters import ModelDrafter
+from ..drafters import make_drafter
 from ..sampling import SamplingParams, probabilities
 from ..speculative import speculative_sample
 from ..verify import (
@@ -123,8 +124,10 @@ TREE_RULES = {  # label -> (how the drafter draws siblings, verification)
 RULES_FOR = {"iid": ("token", "spectr", "traversal"), "without replacement": ("token", "traversal")}  # exact there
 
 
-def tree_rounds(target, draft_model, prompts, n_tokens: int, T: float, nodes: int, depth: int, seed: int):
+def tree_rounds(target, draft, prompts, n_tokens: int, T: float, nodes: int, depth: int, seed: int):
     """Whole tree rounds of every rule on the same prompts and seeds: (per rule, per sibling mode).
+
+    draft: a draft model or "early_exit:L", drawing each tree's siblings as the rule needs.
 
     per rule {label: {"tau": realised tokens per drafted round, "expected": E[tau] of the rule on its own
     drafted trees (verify.expected_accepted + 1), "seconds": the rule's time per round}};
@@ -159,12 +162,37 @@ def tree_rounds(target, draft_model, prompts, n_tokens: int, T: float, nodes: in
                 on_same.setdefault("bound", []).append(first_position_bound(*tree))
 
         for i, ids in enumerate(prompts):
-            drafter = ModelDrafter(draft_model, siblings=siblings)
+            drafter = make_drafter(draft, target, siblings=siblings)
             result = speculative_sample(target, drafter, ids, n_tokens, K=depth, tree=nodes, temperature=T,
                                         seed=seed + i, verification=verification, on_round=on_round)  # fmt: skip
             taus += [n + 1 for k, n in zip(result.k_per_round, result.accepted_per_round) if k > 0]
         per_rule[label] = {"tau": taus, "expected": expected, "seconds": seconds}
     return per_rule, same
+
+
+def print_tree_tables(target, draft, label: str, draft_label: str, prompts, args, temperatures) -> None:
+    """The whole-round tables of one model and drafter: each rule's own runs, then every rule on the same trees."""
+    print(f"\nWhole rounds: {label} with {draft_label}, trees of {args.tree} nodes, depth {args.depth}, "
+          f"{args.prompts} prompts x {args.positions} tokens, seeds {args.seed}..{args.seed + args.prompts - 1}")  # fmt: skip
+    print("| T | rule | rounds | tau realised | E[tau] from the rows | rule time per round (ms) |")
+    print("|---|---|---|---|---|---|")
+    same_rows = []
+    for T in temperatures:
+        per_rule, same = tree_rounds(target, draft, prompts, args.positions, T, args.tree, args.depth, args.seed)
+        for rule, r in per_rule.items():
+            print(f"| {T} | {rule} | {len(r['tau'])} | {mean(r['tau']):.2f} ± {stderr(r['tau']):.2f} "
+                  f"| {mean(r['expected']):.3f} | {1e3 * mean(r['seconds']):.2f} |", flush=True)  # fmt: skip
+        same_rows += [(T, siblings, values) for siblings, values in same.items()]
+    print("\nThe same drafted trees judged by every rule offered for them (E[tau] and P(accept the first position) "
+          "from the rows; bound: first_position_bound, '-' where the rows are too wide for it)")  # fmt: skip
+    print("| T | siblings | trees | E[tau] SpecInfer | E[tau] SpecTr | E[tau] traversal "
+          "| first: SpecInfer | first: SpecTr | first: traversal | first: bound |")  # fmt: skip
+    print("|" + "---|" * 10)
+    for T, siblings, v in same_rows:
+        cells = [v.get(c) for c in ("token", "spectr", "traversal", "first token", "first spectr",
+                                    "first traversal", "bound")]  # fmt: skip
+        print(f"| {T} | {siblings} | {len(v['token'])} | "
+              + " | ".join("-" if c is None else f"{mean(c):.3f}" for c in cells) + " |", flush=True)  # fmt: skip
 
 
 def main(argv=None) -> list[dict]:
@@ -192,7 +220,7 @@ def main(argv=None) -> list[dict]:
     print("| model | drafter | T | top_k | k | positions | alpha (k=1) | bound iid | SpecTr | SpecInfer iid "
           "| bound wor | SpecInfer wor | gap SpecTr | gap SpecInfer iid | gap SpecInfer wor |")  # fmt: skip
     print("|" + "---|" * 15)
-    rows = []
+    rows, tree_settings = [], []  # (target, draft, labels, prompts) for the whole-round tables
     for name in args.models.split(","):
         if name == "family":
             target, draft_model = load_model(family.TARGET), load_model(family.DRAFT)
@@ -205,6 +233,8 @@ def main(argv=None) -> list[dict]:
             suite = load_prompts()
             texts = [suite[kind][0] for kind in list(suite)[: args.prompts]]  # the first prompt of each kind
         prompts = [target.tokenizer.encode(t) for t in texts]
+        tree_draft = draft_model if name == "family" else drafts[0]
+        tree_settings.append((target, tree_draft, label, drafts[0], prompts))
         for drafter in drafts:
             for T in temperatures:
                 p_logits, q_logits = positions(target, drafter, draft_model, prompts, args.positions, T, args.seed)
@@ -219,29 +249,7 @@ def main(argv=None) -> list[dict]:
                         print(f"| {label} | {drafter} | {T} | {top_k or 'none'} | {k} | {r['positions']} | "
                               + " | ".join(cells) + " | " + " | ".join(f"{g:.3f}" if g == g else "-" for g in gaps)
                               + " |", flush=True)  # fmt: skip
-    if args.tree and "family" in args.models.split(","):
-        target, draft_model = load_model(family.TARGET), load_model(family.DRAFT)
-        prompts = [target.tokenizer.encode(p["text"]) for p in family.prompts()[: args.prompts]]
-        print(f"\nWhole rounds: {family.TARGET} with {family.DRAFT}, trees of {args.tree} nodes, depth {args.depth}, "
-              f"{args.prompts} prompts x {args.positions} tokens, seeds {args.seed}..{args.seed + args.prompts - 1}")  # fmt: skip
-        print("| T | rule | rounds | tau realised | E[tau] from the rows | rule time per round (ms) |")
-        print("|---|---|---|---|---|---|")
-        same_rows = []
-        for T in temperatures:
-            per_rule, same = tree_rounds(target, draft_model, prompts, args.positions, T, args.tree, args.depth, args.seed)
-            for label, r in per_rule.items():
-                print(f"| {T} | {label} | {len(r['tau'])} | {mean(r['tau']):.2f} ± {stderr(r['tau']):.2f} "
-                      f"| {mean(r['expected']):.3f} | {1e3 * mean(r['seconds']):.2f} |", flush=True)  # fmt: skip
-            same_rows += [(T, siblings, values) for siblings, values in same.items()]
-        print("\nThe same drafted trees judged by every rule offered for them (E[tau] and P(accept the first position) "
-              "from the rows; bound: first_position_bound, '-' where the rows are too wide for it)")  # fmt: skip
-        print("| T | siblings | trees | E[tau] SpecInfer | E[tau] SpecTr | E[tau] traversal "
-              "| first: SpecInfer | first: SpecTr | first: traversal | first: bound |")  # fmt: skip
-        print("|" + "---|" * 10)
-        for T, siblings, v in same_rows:
-            cells = [v.get(c) for c in ("token", "spectr", "traversal", "first token", "first spectr",
-                                        "first traversal", "bound")]  # fmt: skip
-            print(f"| {T} | {siblings} | {len(v['token'])} | "
-                  + " | ".join("-" if c is None else f"{mean(c):.3f}" for c in cells) + " |", flush=True)  # fmt: skip
+    for target, draft, label, draft_label, prompts in tree_settings if args.tree else []:
+        print_tree_tables(target, draft, label, draft_label, prompts, args, temperatures)
     print(f"\nload average {load():.2f} at the end; {time.perf_counter() - t0:.0f} s", file=sys.stdout)
     return rows

@@ -56,3 +56,5 @@ def test_whole_tree_rounds_for_each_rule():
         assert len({len(v) for v in values.values()}) == 1
         for rule in ("token", "traversal"):
             assert np.mean(values["first " + rule]) <= np.mean(values["bound"]) + 0.1
+    per_rule, _ = tree_rounds(target, "early_exit:1", [[1, 2, 3]], 4, 1.0, nodes=4, depth=2, seed=0)
+    assert set(per_rule) == set(TREE_RULES) and all(r["tau"] for r in per_rule.values())
