@@ -88,40 +88,62 @@ def encode(model: CausalLM, text: str) -> list[int]:
 
 @dataclass
 class Tally:
-    """Sums over the prompts of one category, for one drafter."""
+    """Sums over the prompts of one category, for one drafter, over every timed repeat."""
 
-    ar_seconds: float = 0.0
-    spec_seconds: float = 0.0
-    tokens: int = 0
+    ar_seconds: list[float] = field(default_factory=list)  # per repeat: seconds of plain decoding
+    spec_seconds: list[float] = field(default_factory=list)  # per repeat: seconds of speculative decoding
+    ar_tokens: list[int] = field(default_factory=list)  # per repeat: tokens plain decoding wrote
+    spec_tokens: list[int] = field(default_factory=list)  # per repeat: tokens speculative decoding wrote
+    tokens: int = 0  # the last repeat's counts (every repeat decodes the same: same seeds)
     rounds: int = 0
     accepted: int = 0
     judged: int = 0
     prompts: int = 0
+    by_position: list[list[int]] = field(default_factory=list)  # [i] = [accepted, judged] of draft position i + 1
 
-    def add(self, ar_seconds: float, spec_seconds: float, result) -> None:
-        self.ar_seconds += ar_seconds
-        self.spec_seconds += spec_seconds
+    def add(self, repeat: int, ar_seconds: float, ar_tokens: int, spec_seconds: float, result) -> None:
+        while len(self.ar_seconds) <= repeat:
+            for series in (self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens):
+                series.append(0)
+        self.ar_seconds[repeat] += ar_seconds
+        self.spec_seconds[repeat] += spec_seconds
+        self.ar_tokens[repeat] += ar_tokens
+        self.spec_tokens[repeat] += len(result.tokens)
+        if repeat > 0:
+            return
         self.tokens += len(result.tokens)
         self.rounds += result.rounds
         self.accepted += result.accepted
         self.judged += sum(result.judged)
         self.prompts += 1
+        for accepted, judged in zip(result.accepted_per_round, result.judged):
+            while len(self.by_position) < judged:
+                self.by_position.append([0, 0])
+            for i in range(judged):  # draft i + 1 was judged; accepted when i < accepted
+                self.by_position[i][0] += i < accepted
+                self.by_position[i][1] += 1
 
     def row(self) -> dict:
         ratio = lambda a, b: a / b if b else math.nan  # noqa: E731
-        return {"speedup": ratio(self.ar_seconds, self.spec_seconds), "tau": ratio(self.tokens, self.rounds),
+        # Speedup = speculative tokens/s over plain tokens/s, per repeat: equal to the ratio of times when both
+        # wrote the same number of tokens (always at T=0), and still fair when a chat reply ended early.
+        speedups = sorted(ratio(st * a, s * at) for a, s, at, st in
+                          zip(self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens))  # fmt: skip
+        return {"speedup": statistics.median(speedups) if speedups else math.nan,
+                "speedup_min": speedups[0] if speedups else math.nan,
+                "speedup_max": speedups[-1] if speedups else math.nan,
+                "repeats": len(speedups), "tau": ratio(self.tokens, self.rounds),
                 "alpha": ratio(self.accepted, self.judged), "prompts": self.prompts, "tokens": self.tokens,
-                "ar_seconds": self.ar_seconds, "spec_seconds": self.spec_seconds}  # fmt: skip
+                "acceptance_by_position": [ratio(a, j) for a, j in self.by_position],
+                "ar_seconds": statistics.median(self.ar_seconds) if self.ar_seconds else math.nan,
+                "spec_seconds": statistics.median(self.spec_seconds) if self.spec_seconds else math.nan}  # fmt: skip
 
 
-def _median_seconds(fn: Callable[[], object], repeats: int):
-    """(median wall time over repeats, the last call's return value)."""
-    times, out = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+def _seconds(fn: Callable[[], object]):
+    """(wall time, fn's return value)."""
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
 
 
 def run_suite(
@@ -134,37 +156,44 @@ def run_suite(
     seed: int = 0,
     repeats: int = 1,
     say: Callable[[str], None] = lambda line: None,
+    chat: bool = False,
+    tree: int | None = None,
 ) -> dict[str, dict[str, dict]]:
-    """{drafter label: {category: row, ..., "all": row}}; a row has speedup, tau, alpha.
+    """{drafter label: {category: row, ..., "all": row}}; a row has speedup (median over repeats, with its
+    min and max), tau, alpha and the acceptance at each draft position.
 
-    drafts: label -> what speculative_sample takes as `draft` (a GPT2, "ngram",
-    "early_exit:L", a drafter object). Every prompt is decoded once
-    autoregressively and once per drafter with the same seed; times are medians
-    over `repeats`. Speedups are ratios of summed times within a category.
+    drafts: label -> what speculative_sample takes as `draft` (a model, "ngram", "early_exit:L", "eagle",
+    a drafter object). Timing is interleaved: each repeat decodes every prompt once plainly and then once
+    per drafter, with the same seed, so a change in the machine's load falls on all of them alike; a
+    repeat's speedup is a ratio of token rates summed within a category. chat: each prompt is a user
+    message to a chat model (its template applied; a reply may end before n_tokens). tree: draft token
+    trees of up to this many nodes instead of chains.
     """
-    settings = dict(temperature=temperature, seed=seed)
-    ids = {cat: [encode(target, p) for p in ps] for cat, ps in prompts.items()}
+    settings = dict(temperature=temperature, seed=seed, chat=chat)
+    ids = {cat: [p if chat else encode(target, p) for p in ps] for cat, ps in prompts.items()}
     first = next(iter(ids.values()))[0]
     autoregressive_sample(target, first, 4, **settings)  # warm-up: page in weights, start BLAS threads
     for draft in drafts.values():
-        speculative_sample(target, draft, first, 4, K=K, **settings)
+        speculative_sample(target, draft, first, 4, K=K, tree=tree, **settings)
 
     tallies = {label: {cat: Tally() for cat in [*prompts, "all"]} for label in drafts}
-    for cat, prompt_ids in ids.items():
-        for i, prompt in enumerate(prompt_ids):
-            say(f"  {cat} {i + 1}/{len(prompt_ids)}: {len(prompt)} prompt tokens")
-            ar_seconds, _ = _median_seconds(lambda: autoregressive_sample(target, prompt, n_tokens, **settings), repeats)
-            for label, draft in drafts.items():
-                spec_seconds, result = _median_seconds(
-                    lambda: speculative_sample(target, draft, prompt, n_tokens, K=K, **settings), repeats
-                )
-                for key in (cat, "all"):
-                    tallies[label][key].add(ar_seconds, spec_seconds, result)
+    for repeat in range(repeats):
+        for cat, prompt_ids in ids.items():
+            for i, prompt in enumerate(prompt_ids):
+                say(f"  repeat {repeat + 1}/{repeats}, {cat} {i + 1}/{len(prompt_ids)}")
+                ar_seconds, ar = _seconds(lambda: autoregressive_sample(target, prompt, n_tokens, **settings))
+                for label, draft in drafts.items():
+                    spec_seconds, result = _seconds(
+                        lambda: speculative_sample(target, draft, prompt, n_tokens, K=K, tree=tree, **settings)
+                    )
+                    for key in (cat, "all"):
+                        tallies[label][key].add(repeat, ar_seconds, len(ar.tokens), spec_seconds, result)
     return {label: {cat: t.row() for cat, t in by_cat.items()} for label, by_cat in tallies.items()}
 
 
 def suite_table(results: dict[str, dict[str, dict]], out: TextIO) -> None:
-    """Markdown: one row per category, speedup / tau / alpha for each drafter."""
+    """Markdown: one row per category, speedup / tau / alpha for each drafter (the speedup's range over
+    repeats in brackets when there were several), then each drafter's acceptance by draft position."""
     labels = list(results)
     cats = list(next(iter(results.values())))
     out.write("| category | " + " | ".join(f"{x} speedup | {x} tau | {x} alpha" for x in labels) + " |\n")
@@ -173,8 +202,16 @@ def suite_table(results: dict[str, dict[str, dict]], out: TextIO) -> None:
         cells = []
         for label in labels:
             row = results[label][cat]
-            cells += [f"{row['speedup']:.2f}x", f"{row['tau']:.2f}", _num(row["alpha"])]
+            speedup = f"{row['speedup']:.2f}x"
+            if row.get("repeats", 1) > 1:
+                speedup += f" [{row['speedup_min']:.2f}-{row['speedup_max']:.2f}]"
+            cells += [speedup, f"{row['tau']:.2f}", _num(row["alpha"])]
         out.write(f"| {cat} | " + " | ".join(cells) + " |\n")
+    for label in labels:
+        by_position = results[label]["all"].get("acceptance_by_position") or []
+        if by_position:
+            out.write(f"\n{label}: acceptance by draft position (all prompts): "
+                      + ", ".join(f"{i + 1}: {_num(a)}" for i, a in enumerate(by_position)) + "\n")  # fmt: skip
 
 
 def _num(x: float) -> str:
@@ -318,7 +355,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--K", type=int, default=4, help="suite: draft tokens per round (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, help="suite: sampling temperature (default: 0)")
     p.add_argument("--temperatures", default="0,0.7,1", help="--alpha-table: temperatures (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=1, help="suite: timed runs per prompt, median kept (default 1)")
+    p.add_argument("--repeats", type=int, default=1, help="suite: timed runs of the whole suite, interleaved; the "
+                   "median speedup is printed with its range (default 1)")  # fmt: skip
+    p.add_argument("--chat", action="store_true", help="suite: each prompt is a user message to a chat model")
+    p.add_argument("--tree", type=int, default=None, help="suite: draft token trees of up to N nodes (depth K)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
     p.add_argument("--json", metavar="PATH", help="also write the numbers as JSON to PATH")
     add_quiet(p)
@@ -392,10 +432,11 @@ def main(argv=None) -> int:
                 model_free = label.split(":")[0] in ("ngram", "early_exit", "medusa", "eagle")
                 drafts[label] = label if model_free else target if label == args.target else load(label)
             progress(f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "
-                     f"{args.n_tokens} tokens per prompt, {args.repeats} timed run(s) each; load average "
+                     f"{args.n_tokens} tokens per prompt, {args.repeats} interleaved timed run(s)"
+                     f"{', chat' if args.chat else ''}{f', trees of {args.tree}' if args.tree else ''}; load average "
                      f"{load_average()}")  # fmt: skip
             numbers = run_suite(target, drafts, args.suite, args.n_tokens, args.K, args.temperature, args.seed,
-                                args.repeats, progress)  # fmt: skip
+                                args.repeats, progress, chat=args.chat, tree=args.tree)  # fmt: skip
             suite_table(numbers, sys.stdout)
             say(f"load average {load_average()} at the end (the speedups are wall-clock: read them with it)")
     except (ValueError, CheckpointError, DownloadError, OSError) as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,6 +89,33 @@ def test_run_suite_rows(folders):
             assert 1 <= row["tau"] <= 4 and row["speedup"] > 0
     assert out["self"]["all"]["alpha"] == 1.0 and out["self"]["all"]["tau"] == pytest.approx(8 / 2)  # 4 + 4 tokens
     assert out["small"]["all"]["alpha"] < 1
+    assert out["self"]["all"]["acceptance_by_position"] == [1.0, 1.0, 1.0]  # the draft is the target: all accepted
+
+
+def test_repeats_interleave_and_give_a_spread_and_acceptance_by_position(folders, monkeypatch):
+    target, draft = load_folder(folders["big"]), load_folder(folders["small"])
+    calls = []
+    real_ar, real_sd = suite.autoregressive_sample, suite.speculative_sample
+    monkeypatch.setattr(suite, "autoregressive_sample", lambda *a, **k: calls.append("ar") or real_ar(*a, **k))
+    monkeypatch.setattr(suite, "speculative_sample", lambda *a, **k: calls.append("sd") or real_sd(*a, **k))
+    prompts = {"code": suite.load_prompts()["code"][:2]}
+    out = suite.run_suite(target, {"small": draft}, prompts, n_tokens=8, K=3, repeats=3)
+    assert calls[2:] == ["ar", "sd"] * 6  # (after one warm-up each) plain then speculative, prompt by prompt
+    row = out["small"]["all"]
+    assert row["repeats"] == 3 and row["speedup_min"] <= row["speedup"] <= row["speedup_max"]
+    by_position = row["acceptance_by_position"]
+    assert 1 <= len(by_position) <= 3 and all(0 <= a <= 1 for a in by_position)
+    assert by_position[0] == row["alpha"] or len(by_position) > 1  # one judged position: its rate is alpha
+
+
+def test_chat_prompts_are_user_messages_and_rates_are_compared(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "train"))  # the tiny chat Llama lives there
+    from test_distill import chat_model
+
+    target = chat_model()
+    out = suite.run_suite(target, {"ngram": "ngram"}, {"dialogue": ["Hi", "Say yes."]}, n_tokens=10, K=2, chat=True)
+    row = out["ngram"]["all"]
+    assert 0 < row["tokens"] <= 20 and row["speedup"] > 0
 
 
 def test_suite_cli(folders, capsys, tmp_path):
@@ -96,8 +124,9 @@ def test_suite_cli(folders, capsys, tmp_path):
             "--categories", "lists,dialogue", "--json", str(path)]  # fmt: skip
     assert suite.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("| category | ") and len(lines) == 2 + 3  # header, rule, lists, dialogue, all
-    assert [line.split(" | ")[0] for line in lines[2:]] == ["| lists", "| dialogue", "| all"]
+    assert lines[0].startswith("| category | ") and lines[5] == ""  # header, rule, lists, dialogue, all, then ...
+    assert [line.split(" | ")[0] for line in lines[2:5]] == ["| lists", "| dialogue", "| all"]
+    assert lines[6].startswith(f"{folders['small']}: acceptance by draft position (all prompts): 1: ")  # ... per drafter
     assert set(json.loads(path.read_text())) == {str(folders["small"]), "ngram"}
 
 
