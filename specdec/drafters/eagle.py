@@ -29,6 +29,11 @@ embedding of its own: position reaches it through the features and the causal
 mask. The paper's uniform noise on training features (its "feature
 uncertainty" augmentation) is left out.
 
+For a Llama target a head may have a Llama block instead (its file's config
+"block": "llama", or "eagle3" for EAGLE-3's variant), trained in
+train/eagle_llama.py; LlamaEagleModel below drafts with it through
+model/llama.py's own inference block, and EagleDrafter drafts with either.
+
 Shape notation: B sequences of T positions, n_embd (e) the target's width,
 n_head heads of d_head, n = B*T rows.
 """

@@ -279,7 +279,7 @@ def test_a_pass_returns_the_layers_asked_for_side_by_side(llama_target, monkeypa
 def trained_eagle3(llama_target, tmp_path_factory):
     folder = tmp_path_factory.mktemp("eagle3")
     kind = el.LlamaEagleKind("eagle3")
-    params = train_briefly(llama_target, "eagle3")
+    params = train_briefly(llama_target, "eagle3", steps=25)
     save_heads(folder, "eagle", llama_target, params, kind.config(llama_target, {}), DraftVocab.of(llama_target))
     return folder
 
