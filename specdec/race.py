@@ -439,7 +439,7 @@ def race(
     line. Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far. verification:
     "token" or "block" (speculative_sample's: how a chain of drafts is judged). allow_special=True: control
     strings typed in the text become control tokens; by default they are plain text. cross_vocab: a draft
-    model with another tokenizer, "tli" or "slem" (speculative_sample's).
+    model with another tokenizer, "tli", "slem" or "slrs" (speculative_sample's).
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup, report.spread, report.verdict
