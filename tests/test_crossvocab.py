@@ -77,7 +77,9 @@ def one_tokenization(self, new, params):
     row = np.zeros(self.n_vocab, np.float32)
     for y in range(self.n_vocab):
         path = DRAFT_BPE.encode(TARGET_BPE.decode([y]), allowed_special="all")
-        row[y] = np.prod([nodes[tuple(path[:j])][x] for j, x in enumerate(path)])
+        for j, x in enumerate(path):  # a node the tree left out (top-k gave it q = 0) has probability 0
+            q = nodes.get(tuple(path[:j]))
+            row[y] = (row[y] if j else 1) * (q[x] if q is not None else 0)
     return row, nodes
 
 
