@@ -134,41 +134,26 @@ def test_the_drafts_cache_holds_a_prefix_of_its_encoding_of_the_text(target, dra
     assert text.startswith(DRAFT_BPE.decode_bytes(drafter.cached))
 
 
-# --- sampling: TLI reproduces the target's law, its broken variant does not ---------------------
+# --- sampling: TLI and SLRS reproduce the target's law, their broken variants do not -----------
 
 
-@pytest.mark.slow  # about a minute each: 10,000 runs
+@pytest.mark.slow  # one to three minutes each: 10,000 runs
 @pytest.mark.parametrize("top_k", [None, 3])
-def test_tli_matches_the_target_distribution(target, draft, top_k, monkeypatch):
+@pytest.mark.parametrize("rule,method,broken", [("tli", "intersect", unnormalised),
+                                                ("slrs", "string_law", one_tokenization)])  # fmt: skip
+def test_the_sampling_rules_match_the_target_distribution(target, draft, rule, method, broken, top_k, monkeypatch):
     params = SamplingParams(1.0, top_k=top_k)
     exact = exact_continuations(target, PROMPT, 3, params)
 
     def run(rng):
         return speculative_sample(target, draft, PROMPT, 3, K=2, temperature=1.0, top_k=top_k, rng=rng,
-                                  cross_vocab="tli")  # fmt: skip
+                                  cross_vocab=rule)  # fmt: skip
 
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_SAMPLES), exact)
-    assert ok, f"TLI failed: chi2={stat:.1f} df={df}"
-    monkeypatch.setattr(CrossVocabDrafter, "intersect", unnormalised)
+    assert ok, f"{rule} failed: chi2={stat:.1f} df={df}"
+    monkeypatch.setattr(CrossVocabDrafter, method, broken)
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_BROKEN), exact)
-    assert not ok, f"TLI without renormalising passed (chi2={stat:.1f} df={df})"
-
-
-@pytest.mark.slow  # about a minute each: 10,000 runs
-@pytest.mark.parametrize("top_k", [None, 3])
-def test_slrs_matches_the_target_distribution(target, draft, top_k, monkeypatch):
-    params = SamplingParams(1.0, top_k=top_k)
-    exact = exact_continuations(target, PROMPT, 3, params)
-
-    def run(rng):
-        return speculative_sample(target, draft, PROMPT, 3, K=2, temperature=1.0, top_k=top_k, rng=rng,
-                                  cross_vocab="slrs")  # fmt: skip
-
-    ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_SAMPLES), exact)
-    assert ok, f"SLRS failed: chi2={stat:.1f} df={df}"
-    monkeypatch.setattr(CrossVocabDrafter, "string_law", one_tokenization)
-    ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_BROKEN), exact)
-    assert not ok, f"SLRS counting one tokenization passed (chi2={stat:.1f} df={df})"
+    assert not ok, f"{rule} with {broken.__name__} passed (chi2={stat:.1f} df={df})"
 
 
 # --- one round's whole output law, enumerated ---------------------------------------------------
