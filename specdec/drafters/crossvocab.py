@@ -41,12 +41,13 @@ text "    total" is SmolLM2's "   " + " total" and the stdlib BPE's "   " + " t"
 may propose " t" (SmolLM2 has it too), which the target, wanting " total",
 rejects. SLEM re-encodes the draft's bytes " t", "otal" as SmolLM2's " total",
 and drops the last re-encoded token when more draft text could have extended it
-(the draft stopping after " t" gives " t", a prefix of " total": dropped). SLRS
-lets the draft write on past " t" until no longer target token fits, and
-proposes the longest one its string begins with. Byte-level pieces need not be valid UTF-8 alone
-("é" is two bytes; a draft token may end between them): everything is bytes
-until the target's tokenizer reads them, and an incomplete trailing character
-is left for the next round.
+(the draft stopping after " t" gives " t", a prefix of " total": dropped).
+SLRS lets the draft write on past " t" until no longer target token fits, and
+proposes the longest one its string begins with (" t" + "otal" + " =" stops on
+" total"). Byte-level pieces need not be valid UTF-8 alone ("é" is two bytes; a
+draft token may end between them): everything is bytes until the target's
+tokenizer reads them, and an incomplete trailing character is left for the
+next round.
 """
 
 from __future__ import annotations
@@ -244,15 +245,15 @@ class CrossVocabDrafter:
         self.draft_control = {name: model.tokenizer.encode_single_token(name)
                               for name in model.tokenizer.special_tokens_set}  # fmt: skip
         self.extendable = extendable(target.tokenizer, target.n_vocab) if rule != "tli" else frozenset()
-        if rule == "slrs":  # what SLRS reads at every node of its tree (branches)
-            self.target_tokens = ordinary_tokens(target.tokenizer, target.n_vocab)
-            self.longest = max(map(len, self.target_tokens))
-            pieces = {i: b for b, i in ordinary_tokens(model.tokenizer, model.n_vocab).items()}
-            self.pieces = [pieces.get(x) for x in range(model.n_vocab)]  # [n_draft] bytes, None: not ordinary
-            self.control_to_target = {x: target.tokenizer.encode_single_token(name)  # a control token, by its name
-                                      for name, x in self.draft_control.items()
-                                      if name in self.target_names}  # fmt: skip
-            self.branching: dict[bytes, Branches] = {}
+        # What SLRS reads at every node of its tree (branches); empty for the other rules.
+        slrs = rule == "slrs"
+        self.target_tokens = ordinary_tokens(target.tokenizer, target.n_vocab) if slrs else {}
+        self.longest = max(map(len, self.target_tokens), default=0)  # the longest target token, in bytes
+        pieces = {i: b for b, i in ordinary_tokens(model.tokenizer, model.n_vocab).items()} if slrs else {}
+        self.pieces = [pieces.get(x) for x in range(model.n_vocab)]  # [n_draft] bytes, None: not ordinary
+        self.control_to_target = {x: target.tokenizer.encode_single_token(name)  # a control token, by its name
+                                  for name, x in self.draft_control.items() if name in self.target_names}  # fmt: skip
+        self.branching: dict[bytes, Branches] = {}  # string -> its branches, filled as SLRS meets strings
         self.n_vocab = target.n_vocab  # proposals are target ids
         self.n_ctx = None  # the draft's own limit is handled by a window (`context`)
         self.cache: KVCache = model.new_cache()
