@@ -427,7 +427,9 @@ class CrossVocabDrafter:
         ends this round's drafting; given that it did not, y_i's law is q_i renormalised, the row
         reported. NOTE: the sum must take every path. Reporting one tokenization of y (the
         draft's own spelling of it) gives a q_i smaller than the law y_i is drawn from: the test
-        accepts too often and the output is no longer p (tests/test_crossvocab.py).
+        accepts too often and the output is no longer p (tests/test_crossvocab.py). The paper
+        states SLRS on strings; the stopping rule that makes the string one target token is
+        specdec's, so that q_i is a row over the target's vocabulary and verify.py reads it as any.
 
         Cost: the tree has a node for every draft tokenization of every proper prefix of a target
         token (tokenization_tree_size): 3 for the tests' tiny pair, more than 10^12 for SmolLM2
