@@ -50,6 +50,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.checkpoints.load import load_model
     from specdec.checkpoints.wheel import WHEELS
     from specdec.costmodel import K_LIMIT, parse_k
+    from specdec.drafters import make_drafter
     from specdec.drafters.crossvocab import check_rule
     from specdec.drafters.specs import DraftSpec, parse_draft
     from specdec.model.tokenizer import control_ids, encode_text
@@ -117,9 +118,9 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         "early_exit:L draws the children of one tree node: without replacement (EAGLE's way) or i.i.d. (what "
         "--verification spectr needs) (default: without_replacement)")
     add("--cross_vocab", choices=["tli", "slem", "slrs"], default=None, help="a draft model with ANOTHER tokenizer, "
-        "verified exactly (Timor et al. 2025): 'tli' (token-level intersection, any temperature) or 'slem' "
-        "(string-level exact match, temperature 0); 'slrs' is not implemented; default: the draft must share the "
-        "target's tokenizer")
+        "verified exactly (Timor et al. 2025): 'tli' (token-level intersection, any temperature), 'slem' "
+        "(string-level exact match, temperature 0) or 'slrs' (string-level rejection sampling; sampling only where "
+        "the vocabularies are small enough); default: the draft must share the target's tokenizer")
     add("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
     add("--chat", action="store_true", help="send the prompt as a user message in the chat model's template "
         "(the smollm2 models); both decoders stop at the end of the reply")
@@ -357,6 +358,8 @@ def run(args) -> int:
         draft_label = f"{spec.arg} ({plural(draft.n_layer, 'layer')}, {draft.n_embd} wide)"
         if args.cross_vocab is None:
             check_same_tokenizer(target, draft, args)
+        else:
+            check_cross_vocab(target, draft, args)
 
     if args.float64:  # the target only: a draft (even the target itself) stays float32
         target = target.astype(np.float64)
@@ -557,6 +560,14 @@ def check_same_tokenizer(target, draft, args) -> None:
         raise ValueError(f"the draft {args.draft} and target {args.target_model_size} tokenize text differently; "
                          f"give --cross_vocab tli (any temperature) or slem (temperature 0), or a draft with the "
                          f"target's tokenizer")
+
+
+def check_cross_vocab(target, draft, args) -> None:
+    """What only the two loaded vocabularies can tell: whether the rule can afford them (SLRS sampling)."""
+    try:
+        make_drafter(draft, target, args.cross_vocab).check(SamplingParams(args.temperature, args.top_k, args.top_p))
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
 
 
 def parse_tree(text: str | None):

@@ -440,7 +440,7 @@ def race(
     siblings: "iid" or "without replacement", how a draft model or early exit draws a tree's children
     (make_drafter; "spectr" needs "iid"). allow_special=True: control
     strings typed in the text become control tokens; by default they are plain text. cross_vocab: a draft
-    model with another tokenizer, "tli" or "slem" (speculative_sample's).
+    model with another tokenizer, "tli", "slem" or "slrs" (speculative_sample's).
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup, report.spread, report.verdict

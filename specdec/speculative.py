@@ -75,8 +75,9 @@ def speculative_sample(
     and "traversal" traversal verification (Weng et al.: the tree judged from the leaves, whole paths).
     on_round(proposal, logits): called after each verification pass (for measurements; see RoundCallback).
     cross_vocab: a draft model with ANOTHER tokenizer, verified exactly by Timor et al.'s rules
-    (drafters/crossvocab.py): "tli" (token-level intersection, any temperature) or "slem"
-    (string-level exact match, greedy only); "slrs" is refused (not implemented).
+    (drafters/crossvocab.py): "tli" (token-level intersection, any temperature), "slem"
+    (string-level exact match, greedy only) or "slrs" (string-level rejection sampling, any
+    temperature where the vocabularies are small enough: its q sums over draft tokenizations).
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)

@@ -229,7 +229,7 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblin
     A GPT2 or a Llama becomes a ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with
     n_max N (default 3); "early_exit:L" an EarlyExitDrafter over the target's
     first L layers; a Drafter (interfaces.py) is used as it is.
-    cross_vocab ("tli" or "slem"): the draft model's tokenizer differs from the target's, and
+    cross_vocab ("tli", "slem" or "slrs"): the draft model's tokenizer differs from the target's, and
     its drafts are re-spelt in the target's vocabulary by that rule (crossvocab.py).
     siblings ("iid" or "without replacement"; None: the drafter's default): how the two drafters
     that sample a tree's children (a model, early exit) draw the siblings of one node; refused

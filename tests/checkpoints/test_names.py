@@ -47,7 +47,6 @@ def test_the_default_pair_footprint():
         (["--target_model_size", "355M", "--draft", "early_exit:30"], "early exit needs 1 <= L < 24"),
         (["--target_model_size", "stdlib-6L", "--draft", "distilgpt2"], "tokenize text differently"),
         (["--target_model_size", "gpt2-xl", "--draft", "smollm2-135m"], "give --cross_vocab tli"),
-        (["--target_model_size", "smollm2-135m", "--draft", "stdlib-2L", "--cross_vocab", "slrs"], "not implemented"),
         (["--target_model_size", "smollm2-135m", "--draft", "stdlib-2L", "--cross_vocab", "slem", "--temperature",
           "1"], "'slem' is exact only at temperature 0"),
         (["--target_model_size", "smollm2-135m", "--draft", "ngram", "--cross_vocab", "tli"], "draft here is ngram"),
