@@ -54,6 +54,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.drafters.specs import DraftSpec, parse_draft
     from specdec.model.tokenizer import control_ids, encode_text
     from specdec.race import RaceInterrupted
+    from specdec.speculative import check_verification
 except KeyboardInterrupt:
     sys.exit(130)
 
@@ -107,9 +108,14 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         "(default: %(default)s)")
     add("--tree", default=None, metavar="N|auto", help="draft a token tree of up to N tokens (depth K) per round "
         "instead of a chain of K, or 'auto' (the tree cost model picks N each round); default: a chain")
-    add("--verification", choices=["token", "block"], default="token", help="how the target judges a chain of "
-        "drafts: 'token' (draft by draft) or 'block' (jointly, Sun et al. 2024: exact too, never fewer tokens per "
-        "round in expectation) (default: %(default)s)")
+    add("--verification", choices=["token", "block", "spectr", "traversal"], default="token", help="how the "
+        "target judges the drafts, all exact: 'token' (draft by draft; on a tree SpecInfer's rule), 'block' (a chain "
+        "jointly, Sun et al. 2024: never fewer tokens per round in expectation), and with --tree 'spectr' (SpecTr's "
+        "selection among i.i.d. siblings: needs --siblings iid) or 'traversal' (the tree judged from the leaves, "
+        "whole paths at a time) (default: %(default)s)")
+    add("--siblings", choices=["without_replacement", "iid"], default=None, help="how a draft model or "
+        "early_exit:L draws the children of one tree node: without replacement (EAGLE's way) or i.i.d. (what "
+        "--verification spectr needs) (default: without_replacement)")
     add("--cross_vocab", choices=["tli", "slem", "slrs"], default=None, help="a draft model with ANOTHER tokenizer, "
         "verified exactly (Timor et al. 2025): 'tli' (token-level intersection, any temperature) or 'slem' "
         "(string-level exact match, temperature 0); 'slrs' is not implemented; default: the draft must share the "
@@ -141,9 +147,10 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         check_seed(args.seed, "--seed")
         args.K = parse_k(args.K)
         args.tree = parse_tree(args.tree)
-        if args.verification == "block" and args.tree is not None:
-            raise ValueError("--verification block judges chains: leave out --tree")
+        if args.siblings is not None:
+            args.siblings = args.siblings.replace("_", " ")
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
+        check_cli_verification(args)
         params = SamplingParams(args.temperature, args.top_k, args.top_p)
         if args.cross_vocab is not None:
             check_rule(args.cross_vocab, params)
@@ -166,6 +173,18 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         p.error(f"--{e}" if str(e).startswith("K ") else str(e))
     refuse_ignored(p, args)
     return args
+
+
+def check_cli_verification(args) -> None:
+    """--verification and --siblings against the rest, by speculative.check_verification (the API's own check)."""
+    if args.only == "autoregressive" or args.temperature == 0 and args.verification in ("spectr", "traversal"):
+        return  # refuse_ignored says what is ignored there
+    if args.batch is not None and args.verification in ("spectr", "traversal"):
+        raise ValueError(f"--verification {args.verification} judges trees and --batch drafts chains: use token or "
+                         "block with --batch")  # fmt: skip
+    samples_siblings = args.draft_spec.kind in ("model", "early_exit") and args.cross_vocab is None
+    siblings = (args.siblings or "without replacement") if samples_siblings else None
+    check_verification(args.verification, args.tree, "exact", siblings)
 
 
 def check_names(args) -> None:
@@ -203,7 +222,15 @@ def refuse_ignored(p, args) -> None:
         ("ngram_max", spec.kind != "ngram", f"only applies to --draft ngram; the draft here is {args.draft}"),
         ("ngram_max", args.draft != "ngram", f"and --draft {args.draft} both set the n-gram length; give one"),
         *((dest, only_ar, "is about the speculative decoder, which --only autoregressive does not run")
-          for dest in ("draft", "K", "tree", "k_max", "ngram_max", "verification", "cross_vocab")),
+          for dest in ("draft", "K", "tree", "k_max", "ngram_max", "verification", "cross_vocab", "siblings")),
+        ("verification", greedy and args.verification in ("spectr", "traversal"), "has no effect at temperature 0 "
+         "(every tree rule follows the target's argmax); give --temperature"),
+        ("siblings", args.tree is None, "shapes a tree's children: give --tree N"),
+        ("siblings", spec.kind not in ("model", "early_exit") or args.cross_vocab is not None,
+         f"only applies to a draft model or early_exit:L (they sample a tree's children); the draft here is "
+         f"{args.draft}" + (" with --cross_vocab" if args.cross_vocab else "")),
+        ("siblings", greedy, "has no effect at temperature 0 (a tree's children are the draft's top tokens); "
+         "give --temperature"),
         ("prompt", args.batch is not None, "is one prompt; --batch reads its prompts from --prompt_file"),
         ("no_warmup", args.batch is not None, "is not offered with --batch (the batch always runs untimed first)"),
     ])  # fmt: skip
@@ -352,6 +379,8 @@ def run(args) -> int:
     say(f"prompt: {shorten(args.prompt)!r} ({plural(len(prompt_ids), 'token')}"
         + (f", {template} of them the chat template)" if args.chat else ")"))
     tree = f", tree={args.tree}" if args.tree else ""
+    tree += f", {args.verification} verification" if args.verification != "token" else ""
+    tree += f", siblings {args.siblings}" if args.siblings else ""
     say(f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}")
 
     status = Status()
@@ -364,7 +393,8 @@ def run(args) -> int:
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                       repeats=args.repeats, warmup=not args.no_warmup, k_max=args.k_max, decoders=decoders,
                       on_token=stream, on_decoder=stream and stream.start, tree=args.tree, chat=args.chat,
-                      on_status=status, verification=args.verification, cross_vocab=args.cross_vocab)  # fmt: skip
+                      on_status=status, verification=args.verification, cross_vocab=args.cross_vocab,
+                      siblings=args.siblings)  # fmt: skip
     except RaceInterrupted as e:  # Ctrl-C: show what was measured, then exit 130
         report, interrupted = e.report, e.during
     status.clear()

@@ -40,9 +40,8 @@ from .drafters import CrossVocabDrafter, make_drafter
 from .model.base import CausalLM
 from .result import DecodeResult, TokenCallback, fmt, sparkline, token_pieces, trace_html
 from .sampling import SamplingParams
-from .speculative import speculative_sample
+from .speculative import check_verification, speculative_sample
 from .timing import Costs, implausible, measure_costs, plausible
-from .verify import VERIFICATION
 
 DECODERS = ("autoregressive", "speculative")
 # The smallest margin a speedup must clear to be called faster or slower: identical runs on a busy
@@ -422,7 +421,7 @@ def race(
     repeats: int = 3, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
     on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
     chat: bool = False, on_status: Callable[[str], None] | None = None, verification: str = "token",
-    allow_special: bool = False, cross_vocab: str | None = None,
+    allow_special: bool = False, cross_vocab: str | None = None, siblings: str | None = None,
 ) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request, interleaved, and time them.
 
@@ -437,7 +436,9 @@ def race(
     chat: the prompt is a user message to a chat model, and both decoders stop at the end of the reply.
     on_status(text) is told what the race is doing (measuring, warming up, which repeat), for a status
     line. Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far. verification:
-    "token" or "block" (speculative_sample's: how a chain of drafts is judged). allow_special=True: control
+    speculative_sample's: "token" or "block" for a chain, "token", "spectr" or "traversal" for a tree.
+    siblings: "iid" or "without replacement", how a draft model or early exit draws a tree's children
+    (make_drafter; "spectr" needs "iid"). allow_special=True: control
     strings typed in the text become control tokens; by default they are plain text. cross_vocab: a draft
     model with another tokenizer, "tli" or "slem" (speculative_sample's).
 
@@ -446,8 +447,6 @@ def race(
     """
     # Check the whole request before spending time on measurements.
     params = SamplingParams(temperature, top_k, top_p)
-    if verification not in VERIFICATION or (verification == "block" and tree is not None):
-        raise ValueError(f"verification must be 'token' or 'block' (block: chains only, no tree), got {verification!r}")
     request = prompt  # with chat=True the samplers get the text and wrap it themselves
     prompt = check_request(target, prompt, n_tokens, chat, allow_special)
     check_seed(seed)
@@ -455,9 +454,11 @@ def race(
     if unknown or not decoders:
         raise ValueError(f"decoders must be some of {DECODERS}, got {tuple(decoders)}")
     run_speculative = "speculative" in decoders
-    checked = make_drafter(draft, target, cross_vocab) if run_speculative else None  # heads are read once here
+    checked = make_drafter(draft, target, cross_vocab, siblings) if run_speculative else None  # heads are read once here
     if isinstance(checked, CrossVocabDrafter):
         checked.check(params)  # SLEM: greedy only
+    if run_speculative:
+        check_verification(verification, tree, "exact", getattr(checked, "siblings", None))
     if run_speculative:
         K = parse_k(K)  # a word or an int: each run gets a fresh policy
         make_tree_policy(tree, None, target)  # checks `tree`
@@ -476,7 +477,7 @@ def race(
             raise RaceInterrupted(None, "measuring the costs") from None
     settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
                     top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
-                    verification=verification, cross_vocab=cross_vocab)  # fmt: skip
+                    verification=verification, cross_vocab=cross_vocab, siblings=siblings)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat,
                     allow_special=allow_special)  # fmt: skip
@@ -489,7 +490,7 @@ def race(
             result = autoregressive_sample(target, request, n, on_token=stream, **sampling)
             seconds = time.perf_counter() - start
             return Run(result, seconds, verify_seconds=seconds)
-        drafter = make_drafter(draft, target, cross_vocab)
+        drafter = make_drafter(draft, target, cross_vocab, siblings)
         k_policy = make_k_policy(K, k_max, costs=lambda: costs)
         tree_policy = TreePolicy(costs.c, costs.r) if tree == "auto" else tree  # learns afresh each run
         with (

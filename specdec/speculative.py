@@ -90,7 +90,7 @@ def speculative_sample(
     tree_policy = make_tree_policy(tree, drafter, target)
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
-    check_verification(verification, tree, acceptance, drafter)
+    check_verification(verification, tree, acceptance, getattr(drafter, "siblings", None))
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
     result = DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer)
     draft_calls_before = drafter.calls  # a drafter object may be reused across runs
@@ -151,21 +151,25 @@ def speculative_sample(
     return result
 
 
-def check_verification(verification: str, tree, acceptance: str, drafter) -> None:
-    """Refuse, in one line each, the verification settings that are unknown or would not be exact."""
+def check_verification(verification: str, tree, acceptance: str = "exact", siblings: str | None = None) -> None:
+    """Refuse, in one line each, the verification settings that are unknown or would not be exact.
+
+    siblings: how the drafter draws a sampled tree's children of one node, "iid" or "without
+    replacement" (a model or early-exit drafter's `siblings`), None for drafters that do not draw
+    them (n-gram tries, heads, cross-vocabulary). The API, race and the command line all ask here;
+    the messages name both spellings (tree=N / --tree N).
+    """
     if verification not in VERIFICATION + TREE_VERIFICATION:
         raise ValueError(f"verification must be 'token', 'block', 'spectr' or 'traversal', got {verification!r}")
-    if verification == "block" and (tree is not None or acceptance != "exact"):
-        raise ValueError("verification='block' verifies chains with the exact rule: use it without tree= "
-                         "and without acceptance='typical'")  # fmt: skip
-    if verification == "traversal" and (tree is None or acceptance != "exact"):
-        raise ValueError("verification='traversal' verifies trees with the exact rule: pass tree=N, and no "
-                         "acceptance='typical' (on a chain it is verification='block')")  # fmt: skip
-    if verification == "spectr":
-        if tree is None or acceptance != "exact":
-            raise ValueError("verification='spectr' verifies trees with the exact rule: pass tree=N, and no "
-                             "acceptance='typical' (on a chain it is the token-wise rule)")  # fmt: skip
-        if getattr(drafter, "siblings", None) != "iid":
-            raise ValueError("verification='spectr' needs siblings drawn i.i.d. (SpecTr's proof); this drafter draws "
-                             "them without replacement or deterministically: use ModelDrafter(model, siblings='iid') "
-                             "or EarlyExitDrafter(target, L, siblings='iid'), or verification='token'")  # fmt: skip
+    if verification in ("block", "spectr", "traversal") and acceptance != "exact":
+        raise ValueError(f"verification {verification!r} is an exact rule: leave out acceptance='typical' (lossy)")
+    if verification == "block" and tree is not None:
+        raise ValueError("verification 'block' judges a chain jointly: leave out tree= (--tree), or judge the tree "
+                         "with 'traversal' (block verification read along every path)")  # fmt: skip
+    if verification in ("spectr", "traversal") and tree is None:
+        chain_rule = "block" if verification == "traversal" else "token"
+        raise ValueError(f"verification {verification!r} judges trees: pass tree=N (--tree N); on a chain it is "
+                         f"verification {chain_rule!r}")  # fmt: skip
+    if verification == "spectr" and siblings != "iid":
+        raise ValueError("verification 'spectr' needs a tree's siblings drawn i.i.d. (SpecTr's proof): a draft "
+                         "model or early exit with siblings='iid' (--siblings iid), or verification 'token'")  # fmt: skip

@@ -29,7 +29,9 @@ the rest:
 and the ways of drawing siblings that sampled_tree keeps exact: draw_iid,
 draw_without_replacement, top_k_distinct. At the end, what several drafts for
 one position can be worth at best (optimal_acceptance: the bound no exact rule
-passes) and SpecTr's rule (spectr_plan).
+passes) and SpecTr's rule (spectr_plan); then, for a whole drafted tree, each
+rule's exact law of accepted tokens (accepted_law, expected_accepted) and the bound
+for its first position (first_position_bound).
 
 Why the sampled rule is exact: for any token y at a position,
     P(emit y) = q(y) min(1, p(y)/q(y)) + P(reject) * norm(max(0, p - q))(y)
@@ -756,10 +758,7 @@ def spectr_tree(
         r = p[row]
         if not kids:
             return path, draw(r, rng)
-        q_row = q[kids[0]]
-        if any(not np.array_equal(q[c], q_row) for c in kids[1:]):
-            raise ValueError("verification='spectr' needs the siblings of a node drawn i.i.d. from one q row; "
-                             "these siblings report different rows (drawn without replacement or distinct)")  # fmt: skip
+        q_row = iid_row(q, kids)
         gamma, residual = spectr_plan(r, q_row, len(kids))
         for child in kids:
             x = tokens[child]
@@ -803,3 +802,119 @@ def specinfer_iid_acceptance(p: np.ndarray, q: np.ndarray, k: int) -> float:
         if residual.sum() > 0:
             r = residual / residual.sum()
     return 1 - rejected
+
+
+# ---------------------------------------------------------------------------
+# Whole trees: how many drafted tokens each rule accepts on one drafted tree, in expectation.
+# ---------------------------------------------------------------------------
+
+
+def accepted_law(
+    tokens: list[int], parents: list[int], q: np.ndarray, p: np.ndarray, verification: str = "token"
+) -> np.ndarray:
+    """[depth + 1] float64: P(the round accepts exactly d drafted tokens | this drafted tree), d = 0..depth.
+
+    tokens, parents, q [n, n_vocab], p [n + 1, n_vocab]: a drafted tree and its target rows, as
+    sampled_tree reads them. verification: "token" (SpecInfer, sampled_tree; on a chain the
+    token-wise rule), "spectr" (spectr_tree: i.i.d. siblings) or "traversal" (traversal_tree; on a
+    chain block verification). No coin is flipped: the law is the rule's own recursion with each
+    coin replaced by its probability, so it is exact given the tree (the drafts are held fixed;
+    averaged over drafted trees it is the rule's law of accepted tokens per round).
+
+        token, spectr   node rules: at a node of row r with children x_1..x_k, child s is reached
+                        when every earlier child was rejected and accepted with probability
+                        min(1, r_(s-1)(x_s) / q_s(x_s)) (SpecInfer: r updated after each rejection) or
+                        min(1, r(x_s) / (gamma q(x_s))) (SpecTr's gamma, spectr_plan); the round stops
+                        at the node with the probability that none is accepted.
+        traversal       leaves to root: a child's subtree is judged with the weight carried down to
+                        it, min(1, w r(x) / q(x)); it is accepted (somewhere inside) with the
+                        probability its own recursion gives, else the parent's (w, r) update
+                        (traversal_update) before the next child; a node with no children left is
+                        accepted with its w (the root always).
+
+    The expected number accepted is law @ arange(depth + 1) (expected_accepted); tokens per
+    verification pass, tau, is one more (the corrected or bonus token). Computed in float64 (the
+    rules' own coins compare float32 rows; the law is a measurement, read to 1e-8 in the tests).
+    """
+    if verification not in TREE_VERIFICATION:
+        raise ValueError(f"verification must be one of {TREE_VERIFICATION} for a tree's law, got {verification!r}")
+    children = children_of(parents)
+    depth = [0] * (len(parents) + 1)  # depth[row]: drafted tokens on the path to row (0: the root)
+    for i, parent in enumerate(parents):
+        depth[i + 1] = depth[parent + 1] + 1
+    law = np.zeros(max(depth) + 1)  # [depth + 1]
+    p64, q64 = np.asarray(p, np.float64), np.asarray(q, np.float64)
+
+    def node_rule(row: int, reach: float) -> None:
+        """Spread the probability `reach` of arriving at this node over where the round ends."""
+        kids, r = children[row], p64[row]
+        gamma = spectr_plan(r, iid_row(q64, kids), len(kids))[0] if verification == "spectr" and kids else 1.0
+        for child in kids:
+            x = tokens[child]
+            accept = min(1.0, r[x] / (gamma * q64[child, x]))
+            node_rule(child + 1, reach * accept)
+            reach *= 1 - accept
+            if verification == "token":  # SpecInfer's r_s = norm(max(0, r_(s-1) - q_s)), as in sampled_tree
+                residual = np.maximum(r - q64[child], 0)
+                if residual.sum() > 0:
+                    r = residual / residual.sum()
+        law[depth[row]] += reach  # no child accepted, or a leaf: the round ends here
+
+    def judge(row: int, w: float) -> np.ndarray:
+        """[depth + 1]: P(this subtree is accepted, ending at depth d), judged with weight w (traversal_tree)."""
+        out = np.zeros_like(law)
+        r, rejected = p64[row], 1.0  # rejected: P(every child so far rejected, subtree and all)
+        for child in children[row]:
+            x = tokens[child]
+            below = judge(child + 1, min(1.0, w * r[x] / q64[child, x]))
+            out += rejected * below
+            rejected *= 1 - below.sum()
+            w, r = traversal_update(w, r, q64[child])
+        out[depth[row]] += rejected * (1.0 if row == 0 else w)
+        return out
+
+    if verification == "traversal":
+        law += judge(0, 1.0)
+    else:
+        node_rule(0, 1.0)
+    return law
+
+
+def expected_accepted(tokens: list[int], parents: list[int], q: np.ndarray, p: np.ndarray,
+                      verification: str = "token") -> float:  # fmt: skip
+    """E[drafted tokens accepted | this drafted tree] under a rule: accepted_law's mean."""
+    law = accepted_law(tokens, parents, q, p, verification)
+    return float(law @ np.arange(len(law)))
+
+
+def first_position_bound(tokens: list[int], parents: list[int], q: np.ndarray, p: np.ndarray) -> float:
+    """The best P(accept at least one drafted token) any exact rule can reach with the root's children.
+
+    The bound where it applies to a whole tree: its first position, k candidates for one token
+    (optimal_acceptance). It is a bound on the average over drafted trees of 1 - accepted_law(...)[0],
+    for trees whose root children are drawn as these were, told apart by their q rows:
+        point masses       deterministic candidates D (top_k_distinct): p(D), accept Y ~ p when Y is in D
+        all rows equal     i.i.d. from that row: optimal_acceptance(p[0], row, k)
+        otherwise          without replacement from the first row (draw_without_replacement):
+                           optimal_acceptance(..., replacement=False), so q's support must be small
+                           (at most WOR_SUPPORT_MAX tokens)
+    Deeper positions have no such closed form here: what a rule may accept below a node depends on
+    the whole subtree it judges.
+    """
+    kids = children_of(parents)[0]
+    if not kids:
+        return 0.0
+    rows = q[kids]  # [k, n_vocab]
+    if np.all(rows.max(axis=-1) == 1):
+        return float(np.asarray(p[0], np.float64)[sorted({tokens[c] for c in kids})].sum())
+    iid = all(np.array_equal(row, rows[0]) for row in rows[1:])
+    return optimal_acceptance(p[0], rows[0], len(kids), replacement=iid)
+
+
+def iid_row(q: np.ndarray, kids: list[int]) -> np.ndarray:
+    """The one q row siblings `kids` were drawn i.i.d. from; refuses siblings that report different rows."""
+    q_row = q[kids[0]]
+    if any(not np.array_equal(q[c], q_row) for c in kids[1:]):
+        raise ValueError("verification='spectr' needs the siblings of a node drawn i.i.d. from one q row; "
+                         "these siblings report different rows (drawn without replacement or distinct)")  # fmt: skip
+    return q_row

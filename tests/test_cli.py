@@ -69,6 +69,21 @@ def test_model_free_drafters(checkpoints, capsys, draft):
     assert report["speculative"]["drafted"] > 0
 
 
+@pytest.mark.parametrize("verification,siblings", [("spectr", "iid"), ("traversal", "iid"),
+                                                    ("traversal", "without_replacement")])  # fmt: skip
+def test_the_tree_rules_from_the_command_line(checkpoints, capsys, verification, siblings):
+    code, out, err = run_main(
+        capsys, "--target_model_size", str(checkpoints / "target"), "--draft", str(checkpoints / "draft"),
+        "--n_tokens_to_generate", "10", "--temperature", "1", "--tree", "4", "--K", "2", "--verification",
+        verification, "--siblings", siblings, "--only", "speculative", "--repeats", "1", "--no_warmup", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads(out)
+    settings = report["settings"]
+    assert (settings["verification"], settings["siblings"]) == (verification, siblings.replace("_", " "))
+    assert len(report["speculative"]["tokens"]) == 10 and report["speculative"]["drafted"] > 0
+
+
 def test_sampling_with_auto_k_runs_one_decoder(checkpoints, capsys):
     code, out, err = run_main(
         capsys, "--target_model_size", str(checkpoints / "target"), "--draft", str(checkpoints / "draft"),

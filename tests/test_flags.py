@@ -73,6 +73,18 @@ def test_a_value_after_double_dash_is_not_a_flag():
         (["--only", "autoregressive", "--K", "3"], "which --only autoregressive does not run"),
         (["--only", "autoregressive", "--draft", "ngram"], "which --only autoregressive does not run"),
         (["--only", "autoregressive", "--verification", "block"], "which --only autoregressive does not run"),
+        (["--verification", "spectr", "--tree", "4", "--temperature", "1"], "'spectr' needs a tree's siblings drawn i.i.d."),
+        (["--verification", "spectr", "--tree", "4", "--temperature", "1", "--draft", "stdlib-2L"],
+         "(--siblings iid)"),
+        (["--verification", "traversal", "--temperature", "1"], "'traversal' judges trees: pass tree=N (--tree N)"),
+        (["--verification", "block", "--tree", "4"], "'block' judges a chain jointly"),
+        (["--verification", "spectr", "--tree", "4", "--siblings", "iid", "--draft", "stdlib-2L"],
+         "--verification has no effect at temperature 0"),
+        (["--verification", "traversal", "--tree", "4", "--temperature", "1", "--batch", "2", "--prompt_file", "p"],
+         "--batch drafts chains"),
+        (["--siblings", "iid", "--temperature", "1", "--draft", "stdlib-2L"], "--siblings shapes a tree's children"),
+        (["--siblings", "iid", "--tree", "4", "--temperature", "1"], "--siblings only applies to a draft model"),
+        (["--siblings", "iid", "--tree", "4", "--draft", "stdlib-2L"], "--siblings has no effect at temperature 0"),
         (["--prompt", "a", "--prompt_file", "b"], "give the prompt once"),
         (["--prompt_file", "/nonexistent/prompt.txt"], "no such file"),
     ],
@@ -88,6 +100,12 @@ def test_the_same_flags_are_accepted_where_they_mean_something():
     assert (args.k_max, args.top_k, args.top_p, args.seed) == (6, 40, 0.9, 3)
     args = main.parse_args(["--target_model_size", "stdlib-6L", "--draft", "ngram", "--ngram_max", "5"])
     assert args.draft_spec.arg == 5
+    for draft in ("stdlib-2L", "early_exit:2"):
+        args = main.parse_args(["--target_model_size", "stdlib-6L", "--draft", draft, "--tree", "8", "--temperature",
+                                "1", "--verification", "spectr", "--siblings", "iid"])  # fmt: skip
+        assert (args.verification, args.siblings) == ("spectr", "iid")
+    args = main.parse_args([*OFFLINE, "--tree", "8", "--temperature", "1", "--verification", "traversal"])
+    assert args.verification == "traversal" and args.siblings is None
 
 
 def test_the_prompt_from_stdin_and_from_a_file(tmp_path, monkeypatch):

@@ -31,6 +31,7 @@ from specdec.drafters import EarlyExitDrafter, ModelDrafter
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 from specdec.sampling import SamplingParams, probabilities
 from specdec.verify import (
+    accepted_law,
     children_of,
     optimal_acceptance,
     sampled_tree,
@@ -248,21 +249,30 @@ def round_law(world: World, widths, siblings: str, node_law) -> dict[tuple, floa
     """{output: probability} of one round: a tree drafted from q, judged by node_law against p."""
     law: dict[tuple, float] = {}
     for tokens, parents, paths, q, prob in draft_trees(world, widths, siblings):
-        children = children_of(parents)
+        p = [world.p(())] + [world.p(path) for path in paths]
+        for key, v in node_rule_law(tokens, parents, q, p, node_law).items():
+            law[key] = law.get(key, 0.0) + prob * v
+    return law
 
-        def walk(row: int, prefix: tuple, mass: float):
-            r = world.p(paths[row - 1] if row else ()).astype(np.float64)
-            kids = children[row]
-            accept, residual = node_law(r, [tokens[c] for c in kids], q[kids]) if kids else ([], r)
-            left = mass
-            for child, a in zip(kids, accept):
-                walk(child + 1, prefix + (tokens[child],), left * a)
-                left *= 1 - a
-            for y in range(world.V):
-                if left * residual[y] > 0:
-                    law[prefix + (y,)] = law.get(prefix + (y,), 0.0) + left * residual[y]
 
-        walk(0, (), prob)
+def node_rule_law(tokens, parents, q, p, node_law) -> dict[tuple, float]:
+    """{output: probability} of a node rule on one drafted tree (q: [n, V] its rows, p: [n + 1, V] target rows)."""
+    law: dict[tuple, float] = {}
+    children = children_of(parents)
+
+    def walk(row: int, prefix: tuple, mass: float):
+        r = np.asarray(p[row], np.float64)
+        kids = children[row]
+        accept, residual = node_law(r, [tokens[c] for c in kids], q[kids]) if kids else ([], r)
+        left = mass
+        for child, a in zip(kids, accept):
+            walk(child + 1, prefix + (tokens[child],), left * a)
+            left *= 1 - a
+        for y in range(len(r)):
+            if left * residual[y] > 0:
+                law[prefix + (y,)] = law.get(prefix + (y,), 0.0) + left * residual[y]
+
+    walk(0, (), 1.0)
     return law
 
 
@@ -313,10 +323,14 @@ def completed_error(world, widths, law) -> float:
     return max(abs(v - world.target(s)) for s, v in completed.items())
 
 
-def law_error(world, widths, siblings, node_law) -> float:
+def rule_round_law(world, widths, siblings, node_law) -> dict[tuple, float]:
     if node_law == "traversal":
-        return completed_error(world, widths, traversal_round_law(world, widths, siblings))
-    return completed_error(world, widths, round_law(world, widths, siblings, node_law))
+        return traversal_round_law(world, widths, siblings)
+    return round_law(world, widths, siblings, node_law)
+
+
+def law_error(world, widths, siblings, node_law) -> float:
+    return completed_error(world, widths, rule_round_law(world, widths, siblings, node_law))
 
 
 def weight_kept(w, r, q):
@@ -423,6 +437,101 @@ def test_traversal_never_accepts_fewer_than_specinfer(widths):
             assert traversal >= specinfer - 1e-12, (widths, siblings, world.V, traversal, specinfer)
             gain = max(gain, traversal - specinfer)
     assert gain > 1e-3 or widths[0] > 1 and len(widths) == 1, gain
+
+
+def accepted_histogram(law: dict[tuple, float], depth: int) -> np.ndarray:
+    """[depth + 1]: P(d drafted tokens accepted) from an enumerated law of outputs."""
+    out = np.zeros(depth + 1)
+    for key, v in law.items():
+        out[len(key) - 1] += v
+    return out
+
+
+def enumerated_accepted_law(rule: str, tokens, parents, q, p, depth: int) -> np.ndarray:
+    """The brute-force counterpart of verify.accepted_law: the enumerated law of outputs, by length."""
+    if rule == "traversal":
+        law = traversal_law(tokens, parents, q, p)
+    else:
+        law = node_rule_law(tokens, parents, q, p, spectr_node if rule == "spectr" else specinfer_node)
+    return accepted_histogram(law, depth)
+
+
+def each_node_alone(tokens, parents, q, p, verification) -> np.ndarray:
+    """BROKEN: every node accepted with its path's prod min(1, p/q), as if its siblings did not compete."""
+    depth = [0] * len(parents)
+    at_least = {}
+    for i, parent in enumerate(parents):
+        depth[i] = depth[parent] + 1 if parent >= 0 else 1
+        ratio = min(1.0, p[parent + 1][tokens[i]] / q[i][tokens[i]])
+        at_least[i] = ratio * (at_least[parent] if parent >= 0 else 1.0)
+    law = np.zeros(max(depth) + 1)
+    for i in range(len(parents)):
+        law[depth[i]] += at_least[i]
+    law[0] = 1 - law[1:].sum()
+    return law
+
+
+def worst_accepted_law_error(accepted_law, widths) -> float:
+    """The largest |accepted_law - enumeration| over every drafted tree, world and sibling mode of each rule."""
+    worst = 0.0
+    for rule, (_, modes) in RULES.items():
+        for siblings in modes:
+            for world in WORLDS[:3]:
+                for tokens, parents, paths, q, _ in draft_trees(world, widths, siblings):
+                    p = np.array([world.p(())] + [world.p(path) for path in paths])
+                    want = enumerated_accepted_law(rule, tokens, parents, q, p, len(widths))
+                    got = accepted_law(tokens, parents, q, p, rule if rule != "specinfer" else "token")
+                    worst = max(worst, float(np.abs(got - want).max()))
+    return worst
+
+
+@pytest.mark.parametrize("widths", [(2,), (1, 2), (2, 1)], ids=str)
+def test_accepted_law_of_each_rule_is_the_enumerated_one(widths):
+    """verify.accepted_law, each rule's law of accepted drafts on one drafted tree, against enumeration."""
+    assert worst_accepted_law_error(verify.accepted_law, widths) < EXACT
+
+
+@pytest.mark.parametrize("broken", ["each-node-alone", "weight-reset", "spectr-gamma-one"])
+def test_a_broken_accepted_law_fails_the_enumeration(broken, monkeypatch):
+    law = verify.accepted_law
+    if broken == "each-node-alone":
+        law = each_node_alone
+    elif broken == "weight-reset":
+        monkeypatch.setattr(verify, "traversal_update", weight_reset)
+    else:
+        monkeypatch.setattr(verify, "spectr_plan", broken_spectr_plan)
+    worst = worst_accepted_law_error(law, (2, 1))
+    assert worst > 1e-3, f"{broken} passed (error {worst:.1e})"
+
+
+def test_accepted_law_on_a_chain_is_the_chain_rules_law():
+    """A chain of 3: traversal's law is block_plan's stop law, SpecInfer's is token-wise's prod min(1, p/q)."""
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        p, q = rng.dirichlet(np.ones(5), size=4), rng.dirichlet(np.ones(5), size=3)
+        tokens, parents = [int(rng.choice(5, p=row)) for row in q], [-1, 0, 1]
+        stop, _ = verify.block_plan(tokens, q, p)
+        assert accepted_law(tokens, parents, q, p, "traversal") == pytest.approx(stop, abs=1e-6)
+        at_least = verify.token_weights(tokens, q, p)  # [4]: P(at least i accepted)
+        assert accepted_law(tokens, parents, q, p, "token") == pytest.approx(-np.diff(at_least, append=0), abs=1e-6)
+
+
+def test_expected_accepted_averages_to_the_round_and_the_first_position_stays_below_its_bound():
+    """Averaged over drafted trees, expected_accepted is the round's; one level, it stays below the bound."""
+    for world in WORLDS[:3]:
+        for widths in ((2,), (3,), (2, 1)):
+            for rule, (node_law, modes) in RULES.items():
+                for siblings in modes:
+                    name = "token" if rule == "specinfer" else rule
+                    average, first, bound = 0.0, 0.0, 0.0
+                    for tokens, parents, paths, q, prob in draft_trees(world, widths, siblings):
+                        p = np.array([world.p(())] + [world.p(path) for path in paths])
+                        average += prob * verify.expected_accepted(tokens, parents, q, p, name)
+                        first += prob * (1 - accepted_law(tokens, parents, q, p, name)[0])
+                        bound = verify.first_position_bound(tokens, parents, q, p)  # the same for every tree
+                    round_ = expected_accepted(rule_round_law(world, widths, siblings, node_law))
+                    assert average == pytest.approx(round_, abs=1e-9), (world.V, widths, rule, siblings)
+                    assert first <= bound + 1e-9, (world.V, widths, rule, siblings, first, bound)
 
 
 # --- 3. acceptance at one node against the bound --------------------------------------------------

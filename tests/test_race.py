@@ -91,6 +91,20 @@ def test_race_checks_the_request_before_measuring(models):
             race(**args)
 
 
+def test_race_offers_the_tree_rules_where_they_are_exact(models):
+    target, draft = models
+    settings = dict(prompt=[1, 2], n_tokens=6, K=2, tree=4, temperature=1.0, repeats=1, warmup=False)
+    for verification, siblings in [("spectr", "iid"), ("traversal", None), ("traversal", "iid")]:
+        report = race(target, draft, verification=verification, siblings=siblings, **settings)
+        assert report.spec.result.drafted > 0 and report.settings["verification"] == verification
+    with pytest.raises(ValueError, match="i.i.d."):  # the model drafter draws without replacement by default
+        race(target, draft, verification="spectr", **settings)
+    with pytest.raises(ValueError, match="siblings applies to a draft model"):
+        race(target, "ngram", verification="spectr", siblings="iid", **settings)
+    with pytest.raises(ValueError, match="judges trees"):
+        race(target, draft, verification="traversal", **{**settings, "tree": None})
+
+
 def count_prompt_passes(monkeypatch, model, prompt: list[int]) -> list[int]:
     """Wraps model.forward: the returned list grows by one per pass over (nearly) the whole prompt."""
     passes, forward = [], model.forward

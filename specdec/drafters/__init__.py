@@ -223,7 +223,7 @@ class NgramDrafter:
         pass
 
 
-def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None) -> Drafter:
+def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblings: str | None = None) -> Drafter:
     """Turn what a caller passed as `draft` into a drafter for `target`.
 
     A GPT2 or a Llama becomes a ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with
@@ -231,10 +231,20 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None) -> Dra
     first L layers; a Drafter (interfaces.py) is used as it is.
     cross_vocab ("tli" or "slem"): the draft model's tokenizer differs from the target's, and
     its drafts are re-spelt in the target's vocabulary by that rule (crossvocab.py).
+    siblings ("iid" or "without replacement"; None: the drafter's default): how the two drafters
+    that sample a tree's children (a model, early exit) draw the siblings of one node; refused
+    for any other draft.
     """
+    if siblings is not None:
+        check_siblings(siblings)
+        early_exit = isinstance(draft, str) and parse_draft(draft).kind == "early_exit"
+        if cross_vocab is not None or not (isinstance(draft, LanguageModel) or early_exit):
+            raise ValueError(f"siblings applies to a draft model or early_exit:L, which sample a tree's children; "
+                             f"not to {draft if isinstance(draft, str) else type(draft).__name__}"
+                             + (" with cross_vocab" if cross_vocab is not None else ""))  # fmt: skip
     if cross_vocab is not None:
         return _cross_vocab_drafter(draft, target, cross_vocab)
-    drafter = _as_drafter(draft, target)
+    drafter = _as_drafter(draft, target, siblings or "without replacement")
     if isinstance(draft, LanguageModel) and draft.tokenizer and target.tokenizer and not same_tokenizer(draft, target):
         raise ValueError(f"the draft {draft.name} tokenizes text differently from the target {target.name}: pass "
                          "cross_vocab='tli' (any temperature) or 'slem' (greedy) to verify its drafts across "
@@ -272,15 +282,15 @@ def _cross_vocab_drafter(draft, target, cross_vocab: str) -> Drafter:
     return CrossVocabDrafter(draft, target, cross_vocab)
 
 
-def _as_drafter(draft, target: CausalLM) -> Drafter:
+def _as_drafter(draft, target: CausalLM, siblings: str) -> Drafter:
     if isinstance(draft, LanguageModel):
-        return ModelDrafter(draft)  # even draft is target works: it gets its own cache
+        return ModelDrafter(draft, siblings=siblings)  # even draft is target works: it gets its own cache
     if isinstance(draft, str):
         spec = parse_draft(draft)
         if spec.kind == "ngram":
             return NgramDrafter(target.n_vocab, n_max=spec.arg)
         if spec.kind == "early_exit":
-            return EarlyExitDrafter(target, spec.arg)
+            return EarlyExitDrafter(target, spec.arg, siblings=siblings)
         if spec.kind == "eagle" and spec.arg == "":  # the head shipped inside specdec for this target
             return EagleDrafter.load(shipped_heads(target.name, "eagle"), target)
         if spec.kind in ("medusa", "eagle"):  # heads trained by `python -m specdec.train`, in folder spec.arg

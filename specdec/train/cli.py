@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-tokens", type=int, default=4096, help="with --data: positions per step (default 4096)")
     parser.add_argument("--held-out", type=float, default=0.05, help="with --data: share of requests held out (0.05)")
     parser.add_argument("--max-rows", type=int, default=None, help="with --data: use only the first N rows")
+    parser.add_argument("--states-cache", metavar="DIR", help="with --data: keep the target's hidden states in DIR "
+                        "between runs (float16, about 1.2 kB per token per layer; checked before reuse)")  # fmt: skip
     parser.add_argument("--block", choices=["gpt2", "llama", "eagle3"], default=None,
                         help="with --data: EAGLE's block: GPT-2's (default), a Llama block (Llama targets), or "
                         "EAGLE-3's (a Llama block on fused low/mid/high features, trained on its own drafts)")  # fmt: skip
@@ -71,7 +73,7 @@ def main(argv=None) -> int:
     if args.kind not in ("medusa", "eagle"):
         parser.error(f"{args.kind} heads train on distillation shards: give --data DIR")
     flags.refuse_ignored(parser, args, [(name, True, "only applies with --data DIR") for name in
-                                        ("epochs", "batch_tokens", "held_out", "max_rows", "block")])  # fmt: skip
+                                        ("epochs", "batch_tokens", "held_out", "max_rows", "block", "states_cache")])  # fmt: skip
     try:
         from ..checkpoints.load import load_model
 
@@ -123,7 +125,7 @@ def data_train_main(parser, args) -> int:
             args.kind, target, args.data, args.out, vocab_top=args.vocab_top, epochs=args.epochs, steps=args.steps,
             batch_tokens=args.batch_tokens, lr=args.lr or 1e-3, held_out=args.held_out, max_rows=args.max_rows,
             seed=args.seed, resume=args.resume, save_every=args.save_every, progress=not args.quiet,
-            command=command_line(),
+            command=command_line(), states_cache=args.states_cache,
             options={"block": args.block or "gpt2", "layers": args.layers, "n_ff": args.n_ff, "loss": args.loss},
         )  # fmt: skip
     except (ValueError, OSError) as e:

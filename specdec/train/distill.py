@@ -409,6 +409,7 @@ class DistillData:
     ended: np.ndarray  # [n_rows] bool
     request_text: list[str]
     reply_text: list[str]
+    shard_sha256: list[str] = field(default_factory=list)  # the shards read, in order (what the rows came from)
 
     @property
     def n_tokens(self) -> int:
@@ -443,6 +444,7 @@ def load_distill_data(folder: str | Path, model=None, complete: bool = True) -> 
                 raise ValueError(f"{folder}: a shard is missing from {MANIFEST}; run the same `data` command again")
             continue
         a = read_shard(folder, entry, n_vocab)
+        data.shard_sha256.append(entry["sha256"])
         po, ro = a["prompt_offsets"], a["reply_offsets"]
         for b in range(len(a["row"])):
             data.prompts.append(a["prompt_ids"][po[b] : po[b + 1]])

@@ -1,7 +1,9 @@
 """bench --only multidraft: the bound and each rule's acceptance per position, on tiny models (the plumbing)."""
 
 import numpy as np
+import pytest
 
+from specdec.bench import multidraft
 from specdec.bench.multidraft import TREE_RULES, measure, positions, tree_rounds
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 
@@ -30,9 +32,29 @@ def test_every_rule_sits_between_one_draft_and_the_bound():
         assert result[4]["bound_iid"] >= result[2]["bound_iid"]
 
 
+@pytest.mark.parametrize("broken", ["spectr_acceptance", "specinfer_iid_acceptance"])
+def test_a_rule_above_the_bound_stops_the_run(broken, monkeypatch):
+    p, q = positions(model(10), "model", model(20), [[1, 2, 3]], 4, 1.0, seed=0)
+    measure(p, q, 1.0, None, [2], draws=1, seed=0)  # the real rules pass the never-worse checks
+    monkeypatch.setattr(multidraft, broken, lambda p, q, k: multidraft.optimal_acceptance(p, q, k) + 0.01)
+    with pytest.raises(AssertionError, match="passed the i.i.d. bound"):
+        measure(p, q, 1.0, None, [2], draws=1, seed=0)
+
+
 def test_whole_tree_rounds_for_each_rule():
     target, draft = model(10), model(20)
-    rounds = tree_rounds(target, draft, [[1, 2, 3], [4, 5]], 6, 1.0, nodes=4, depth=2, seed=0)
-    assert set(rounds) == set(TREE_RULES)
-    for taus, seconds in rounds.values():
+    per_rule, same = tree_rounds(target, draft, [[1, 2, 3], [4, 5]], 6, 1.0, nodes=4, depth=2, seed=0)
+    assert set(per_rule) == set(TREE_RULES)
+    for r in per_rule.values():
+        taus, expected, seconds = r["tau"], r["expected"], r["seconds"]
         assert taus and all(1 <= t <= 3 for t in taus) and len(seconds) == len(taus) and min(seconds) > 0
+        assert len(expected) == len(taus) and all(1 <= e <= 3 for e in expected)
+    assert set(same["iid"]) == {"token", "spectr", "traversal", "first token", "first spectr", "first traversal",
+                                "bound"}  # fmt: skip
+    assert "spectr" not in same["without replacement"]
+    for values in same.values():  # the same trees for every rule; none passes the bound on average by much
+        assert len({len(v) for v in values.values()}) == 1
+        for rule in ("token", "traversal"):
+            assert np.mean(values["first " + rule]) <= np.mean(values["bound"]) + 0.1
+    per_rule, _ = tree_rounds(target, "early_exit:1", [[1, 2, 3]], 4, 1.0, nodes=4, depth=2, seed=0)
+    assert set(per_rule) == set(TREE_RULES) and all(r["tau"] for r in per_rule.values())

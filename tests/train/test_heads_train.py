@@ -70,6 +70,29 @@ def test_batches_cover_every_row_once_within_the_budget_and_line_up_with_the_dat
     assert np.all(batch.p.sum(axis=1) <= 1 + 1e-5)
 
 
+def test_cached_states_are_the_computed_ones_and_a_tampered_cache_is_made_again(shards, tmp_path):
+    model, folder = shards
+    data = load_distill_data(folder, model)
+    rows, layers = [0, 2, 3], [1, model.hparams.n_layer]
+    fresh = ht.row_states(model, data, rows, layers, progress=False)
+    first = ht.row_states(model, data, rows, layers, progress=False, cache=tmp_path)  # computes and keeps
+    files = sorted(tmp_path.glob("states-L*.npy"))
+    assert len(files) == 2
+    for r in rows:
+        np.testing.assert_allclose(first[r], fresh[r], rtol=4e-3, atol=4e-3)  # batched with other rows
+    again = ht.row_states(model, data, [3], [model.hparams.n_layer], progress=False, cache=tmp_path)  # read back
+    np.testing.assert_array_equal(again[3][0], first[3][1])  # the very values kept
+    flat = np.load(files[0])
+    flat[0, 0] += 1
+    np.save(files[0], flat)  # edited after it was recorded: its sha256 no longer matches
+    stamp = files[0].stat().st_mtime_ns
+    ht.row_states(model, data, rows, layers, progress=False, cache=tmp_path)
+    assert files[0].stat().st_mtime_ns != stamp  # made again, not trusted
+    redone = ht.row_states(model, data, rows, layers, progress=False, cache=tmp_path)
+    for r in rows:
+        np.testing.assert_allclose(redone[r], fresh[r], rtol=4e-3, atol=4e-3)
+
+
 def test_the_masked_eagle_loss_has_the_gradient_of_finite_differences(shards):
     model, folder = shards
     data = load_distill_data(folder, model)
