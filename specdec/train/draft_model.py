@@ -10,8 +10,8 @@ one at a time. What this file adds over a plain language model:
 1. Its start: the target itself, cut down. The draft's width is the target's
    (576 for SmolLM2-135M), so it reads the target's token embedding and scores
    tokens with it (tied, frozen, not stored: checkpoints/draft.py), and its
-   blocks start as copies of target blocks spread over the depth (`--layers`),
-   the final RMSNorm as the target's. A narrower MLP (`--n-ff`) keeps the units
+   blocks start as copies of the target blocks `--layers` names (default: layer
+   0 alone; docs/draft-model.md says why), the final RMSNorm as the target's. A narrower MLP (`--n-ff`) keeps the units
    with the largest weight norms (gate row x up row x down column).
 2. Its data: the target's own replies to chat requests (train/distill.py), with
    the target's top-8 probabilities at every reply position. DistillSpec (Zhou et
@@ -62,13 +62,6 @@ LOSSES = ("fkl", "tvd")
 # ---------------------------------------------------------------------------
 # 1. The draft's shape and its start from the target.
 # ---------------------------------------------------------------------------
-
-
-def spread_layers(n_target_layers: int, n_blocks: int) -> list[int]:
-    """n_blocks target layers evenly spread from the first to the last: 1 -> [0], 2 -> [0, L-1], ..."""
-    if n_blocks == 1:
-        return [0]
-    return [round(i * (n_target_layers - 1) / (n_blocks - 1)) for i in range(n_blocks)]
 
 
 def draft_shape(target: CausalLM, layers: list[int], n_ff: int | None) -> dict:
