@@ -54,8 +54,8 @@ from .distill import DistillData, load_distill_data
 from .draft_model import DraftKind
 from .eagle_llama import LlamaEagleKind
 from .features import hidden_states
-from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, save_checkpoint
-from .optim import AdamW, cosine_lr
+from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, take_step
+from .optim import AdamW
 
 F32 = np.float32
 F16 = np.float16
@@ -450,14 +450,7 @@ def train_from_data(
                     epoch_batches = row_batches(data, train_rows, batch_tokens, np.random.default_rng([seed, epoch]))
                 batch = make_batch(data, epoch_batches[within % len(epoch_batches)], states, vocab)
                 loss, parts, grads = kind.loss_and_grads(params, target, config, vocab, batch)
-                if not math.isfinite(loss):
-                    raise ValueError(f"the loss is {loss} at step {step + 1}: training diverged and no head was saved; "
-                                     f"lower --lr (it is {lr:g}) and run again")  # fmt: skip
-                opt.step(grads, lr=cosine_lr(step, steps, lr, warmup=max(1, steps // 20)))
-                bar.set_postfix(loss=f"{loss:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
-                if (step + 1) % save_every == 0 or step + 1 == steps:
-                    _check_finite_weights(params, step + 1, lr)
-                    save_checkpoint(out, settings, opt, step + 1)
+                take_step(opt, loss, parts, grads, step, steps, lr, bar, save_every, out, settings)
         train_s = time.perf_counter() - t1
         _check_finite_weights(params, steps, lr)
         after = held_out_accuracy(kind, params, target, config, vocab, data, eval_rows, states, batch_tokens)

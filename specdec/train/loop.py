@@ -252,14 +252,7 @@ def train(
                                                      label_kind)  # fmt: skip
                 else:
                     loss, parts, grads = eagle_step(params, target, vocab, tokens[order], features[order], label_kind)
-                if not math.isfinite(loss):  # NOTE: before the step: NaN gradients would make every weight NaN
-                    raise ValueError(f"the loss is {loss} at step {step + 1}: training diverged (NaN or infinite "
-                                     f"values) and no heads were saved; lower --lr (it is {lr:g}) and run again")  # fmt: skip
-                opt.step(grads, lr=cosine_lr(step, steps, lr, warmup=max(1, steps // 20)))
-                bar.set_postfix(loss=f"{loss:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
-                if (step + 1) % save_every == 0 or step + 1 == steps:
-                    _check_finite_weights(params, step + 1, lr)
-                    save_checkpoint(out, settings, opt, step + 1)
+                take_step(opt, loss, parts, grads, step, steps, lr, bar, save_every, out, settings)
         train_s = time.perf_counter() - t1
         trained_rows = (steps - start) * min(batch, n_seq) * seq_len
         _check_finite_weights(params, steps, lr)
@@ -296,6 +289,20 @@ def train(
     log(f"saved {kind} heads for {target.name!r} in {out} ({train_s:.1f} s training, "
         f"{config['train_tokens_per_second']} positions/s)")  # fmt: skip
     return config
+
+
+def take_step(opt: AdamW, loss: float, parts: dict, grads: dict, step: int, steps: int, lr: float, bar,
+              save_every: int, out: Path, settings: dict) -> None:  # fmt: skip
+    """One optimizer step of a training run (0-based `step` of `steps`): refuse a non-finite loss, step
+    with the warm-up and cosine schedule, show the loss, checkpoint every save_every steps and at the end."""
+    if not math.isfinite(loss):  # NOTE: before the step: NaN gradients would make every weight NaN
+        raise ValueError(f"the loss is {loss} at step {step + 1}: training diverged (NaN or infinite values) and "
+                         f"nothing was saved; lower --lr (it is {lr:g}) and run again")  # fmt: skip
+    opt.step(grads, lr=cosine_lr(step, steps, lr, warmup=max(1, steps // 20)))
+    bar.set_postfix(loss=f"{loss:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
+    if (step + 1) % save_every == 0 or step + 1 == steps:
+        _check_finite_weights(opt.params, step + 1, lr)
+        save_checkpoint(out, settings, opt, step + 1)
 
 
 def _check_finite_weights(params: dict[str, np.ndarray], step: int, lr: float) -> None:
