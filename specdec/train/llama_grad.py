@@ -134,13 +134,17 @@ def gqa_attention(q, k, v, mask):
     """
     B, n_head, T, d = q.shape
     n_kv = k.shape[1]
-    qg = q.reshape(B, n_kv, n_head // n_kv, T, d)  # head h = (h // group, h % group)
-    s = (qg @ k[:, :, None].swapaxes(-1, -2)) * q.dtype.type(1 / np.sqrt(d))  # [B, n_kv, group, T, T]
+    g = n_head // n_kv
+    # NOTE: the group's queries are stacked as rows, [B, n_kv, g*T, d] @ [B, n_kv, d, T]: one product per key/value
+    # head. Broadcasting k over a group axis instead ([B, n_kv, g, T, d] @ [B, n_kv, 1, d, T]) is the same
+    # arithmetic, but NumPy multiplies the broadcast stack 1.4x more slowly (forward and backward, B=12, T=300).
+    s = (q.reshape(B, n_kv, g * T, d) @ k.swapaxes(-1, -2)).reshape(B, n_kv, g, T, T)  # head h = (h // g, h % g)
+    s *= q.dtype.type(1 / np.sqrt(d))
     s = np.where(mask[:, None, None], s, -np.inf)
     s = s - s.max(axis=-1, keepdims=True)
     P = np.exp(s)
-    P /= P.sum(axis=-1, keepdims=True)
-    return (P @ v[:, :, None]).reshape(B, n_head, T, d), P
+    P /= P.sum(axis=-1, keepdims=True)  # [B, n_kv, g, T, T]
+    return (P.reshape(B, n_kv, g * T, T) @ v).reshape(B, n_head, T, d), P
 
 
 def gqa_attention_backward(do, q, k, v, P):
@@ -150,13 +154,15 @@ def gqa_attention_backward(do, q, k, v, P):
     """
     B, n_head, T, d = q.shape
     n_kv = k.shape[1]
+    g = n_head // n_kv
     scale = q.dtype.type(1 / np.sqrt(d))
-    do = do.reshape(B, n_kv, n_head // n_kv, T, d)
-    dv = (P.swapaxes(-1, -2) @ do).sum(axis=2)  # [B, n_kv, T, d]
-    dP = do @ v[:, :, None].swapaxes(-1, -2)  # [B, n_kv, group, T, T]
-    ds = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
-    dq = (ds @ k[:, :, None]) * scale  # [B, n_kv, group, T, d]
-    dk = (ds.swapaxes(-1, -2) @ q.reshape(B, n_kv, n_head // n_kv, T, d)).sum(axis=2) * scale
+    do = do.reshape(B, n_kv, g * T, d)  # the group's rows stacked, as in the forward
+    P2 = P.reshape(B, n_kv, g * T, T)
+    dv = P2.swapaxes(-1, -2) @ do  # [B, n_kv, T, d]: the product sums over the group's rows
+    dP = do @ v.swapaxes(-1, -2)  # [B, n_kv, g*T, T]
+    ds = P2 * (dP - (dP * P2).sum(axis=-1, keepdims=True))
+    dq = (ds @ k) * scale  # [B, n_kv, g*T, d]
+    dk = (ds.swapaxes(-1, -2) @ q.reshape(B, n_kv, g * T, d)) * scale  # [B, n_kv, T, d], summed over the group
     return dq.reshape(B, n_head, T, d), dk, dv
 
 
