@@ -523,6 +523,9 @@ def ship_head(src: str | Path, dst: str | Path, target: CausalLM, kind: str = "e
                              f"MiB a shipped head may take; use a smaller --vocab-top or head (nothing written)")  # fmt: skip
         eagle.EagleDrafter.load(work, target)  # the drafter reads it back
         (work / "CARD.txt").write_text(card_text(kind, target, config, size))
+        for path in work.iterdir():  # a package's files: readable by whoever installs it
+            path.chmod(0o644)
+        work.chmod(0o755)
         if dst.exists():
             shutil.rmtree(dst)
         work.rename(dst)

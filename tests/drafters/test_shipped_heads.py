@@ -31,3 +31,25 @@ def test_every_shipped_head_is_named_and_listed():
     lines = store.shipped()
     assert any("eagle for smollm2-135m" in line and "--draft eagle" in line for line in lines)
     assert any(line.startswith("stdlib-2L") for line in lines)
+
+
+@pytest.mark.slow
+def test_the_shipped_eagle_head_loads_drafts_and_keeps_smollm2s_greedy_output(smollm2_gguf):
+    """The real head through draft="eagle", with the real SmolLM2 (fetched once with pip)."""
+    import numpy as np
+
+    from specdec import load_model
+    from specdec.autoregressive import autoregressive_sample
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.speculative import speculative_sample
+
+    target = load_model("smollm2-135m", progress=False)
+    drafter = make_drafter("eagle", target)
+    assert isinstance(drafter, EagleDrafter) and len(drafter.vocab.ids) == 8192
+    card = (shipped_heads("smollm2-135m", "eagle") / "CARD.txt").read_text()
+    assert "held-out teacher-forced top-1" in card
+    prompt = "Name three fruits."
+    ar = autoregressive_sample(target.astype(np.float64), prompt, 24, temperature=0.0, chat=True)
+    sd = speculative_sample(target.astype(np.float64), "eagle", prompt, 24, K=4, temperature=0.0, chat=True)
+    assert sd.tokens == ar.tokens
+    assert sd.accepted > 0  # a trained head: some of its drafts are kept

@@ -160,6 +160,7 @@ def test_a_trained_head_loads_drafts_and_keeps_greedy_output(shards, tmp_path, c
     np.testing.assert_array_equal(half_vocab.ids, vocab.ids)
     np.testing.assert_allclose(half_params["fc.weight"], params["fc.weight"], rtol=1e-3, atol=1e-4)
     assert "held-out teacher-forced top-1" in (shipped / "CARD.txt").read_text()
+    assert shipped.stat().st_mode & 0o777 == 0o755 and {p.stat().st_mode & 0o777 for p in shipped.iterdir()} == {0o644}
     sd = speculative_sample(model, f"eagle:{shipped}", prompt, 20, K=3, temperature=0.0)
     assert sd.tokens == ar.tokens
     monkeypatch.setattr(ht, "SHIP_LIMIT", 1000)
