@@ -26,6 +26,15 @@ def test_a_target_without_a_shipped_head_is_refused_in_one_line():
     assert "\n" not in str(e.value) and "eagle:DIR" in str(e.value)
 
 
+def test_every_shipped_head_and_draft_is_at_most_10_mb():
+    from specdec.checkpoints import family
+
+    folders = [shipped_heads(t, k) for t, k in SHIPPED_HEADS] + [family.WEIGHTS_DIR / "smollm2-draft"]
+    for folder in folders:
+        if folder.is_dir():
+            assert sum(p.stat().st_size for p in folder.iterdir()) <= 10_000_000, folder
+
+
 def test_every_shipped_head_is_named_and_listed():
     assert shipped_heads("smollm2-135m", "eagle").name == SHIPPED_HEADS[("smollm2-135m", "eagle")]
     lines = store.shipped()
