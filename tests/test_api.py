@@ -13,6 +13,7 @@ import specdec
 from specdec import autoregressive_sample, speculative_sample
 from specdec.costmodel import K_LIMIT, make_k_policy, parse_k
 from specdec.drafters.specs import DraftSpec, parse_draft
+from specdec.race import race
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def test_every_entry_point_refuses_bad_requests_with_one_message(target, entry, 
     args = {"n_tokens": 3, **kwargs}
     call = {"autoregressive_sample": lambda: autoregressive_sample(target, prompt, **args),
             "speculative_sample": lambda: speculative_sample(target, "ngram", prompt, **args),
-            "race": lambda: specdec.race(target, "ngram", prompt, warmup=False, **args)}[entry]  # fmt: skip
+            "race": lambda: race(target, "ngram", prompt, warmup=False, **args)}[entry]  # fmt: skip
     with pytest.raises(ValueError) as e:
         call()
     assert message in str(e.value) and "\n" not in str(e.value)
@@ -97,15 +98,15 @@ def test_race_takes_a_seed_not_an_rng(target):
     """race() times repeats of one request, so it takes a seed, not a Generator (whose state the first
     run would use up): every repeat of each decoder starts from that seed and makes the same tokens,
     the ones the sampler makes alone with it."""
-    assert "rng" not in inspect.signature(specdec.race).parameters
+    assert "rng" not in inspect.signature(race).parameters
     with pytest.raises(TypeError, match="rng"):
-        specdec.race(target, "ngram", [1, 2], 3, rng=np.random.default_rng(0), warmup=False)
-    report = specdec.race(target, "ngram", [1, 2], 8, temperature=1.0, seed=7, repeats=2, warmup=False)
+        race(target, "ngram", [1, 2], 3, rng=np.random.default_rng(0), warmup=False)
+    report = race(target, "ngram", [1, 2], 8, temperature=1.0, seed=7, repeats=2, warmup=False)
     alone = autoregressive_sample(target, [1, 2], 8, temperature=1.0, seed=7).tokens
     assert [run.result.tokens for run in report.autoregressive] == [alone, alone]
     spec = speculative_sample(target, "ngram", [1, 2], 8, temperature=1.0, seed=7, K=4).tokens
     assert [run.result.tokens for run in report.speculative] == [spec, spec]
-    other = specdec.race(target, "ngram", [1, 2], 8, temperature=1.0, seed=8, repeats=1, warmup=False)
+    other = race(target, "ngram", [1, 2], 8, temperature=1.0, seed=8, repeats=1, warmup=False)
     assert other.ar.result.tokens != alone  # the seed is what the tokens follow
 
 
@@ -166,13 +167,14 @@ def test_text_prompts_when_the_model_has_a_tokenizer(tiny_checkpoint):
 
 
 def test_the_public_api():
-    for name in ("race", "RaceReport", "measure_costs", "Costs", "best_k", "predicted_speedup",
+    for name in ("measure_costs", "Costs", "best_k", "predicted_speedup",
                  "expected_tokens_per_round", "CostModelK", "AdaptiveK", "FixedK", "ModelDrafter", "NgramDrafter",
                  "EarlyExitDrafter", "Drafter", "KPolicy", "Proposal", "probabilities", "draw", "greedy",
                  "random_model", "DecodeResult", "SamplingParams", "load_model", "speculative_sample_batch",
                  "autoregressive_sample_batch"):  # fmt: skip
         assert name in specdec.__all__ and getattr(specdec, name).__doc__, name
     assert {"GPT2", "Llama", "CausalLM"} <= set(specdec.__all__)  # both architectures, and the interface they share
+    assert not {"race", "RaceReport"} & set(specdec.__all__)  # tooling: from specdec.race import race, RaceReport
     from specdec.model.llama import random_llama
 
     for model in (specdec.random_model(n_layer=1, n_embd=8, n_head=2, n_vocab=16, n_ctx=8), random_llama()):
@@ -182,3 +184,34 @@ def test_the_public_api():
     assert model.n_layer == 2 and model.n_vocab == 100
     out = specdec.speculative_sample(model, "ngram", [1, 2, 1, 2], 6)
     assert out.tokens == specdec.autoregressive_sample(model, [1, 2, 1, 2], 6).tokens
+
+
+def test_the_race_is_tooling_in_its_own_module_and_the_old_spelling_still_works():
+    """`import specdec` does not load the race; `specdec.race(...)` and `specdec.RaceReport`, exported here
+    before, still work (with a DeprecationWarning naming the module), on the first call and on later ones."""
+    code = """
+import sys, warnings
+import specdec
+assert "specdec.race" not in sys.modules, "import specdec loads the race"
+from conftest import tiny_model
+model = tiny_model(seed=1)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    report = specdec.race(model, "ngram", [1, 2], 4, repeats=1, warmup=False)
+    again = specdec.race(model, "ngram", [1, 2], 4, repeats=1, warmup=False)
+    old = specdec.RaceReport
+assert "from specdec.race import race" in str(caught[0].message), caught
+from specdec.race import RaceReport, race
+assert old is RaceReport and isinstance(report, RaceReport) and race is specdec.race
+assert report.ar.result.tokens == again.ar.result.tokens
+print("ok")
+"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent  # conftest's tiny_model; specdec from this checkout
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -18,16 +18,16 @@ import itertools
 import numpy as np
 import pytest
 import tiktoken
+from helpers import N_BROKEN, N_SAMPLES, assert_cache_holds, chi_square_passes, exact_continuations, sample_many
 
 import specdec.drafters.crossvocab as crossvocab
-from specdec import autoregressive_sample, race, speculative_sample
+from specdec import autoregressive_sample, speculative_sample
 from specdec.drafters import make_drafter
 from specdec.drafters.crossvocab import CrossVocabDrafter, complete_utf8, spell, tokenization_tree_size, vocab_map
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 from specdec.model.tokenizer import GPT2_PATTERN
+from specdec.race import race
 from specdec.sampling import SamplingParams, probabilities
-
-from helpers import N_BROKEN, N_SAMPLES, assert_cache_holds, chi_square_passes, exact_continuations, sample_many
 
 PROMPT = [1, 2]  # "bc" spelt b, c (the target's own tokens need not be its canonical encoding)
 

@@ -75,7 +75,7 @@ def test_specdec_has_no_import_circle():
     graph = import_graph(ROOT)
     assert "specdec.model.gpt2" in graph and "specdec.model.base" in graph["specdec.model.gpt2"]  # the walk sees imports
     assert "specdec.checkpoints.hf_llama" in graph["specdec.checkpoints.load"]  # `from .m import f`
-    assert "specdec.checkpoints.layout" in graph["specdec.checkpoints.load"]  # `from . import m`
+    assert "specdec.checkpoints.registry" in graph["specdec.checkpoints.load"]  # `from . import m`
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
@@ -98,10 +98,37 @@ def test_a_planted_circle_is_found(tmp_path):
 
 
 def test_the_circles_this_test_guards_against_were_real():
-    """A circle of the kind that existed (a loader and the reader it dispatches to, each importing the other)."""
+    """Circles of the kinds that existed: a loader and the reader it dispatches to, each importing the other;
+    a model and its cache; the shared head code and the heads built on it."""
+    for module, planted in [("specdec.checkpoints.hf_llama", "specdec.checkpoints.load"),
+                            ("specdec.model.cache", "specdec.model.gpt2"),
+                            ("specdec.drafters.heads", "specdec.drafters.eagle")]:  # fmt: skip
+        graph = import_graph(ROOT)
+        assert find_cycle(graph) is None
+        graph[module] = graph[module] | {planted}
+        assert find_cycle(graph) is not None, (module, planted)
+
+
+# The checkpoint readers, each turning one kind of file into a model, and the dispatcher that chooses one.
+READERS = ("gpt2_folder", "hf_llama", "gguf", "wheel", "draft")
+
+
+def reader_violations(graph: dict[str, set[str]]) -> list[str]:
+    """A reader that imports the dispatcher or another reader: they are peers behind load.load_model."""
+    readers = {f"specdec.checkpoints.{r}" for r in READERS}
+    return sorted(f"{r} imports {m}" for r in readers for m in graph[r] if m in readers | {"specdec.checkpoints.load"})
+
+
+def test_the_checkpoint_readers_are_peers_behind_one_dispatcher():
     graph = import_graph(ROOT)
-    graph["specdec.checkpoints.hf_llama"] = graph["specdec.checkpoints.hf_llama"] | {"specdec.checkpoints.load"}
-    assert find_cycle(graph) is not None
+    assert readers_of(graph) == {f"specdec.checkpoints.{r}" for r in READERS}  # load.py reaches each of them
+    assert reader_violations(graph) == []
+    graph["specdec.checkpoints.gguf"] = graph["specdec.checkpoints.gguf"] | {"specdec.checkpoints.hf_llama"}
+    assert reader_violations(graph) == ["specdec.checkpoints.gguf imports specdec.checkpoints.hf_llama"]
+
+
+def readers_of(graph: dict[str, set[str]]) -> set[str]:
+    return {m for m in graph["specdec.checkpoints.load"] if m.removeprefix("specdec.checkpoints.") in READERS}
 
 
 # What each layer may import besides itself (each subpackage's __init__.py says so in words).

@@ -8,8 +8,8 @@ import pytest
 from conftest import tiny_model
 from helpers import perturbed
 
-from specdec import race, timing
-from specdec.race import NOISE_FLOOR, RaceReport, Run
+from specdec import timing
+from specdec.race import NOISE_FLOOR, RaceReport, Run, race
 from specdec.result import DecodeResult
 from specdec.timing import Costs, implausible, measure_costs, plausible
 

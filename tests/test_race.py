@@ -7,7 +7,8 @@ import pytest
 from conftest import tiny_model
 from helpers import perturbed
 
-from specdec import race, timing
+from specdec import timing
+from specdec.race import race
 from specdec.timing import measure_costs, time_calls, verify_curve
 
 

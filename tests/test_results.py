@@ -10,8 +10,8 @@ import pytest
 from conftest import tiny_checkpoint, tiny_model  # noqa: F401 (fixture)
 from helpers import perturbed
 
-from specdec import autoregressive_sample, load_folder, race, speculative_sample
-from specdec.race import jsonable
+from specdec import autoregressive_sample, load_folder, speculative_sample
+from specdec.race import jsonable, race
 from specdec.result import KIND_COLOURS, DecodeResult, sparkline
 
 

@@ -56,7 +56,8 @@ import numpy as np
 
 from .. import costmodel, flags
 from ..autoregressive import autoregressive_sample
-from ..checkpoints.load import load_folder, save_folder
+from ..checkpoints.gpt2_folder import save_folder
+from ..checkpoints.load import load_folder
 from ..checkpoints.safetensors import read_safetensors
 from ..costmodel import AdaptiveK
 from ..model import kernels, threads

@@ -314,14 +314,16 @@ def alpha_markdown(table: list[dict], out: TextIO) -> None:
 
 def model_hparams(name: str, models_dir: str | Path | None) -> HParams:
     """A model's shapes from its config.json, without loading the weights."""
-    from ..checkpoints.load import read_hparams, resolve_model
+    from ..checkpoints.gpt2_folder import read_hparams
+    from ..checkpoints.hub import resolve_model
 
     return read_hparams(resolve_model(name, models_dir)[0] / "config.json")
 
 
 def present_models(models_dir: str | Path | None, names=GPT2_FAMILY) -> list[str]:
     """The names among `names` whose checkpoint files are all in models_dir (no download)."""
-    from ..checkpoints.load import CHECKPOINT_FILES, resolve_model
+    from ..checkpoints.folders import CHECKPOINT_FILES
+    from ..checkpoints.hub import resolve_model
 
     present = []
     for name in names:
@@ -393,9 +395,10 @@ def load_average() -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from ..checkpoints.hub import default_models_dir
-    from ..checkpoints.load import DownloadError, load_model
+    from ..checkpoints.download import DownloadError
+    from ..checkpoints.load import load_model
     from ..checkpoints.safetensors import CheckpointError
+    from ..checkpoints.settings import default_models_dir
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

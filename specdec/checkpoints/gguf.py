@@ -288,17 +288,23 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None = None):
-    """A specdec Llama (model/llama.py) with its tokenizer, from a Llama-architecture GGUF file
-    (file: `path` already open, see GGUFFile)."""
+    """A specdec model with its tokenizer from a GGUF file, read by the reader of its general.architecture
+    (ARCHITECTURES, below) (file: `path` already open, see GGUFFile)."""
+    f = GGUFFile(path, file)
+    arch = f.metadata.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        runs = " or ".join(repr(a) for a in ARCHITECTURES)
+        raise CheckpointError(f"{f.path}: architecture {arch!r}; specdec runs GGUF files of the {runs} architecture")
+    return ARCHITECTURES[arch](f, name)
+
+
+def read_llama(f: GGUFFile, name: str | None = None):
+    """A specdec Llama (model/llama.py) with its tokenizer, from an open GGUF file of the 'llama' architecture."""
     from ..model.kernels import Linear
     from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
     from ..model.tokenizer import gguf_encoding
 
-    f = GGUFFile(path, file)
     meta = f.metadata
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise CheckpointError(f"{f.path}: architecture {arch!r}; specdec runs GGUF files of the 'llama' architecture")
 
     def whole(key: str, most: int = MAX_SIZE, why: str = "") -> int:
         """A size: a whole number from 1 to `most` (a float that is one is accepted, as llama.cpp does)."""
@@ -381,3 +387,8 @@ def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None =
     weights = LlamaWeights(f.tensor("token_embd.weight"), blocks, f.tensor("output_norm.weight"), head)
     tokenizer = gguf_encoding(meta, f.path) if isinstance(tokens, list) else None
     return Llama(h, weights, tokenizer, name=name or f.path.stem)
+
+
+# general.architecture -> the reader that builds a model from the open file (it checks the file's own
+# metadata and tensors against what its model class computes). A new architecture is one row here.
+ARCHITECTURES = {"llama": read_llama}

@@ -51,7 +51,7 @@ import numpy as np
 from ..model.kernels import Linear
 from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
 from ..model.tokenizer import hf_tokenizer_encoding
-from .hub import INDEX, WEIGHTS, checkpoint_files, shard_files
+from .folders import INDEX, WEIGHTS, checkpoint_files, shard_files
 from .safetensors import CheckpointError, check_finite, read_safetensors, write_safetensors
 
 _MAX_DIM = 1 << 24  # far above any Llama's sizes; keeps shape arithmetic small

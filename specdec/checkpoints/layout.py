@@ -63,8 +63,8 @@ import numpy as np
 
 from ..model import kernels, threads
 from . import locks
-from .hub import default_models_dir
 from .safetensors import CheckpointError, header_sha256, read_metadata, read_safetensors, write_safetensors
+from .settings import default_models_dir
 
 FILE_NAME = "specdec-transposed.safetensors"
 RECORDS = ".kept-layouts"  # under the models folder: where layouts written elsewhere are recorded (record_of)

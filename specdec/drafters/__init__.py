@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..checkpoints.names import shipped_heads
+from ..checkpoints.registry import shipped_heads
 from ..interfaces import Drafter, Proposal
 from ..model.base import CausalLM, LanguageModel
 from ..model.cache import KVCache

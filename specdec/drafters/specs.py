@@ -1,7 +1,7 @@
 """The draft spec, the small language a user types to name a drafter, parsed in one place.
 
     draft spec   "ngram" | "ngram:N" | "early_exit:L" | "medusa:DIR" | "eagle:DIR" (trained heads)
-                 | "eagle" (the EAGLE head shipped for the target: checkpoints/names.SHIPPED_HEADS)
+                 | "eagle" (the EAGLE head shipped for the target: checkpoints/registry.SHIPPED_HEADS)
                  | a model (a name such as 124M, a Hub repo id owner/name, or a local folder)
 
 The CLI parses flags with this before it downloads anything; make_drafter turns

@@ -5,7 +5,7 @@ the checkpoint, and GPT-2's own part of the forward pass (embedding, block, fina
 LayerNorm). What every architecture shares lives beside it: the KV cache (cache.py),
 attention and the tree mask (attention.py), the ragged batch (packing.py), and the
 model class's plumbing, `forward` and `forward_batch` (base.py). Reading checkpoints
-from disk lives in checkpoints/load.py; nothing here does I/O.
+from disk lives in checkpoints/gpt2_folder.py; nothing here does I/O.
 
 What it adds over a minimal NumPy GPT-2 (such as picoGPT): a KV cache that is
 explicit data with O(1) rollback, a forward pass over *several* new tokens at
@@ -227,7 +227,7 @@ class GPT2(LanguageModel):
 
 def block_linear_weights(n_embd: int) -> int:
     """A GPT-2 block's matrix weights: c_attn 3 n_embd^2, c_proj n_embd^2, mlp_c_fc and mlp_c_proj 4 n_embd^2 each
-    (checkpoints/names.py sizes the transposed copy kept beside a checkpoint with it)."""
+    (checkpoints/registry.py sizes the transposed copy kept beside a checkpoint with it)."""
     return 12 * n_embd * n_embd
 
 

@@ -165,7 +165,7 @@ def test_figures_draw_on_a_given_axes(mpl):
 
 def test_plots_take_one_result_a_list_or_a_dict(mpl, sampled_run):
     """What a notebook passes: a result, [results], {label: result}, and race reports the same ways."""
-    from specdec import race
+    from specdec.race import race
 
     target, draft = tiny_model(seed=0), tiny_model(seed=1)
     report = race(target, draft, [1, 2, 3], 12, K=3, temperature=1.0, seed=3, warmup=False, repeats=1)

