@@ -117,8 +117,6 @@ ALIASES = {"gpt2": "124M", "gpt2-medium": "355M", "gpt2-large": "774M", "gpt2-xl
 # safetensors, float16): `--draft eagle` (API: draft="eagle") drafts with the target's shipped EAGLE head.
 SHIPPED_HEADS: dict[tuple[str, str], str] = {("smollm2-135m", "eagle"): "eagle-smollm2-135m"}
 
-_BY_REPO = {card.where: card.name for card in MODELS.values() if card.source == HUB}
-
 # What a local model can be (load.load_model reads each).
 LOCAL_MODELS = (f"a folder holding a GPT-2 checkpoint ({', '.join(CHECKPOINT_FILES)}) or a Llama one "
                 f"({', '.join(LLAMA_FILES)}), or a Llama GGUF file (a path ending in .gguf)")  # fmt: skip
@@ -132,7 +130,7 @@ def canonical(name: str) -> str:
 def card(name: str) -> ModelCard | None:
     """The row of a name, a Hub short name or a known repo id; None for anything else (a folder...)."""
     name = canonical(name)
-    return MODELS.get(name) or MODELS.get(_BY_REPO.get(name, ""))
+    return MODELS.get(name) or next((c for c in MODELS.values() if c.source == HUB and c.where == name), None)
 
 
 def hub_repos() -> dict[str, str]:
@@ -142,8 +140,8 @@ def hub_repos() -> dict[str, str]:
 
 def download_size(repo: str) -> int | None:
     """Bytes of a known Hub repo's weights (GPT-2: float32; SmolLM2: BF16), to say what a first run fetches."""
-    name = _BY_REPO.get(repo)
-    return MODELS[name].download if name else None
+    known = card(repo)
+    return known.download if known is not None else None
 
 
 def shipped_folder(name: str) -> Path:
