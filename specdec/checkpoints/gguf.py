@@ -282,8 +282,9 @@ class Architecture:
     qkv_bias: bool  # blk.N.attn_q.bias, attn_k.bias, attn_v.bias
 
 
-# general.architecture -> Architecture, one row each. llama.cpp's converter permutes Q and K only for
-# the rotations it applies to interleaved pairs (Llama's); Qwen2's it rotates by halves, as Hugging Face does.
+# general.architecture -> Architecture, one row each. llama.cpp's converter permutes W_q's and W_k's rows
+# where llama.cpp rotates interleaved pairs (Llama); Qwen2 it rotates by halves, as Hugging Face does, and
+# stores as Hugging Face does.
 ARCHITECTURES = {
     "llama": Architecture(Llama, permuted_qk=True, qkv_bias=False),
     "qwen2": Architecture(Qwen2, permuted_qk=False, qkv_bias=True),
@@ -361,8 +362,8 @@ def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None =
                               f"{h.d_head} dimensions of a head (partial rotary embeddings are not implemented)")  # fmt: skip
     if scaling != "none" or "rope_freqs.weight" in f.tensors:
         what = f"{arch}.rope.scaling.type is {scaling!r}" if scaling != "none" else "it has rope_freqs.weight"
-        raise CheckpointError(f"{f.path}: {what} (Llama 3's scaled rotary frequencies); specdec implements "
-                              "plain rotary embeddings only")  # fmt: skip
+        raise CheckpointError(f"{f.path}: {what} (scaled rotary frequencies: Llama 3's, YaRN); specdec "
+                              "implements plain rotary embeddings only")  # fmt: skip
     kv = h.n_kv_head * h.d_head
     expected = {"token_embd.weight": (h.n_vocab, h.n_embd), "output_norm.weight": (h.n_embd,)}
     for i in range(h.n_layer):
