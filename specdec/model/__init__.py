@@ -3,6 +3,7 @@
     base.py       the seam: `CausalLM` (what samplers, drafters and the cost model may ask of
                   a model) and `LanguageModel` (the plumbing every architecture shares)
     gpt2.py       GPT-2's embedding, block and final norm       llama.py  Llama's (SmolLM2)
+    qwen2.py      Qwen2: a Llama whose q, k and v projections have biases
     attention.py  softmax, masked attention, the tree mask      cache.py  the KV cache
     packing.py    a ragged batch in one matrix; long prompts in chunks
     kernels.py, threads.py   the matrix products and the workers that split them

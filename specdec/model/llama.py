@@ -82,13 +82,13 @@ class FusedRows:
     def __set_name__(self, owner, name: str) -> None:
         self.name = name
 
-    def rows(self, block) -> np.ndarray:
-        w_t = getattr(block, self.fused).w_t  # [n_out of all parts, n_in]
+    def rows(self, block, array: str = "w_t") -> np.ndarray | None:
+        fused = getattr(getattr(block, self.fused), array)  # w_t [n_out of all parts, n_in], or b [n_out] or None
         edges = block.part_edges(self.fused)
-        return w_t[edges[self.index] : edges[self.index + 1]]  # a view
+        return None if fused is None else fused[edges[self.index] : edges[self.index + 1]]  # a view
 
     def __get__(self, block, owner=None):
-        return self if block is None else Linear(self.rows(block), None)
+        return self if block is None else Linear(self.rows(block), self.rows(block, "b"))
 
     def __set__(self, block, value: Linear) -> None:
         rows = self.rows(block)
@@ -99,7 +99,8 @@ class FusedRows:
 
 @dataclass
 class LlamaBlock:
-    """One block's weights; names follow the GGUF tensors blk.N.<name>. Every matrix is a bias-free Linear.
+    """One block's weights; names follow the GGUF tensors blk.N.<name>. Every matrix is a bias-free Linear,
+    except that attn_qkv carries q's, k's and v's biases in a Qwen2 (qwen2.py).
 
     Two groups of the checkpoint's matrices read the same input, so they are
     stacked by rows at load time (`LlamaBlock.fuse`) and multiplied as one:
@@ -126,9 +127,12 @@ class LlamaBlock:
                         "ffn_down")  # fmt: skip
 
     @classmethod
-    def fuse(cls, attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down) -> "LlamaBlock":
-        """A block from the checkpoint's tensors: norms [n_embd], matrices as stored, [n_out, n_in]."""
-        return cls(attn_norm, Linear(np.concatenate([attn_q, attn_k, attn_v]), None), Linear(attn_output, None),
+    def fuse(cls, attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down,
+             qkv_bias: tuple | None = None) -> LlamaBlock:  # fmt: skip
+        """A block from the checkpoint's tensors: norms [n_embd], matrices as stored, [n_out, n_in];
+        qkv_bias: (b_q, b_k, b_v) where q, k and v have biases (qwen2.py), stacked like their matrices."""
+        b_qkv = None if qkv_bias is None else np.concatenate(qkv_bias)  # [(n_head + 2 * n_kv_head) * d_head]
+        return cls(attn_norm, Linear(np.concatenate([attn_q, attn_k, attn_v]), b_qkv), Linear(attn_output, None),
                    ffn_norm, Linear(np.concatenate([ffn_gate, ffn_up]), None), Linear(ffn_down, None))  # fmt: skip
 
     def part_edges(self, fused: str) -> tuple[int, ...]:
@@ -262,7 +266,7 @@ class Llama(LanguageModel):
 
     def __repr__(self) -> str:
         h = self.hparams
-        return (f"Llama({self.name!r}, n_layer={h.n_layer}, n_embd={h.n_embd}, n_head={h.n_head}, "
+        return (f"{type(self).__name__}({self.name!r}, n_layer={h.n_layer}, n_embd={h.n_embd}, n_head={h.n_head}, "
                 f"n_kv_head={h.n_kv_head}, n_vocab={h.n_vocab}, n_ctx={h.n_ctx})")  # fmt: skip
 
     def embed_and_run(self, flat: np.ndarray, positions: np.ndarray, rows: list[Row], n_layer: int,

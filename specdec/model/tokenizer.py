@@ -148,11 +148,15 @@ def _check_merges(vocab: dict, merges: list[str], vocab_path: str, merges_path: 
 # on its own BEFORE GPT-2's pattern runs on what lies between (llama.cpp, src/llama-vocab.cpp; Hugging
 # Face's Digits(individual_digits=True) then ByteLevel). tiktoken takes one pattern, so the two steps
 # become one: \p{N} first, and a digit ends a whitespace run as the end of a piece would ("x  1" ->
-# "x", "  ", "1"). GPT-2's " ?\p{N}+" is gone: a space never joins a digit.
+# "x", "  ", "1"). GPT-2's " ?\p{N}+" is gone: a space never joins a digit. Qwen2 ("qwen2") splits in one
+# pattern, Hugging Face's Split for Qwen2: contractions in any case, a letter run may take one sign before
+# it ("(hello"), digits one by one, punctuation keeps the newlines after it.
 PRE_TOKENIZERS = {
     "gpt2": GPT2_PATTERN,
     "smollm": r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+""",
-}
+    "qwen2": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+             r"""|\s*[\r\n]+|\s+(?!\S)|\s+""",
+}  # fmt: skip
 NORMAL, CONTROL = 1, 3  # tokenizer.ggml.token_type of ordinary tokens and of special ones such as <|im_start|>
 
 

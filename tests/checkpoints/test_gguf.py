@@ -4,6 +4,7 @@ quantized, and hostile or truncated files are one CheckpointError naming the fil
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,6 +163,21 @@ def test_a_llama_written_as_gguf_loads_with_the_same_logits(tmp_path):
     tiny_llama_gguf(tmp_path / "nan.gguf", model, tensors={"blk.0.ffn_up.weight": nan})
     with pytest.raises(CheckpointError, match="'blk.0.ffn_up.weight': holds NaN"):
         load_gguf(tmp_path / "nan.gguf")
+
+
+def test_a_qwen2_file_is_read_under_its_own_keys_and_needs_its_biases(tmp_path):
+    """The fixture Qwen2 rewritten: without a bias it is refused by name; labelled llama, the biases are extra."""
+    f = GGUFFile(Path(__file__).resolve().parents[1] / "fixtures" / "tiny-qwen2.gguf")
+    meta = {k: v for k, v in f.metadata.items() if k.startswith(("general.architecture", "qwen2."))}
+    meta["qwen2.vocab_size"] = f.tensors["token_embd.weight"].shape[0]  # no tokenizer written here
+    tensors = {name: (f.tensor(name), "F32") for name in f.tensors}
+    write_gguf(tmp_path / "q.gguf", {k: v for k, v in tensors.items() if k != "blk.1.attn_v.bias"}, meta)
+    with pytest.raises(CheckpointError, match="no tensor 'blk.1.attn_v.bias'; a qwen2 GGUF with 2 blocks needs it"):
+        load_gguf(tmp_path / "q.gguf")
+    as_llama = {k.replace("qwen2.", "llama."): v for k, v in meta.items()} | {"general.architecture": "llama"}
+    write_gguf(tmp_path / "l.gguf", tensors, as_llama)
+    with pytest.raises(CheckpointError, match="unexpected tensors blk.0.attn_k.bias.*not a plain llama model"):
+        load_gguf(tmp_path / "l.gguf")
 
 
 HOSTILE = {
