@@ -22,7 +22,8 @@ import tiktoken
 import specdec.drafters.crossvocab as crossvocab
 from specdec import autoregressive_sample, race, speculative_sample
 from specdec.drafters import make_drafter
-from specdec.drafters.crossvocab import CrossVocabDrafter, complete_utf8, spell, tokenization_tree_size, vocab_map
+from specdec.drafters.crossvocab import CrossVocabDrafter
+from specdec.drafters.vocabmap import complete_utf8, spell, tokenization_tree_size, vocab_map
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 from specdec.model.tokenizer import GPT2_PATTERN
 from specdec.sampling import SamplingParams, probabilities
