@@ -4,7 +4,7 @@ A draft/target pair that cannot work (different tokenizers), an early-exit layer
 the target does not have, or a request longer than the context are decided by the
 names alone, so the command line refuses them before downloading gigabytes
 (`check_pair`). A name not in this table (a Hub repo id of someone else's model,
-a local folder, a GGUF file) is checked after it is loaded, as before.
+a local folder, a GGUF file) is checked after it is loaded.
 
     card("355M")            # ModelCard(layers=24, width=1024, tokenizer='gpt2', n_ctx=1024, chat=False, download=...)
     card("gpt2-medium")     # the same: the Hub's short names are accepted too
