@@ -43,7 +43,6 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
         missing_files,
         resolve_model,
     )
-    from specdec.checkpoints.hub import _human as human
     from specdec.checkpoints.load import load_model
     from specdec.checkpoints.pins import WHEELS
     from specdec.costmodel import K_LIMIT, parse_k
@@ -53,6 +52,8 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.model.tokenizer import control_ids, encode_text
     from specdec.race import RaceInterrupted, race
     from specdec.speculative import check_verification
+    from specdec.words import human_size as human
+    from specdec.words import plural
 except KeyboardInterrupt:
     sys.exit(130)
 
@@ -570,10 +571,6 @@ def parse_tree(text: str | None):
     if not text.isdigit() or not 1 <= int(text) <= 64:
         raise ValueError(f"--tree must be a node budget 1..64 or 'auto', got {text!r}")
     return int(text)
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def shorten(text: str, limit: int = 300) -> str:

@@ -2,7 +2,7 @@
 
     Drafter   proposes tokens (a chain, or a tree of candidates) with the
               distribution q each was drawn from; drafters/ has them all.
-    KPolicy   decides how many tokens to draft each round; costmodel.py has three.
+    KPolicy   decides how many tokens to draft each round; costmodel/chain.py has three.
 
 And the drafter's answer, a Proposal. The sampler (speculative.py) knows nothing
 else about a drafter: whatever proposes (a smaller model, a lookup in the text,

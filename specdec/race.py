@@ -42,6 +42,7 @@ from .result import DecodeResult, TokenCallback, fmt, sparkline, token_pieces, t
 from .sampling import SamplingParams
 from .speculative import check_verification, speculative_sample
 from .timing import Costs, implausible, measure_costs, plausible
+from .words import plural
 
 DECODERS = ("autoregressive", "speculative")
 # The smallest margin a speedup must clear to be called faster or slower: identical runs on a busy
@@ -527,10 +528,6 @@ def race(
 def fmtx(x: float) -> str:
     """A speedup: '1.42x', or '-' when there is none to show."""
     return fmt(x) + ("x" if fmt(x) != "-" else "")
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("s") else "s")
 
 
 def _far_apart(measured: float, predicted: float, factor: float = 1.5) -> bool:

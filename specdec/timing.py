@@ -1,6 +1,6 @@
 """Timing forward passes: the one stopwatch behind the race, `K="auto"` and the benchmark.
 
-The cost model (costmodel.py; Leviathan et al., arXiv 2211.17192, section 3)
+The cost model (costmodel/; Leviathan et al., arXiv 2211.17192, section 3)
 needs two things measured on this machine, in units of one 1-token target step:
     c      one draft step
     r(m)   one target pass over m new tokens (the paper assumes r = 1)

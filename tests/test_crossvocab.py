@@ -23,7 +23,8 @@ from helpers import N_BROKEN, N_SAMPLES, assert_cache_holds, chi_square_passes, 
 import specdec.drafters.crossvocab as crossvocab
 from specdec import autoregressive_sample, speculative_sample
 from specdec.drafters import make_drafter
-from specdec.drafters.crossvocab import CrossVocabDrafter, complete_utf8, spell, tokenization_tree_size, vocab_map
+from specdec.drafters.crossvocab import CrossVocabDrafter
+from specdec.drafters.vocabmap import complete_utf8, spell, tokenization_tree_size, vocab_map
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 from specdec.model.tokenizer import GPT2_PATTERN
 from specdec.race import race

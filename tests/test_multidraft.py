@@ -497,9 +497,9 @@ def test_a_broken_accepted_law_fails_the_enumeration(broken, monkeypatch):
     if broken == "each-node-alone":
         law = each_node_alone
     elif broken == "weight-reset":
-        monkeypatch.setattr(verify, "traversal_update", weight_reset)
+        monkeypatch.setattr(verify.multidraft, "traversal_update", weight_reset)
     else:
-        monkeypatch.setattr(verify, "spectr_plan", broken_spectr_plan)
+        monkeypatch.setattr(verify.multidraft, "spectr_plan", broken_spectr_plan)
     worst = worst_accepted_law_error(law, (2, 1))
     assert worst > 1e-3, f"{broken} passed (error {worst:.1e})"
 
@@ -671,7 +671,7 @@ def test_the_spectr_sampler_reproduces_the_target(V, n, tree, K, n_ok, monkeypat
     run = spectr_run(target, draft, n, tree, K)
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=n_ok), exact)
     assert ok, f"spectr: chi2={stat:.1f} df={df}"
-    monkeypatch.setattr(verify, "spectr_plan", broken_spectr_plan)
+    monkeypatch.setattr(verify.spectr, "spectr_plan", broken_spectr_plan)
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=n_ok, seed=1), exact)
     print(f"broken SpecTr: chi2={stat:.1f} df={df}")
     assert not ok, f"the broken SpecTr passed (chi2={stat:.1f}, df={df})"
@@ -689,7 +689,7 @@ def test_the_traversal_sampler_reproduces_the_target(siblings, monkeypatch):
 
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=1000), exact)
     assert ok, f"traversal: chi2={stat:.1f} df={df}"
-    monkeypatch.setattr(verify, "traversal_update", weight_reset)
+    monkeypatch.setattr(verify.trees, "traversal_update", weight_reset)
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=1000, seed=1), exact)
     print(f"broken traversal: chi2={stat:.1f} df={df}")
     assert not ok, f"the broken traversal passed (chi2={stat:.1f}, df={df})"
@@ -724,9 +724,9 @@ def test_the_tree_rules_reproduce_the_family_target_with_top_k(rule, monkeypatch
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=2000), exact)
     assert ok, f"{rule}: chi2={stat:.1f} df={df}"
     if rule == "spectr":
-        monkeypatch.setattr(verify, "spectr_plan", broken_spectr_plan)
+        monkeypatch.setattr(verify.spectr, "spectr_plan", broken_spectr_plan)
     else:
-        monkeypatch.setattr(verify, "traversal_update", weight_reset)
+        monkeypatch.setattr(verify.trees, "traversal_update", weight_reset)
     samples = sample_many(run, n_samples=2000, seed=1)
     impossible = sum(exact.get(s, 0.0) <= 0 for s in samples)  # the weight-reset traversal writes some
     ok, stat, df = chi_square_passes(samples, exact) if not impossible else (False, np.inf, 0)
@@ -795,7 +795,7 @@ def test_the_tree_rules_reproduce_smollm2_with_top_k(smollm2_gguf, monkeypatch):
     for seed, rule in enumerate(["token", "spectr", "traversal"]):
         ok, stat, df = chi_square_passes(sample_many(sampler(rule), n_samples=200, seed=seed), exact)
         assert ok, f"{rule}: chi2={stat:.1f} df={df}"
-    monkeypatch.setattr(verify, "spectr_plan", broken_spectr_plan)
+    monkeypatch.setattr(verify.spectr, "spectr_plan", broken_spectr_plan)
     ok, stat, df = chi_square_passes(sample_many(sampler("spectr"), n_samples=200, seed=3), exact)
     print(f"broken SpecTr on SmolLM2: chi2={stat:.1f} df={df}")
     assert not ok, f"the broken SpecTr passed (chi2={stat:.1f}, df={df})"

@@ -15,7 +15,7 @@
     python -m specdec.bench --only cross-vocab               # SmolLM2 with a stdlib-2L draft: another tokenizer
     python -m specdec.bench --only family --help             # the flags of that group of sections
 
-Sections come in groups that share their flags (speed.py, trees.py, family.py, heads.py, suite.py,
+Sections come in groups that share their flags (speed/, trees.py, family.py, heads.py, suite.py,
 real.py, block.py, multidraft.py, batch.py, crossvocab.py in this folder): `--only` may name several sections of one
 group, and the other flags are that group's. A script that prints numbers, not a test.
 """

@@ -15,7 +15,7 @@ together by batch.py):
                 of m tokens / T_B, m = 1..max(9, K + 1), and c_B = one batched draft step
                 / T_B; at the runs' mean context, interleaved with the runs themselves
                 (timing.time_calls: every repeat times every call once, in a fresh order)
-    model       the cost model for batches (costmodel.py): eq. 1 from the run's alpha
+    model       the cost model for batches (costmodel/batches.py): eq. 1 from the run's alpha
                 with c_B and r_B, the run's own rounds priced by their own sizes on the
                 pass curve (speedup_from_batch_rounds), the best K per batch size, and the
                 batch size where speculation stops paying: measured, by the rounds-priced
@@ -68,7 +68,7 @@ def prompts_for(model, n: int, rng: np.random.Generator) -> list[list[int]]:
 
 def filled_caches(model, n_rows: int, n_past: int, rng: np.random.Generator, room: int = M_MAX) -> list:
     """n_rows caches holding n_past positions of random keys and values (attention's cost depends
-    only on the length; bench/speed.py's filled_cache), with room for timed passes of `room` tokens."""
+    only on the length; bench/speed/common.py's filled_cache), with room for timed passes of `room` tokens."""
     caches = []
     for _ in range(n_rows):
         cache = model.new_cache()

@@ -30,7 +30,8 @@ import numpy as np
 from .. import flags
 from ..checkpoints import family
 from ..checkpoints.load import load_model
-from ..drafters.crossvocab import SLRS_MAX_PASSES, tokenization_tree_size, vocab_map
+from ..drafters.crossvocab import SLRS_MAX_PASSES
+from ..drafters.vocabmap import tokenization_tree_size, vocab_map
 from ..model.tokenizer import load_tokenizer
 from ..race import race
 from ..sampling import SamplingParams, probabilities

@@ -42,7 +42,7 @@ from ..race import jsonable
 from ..speculative import speculative_sample
 from ..timing import measure_costs, time_calls
 from .progress import Progress, add_quiet
-from .speed import SIZES, table
+from .speed.common import SIZES, table
 
 GPT2_DRAFT, GPT2_TARGET = "124M", "355M"
 

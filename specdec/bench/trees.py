@@ -35,7 +35,7 @@ from ..model.gpt2 import GPT2, random_weights
 from ..speculative import speculative_sample
 from ..timing import time_calls
 from .progress import Progress, add_quiet
-from .speed import SIZES, VERIFY_CTX, filled_cache, stats_ms, table
+from .speed.common import SIZES, VERIFY_CTX, filled_cache, stats_ms, table
 
 N_MAX = 16  # tree nodes per pass: up to 17 new tokens
 

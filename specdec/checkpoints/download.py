@@ -26,6 +26,7 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
+from ..words import human_size
 from .locks import exclusive
 from .registry import without_the_hub
 
@@ -328,8 +329,8 @@ def _fetch_into(session, url, partial: Path, headers, remote: _Remote, progress:
                 got = partial.stat().st_size
                 partial.unlink(missing_ok=True)
                 raise DownloadError(
-                    f"the disk filled up while downloading {desc} into {partial.parent} ({_human(got)} of "
-                    f"{_human(total) if total else 'an unknown size'}); the partial file was removed. "
+                    f"the disk filled up while downloading {desc} into {partial.parent} ({human_size(got)} of "
+                    f"{human_size(total) if total else 'an unknown size'}); the partial file was removed. "
                     f"Free some space or choose another models folder"
                 ) from e
         break
@@ -342,19 +343,11 @@ def _fetch_into(session, url, partial: Path, headers, remote: _Remote, progress:
         raise _Transient(f"received {got} bytes, more than the expected {total}")
 
 
-def _human(n: int) -> str:
-    for unit in ("bytes", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
-
-
 def _check_free_space(partial: Path, desc: str, needed: int) -> None:
     free = shutil.disk_usage(partial.parent).free
     if needed > free:
         raise DownloadError(
-            f"{desc} needs {_human(needed)} but only {_human(free)} is free in {partial.parent}: "
+            f"{desc} needs {human_size(needed)} but only {human_size(free)} is free in {partial.parent}: "
             f"free some space or choose another models folder"
         )
 

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from . import registry
-from .download import DownloadError, RemoteFileMissing, _human, download_file
+from ..words import human_size
+from .download import DownloadError, RemoteFileMissing, download_file
 from .folders import CHECKPOINT_FILES, INDEX, WEIGHTS, check_download, checkpoint_files, missing_files, model_kind
 from .registry import LOCAL_MODELS, without_the_hub
 from .safetensors import CheckpointError
@@ -108,7 +109,7 @@ def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress
     if progress:
         fresh = not (folder / WEIGHTS).is_file() and not (folder / INDEX).is_file()
         size = registry.download_size(repo) if fresh else None
-        print(f"downloading {repo}" + (f" (about {_human(size)})" if size else "") + f" from {settings.endpoint} "
+        print(f"downloading {repo}" + (f" (about {human_size(size)})" if size else "") + f" from {settings.endpoint} "
               f"into {folder}", file=sys.stderr, flush=True)  # fmt: skip
 
     def fetch(filename: str) -> None:

@@ -32,7 +32,7 @@ fail; docs/checkpoints.md says why each check is there and what it costs):
 
 Best effort: where the file cannot be kept (a folder this user cannot write,
 something other than a file under its name, too little free space), the load
-copies as before and says nothing: that is checked before anything is written
+copies the weights as a load without a kept layout does, and says nothing: that is checked before anything is written
 or said, so no load writes a file only to throw it away. The file is written
 under a temporary name, flushed to disk and renamed, so no reader (not even
 after a power cut) sees half of one; a temporary file left by a process killed

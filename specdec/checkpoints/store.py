@@ -31,8 +31,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..words import human_size
 from . import draft, layout, registry, wheel
-from .download import _human
 from .folders import missing_files
 from .hub import _folder_name
 from .locks import exclusive
@@ -56,7 +56,7 @@ class Entry:
 
     def line(self) -> str:
         note = f"  ({self.note})" if self.note else ""
-        return f"{self.kind:<17} {self.name:<28} {_human(self.size):>9}  {self.path}{note}"
+        return f"{self.kind:<17} {self.name:<28} {human_size(self.size):>9}  {self.path}{note}"
 
 
 def size_of(path: Path) -> int:
@@ -217,12 +217,12 @@ def shipped() -> list[str]:
     models = sorted(name for name, card in registry.MODELS.items() if card.source == registry.SHIPPED and not card.base)
     for name in models:  # the stdlib family
         size = size_of(registry.shipped_folder(name)) or 0
-        lines.append(f"{name:<24} {_human(size):>9}  model (the stdlib family)")
+        lines.append(f"{name:<24} {human_size(size):>9}  model (the stdlib family)")
     for target, kind in sorted(registry.SHIPPED_HEADS):
         path = registry.shipped_heads(target, kind)
-        where = f"{_human(size_of(path) or 0):>9}" if path.is_dir() else "  (absent)"
+        where = f"{human_size(size_of(path) or 0):>9}" if path.is_dir() else "  (absent)"
         lines.append(f"{kind + ' for ' + target:<24} {where}  head: --target_model_size {target} --draft {kind}")
-    where = f"{_human(size_of(draft.FOLDER) or 0):>9}" if draft.FOLDER.is_dir() else "  (absent)"
+    where = f"{human_size(size_of(draft.FOLDER) or 0):>9}" if draft.FOLDER.is_dir() else "  (absent)"
     lines.append(f"{draft.NAME:<24} {where}  draft model: --target_model_size {draft.TARGET} --draft {draft.NAME} "
                  f"(reads {draft.TARGET}'s embedding)")  # fmt: skip
     return lines

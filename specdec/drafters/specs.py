@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..words import plural
+
 NGRAM_DEFAULT = 3  # "ngram" alone matches suffixes of up to 3 tokens
 HEADS = {"medusa": "Medusa", "eagle": "EAGLE"}  # draft specs kind:DIR for heads trained on the target
 
@@ -34,7 +36,7 @@ class DraftSpec:
         if self.kind == "ngram":
             return f"n-gram lookup (n <= {self.arg})"
         if self.kind == "early_exit":
-            return f"the target's first {self.arg} layer" + ("s" if self.arg != 1 else "")
+            return f"the target's first {plural(self.arg, 'layer')}"
         if self.kind in HEADS:
             return f"{HEADS[self.kind]} heads from {self.arg}" if self.arg else f"the {HEADS[self.kind]} head shipped for the target"
         return str(self.arg)

@@ -3,7 +3,7 @@
 What this adds over the chains of drafters/__init__.py: two ways of spending a budget of
 `nodes` draft tokens on several candidate continuations at once, so that one
 target pass (a model's forward with `parents`, model/base.py) can accept the longest path the
-target agrees with (verify.py decides which).
+target agrees with (verify/ decides which).
 
     ngram_tree     no model: every earlier occurrence of the text's tail,
                    merged into a trie of what followed, the most frequent
@@ -14,7 +14,7 @@ target agrees with (verify.py decides which).
                    confidence each get `width` children (EAGLE-2's dynamic
                    tree, Li et al., arXiv 2406.16858, "expansion phase")
 
-Both return (tokens, parents, q) in the layout of verify.py: nodes listed
+Both return (tokens, parents, q) in the layout of verify/trees.py: nodes listed
 parents first, parents[i] = -1 for a child of the text's last token, and q[i]
 the distribution tokens[i] was actually drawn from (None under greedy).
 

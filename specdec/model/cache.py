@@ -95,7 +95,7 @@ class KVCache:
         For example keep(10, [0, 2, 5]) moves positions 10, 12, 15 to 10, 11, 12
         and sets the length to 13. The leading rows already in place (rows[j] == j)
         are not copied: a chain round (rows = 0, 1, .., m-1) is a zero-copy
-        rollback, as before trees.
+        rollback, the length set back and nothing moved.
         """
         rows = np.asarray(rows, dtype=np.intp)
         m = len(rows)

@@ -237,7 +237,7 @@ def block_weights(n_embd: int) -> int:
 
 
 def step_weights(hparams: HParams, n_layer: int | None = None) -> int:
-    """GPT2.step_weights from hyperparameters alone (bench/speed.py sizes models it has not built)."""
+    """GPT2.step_weights from hyperparameters alone (bench/speed/ sizes models it has not built)."""
     n_layer = hparams.n_layer if n_layer is None else n_layer
     return weights_per_step(n_layer, block_weights(hparams.n_embd), hparams.n_vocab, hparams.n_embd)
 

@@ -1,10 +1,15 @@
-"""Train Medusa or EAGLE draft heads for a GPT-2, in NumPy.
+"""Train drafters for a target, GPT-2 or Llama (SmolLM2), in NumPy: Medusa and EAGLE draft heads, and a
+small distilled draft model.
 
 Layer: a tool beside the samplers. May import model/, checkpoints/, drafters/ and the
 round's autoregressive.py, sampling.py and flags.py; nothing imports it but bench/
 (tests/test_imports.py).
 
     python -m specdec.train medusa --model 124M --tokens 20000 --out heads/medusa-124M
+    python -m specdec.train data --model smollm2-135m --out distill-data --tokens 400000
+        (self-distillation shards from a chat model, batched and resumable: distill.py)
+    python -m specdec.train eagle --model smollm2-135m --data distill-data --out heads/eagle-smollm2 --block llama
+        (heads trained on those shards: heads_train.py; a Llama block for a Llama target: eagle_llama.py)
     python -m specdec.train draft --model smollm2-135m --data DIR --out runs/smollm2-draft --vocab-top 8192
         (a small separate draft model distilled on shards: draft_model.py, docs/draft-model.md)
     python -m specdec.train eagle  --model models/tiny --tokens 4000 --out heads/eagle-tiny --vocab-top 2000
@@ -12,7 +17,7 @@ round's autoregressive.py, sampling.py and flags.py; nothing imports it but benc
 Then draft with them: speculative_sample(target, "medusa:DIR", ...), or
 `python main.py --draft medusa:DIR`.
 
-What it does, in order:
+What it does with --tokens (the data made in memory, data.py), in order:
 1. Data by self-distillation (Medusa section 3.3.2; EAGLE trains on the target's
    features too): the target generates its own training text, starting from
    <|endoftext|>; each sequence starts with a few tokens sampled at T=1 (a prompt

@@ -29,6 +29,9 @@ when default_rng((seed, r, 1)).random() < greedy_frac. Shard s always holds rows
 s * shard_rows ... (s + 1) * shard_rows - 1, batched in the same order, so
 regenerating a shard gives the same bytes: resuming after kill -9 gives the data
 an uninterrupted run gives.
+
+One file, for one format: the run that writes the shards and the reader that checks them
+(read_shard, load_distill_data) share SHARD_ARRAYS and the manifest, and change together.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Growing draft trees (specdec/drafters/trees.py) and the tree cost model (specdec/costmodel.py)."""
+"""Growing draft trees (specdec/drafters/trees.py) and the tree cost model (specdec/costmodel/trees.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,214 @@
+"""The chain cost model (Leviathan et al., arXiv 2211.17192, section 3) and the K policies built on it.
+
+Formulas: tokens per round, a round's cost, the predicted speedup, the best k. K policies (the
+KPolicy interface of interfaces.py): FixedK, AdaptiveK, CostModelK, made from the K spec a user
+types by make_k_policy. Notation in costmodel/__init__.py (times in 1-token target steps).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..interfaces import KPolicy
+
+K_LIMIT = 32  # the most drafts a round may ask for: a verification pass over 33 tokens is far past any gain
+K_NAMES = ("adaptive", "auto")
+
+
+def drafts_judged(k: int, n_accepted: int) -> int:
+    """Drafts a round actually tested: up to and including the first rejection.
+
+    A round that accepts all k judged k; one that rejects at position n judged
+    n + 1, and the drafts after it were dropped unjudged. Estimating alpha as
+    accepted / judged (not accepted / drafted) is what matches the i.i.d. model
+    behind expected_tokens_per_round.
+    """
+    return k if n_accepted == k else n_accepted + 1
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """E[tokens emitted per round] = (1 - alpha^(k+1)) / (1 - alpha)  (Leviathan et al., section 3, eq. 1).
+
+    A round emits the accepted drafts plus one target token: 1 + alpha + ... + alpha^k.
+
+        expected_tokens_per_round(0.8, 4)  # 3.36
+    """
+    if alpha >= 1:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def round_cost(k: int, c: float, r: Callable[[int], float] | Sequence[float] | None = None) -> float:
+    """Time of one round in target steps: k draft steps plus one verification pass over k+1 tokens."""
+    return k * c + verify_cost(k + 1, r)
+
+
+def verify_cost(m: int, r: Callable[[int], float] | Sequence[float] | None = None) -> float:
+    """r(m), from a function, a measured list (r[m-1] for m = 1, 2, ...), or the paper's r = 1."""
+    if r is None:
+        return 1.0
+    if callable(r):
+        return r(m)
+    return r[m - 1] if m <= len(r) else r[-1] * m / len(r)  # beyond the list: grow linearly
+
+
+def predicted_speedup(alpha: float, k: int, c: float, r=None) -> float:
+    """Expected wall-time speedup over autoregressive decoding (Leviathan et al., section 3,
+    "Walltime Improvement", when r = 1): tokens per round divided by the round's cost in target steps.
+
+        predicted_speedup(0.8, 4, c=0.05)                 # 2.80: the paper's r = 1
+        predicted_speedup(0.8, 4, c=0.05, r=costs.r)      # with a measured r(m) (timing.measure_costs)
+    """
+    return expected_tokens_per_round(alpha, k) / round_cost(k, c, r)
+
+
+def speedup_from_rounds(n_tokens: int, k_per_round: Sequence[int], draft_steps: float, c: float, r=None) -> float:
+    """The speedup a run's own rounds predict: n_tokens / (draft_steps * c + sum of r(k + 1) over the rounds).
+
+    Eq. 1 (predicted_speedup) assumes every round drafts k tokens, each accepted
+    with the same i.i.d. chance alpha; a real run's rounds vary (the n-gram
+    drafter drafts nothing where the text has no match, and acceptances come in
+    runs). This counts what the run did and prices it with the measured c and
+    r(m): what is left between it and the wall clock is time the model does not
+    describe (the sampler's own work) and noise.
+
+        speedup_from_rounds(len(out.tokens), out.k_per_round, out.draft_steps, costs.c, costs.r)
+    """
+    steps = draft_steps * c + sum(verify_cost(k + 1, r) for k in k_per_round)
+    return n_tokens / steps if steps else float("nan")
+
+
+def best_k(alpha: float, c: float, r=None, k_max: int = 8) -> tuple[int, float]:
+    """The k in 1..k_max with the highest predicted speedup (the paper's optimal gamma,
+    section 3, "Choosing gamma"), and that speedup. Returns (0, 1.0) when no k beats plain decoding.
+
+        best_k(0.9, c=0.05)   # (8, 4.38): cheap drafts, high acceptance, long drafts
+    """
+    best = max(range(1, k_max + 1), key=lambda k: predicted_speedup(alpha, k, c, r))
+    speedup = predicted_speedup(alpha, best, c, r)
+    return (best, speedup) if speedup > 1 else (0, 1.0)
+
+
+@dataclass
+class FixedK:
+    """The papers' setting: k drafts every round. speculative_sample(..., K=4) means FixedK(4)."""
+
+    k: int
+
+    def __post_init__(self):
+        if not isinstance(self.k, (int, np.integer)) or isinstance(self.k, bool) or self.k < 1:
+            raise ValueError(f"K (draft tokens per round) must be an integer >= 1, got {self.k!r}")
+        self.k = int(self.k)
+
+    @property
+    def k_max(self) -> int:
+        return self.k
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, k: int, n_accepted: int) -> None:
+        """Nothing to learn: k stays."""
+
+
+class AdaptiveK:
+    """Grow K by one after a round whose drafts were all accepted; shrink it by one
+    after a rejection; always within [k_min, k_max]. A simple heuristic: long
+    runs of agreement (repetitive text, an easy stretch) earn longer drafts.
+
+        speculative_sample(target, draft, ids, 40, K=AdaptiveK(k_start=4, k_min=1, k_max=8))
+    """
+
+    def __init__(self, k_start: int = 4, k_min: int = 1, k_max: int = 8):
+        if not 1 <= k_min <= k_start <= k_max:
+            raise ValueError(f"adaptive K needs 1 <= k_min <= K <= k_max, got {k_min}, {k_start}, {k_max}")
+        self.k, self.k_min, self.k_max = k_start, k_min, k_max
+
+    def next_k(self) -> int:
+        return self.k
+
+    def update(self, k: int, n_accepted: int) -> None:
+        if n_accepted == k:
+            self.k = min(self.k_max, self.k + 1)
+        else:
+            self.k = max(self.k_min, self.k - 1)
+
+
+class CostModelK:
+    """A K policy for speculative_sample (`--K auto`): before each round, pick the k
+    with the best predicted speedup for the measured costs and the acceptance
+    rate seen recently.
+
+    The acceptance estimate is a decaying average over judged drafts (memory of
+    about 1 / (1 - decay) rounds), so it follows the text: a repetitive stretch
+    earns long drafts, a hard one short drafts. It starts from `prior_alpha`,
+    weighted as `prior_weight` drafts. k never drops below 1: with no drafting
+    there would be nothing left to learn the acceptance rate from.
+
+        costs = measure_costs(target, draft, ids)
+        speculative_sample(target, draft, ids, 40, K=CostModelK(costs.c, costs.r))   # or K="auto"
+    """
+
+    def __init__(
+        self, c: float, r=None, k_max: int = 8, prior_alpha: float = 0.6, prior_weight: float = 8.0, decay: float = 0.9
+    ):
+        if not (0 <= prior_alpha <= 1 and c >= 0 and k_max >= 1 and 0 < decay <= 1):
+            raise ValueError("CostModelK needs 0 <= prior_alpha <= 1, c >= 0, k_max >= 1 and 0 < decay <= 1")
+        self.c, self.r, self.k_max, self.decay, self.prior_alpha = c, r, k_max, decay, prior_alpha
+        self.accepted, self.judged = prior_alpha * prior_weight, prior_weight
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.judged
+
+    def next_k(self) -> int:
+        return max(1, best_k(self.alpha, self.c, self.r, self.k_max)[0])
+
+    def update(self, k: int, n_accepted: int) -> None:
+        self.accepted = self.decay * self.accepted + n_accepted
+        self.judged = self.decay * self.judged + drafts_judged(k, n_accepted)
+
+
+def parse_k(spec) -> int | str:
+    """An int in 1..K_LIMIT, "adaptive" or "auto", from a string, an int or a NumPy int.
+
+    >>> parse_k("4"), parse_k(6), parse_k("auto")
+    (4, 6, 'auto')
+    """
+    if isinstance(spec, str):
+        if spec in K_NAMES:
+            return spec
+        spec = int(spec) if spec.strip().lstrip("-").isdigit() else spec
+    if isinstance(spec, bool) or not isinstance(spec, numbers.Integral):
+        raise ValueError(f"K must be an integer >= 1, 'adaptive' or 'auto', not {spec!r}")
+    if spec < 1:
+        raise ValueError(f"K must be at least 1 (it is the number of draft tokens per round), got {spec}")
+    if spec > K_LIMIT:
+        raise ValueError(f"K must be at most {K_LIMIT} (a verification pass over K+1 tokens), got {spec}")
+    return int(spec)
+
+
+def make_k_policy(spec, k_max: int = 8, costs: Callable | None = None) -> KPolicy:
+    """A fresh K policy for one run.
+
+    spec: an int (FixedK), "adaptive" (AdaptiveK from min(4, k_max) within 1..k_max),
+    "auto" (CostModelK: best predicted speedup for the measured costs and the running
+    acceptance rate; `costs()` is called to measure them), or a KPolicy, used as it is.
+    """
+    if isinstance(spec, KPolicy):
+        return spec
+    spec = parse_k(spec)
+    if not 1 <= k_max <= K_LIMIT:
+        raise ValueError(f"k_max must be in 1..{K_LIMIT}, got {k_max}")
+    if spec == "adaptive":
+        return AdaptiveK(min(4, k_max), 1, k_max)
+    if spec == "auto":
+        if costs is None:
+            raise ValueError("K='auto' needs measured costs (c, r): pass costs=, or use race(), which measures them")
+        measured = costs()
+        return CostModelK(measured.c, measured.r, k_max=k_max)
+    return FixedK(spec)
