@@ -110,7 +110,8 @@ MAY_IMPORT = {
     "model": set(),
     "checkpoints": {"model"},
     "drafters": {"model", "checkpoints"} | ROUND_RULES,
-    "train": {"model", "checkpoints", "drafters", "specdec.autoregressive", "specdec.sampling", "specdec.flags"},
+    "train": {"model", "checkpoints", "drafters", "specdec.autoregressive", "specdec.request", "specdec.sampling",
+              "specdec.flags"},
 }
 SUBPACKAGES = ("model", "checkpoints", "drafters", "train", "bench")
 

@@ -11,7 +11,7 @@ from conftest import tiny_checkpoint, tiny_model  # noqa: F401 (fixture)
 from helpers import perturbed
 
 from specdec import autoregressive_sample, load_folder, race, speculative_sample
-from specdec.race import jsonable
+from specdec.race_render import jsonable
 from specdec.result import KIND_COLOURS, DecodeResult, sparkline
 
 

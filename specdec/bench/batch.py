@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 from .. import costmodel, flags
-from ..autoregressive import check_request
+from ..request import check_request
 from ..batch import BatchModelDraft, Sequence, autoregressive_sample_batch, speculative_sample_batch
 from ..checkpoints.load import load_model
 from ..drafters import NgramDrafter

@@ -32,7 +32,8 @@ import statistics
 import numpy as np
 
 from .. import flags
-from ..autoregressive import autoregressive_sample, check_request
+from ..autoregressive import autoregressive_sample
+from ..request import check_request
 from ..checkpoints.load import load_model
 from ..model.kernels import Linear
 from ..model.shapes import random_model

@@ -66,7 +66,7 @@ from ..model.gpt2 import F32, GPT2, HParams, random_weights
 from ..model.gpt2 import step_weights as gpt2_step_weights
 from ..model.kernels import linear
 from ..model.shapes import GPT2_SHAPES
-from ..race import jsonable
+from ..race_render import jsonable
 from ..speculative import speculative_sample
 from ..timing import pass_calls, time_calls, verify_curve
 from .progress import Progress, add_quiet
