@@ -53,10 +53,10 @@ from .drafters.specs import parse_draft
 from .interfaces import KPolicy, Proposal, features_asked
 from .model.base import CausalLM, LanguageModel
 from .model.cache import KVCache
-from .request import Request, check_seed, make_request
+from .request import check_seed, make_request
 from .result import DecodeResult
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
-from .speculative import Text, kept_rows, settle
+from .speculative import Sequence, kept_rows, settle
 from .verify import VERIFICATION
 
 # on_token(row, token, kind): as speculative_sample's on_token, with the prompt's index first.
@@ -64,8 +64,8 @@ BatchTokenCallback = Callable[[int, int, str], None]
 
 
 @dataclass
-class Sequence(Text):
-    """One prompt of the batch: a Text (speculative.py: its prompt, cache, randomness and record) and its place."""
+class Row(Sequence):
+    """One prompt of the batch: a Sequence (speculative.py: its prompt, cache, randomness and record) and its place."""
 
     index: int = 0  # its place in the caller's list of prompts
     k_policy: KPolicy | None = None  # its own K policy (adaptive K follows its own acceptances)
@@ -103,17 +103,15 @@ def make_rngs(n_rows: int, seed, rng: np.random.Generator | None) -> list[np.ran
     return [np.random.default_rng(check_seed(seed)) for _ in range(n_rows)]
 
 
-def start_batch(model, prompts, n_tokens: int, seed, rng, on_token: BatchTokenCallback | None, k_max: int = 0,
-                **settings) -> tuple[list[Sequence], Request | None]:  # fmt: skip
-    """Check every prompt (request.make_request, as the unbatched samplers do) and give each its Sequence;
-    the settings every row shares as one Request (None when there is no row)."""
+def start_batch(model, prompts, n_tokens: int, seed, rng, on_token: BatchTokenCallback | None, **settings) -> list[Row]:
+    """Check every prompt with the settings every row shares (request.make_request, as the unbatched
+    samplers do) and give each its Row."""
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts (each text or token ids)")
     requests = [make_request(model, prompt, n_tokens, **settings) for prompt in prompts]
     rngs = make_rngs(len(requests), seed, rng)
-    rows = [Sequence(r.prompt, model.new_cache(), rngs[i], DecodeResult(k_max=k_max, tokenizer=model.tokenizer),
-                     on_token and partial(on_token, i), index=i) for i, r in enumerate(requests)]  # fmt: skip
-    return rows, requests[0]
+    return [Row(r, model.new_cache(), rngs[i], DecodeResult(tokenizer=model.tokenizer),
+                on_token and partial(on_token, i), index=i) for i, r in enumerate(requests)]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
@@ -133,8 +131,8 @@ def autoregressive_sample_batch(
     gives (same seed rule; see the module docstring).
     """
     params = SamplingParams(temperature, top_k, top_p)
-    rows, request = start_batch(model, prompts, n_tokens, seed, rng, on_token, params=params, chat=chat,
-                                allow_special=allow_special)  # fmt: skip
+    rows = start_batch(model, prompts, n_tokens, seed, rng, on_token, params=params, chat=chat,
+                       allow_special=allow_special)  # fmt: skip
     new = {row.index: row.prompt for row in rows}  # what each row feeds next: its prompt, then its last token
     active = [row for row in rows if n_tokens > 0]
     while active:
@@ -143,7 +141,7 @@ def autoregressive_sample_batch(
             row_logits = check_finite_logits(row_logits[0], model.name)  # [n_vocab]
             row.result.target_calls += 1
             token = greedy(row_logits) if params.greedy else draw(probabilities(row_logits[None], params)[0], row.rng)
-            row.emit([token], ["target"], request.stop)
+            row.emit([token], ["target"], row.request.stop)
             row.finish(n_tokens)
             new[row.index] = [token]
         active = [row for row in active if not row.done]  # finished rows leave the batch
@@ -169,13 +167,13 @@ class BatchModelDraft:
         self.caches: dict[int, KVCache] = {}  # row index -> the cache this drafter feeds
         self.n_ctx = model.n_ctx
 
-    def begin(self, rows: list[Sequence]) -> None:
+    def begin(self, rows: list[Row]) -> None:
         self.caches = {row.index: row.cache if self.n_layer else self.model.new_cache() for row in rows}
 
-    def after_prefill(self, row: Sequence, hidden: np.ndarray) -> None:
+    def after_prefill(self, row: Row, hidden: np.ndarray) -> None:
         pass  # a draft model catches up on the prompt in its first step
 
-    def propose(self, rows: list[Sequence], ks: list[int], params: SamplingParams) -> tuple[list[Proposal], int]:
+    def propose(self, rows: list[Row], ks: list[int], params: SamplingParams) -> tuple[list[Proposal], int]:
         """(one chain per row, the number of batched draft passes)."""
         caches = [self.caches[row.index] for row in rows]
         starts = [cache.length for cache in caches]
@@ -205,7 +203,7 @@ class BatchModelDraft:
         proposals = [Proposal.chain(t, np.stack(q) if q else None) for t, q in zip(tokens, q_rows)]
         return proposals, n_passes
 
-    def commit(self, row: Sequence, hidden: np.ndarray) -> None:
+    def commit(self, row: Row, hidden: np.ndarray) -> None:
         if not self.n_layer:  # keep only accepted text: everything but ids[-1], which no cache has seen
             cache = self.caches[row.index]
             cache.rollback(min(cache.length, len(row.ids) - 1))
@@ -223,17 +221,17 @@ class PerRowDrafts:
         self.n_ctx = None
         self.hidden_layers = None  # set by begin: what its drafters read of the target (interfaces.features_asked)
 
-    def begin(self, rows: list[Sequence]) -> None:
+    def begin(self, rows: list[Row]) -> None:
         self.drafters = {row.index: self.make() for row in rows}
         for row in rows:
             self.drafters[row.index].begin(self.target, row.cache, row.prompt)
         self.n_ctx = self.drafters[rows[0].index].n_ctx
         self.hidden_layers = getattr(self.drafters[rows[0].index], "hidden_layers", None)  # interfaces.features_asked
 
-    def after_prefill(self, row: Sequence, hidden: np.ndarray) -> None:
+    def after_prefill(self, row: Row, hidden: np.ndarray) -> None:
         self.drafters[row.index].commit(row.prompt, hidden)
 
-    def propose(self, rows: list[Sequence], ks: list[int], params: SamplingParams) -> tuple[list[Proposal], int]:
+    def propose(self, rows: list[Row], ks: list[int], params: SamplingParams) -> tuple[list[Proposal], int]:
         proposals = []
         for row, k in zip(rows, ks):
             drafter = self.drafters[row.index]
@@ -242,7 +240,7 @@ class PerRowDrafts:
             row.result.draft_calls += drafter.calls - before
         return proposals, 0
 
-    def commit(self, row: Sequence, hidden: np.ndarray) -> None:
+    def commit(self, row: Row, hidden: np.ndarray) -> None:
         self.drafters[row.index].commit(row.ids, hidden)
 
 
@@ -309,8 +307,8 @@ def speculative_sample_batch(
         raise ValueError(f"a batch judges chains: verification must be 'token' or 'block', got {verification!r}")
     params = SamplingParams(temperature, top_k, top_p)
     drafts = make_batch_drafts(draft, target)
-    rows, request = start_batch(target, prompts, n_tokens, seed, rng, on_token, params=params, chat=chat,
-                                allow_special=allow_special, acceptance=acceptance, verification=verification)  # fmt: skip
+    rows = start_batch(target, prompts, n_tokens, seed, rng, on_token, params=params, chat=chat,
+                       allow_special=allow_special, acceptance=acceptance, verification=verification)  # fmt: skip
     for row in rows:
         row.k_policy = make_row_k_policy(K)
         row.result.k_max = row.k_policy.k_max
@@ -348,7 +346,7 @@ def speculative_sample_batch(
             # then one token; the row's cache keeps ITS accepted text, so every row is now at its own length
             # (the batch is ragged).
             before = len(row.result.tokens)
-            path = settle(row, proposal, row_logits, request)
+            path = settle(row, proposal, row_logits)
             record.accepted.append(len(path))
             record.new_tokens.append(len(row.result.tokens) - before)
             row.finish(n_tokens)

@@ -99,20 +99,20 @@ def decode_speculative(
     """The rounds of speculative_sample on a checked request (request.make_request), with a built drafter and
     K and tree policies: Leviathan et al.'s Algorithm 1, repeated until n_tokens are emitted."""
     prompt, n_tokens, params = request.prompt, request.n_tokens, request.params
-    text = Text(prompt, target.new_cache(), rng, DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer),
-                on_token)  # fmt: skip
-    result = text.result
+    seq = Sequence(request, target.new_cache(), rng, DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer),
+                   on_token)  # fmt: skip
+    result = seq.result
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
     draft_calls_before = drafter.calls  # a drafter object may be reused across runs
 
-    drafter.begin(target, text.cache, prompt)
+    drafter.begin(target, seq.cache, prompt)
     if len(prompt) > 1:  # prefill: the prompt but its last token (logits not needed)
-        _, hidden = target.forward(prompt[:-1], text.cache, last_only=True, return_hidden=features_asked(drafter))
+        _, hidden = target.forward(prompt[:-1], seq.cache, last_only=True, return_hidden=features_asked(drafter))
         result.target_calls += 1
         drafter.commit(prompt, hidden)
 
     while len(result.tokens) < n_tokens:
-        ids = text.ids  # the whole text so far; ids[-1] is in no cache yet
+        ids = seq.ids  # the whole text so far; ids[-1] is in no cache yet
         # Draft fewer near the end: a round emits up to k+1 tokens and verifies up to position len(ids)-1+k.
         k = min(k_policy.next_k(), n_tokens - len(result.tokens) - 1, n_ctx - len(ids))
         # A tree: at most `nodes` tokens, depth at most k; None: a chain of k.
@@ -125,18 +125,18 @@ def decode_speculative(
         # Step 2 ("run M_p in parallel"): one target pass over the unseen token and the drafts.
         # NOTE: logits row i verifies proposal.tokens[i]; the last row is the bonus position.
         tokens, parents = [ids[-1], *proposal.tokens], proposal.pass_parents()
-        logits, hidden = target.forward(tokens, text.cache, return_hidden=features_asked(drafter), parents=parents)
+        logits, hidden = target.forward(tokens, seq.cache, return_hidden=features_asked(drafter), parents=parents)
         check_finite_logits(logits, target.name)  # NaN weights would otherwise pass as token 0
         result.target_calls += 1
         if on_round:
             on_round(proposal, logits)
 
         # Steps 3-5: accept, emit the accepted drafts and one target token, roll the target's cache back.
-        path = settle(text, proposal, logits, request)
-        if text.ended:  # the end of a chat reply: nothing after it is emitted, and decoding ends
+        path = settle(seq, proposal, logits)
+        if seq.ended:  # the end of a chat reply: nothing after it is emitted, and decoding ends
             break
         # The drafter rolls back too, and gets the target's hidden states at the rows kept.
-        drafter.commit(text.ids, hidden[kept_rows(path)])
+        drafter.commit(seq.ids, hidden[kept_rows(path)])
         if len(proposal):
             k_policy.update(proposal.depth, len(path))  # a chain's depth is its length
             tree_policy.update(proposal.parents, path)
@@ -146,20 +146,24 @@ def decode_speculative(
 
 
 # ---------------------------------------------------------------------------
-# Steps 3-5 of a round for one text: the batched sampler (batch.py) runs them row by row.
+# Steps 3-5 of a round for one sequence: the batched sampler (batch.py) runs them row by row.
 # ---------------------------------------------------------------------------
 
 
 @dataclass
-class Text:
-    """One text being decoded and what is its own: its prompt, the target's KV cache, randomness, record."""
+class Sequence:
+    """One sequence being decoded and what is its own: its request, the target's KV cache, randomness, record."""
 
-    prompt: list[int]
+    request: Request  # its prompt (token ids) and settings, checked
     cache: KVCache  # the target's; its length is len(ids) - 1 after every round
     rng: np.random.Generator
     result: DecodeResult  # the new tokens and the per-round record
     on_token: TokenCallback | None = None  # told each emitted token and its kind
     ended: bool = False  # the end of a chat reply was emitted: decoding is over
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt
 
     @property
     def ids(self) -> list[int]:
@@ -177,24 +181,24 @@ class Text:
                 return
 
 
-def settle(text: Text, proposal: Proposal, logits: np.ndarray, request: Request) -> list[int]:
+def settle(seq: Sequence, proposal: Proposal, logits: np.ndarray) -> list[int]:
     """Steps 3-5 of a round: judge the drafts by the target's logits over [ids[-1], *proposal.tokens],
     emit the accepted drafts and the target's own token, record the round, and roll the target's cache
-    back to the accepted text. Returns the accepted path (indices into proposal.tokens)."""
-    n_past = len(text.ids) - 1  # the cache's length before the verification pass
+    back to the accepted seq. Returns the accepted path (indices into proposal.tokens)."""
+    n_past, request = len(seq.ids) - 1, seq.request  # the cache's length before the verification pass
     # Steps 3-4 ("determine the number of accepted guesses n"; "adjust the distribution from M_p if needed").
-    path, last = verify(proposal, logits, request.params, text.rng, request.acceptance, request.verification)
+    path, last = verify(proposal, logits, request.params, seq.rng, request.acceptance, request.verification)
     leaf = proposal.ends_at_leaf(path)  # after a leaf the target's token is a bonus
     kinds = ["draft"] * len(path) + ["bonus" if leaf and len(proposal) else "target"]
-    text.emit([proposal.tokens[i] for i in path] + [last], kinds, request.stop)
-    text.result.add_round(len(proposal), len(path), judged=len(path) + (not leaf))
-    if text.ended:
+    seq.emit([proposal.tokens[i] for i in path] + [last], kinds, request.stop)
+    seq.result.add_round(len(proposal), len(path), judged=len(path) + (not leaf))
+    if seq.ended:
         return path
     # Step 5: the cache keeps row 0 of the pass (ids[-1]) and the accepted rows; `last` is fed next round.
     # A tree's accepted path lies among rejected siblings: its rows move together first (a chain's are in place).
     if not proposal.is_chain:
-        text.cache.keep(n_past, kept_rows(path))
-    keep_accepted(text, n_past, len(path))
+        seq.cache.keep(n_past, kept_rows(path))
+    keep_accepted(seq, n_past, len(path))
     return path
 
 
@@ -203,12 +207,12 @@ def kept_rows(path: list[int]) -> list[int]:
     return [0, *(i + 1 for i in path)]
 
 
-def keep_accepted(text: Text, n_past: int, n_accepted: int) -> None:
+def keep_accepted(seq: Sequence, n_past: int, n_accepted: int) -> None:
     """Step 5's length: the cache keeps ids[-1] and ITS accepted drafts, n_past + 1 + n_accepted positions.
 
-    NOTE: the length is the text's own. In a batch (batch.py) every row has its own
+    NOTE: the length is the sequence's own. In a batch (batch.py) every row has its own
     cache and length; one shared counter for the batch (every row rolled back by some
     other row's acceptance) leaves rejected drafts in one cache and drops accepted text
     from another: the batch tests' broken control does exactly that and fails.
     """
-    text.cache.rollback(n_past + 1 + n_accepted)
+    seq.cache.rollback(n_past + 1 + n_accepted)
