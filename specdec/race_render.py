@@ -54,8 +54,11 @@ def to_dict(report) -> dict:
                           "texts_identical": report.texts_identical, **report.explain()}  # fmt: skip
     return jsonable(out)
 
+
 def text(report) -> str:
+    """The summary main.py prints: each decoder's timing, then the speedup, verdict and cost model's figures."""
     return "\n".join(timing_lines(report) + ["", "── summary " + "─" * 62] + summary_lines(report))
+
 
 def one_line(report) -> str:
     """One line: RaceReport(speedup 1.42x, alpha 0.81, tau 3.10, K=4, 40 tokens)."""
@@ -67,6 +70,7 @@ def one_line(report) -> str:
     parts += [f"{len(run.result.tokens)} tokens"] if run else []
     return "RaceReport(" + ", ".join(parts) + ")"
 
+
 def to_html(report) -> str:
     """In a notebook: the summary, then the speculative run's coloured trace."""
     out = f'<pre style="margin:0">{html.escape(text(report))}</pre>'
@@ -74,6 +78,7 @@ def to_html(report) -> str:
         r = report.spec.result
         out += trace_html(token_pieces(report.tokenizer, r.tokens), r.kinds)
     return out
+
 
 def timing_lines(report) -> list[str]:
     lines = []
@@ -93,6 +98,7 @@ def timing_lines(report) -> list[str]:
             parts = [f"{labels[k]} {s:.2f} s ({s / run.seconds:.0%})" for k, s in share.items()]
             lines.append(f"[{name}] time: " + ", ".join(parts))
     return lines
+
 
 def summary_lines(report) -> list[str]:
     c, spec = report.costs, report.spec

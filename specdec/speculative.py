@@ -185,7 +185,7 @@ def settle(seq: Sequence, proposal: Proposal, logits: np.ndarray) -> list[int]:
     """Steps 3-5 of a round: judge the drafts by the target's logits over [ids[-1], *proposal.tokens],
     emit the accepted drafts and the target's own token, record the round, and roll the target's cache
     back to the accepted seq. Returns the accepted path (indices into proposal.tokens)."""
-    n_past, request = len(seq.ids) - 1, seq.request  # the cache's length before the verification pass
+    n_past, request = len(seq.prompt) + len(seq.result.tokens) - 1, seq.request  # the cache's length before the pass
     # Steps 3-4 ("determine the number of accepted guesses n"; "adjust the distribution from M_p if needed").
     path, last = verify(proposal, logits, request.params, seq.rng, request.acceptance, request.verification)
     leaf = proposal.ends_at_leaf(path)  # after a leaf the target's token is a bonus
