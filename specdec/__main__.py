@@ -14,28 +14,26 @@ Flags are strict (specdec/flags.py): no abbreviations, `--k-max` and `--k_max` a
 and a flag that would be ignored (`--k_max` with a fixed K, `--top_k` at temperature 0)
 is refused with one line saying why.
 
-This file is flags and printing only: specdec.race.race runs and times both
-decoders and returns a report, which this prints as text or JSON.
+This file is the flags, loading the models and printing the race: specdec.race.race
+runs and times both decoders and returns a report, which this prints as text or JSON.
+The `cache` command, the `--batch` program and the terminal's status line and stream
+live in specdec/cli/.
 """
 
 from __future__ import annotations
 
 import argparse
-import codecs
 import json
 import os
 import sys
 import time
-from pathlib import Path
-from typing import Callable
 
 try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print an import traceback
     import numpy as np
 
     from specdec import CheckpointError, DownloadError, SamplingParams, flags, load_folder
-    from specdec.autoregressive import check_request, check_seed, whole_number
     from specdec.checkpoints import draft as shipped_draft
-    from specdec.checkpoints import names, registry, store
+    from specdec.checkpoints import names, registry
     from specdec.checkpoints.hub import (
         HubSettings,
         default_models_dir,
@@ -45,13 +43,15 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     )
     from specdec.checkpoints.load import load_model
     from specdec.checkpoints.pins import WHEELS
+    from specdec.cli.batch import run_batch
+    from specdec.cli.cache import cache
+    from specdec.cli.terminal import Status, Stream, shorten
     from specdec.costmodel import K_LIMIT, parse_k
     from specdec.drafters import make_drafter
     from specdec.drafters.crossvocab import check_rule
     from specdec.drafters.specs import DraftSpec, parse_draft
-    from specdec.model.tokenizer import control_ids, encode_text
     from specdec.race import RaceInterrupted, race
-    from specdec.speculative import check_verification
+    from specdec.request import check_seed, check_verification, make_request, whole_number
     from specdec.words import human_size as human
     from specdec.words import plural
 except KeyboardInterrupt:
@@ -59,13 +59,6 @@ except KeyboardInterrupt:
 
 DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
 DEFAULT_FOOTPRINT = names.footprint(["355M", "124M"])  # (download, kept layout) bytes of the default pair
-
-# ANSI colours for the speculative trace, by how each token was produced.
-COLOURS = {"draft": "\033[32m", "target": "\033[33m", "bonus": "\033[36m"}
-RESET = "\033[0m"
-LEGEND = {"draft": "accepted draft token", "target": "sampled by the target (corrected)",
-          "bonus": "bonus token (all drafts accepted)"}  # fmt: skip
-
 
 def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     """Parse and check every flag that needs no model, before anything is downloaded."""
@@ -171,7 +164,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
 
 
 def check_cli_verification(args) -> None:
-    """--verification and --siblings against the rest, by speculative.check_verification (the API's own check)."""
+    """--verification and --siblings against the rest, by request.check_verification (the API's own check)."""
     if args.only == "autoregressive" or args.temperature == 0 and args.verification in ("spectr", "traversal"):
         return  # refuse_ignored says what is ignored there
     if args.batch is not None and args.verification in ("spectr", "traversal"):
@@ -259,51 +252,6 @@ def main(argv=None, prog: str = "specdec") -> int:
         return 130
 
 
-def cache(argv: list[str], prog: str) -> int:
-    """`python -m specdec cache`: list what specdec stores, with sizes; remove a model or the kept layouts."""
-    p = flags.Parser(prog=prog, description="List what specdec keeps on disk (models, kept layouts, the fetched "
-                     "wheel's model, trained heads) with sizes, or remove some of it. Nothing held by another "
-                     "specdec process (a download, a layout being written, a training) is removed.")  # fmt: skip
-    p.add_argument("--remove", metavar="NAME", help="remove a model (355M, gpt2-medium, smollm2-135m, a repo id or "
-                   "its folder name) with its kept layout, or a trained-heads folder")  # fmt: skip
-    p.add_argument("--remove_layouts", action="store_true", help="remove every kept layout (the transposed copies; "
-                   "the next load of each model copies its weights again, and keeps them again)")  # fmt: skip
-    p.add_argument("--models_dir", help=f"the models folder to look in (default: {default_models_dir()})")
-    args = p.parse_args(argv)
-    models_dir = Path(args.models_dir) if args.models_dir else default_models_dir()
-    home = models_dir if args.models_dir else models_dir.parent
-    try:
-        if args.remove:
-            for entry in store.remove(args.remove, home, models_dir):
-                print(f"removed {entry.name}: {entry.path} ({human(store.size_of(entry.path) or entry.size)})")
-            return 0
-        if args.remove_layouts:
-            removed, skipped = store.remove_layouts(home, models_dir)
-            for entry in removed:
-                print(f"removed the kept layout of {entry.name} ({human(entry.size)}): {entry.path}")
-            for why in skipped:
-                print(f"{prog}: kept {why}", file=sys.stderr)
-            if not removed and not skipped:
-                print("no kept layouts stored")
-            return 1 if skipped else 0
-    except store.InUse as e:
-        print(f"{prog}: error: nothing removed: {e}; try again when it has finished", file=sys.stderr)
-        return 1
-    except ValueError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
-    found = store.entries(home, models_dir)
-    print(f"specdec stores {human(sum(e.size for e in found))} under {home}" + (":" if found else " (nothing)"))
-    for entry in found:
-        print("  " + entry.line())
-    if found:
-        print(f"remove one: {prog} --remove NAME; every kept layout: {prog} --remove-layouts")
-    print("shipped inside specdec (nothing to fetch or remove):")
-    for line in store.shipped():
-        print("  " + line)
-    return 0
-
-
 def load(name: str, args, target=None) -> tuple:
     """(model, seconds to load it): a first run's download is timed apart, and said. target: the loaded
     target, whose embedding the shipped draft reads when it is the draft's own (checkpoints/draft.py)."""
@@ -340,7 +288,7 @@ def run(args) -> int:
                          "chat template")  # fmt: skip
     # Each prompt's ids as the samplers will see them, checked before a draft is loaded.
     prompts = args.prompts if args.batch is not None else [args.prompt]
-    prompts_ids = [checked_request(target, prompt, args) for prompt in prompts]
+    requests = [checked_request(target, prompt, args) for prompt in prompts]
     spec, draft_load = args.draft_spec, 0.0
     draft, draft_label = str(spec), spec.describe()
     if args.only == "autoregressive":
@@ -359,7 +307,7 @@ def run(args) -> int:
         target = target.astype(np.float64)
     if args.batch is not None:
         return run_batch(args, target, draft, draft_label)
-    prompt_ids = prompts_ids[0]
+    request = requests[0]
     if not args.prompt and args.chat:
         say("(empty prompt: an empty user message, so the prompt is the chat template alone)")
     elif not args.prompt:
@@ -372,9 +320,8 @@ def run(args) -> int:
     say(f"target: {args.target_model_size} ({plural(target.n_layer, 'layer')}, {target.n_embd} wide"
         f"{', float64' if args.float64 else ''}), loaded in {target_load:.2f} s")  # fmt: skip
     say(f"draft:  {draft_label}" + (f", loaded in {draft_load:.2f} s" if draft_load else ""))
-    template = len(prompt_ids) - len(encode_text(tokenizer, args.prompt)) if args.chat else 0
-    say(f"prompt: {shorten(args.prompt)!r} ({plural(len(prompt_ids), 'token')}"
-        + (f", {template} of them the chat template)" if args.chat else ")"))
+    say(f"prompt: {shorten(args.prompt)!r} ({plural(len(request.prompt), 'token')}"
+        + (f", {request.template_tokens} of them the chat template)" if args.chat else ")"))
     tree = f", tree={args.tree}" if args.tree else ""
     tree += f", {args.verification} verification" if args.verification != "token" else ""
     tree += f", siblings {args.siblings}" if args.siblings else ""
@@ -414,137 +361,21 @@ def run(args) -> int:
     return 130 if interrupted else 0
 
 
-def run_batch(args, target, draft, draft_label: str) -> int:
-    """--batch N: the file's N prompts decoded together by both batched decoders, each run `--repeats`
-    times, interleaved (timing.time_calls, after one untimed run each); every row's text and record,
-    and tokens per second over the batch (prefill included)."""
-    from specdec.batch import autoregressive_sample_batch, speculative_sample_batch
-    from specdec.race import jsonable
-    from specdec.timing import time_calls
-
-    n, prompts = args.n_tokens_to_generate, args.prompts  # text: the samplers encode (or wrap) each one
-    settings = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, chat=args.chat)
-    outs, calls = {}, {}
-    if args.only in (None, "autoregressive"):
-        calls["autoregressive"] = lambda: outs.__setitem__(
-            "autoregressive", autoregressive_sample_batch(target, prompts, n, **settings))
-    if args.only in (None, "speculative"):
-        calls["speculative"] = lambda: outs.__setitem__("speculative", speculative_sample_batch(
-            target, draft, prompts, n, K=args.K, verification=args.verification, **settings))  # fmt: skip
-    seconds = {name: [float(t) for t in ts] for name, ts in time_calls(calls, args.repeats).items()}
-    tokens = {name: sum(len(out.tokens) for out in results) for name, results in outs.items()}
-    throughput = {name: tokens[name] / float(np.median(seconds[name])) for name in outs}
-    speedup = (throughput["speculative"] / throughput["autoregressive"]) if len(outs) == 2 else None
-    if args.json:
-        rows = [{"prompt": p, **{name: outs[name][i].to_dict() for name in outs}} for i, p in enumerate(args.prompts)]
-        out = {"settings": {"target": args.target_model_size, "draft": str(args.draft_spec), "K": args.K,
-                            "batch": args.batch, **settings, "repeats": args.repeats},
-               "rows": rows, "seconds": seconds, "tokens_per_second": throughput, "speedup": speedup}  # fmt: skip
-        print(json.dumps(jsonable(out), indent=2, allow_nan=False))
-        return 0
-    print(f"target: {args.target_model_size}; draft: {draft_label}; K={args.K}; batch of {args.batch} prompts from "
-          f"{args.prompt_file}; {n} new tokens each; repeats {args.repeats}")  # fmt: skip
-    for i, prompt in enumerate(args.prompts):
-        shown = outs.get("speculative", outs.get("autoregressive"))[i]
-        print(f"\n── row {i + 1}: {shorten(prompt, 120)!r}")
-        print(shown.text if shown.text is not None else shown.tokens)
-        if "speculative" in outs:
-            spec = outs["speculative"][i]
-            same = ("; identical to autoregressive: " + ("yes" if spec.tokens == outs["autoregressive"][i].tokens
-                    else "no")) if "autoregressive" in outs and args.temperature == 0 else ""  # fmt: skip
-            print(f"   {spec.rounds} rounds, alpha {spec.alpha:.2f}, tau {spec.tau:.2f}{same}")
-    print()
-    for name in outs:
-        ts = seconds[name]
-        print(f"{name}: {throughput[name]:.1f} tokens/s over the batch (median of {len(ts)}: {np.median(ts):.2f} s, "
-              f"{min(ts):.2f}-{max(ts):.2f} s)")  # fmt: skip
-    if speedup is not None:
-        print(f"speedup of batched speculative decoding: {speedup:.2f}x (why it shrinks with the batch: docs/batch.md)")
-    return 0
-
-
 class BadRequest(ValueError):
     """Bad input that only the loaded model can judge (a prompt too long for its context, say): exit 2."""
 
 
-def checked_request(target, prompt: str, args) -> list[int]:
-    """The prompt's ids as the samplers will see them (autoregressive.check_request: control strings
-    typed in it stay text); its errors are bad input."""
+def checked_request(target, prompt: str, args):
+    """The prompt as the samplers will see it (request.make_request: control strings typed in it stay
+    text), for the lines that describe it; its errors are bad input."""
     try:
-        return check_request(target, prompt, args.n_tokens_to_generate, chat=args.chat)
+        return make_request(target, prompt, args.n_tokens_to_generate, chat=args.chat)
     except ValueError as e:
         raise BadRequest(str(e).replace("n_tokens (", "--n_tokens_to_generate (")) from None
 
 
 def has_runs(report) -> bool:
     return report is not None and bool(report.autoregressive or report.speculative)
-
-
-class Status:
-    """What the race is doing, on standard error: one line rewritten in place on a terminal, one line per
-    change otherwise (so --json keeps standard output for the JSON alone)."""
-
-    def __init__(self, out=None):
-        self.out = out or sys.stderr
-        self.tty = self.out.isatty()
-        self.shown = False
-        self.before: Callable[[], None] | None = None  # e.g. end the streamed text's line first
-
-    def __call__(self, text: str) -> None:
-        if self.before:
-            self.before()
-        if self.tty:
-            self.out.write(f"\r\033[K({text})")
-            self.shown = True
-        else:
-            self.out.write(f"({text})\n")
-        self.out.flush()
-
-    def clear(self) -> None:
-        """Remove the status line (a terminal only) before other output."""
-        if self.shown:
-            self.out.write("\r\033[K")
-            self.out.flush()
-            self.shown = False
-
-
-class Stream:
-    """Prints each decoder's tokens as they come: a section title, the prompt, then text,
-    decoding UTF-8 across token boundaries; the speculative trace is coloured on a terminal."""
-
-    def __init__(self, args, tokenizer, draft_label: str, status: Status | None = None):
-        self.args, self.tokenizer, self.draft_label, out = args, tokenizer, draft_label, sys.stdout
-        self.out, self.status = out, status
-        self.colour = out.isatty() and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
-        self.decoder, self.kind = None, None
-        self.control = control_ids(tokenizer)  # <|im_end|> ending a reply is not text: not printed
-
-    def start(self, decoder: str) -> None:
-        self.finish()
-        if self.status:  # the status line (on a terminal, the same screen) gives way to the text
-            self.status.clear()
-        self.kind, self.decoder = decoder, codecs.getincrementaldecoder("utf-8")(errors="replace")
-        a = self.args
-        title = (f"autoregressive ({a.target_model_size} alone)" if decoder == "autoregressive"
-                 else f"speculative (draft: {self.draft_label}, K={a.K}" + (f", tree={a.tree})" if a.tree else ")"))  # fmt: skip
-        print(f"\n── {title} " + "─" * max(3, 70 - len(title)), file=self.out)
-        if decoder == "speculative" and self.colour:
-            print("legend: " + "  ".join(f"{COLOURS[k]}{v}{RESET}" for k, v in LEGEND.items()), file=self.out)
-        self.out.write(shorten(a.prompt) + ("\n" if a.chat else ""))  # a chat reply starts on its own line
-
-    def __call__(self, token: int, kind: str) -> None:
-        if token in self.control:
-            return
-        text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token))
-        if self.colour and self.kind == "speculative":
-            text = f"{COLOURS[kind]}{text}{RESET}"
-        self.out.write(text)
-        self.out.flush()
-
-    def finish(self) -> None:
-        if self.decoder is not None:
-            self.out.write(self.decoder.decode(b"", final=True) + "\n")
-            self.decoder = None
 
 
 def check_same_tokenizer(target, draft, args) -> None:
@@ -573,9 +404,6 @@ def parse_tree(text: str | None):
     return int(text)
 
 
-def shorten(text: str, limit: int = 300) -> str:
-    """A long prompt is echoed by its start and end only."""
-    return text if len(text) <= limit else f"{text[:limit // 2]} [...] {text[-limit // 2:]}"
 
 
 if __name__ == "__main__":

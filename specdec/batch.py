@@ -24,7 +24,7 @@ the batch; the others go on with a smaller batch.
 
 Why each row is still exactly its own target distribution: a row's round reads
 only its own cache, its own drafts, its own q and p rows and its own random
-draws. Nothing in verify.py sees another row, so the proof in verify.py holds
+draws. Nothing in verify/ sees another row, so the proof in verify/ holds
 row by row. Row b's logits are those an unbatched pass would compute, up to
 float32 rounding in the packed matrix products.
 
@@ -43,40 +43,37 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
-from .autoregressive import check_request, check_seed, end_of_reply
 from .costmodel import AdaptiveK, FixedK, make_k_policy
 from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter, make_drafter
 from .drafters.specs import parse_draft
 from .interfaces import KPolicy, Proposal, features_asked
 from .model.base import CausalLM, LanguageModel
 from .model.cache import KVCache
+from .request import check_seed, make_request
 from .result import DecodeResult
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
-from .verify import ACCEPTANCE, VERIFICATION, verify
+from .speculative import Sequence, kept_rows, settle
+from .verify import VERIFICATION
 
 # on_token(row, token, kind): as speculative_sample's on_token, with the prompt's index first.
 BatchTokenCallback = Callable[[int, int, str], None]
 
 
 @dataclass
-class Sequence:
-    """One prompt of the batch and everything that is its own: text, cache, randomness, K, record."""
+class Row(Sequence):
+    """One prompt of the batch: a Sequence (speculative.py: its prompt, cache, randomness and record) and its place."""
 
-    index: int  # its place in the caller's list of prompts
-    prompt: list[int]
-    cache: KVCache  # the target's KV cache of this sequence
-    rng: np.random.Generator
-    k_policy: KPolicy | None
-    result: DecodeResult
+    index: int = 0  # its place in the caller's list of prompts
+    k_policy: KPolicy | None = None  # its own K policy (adaptive K follows its own acceptances)
     done: bool = False  # it has its tokens (or its end of reply) and has left the batch
 
-    @property
-    def ids(self) -> list[int]:
-        """The whole text so far; ids[-1] is in no cache yet."""
-        return self.prompt + self.result.tokens
+    def finish(self, n_tokens: int) -> None:
+        """Leave the batch once the reply has ended or the row has its n_tokens."""
+        self.done = self.ended or len(self.result.tokens) >= n_tokens
 
 
 @dataclass
@@ -106,27 +103,15 @@ def make_rngs(n_rows: int, seed, rng: np.random.Generator | None) -> list[np.ran
     return [np.random.default_rng(check_seed(seed)) for _ in range(n_rows)]
 
 
-def start_batch(model, prompts, n_tokens: int, seed, rng, chat: bool, allow_special: bool = False,
-                k_max: int = 0) -> list[Sequence]:  # fmt: skip
-    """Check every prompt (as the unbatched samplers do) and give each its Sequence."""
+def start_batch(model, prompts, n_tokens: int, seed, rng, on_token: BatchTokenCallback | None, **settings) -> list[Row]:
+    """Check every prompt with the settings every row shares (request.make_request, as the unbatched
+    samplers do) and give each its Row."""
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts (each text or token ids)")
-    checked = [check_request(model, prompt, n_tokens, chat, allow_special) for prompt in prompts]
-    rngs = make_rngs(len(checked), seed, rng)
-    return [Sequence(i, prompt, model.new_cache(), rngs[i], None, DecodeResult(k_max=k_max, tokenizer=model.tokenizer))
-            for i, prompt in enumerate(checked)]  # fmt: skip
-
-
-def emit(row: Sequence, tokens: list[int], kinds: list[str], n_tokens: int, stop, on_token) -> None:
-    """Append a round's tokens to a row, stopping after its end of reply; mark it done when finished."""
-    for token, kind in zip(tokens, kinds):
-        row.result.tokens.append(token)
-        if on_token:
-            on_token(row.index, token, kind)
-        if token == stop:
-            row.done = True
-            return
-    row.done = len(row.result.tokens) >= n_tokens
+    requests = [make_request(model, prompt, n_tokens, **settings) for prompt in prompts]
+    rngs = make_rngs(len(requests), seed, rng)
+    return [Row(r, model.new_cache(), rngs[i], DecodeResult(tokenizer=model.tokenizer),
+                on_token and partial(on_token, i), index=i) for i, r in enumerate(requests)]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
@@ -146,8 +131,8 @@ def autoregressive_sample_batch(
     gives (same seed rule; see the module docstring).
     """
     params = SamplingParams(temperature, top_k, top_p)
-    rows = start_batch(model, prompts, n_tokens, seed, rng, chat, allow_special)
-    stop = end_of_reply(model, chat)
+    rows = start_batch(model, prompts, n_tokens, seed, rng, on_token, params=params, chat=chat,
+                       allow_special=allow_special)  # fmt: skip
     new = {row.index: row.prompt for row in rows}  # what each row feeds next: its prompt, then its last token
     active = [row for row in rows if n_tokens > 0]
     while active:
@@ -156,7 +141,8 @@ def autoregressive_sample_batch(
             row_logits = check_finite_logits(row_logits[0], model.name)  # [n_vocab]
             row.result.target_calls += 1
             token = greedy(row_logits) if params.greedy else draw(probabilities(row_logits[None], params)[0], row.rng)
-            emit(row, [token], ["target"], n_tokens, stop, on_token)
+            row.emit([token], ["target"], row.request.stop)
+            row.finish(n_tokens)
             new[row.index] = [token]
         active = [row for row in active if not row.done]  # finished rows leave the batch
     return [row.result for row in rows]
@@ -181,13 +167,13 @@ class BatchModelDraft:
         self.caches: dict[int, KVCache] = {}  # row index -> the cache this drafter feeds
         self.n_ctx = model.n_ctx
 
-    def begin(self, rows: list[Sequence]) -> None:
+    def begin(self, rows: list[Row]) -> None:
         self.caches = {row.index: row.cache if self.n_layer else self.model.new_cache() for row in rows}
 
-    def after_prefill(self, row: Sequence, hidden: np.ndarray) -> None:
+    def after_prefill(self, row: Row, hidden: np.ndarray) -> None:
         pass  # a draft model catches up on the prompt in its first step
 
-    def propose(self, rows: list[Sequence], ks: list[int], params: SamplingParams) -> tuple[list[Proposal], int]:
+    def propose(self, rows: list[Row], ks: list[int], params: SamplingParams) -> tuple[list[Proposal], int]:
         """(one chain per row, the number of batched draft passes)."""
         caches = [self.caches[row.index] for row in rows]
         starts = [cache.length for cache in caches]
@@ -217,7 +203,7 @@ class BatchModelDraft:
         proposals = [Proposal.chain(t, np.stack(q) if q else None) for t, q in zip(tokens, q_rows)]
         return proposals, n_passes
 
-    def commit(self, row: Sequence, hidden: np.ndarray) -> None:
+    def commit(self, row: Row, hidden: np.ndarray) -> None:
         if not self.n_layer:  # keep only accepted text: everything but ids[-1], which no cache has seen
             cache = self.caches[row.index]
             cache.rollback(min(cache.length, len(row.ids) - 1))
@@ -235,17 +221,17 @@ class PerRowDrafts:
         self.n_ctx = None
         self.hidden_layers = None  # set by begin: what its drafters read of the target (interfaces.features_asked)
 
-    def begin(self, rows: list[Sequence]) -> None:
+    def begin(self, rows: list[Row]) -> None:
         self.drafters = {row.index: self.make() for row in rows}
         for row in rows:
             self.drafters[row.index].begin(self.target, row.cache, row.prompt)
         self.n_ctx = self.drafters[rows[0].index].n_ctx
         self.hidden_layers = getattr(self.drafters[rows[0].index], "hidden_layers", None)  # interfaces.features_asked
 
-    def after_prefill(self, row: Sequence, hidden: np.ndarray) -> None:
+    def after_prefill(self, row: Row, hidden: np.ndarray) -> None:
         self.drafters[row.index].commit(row.prompt, hidden)
 
-    def propose(self, rows: list[Sequence], ks: list[int], params: SamplingParams) -> tuple[list[Proposal], int]:
+    def propose(self, rows: list[Row], ks: list[int], params: SamplingParams) -> tuple[list[Proposal], int]:
         proposals = []
         for row, k in zip(rows, ks):
             drafter = self.drafters[row.index]
@@ -254,7 +240,7 @@ class PerRowDrafts:
             row.result.draft_calls += drafter.calls - before
         return proposals, 0
 
-    def commit(self, row: Sequence, hidden: np.ndarray) -> None:
+    def commit(self, row: Row, hidden: np.ndarray) -> None:
         self.drafters[row.index].commit(row.ids, hidden)
 
 
@@ -299,17 +285,6 @@ def make_row_k_policy(K):
 # ---------------------------------------------------------------------------
 
 
-def keep_accepted(row: Sequence, n_past: int, n_accepted: int) -> None:
-    """Step 5 for one row: its cache keeps ids[-1] (row 0 of the pass) and ITS accepted drafts.
-
-    NOTE: the length is the row's own, n_past + 1 + n_accepted. One shared
-    counter for the batch (every row rolled back by some other row's
-    acceptance) leaves rejected drafts in one cache and drops accepted text
-    from another: the tests' broken control does exactly that and fails.
-    """
-    row.cache.rollback(n_past + 1 + n_accepted)
-
-
 def speculative_sample_batch(
     target: CausalLM, draft, prompts, n_tokens: int, K=4,
     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -328,24 +303,20 @@ def speculative_sample_batch(
     """
     if tree is not None:
         raise ValueError("a batch drafts chains only (tree=None); trees run one prompt at a time: speculative_sample")
-    if acceptance not in ACCEPTANCE:
-        raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
     if verification not in VERIFICATION:
-        raise ValueError(f"verification must be 'token' or 'block', got {verification!r}")
-    if verification == "block" and acceptance != "exact":
-        raise ValueError("verification='block' verifies chains with the exact rule: use it without acceptance='typical'")
+        raise ValueError(f"a batch judges chains: verification must be 'token' or 'block', got {verification!r}")
     params = SamplingParams(temperature, top_k, top_p)
     drafts = make_batch_drafts(draft, target)
-    rows = start_batch(target, prompts, n_tokens, seed, rng, chat, allow_special)
+    rows = start_batch(target, prompts, n_tokens, seed, rng, on_token, params=params, chat=chat,
+                       allow_special=allow_special, acceptance=acceptance, verification=verification)  # fmt: skip
     for row in rows:
         row.k_policy = make_row_k_policy(K)
         row.result.k_max = row.k_policy.k_max
-    stop = end_of_reply(target, chat)
     drafts.begin(rows)
     n_ctx = min(target.n_ctx, drafts.n_ctx or target.n_ctx)
 
     # Prefill, one pass for every prompt of 2+ tokens: the prompt but its last token (logits not needed).
-    active = [row for row in rows if n_tokens > 0]
+    active = list(rows)
     prefill = [row for row in active if len(row.prompt) > 1]
     if prefill:
         _, hidden = target.forward_batch([row.prompt[:-1] for row in prefill], [row.cache for row in prefill],
@@ -371,27 +342,19 @@ def speculative_sample_batch(
         for row, proposal, row_logits, row_hidden in zip(active, proposals, logits, hidden):
             check_finite_logits(row_logits, target.name)
             row.result.target_calls += 1
-            n_past = len(row.ids) - 1  # this row's cache length before the pass
-
-            # Steps 3-4, per row, with the row's own q, p and random draws: accepted drafts, then one token.
-            path, last = verify(proposal, row_logits, params, row.rng, acceptance, verification)
-            n_accepted = len(path)
-            leaf = n_accepted == len(proposal)  # all accepted: the target's token is a bonus
-            kinds = ["draft"] * n_accepted + ["bonus" if leaf and len(proposal) else "target"]
+            # Steps 3-5, per row, with the row's own q, p and random draws (speculative.settle): accepted drafts,
+            # then one token; the row's cache keeps ITS accepted text, so every row is now at its own length
+            # (the batch is ragged).
             before = len(row.result.tokens)
-            emit(row, proposal.tokens[:n_accepted] + [last], kinds, n_tokens, stop, on_token)
-            row.result.add_round(len(proposal), n_accepted, judged=n_accepted + (not leaf))
-            record.accepted.append(n_accepted)
+            path = settle(row, proposal, row_logits)
+            record.accepted.append(len(path))
             record.new_tokens.append(len(row.result.tokens) - before)
+            row.finish(n_tokens)
             if row.done:
                 continue
-
-            # Step 5, per row: its cache keeps ids[-1] and the accepted drafts, so its length
-            # is n_past + 1 + n_accepted: every row is now at its own length (the batch is ragged).
-            keep_accepted(row, n_past, n_accepted)
-            drafts.commit(row, row_hidden[: 1 + n_accepted])
+            drafts.commit(row, row_hidden[kept_rows(path)])
             if len(proposal):
-                row.k_policy.update(len(proposal), n_accepted)
+                row.k_policy.update(len(proposal), len(path))
 
         active = [row for row in active if not row.done]  # finished rows leave the batch
         if on_batch_round:

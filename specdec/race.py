@@ -11,19 +11,22 @@ rounds, so a race of the autoregressive decoder alone measures none.
     report = race(target, draft, ids, n_tokens=64, K=4, repeats=3)
     print(report)            # the text summary main.py prints
     report.to_dict()         # the same as plain JSON values (main.py --json)
+
+This module runs the race and holds its statistics (the speedup per repeat, its spread,
+the verdict, what the cost model predicts); race_render.py shows a report as text, JSON and HTML.
 """
 
 from __future__ import annotations
 
-import html
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
-from .autoregressive import autoregressive_sample, check_request, check_seed, whole_number
+from . import race_render
+from .autoregressive import decode_autoregressive
 from .costmodel import (
     K_LIMIT,
     CostModelK,
@@ -34,15 +37,17 @@ from .costmodel import (
     make_tree_policy,
     parse_k,
     predicted_speedup,
+    predicted_tree_speedup,
     speedup_from_rounds,
+    verify_cost,
 )
-from .drafters import CrossVocabDrafter, make_drafter
+from .drafters import make_drafter
 from .model.base import CausalLM
-from .result import DecodeResult, TokenCallback, fmt, sparkline, token_pieces, trace_html
+from .request import check_seed, make_request, make_rng, whole_number
+from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams
-from .speculative import check_verification, speculative_sample
+from .speculative import decode_speculative
 from .timing import Costs, implausible, measure_costs, plausible
-from .words import plural
 
 DECODERS = ("autoregressive", "speculative")
 # The smallest margin a speedup must clear to be called faster or slower: identical runs on a busy
@@ -184,23 +189,6 @@ class RaceReport:
             return "slower"
         return "within noise"
 
-    def _speedup_rows(self, predicted: float) -> list[tuple[str, str]]:
-        """The measured speedup with its spread, the verdict in words, and the cost model's prediction."""
-        low, high = self.spread
-        n = len(self.speedups)
-        spread = (f"the median of {n} repeats' own ratios, spread {fmtx(low)} .. {fmtx(high)}" if n > 1
-                  else "1 repeat: no spread measured")  # fmt: skip
-        if not self.same_lengths:  # then the times are of different work, and only the rates compare
-            spread += "; rates, as the two decoders made different numbers of tokens"
-        limit = 1 + self.margin if self.speedup >= 1 else 1 / (1 + self.margin)
-        side = {"faster": "above", "slower": "below"}.get(self.verdict, "inside")
-        bound = f"{fmtx(limit)}" if side != "inside" else f"{fmtx(1 / (1 + self.margin))} .. {fmtx(1 + self.margin)}"
-        return [
-            (f"speedup ({self.speedup_label})", f"{fmtx(self.speedup)}  ({spread})"),
-            (f"verdict (margin ±{self.margin:.0%}: 20% or the spread)", f"{self.verdict}  ({side} {bound})"),
-            ("predicted by the cost model (from the figures below)", fmtx(predicted)),
-        ]
-
     @property
     def texts_identical(self) -> bool | None:
         return self.ar.result.tokens == self.spec.result.tokens if self.ar and self.spec else None
@@ -241,15 +229,14 @@ class RaceReport:
         if self.settings.get("tree") is not None and res.rounds:
             # A tree: tau tokens per round for draft passes plus one pass over (mean nodes + 1) tokens.
             nodes, passes = res.mean_k, res.draft_calls / res.rounds
-            verify = float(np.interp(nodes + 1, np.arange(1, len(r) + 1), r))  # r(nodes + 1)
             out["mean_nodes"], out["draft_passes_per_round"] = nodes, passes
-            out["tree_verify_cost_ratio"] = verify
-            out["tree_predicted_speedup"] = res.tau / (c * passes + verify)
+            out["tree_verify_cost_ratio"] = verify_cost(nodes + 1, r)
+            out["tree_predicted_speedup"] = predicted_tree_speedup(res.tau, nodes, c * passes, r)
             return out
         k = round(k_mean)
         if k and not math.isnan(alpha):
             out["tau_expected"] = expected_tokens_per_round(alpha, k)  # from alpha and k alone
-            out["verify_cost_ratio"] = r[k] if k < len(r) else math.nan  # r(k+1)
+            out["verify_cost_ratio"] = verify_cost(k + 1, r)
             out["predicted_speedup"] = predicted_speedup(alpha, k, c, r)
             out["predicted_speedup_if_r_were_1"] = predicted_speedup(alpha, k, c, None)
             # The same costs, priced over the rounds this run actually had.
@@ -262,158 +249,23 @@ class RaceReport:
             out["auto_alpha"], out["auto_k"] = policy.alpha, policy.next_k()
         return out
 
+    def decoders_run(self) -> list[tuple[str, Run, list[Run]]]:
+        """(name, median run, all runs) of each decoder that ran, in DECODERS order."""
+        runs = [("autoregressive", self.ar, self.autoregressive), ("speculative", self.spec, self.speculative)]
+        return [(name, run, all_runs) for name, run, all_runs in runs if run is not None]
+
     def to_dict(self) -> dict:
-        """Everything as plain JSON values (nan -> None), as main.py --json prints it."""
-        out: dict = {"settings": dict(self.settings)}
-        for name in DECODERS:
-            run = getattr(self, "ar" if name == "autoregressive" else "spec")
-            if run is None:
-                continue
-            r = run.result
-            out[name] = {
-                "seconds": run.seconds,
-                "seconds_all_repeats": [x.seconds for x in getattr(self, name)],
-                "tokens_per_second": run.tokens_per_second,
-                "tokens": r.tokens,
-                "target_calls": r.target_calls,
-                "draft_calls": r.draft_calls,
-                "tau": r.tau,
-            }
-            if self.tokenizer is not None:
-                out[name]["text"] = self.tokenizer.decode(r.tokens)
-            if name == "speculative":
-                out[name].update({
-                    "rounds": r.rounds, "prefill_calls": r.prefill_calls, "drafted": r.drafted,
-                    "judged": sum(r.judged), "accepted": r.accepted, "alpha": r.alpha,
-                    "acceptance_by_position": r.acceptance_by_position, "kinds": r.kinds,
-                    "accepted_histogram": r.accepted_histogram, "mean_k": r.mean_k,
-                    "draft_seconds": run.draft_seconds, "verify_seconds": run.verify_seconds,
-                    "sampler_seconds": run.sampler_seconds,
-                })  # fmt: skip
-        c = self.costs
-        out["costs"] = None if c is None else {
-            "target_step_seconds": c.target_step, "draft_step_seconds": c.draft_step, "c": c.c, "r": c.r, "note": c.note,
-        }  # fmt: skip
-        if self.spec:
-            out["summary"] = {"speedup": self.speedup, "speedup_is": self.speedup_label, "speedups": self.speedups,
-                              "spread": list(self.spread), "margin": self.margin, "verdict": self.verdict,
-                              "texts_identical": self.texts_identical, **self.explain()}  # fmt: skip
-        return jsonable(out)
+        """Everything as plain JSON values (nan -> None), as main.py --json prints it (race_render.to_dict)."""
+        return race_render.to_dict(self)
 
     def __str__(self) -> str:
-        return "\n".join(self._timing_lines() + ["", "── summary " + "─" * 62] + self._summary_lines())
+        return race_render.text(self)
 
     def __repr__(self) -> str:
-        """One line: RaceReport(speedup 1.42x, alpha 0.81, tau 3.10, K=4, 40 tokens)."""
-        parts = [f"speedup {self.speedup:.2f}x"] if self.ar and self.spec else []
-        run = self.spec or self.ar
-        if self.spec:
-            parts += [f"alpha {fmt(run.result.alpha)}", f"tau {fmt(run.result.tau)}"]
-        parts += [f"K={self.settings.get('K')}"] if self.spec else []
-        parts += [f"{len(run.result.tokens)} tokens"] if run else []
-        return "RaceReport(" + ", ".join(parts) + ")"
+        return race_render.one_line(self)
 
     def _repr_html_(self) -> str:
-        """In a notebook: the summary, then the speculative run's coloured trace."""
-        out = f'<pre style="margin:0">{html.escape(str(self))}</pre>'
-        if self.spec and self.tokenizer is not None:
-            r = self.spec.result
-            out += trace_html(token_pieces(self.tokenizer, r.tokens), r.kinds)
-        return out
-
-    def _timing_lines(self) -> list[str]:
-        lines = []
-        for name in DECODERS:
-            run = getattr(self, "ar" if name == "autoregressive" else "spec")
-            if run is None:
-                continue
-            r = run.result
-            n = len(getattr(self, name))
-            median = f", the median of {n} repeats" if n > 1 else ""
-            line = (f"[{name}] {len(r.tokens)} tokens in {run.seconds:.2f} s ({run.tokens_per_second:.1f} tokens/s"
-                    f"{median}), ")  # fmt: skip
-            line += f"{r.target_calls} target passes"
-            if name == "speculative":
-                line += f", {r.draft_calls} draft passes"
-            lines.append(line)
-            if name == "speculative":
-                share = {k: getattr(run, f"{k}_seconds") for k in ("draft", "verify", "sampler")}
-                labels = {"draft": "drafting", "verify": "verifying", "sampler": "sampler"}
-                parts = [f"{labels[k]} {s:.2f} s ({s / run.seconds:.0%})" for k, s in share.items()]
-                lines.append(f"[{name}] time: " + ", ".join(parts))
-        return lines
-
-    def _summary_lines(self) -> list[str]:
-        c, spec = self.costs, self.spec
-        if spec is None:
-            ar = self.ar
-            per_token = f"{ar.seconds / len(ar.result.tokens) * 1e3:.1f} ms" if ar and ar.result.tokens else "-"
-            return [f"autoregressive: {per_token} per new token, the pass over the prompt included (no forward-pass "
-                    "costs measured: they price speculative rounds, and none ran)"]  # fmt: skip
-        costs = f"{c.c:.3f}  ({c.draft_step * 1e3:.1f} ms vs {c.target_step * 1e3:.1f} ms)"
-        r, summary = spec.result, self.explain()
-        tree = "tree_predicted_speedup" in summary  # a tree: one pass checks several candidates per depth
-        prompt_pass = f"; +{plural(r.prefill_calls, 'pass')} over the prompt" if r.prefill_calls else ""
-        predicted = summary.get("tree_predicted_speedup", summary.get("predicted_speedup", math.nan))
-        rows = self._speedup_rows(predicted) if self.ar else []
-        rows += [
-            ("alpha (accepted / judged drafts)",
-             f"{fmt(r.alpha)}  ({r.accepted} accepted of {sum(r.judged)} judged; {r.drafted} drafted)"),
-            ("tau (tokens per round = per target pass)",
-             f"{fmt(r.tau)}  ({plural(len(r.tokens), 'token')} in {plural(r.rounds, 'round')}{prompt_pass})"),
-            (f"acceptance at {'depth' if tree else 'draft position'} 1..K",
-             "  ".join(fmt(a) for a in r.acceptance_by_position) or "-"),
-            ("rounds by drafts accepted (0, 1, ...)",
-             f"{r.accepted_histogram}  {sparkline(r.accepted_histogram)}"),
-            ("draft / target passes", f"{r.draft_calls} / {r.target_calls}"),
-            ("cost of a draft step, c = draft / target", costs),
-        ]  # fmt: skip
-        if "tree_predicted_speedup" in summary:
-            n = summary["mean_nodes"]
-            rows += [
-                ("mean tree nodes per round", f"{n:.2f}  ({summary['draft_passes_per_round']:.2f} draft passes)"),
-                (f"target pass over {n + 1:.1f} tokens vs 1 token", fmtx(summary['tree_verify_cost_ratio'])),
-                ("predicted speedup tau / (c * passes + r(nodes + 1))", fmtx(summary['tree_predicted_speedup'])),
-            ]
-        if "predicted_speedup" in summary:
-            k = round(summary["mean_k"])
-            best, drafting = summary["best_k"], sum(drafts > 0 for drafts in r.k_per_round)
-            rows += [
-                ("k, mean drafts per round that drafted",
-                 f"{summary['mean_k']:.2f}  ({drafting} of {plural(r.rounds, 'round')} drafted)"),
-                (f"target pass over k+1={k + 1} tokens vs 1 token", fmtx(summary['verify_cost_ratio'])),
-                (f"tau expected from alpha, (1-a^{k + 1})/(1-a)", fmt(summary["tau_expected"])),
-                ("predicted speedup from alpha, k, c and r", fmtx(summary['predicted_speedup'])),
-                ("  ...from this run's own rounds", fmtx(summary['predicted_speedup_from_rounds'])),
-                ("  ...if verifying cost one step (GPU-like)", fmtx(summary['predicted_speedup_if_r_were_1'])),
-                ("best K for these costs and alpha",
-                 "none: plain decoding wins" if best == 0 else f"{best} (predicted {fmtx(summary['best_k_speedup'])})"),
-            ]  # fmt: skip
-            if "auto_k" in summary:  # the same formula (best_k) on the policy's own alpha, which lags this run's
-                policy, auto_k = spec.k_policy, summary["auto_k"]
-                why = ("the best K above" if auto_k == best else
-                       f"starts at {fmt(policy.prior_alpha)} and forgets {1 - policy.decay:.0%} a round, so on a short "
-                       "run it lags the alpha above")  # fmt: skip
-                rows.append(("--K auto: its running alpha -> its K", f"{fmt(summary['auto_alpha'])} -> {auto_k}  ({why})"))
-        lines_after = [f"NOTE: the costs c and r(m): {self.costs.note}"] if self.costs.note else []
-        problem = self.curve()[1]
-        if problem:
-            lines_after.append(f"NOTE: the recorded r(m) is implausible ({problem}), so the predictions above use it "
-                               "capped at m, raised to at least 1 and made non-decreasing")  # fmt: skip
-        if self.ar and "predicted_speedup" in summary and _far_apart(self.speedup, summary["predicted_speedup"]):
-            lines_after.append(
-                "NOTE: the measured and predicted speedups differ by more than 1.5x, so the timings are noisy "
-                "(a busy machine?); more repeats (--repeats 5) take medians"
-            )
-        if self.settings.get("temperature") == 0 and self.ar:
-            i = self.first_difference()
-            same = "yes" if i is None else (
-                f"NO: they differ from new token {i}. A float32 near-tie between the two best tokens can do "
-                f"this (the two decoders round differently; --float64 removes it); a difference at a clear winner "
-                f"is a bug")  # fmt: skip
-            rows.append(("identical text at temperature 0", same))
-        width = max(len(key) for key, _ in rows)
-        return [f"{key:<{width}}  {value}" for key, value in rows] + lines_after
+        return race_render.to_html(self)
 
 
 def race(
@@ -446,20 +298,16 @@ def race(
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup, report.spread, report.verdict
     """
-    # Check the whole request before spending time on measurements.
+    # Check the whole request, and build the drafter (reading any head files), once for every run.
     params = SamplingParams(temperature, top_k, top_p)
-    request = prompt  # with chat=True the samplers get the text and wrap it themselves
-    prompt = check_request(target, prompt, n_tokens, chat, allow_special)
     check_seed(seed)
     unknown = set(decoders) - set(DECODERS)
     if unknown or not decoders:
         raise ValueError(f"decoders must be some of {DECODERS}, got {tuple(decoders)}")
     run_speculative = "speculative" in decoders
-    checked = make_drafter(draft, target, cross_vocab, siblings) if run_speculative else None  # heads are read once here
-    if isinstance(checked, CrossVocabDrafter):
-        checked.check(params)  # SLEM: greedy only
-    if run_speculative:
-        check_verification(verification, tree, "exact", getattr(checked, "siblings", None))
+    drafter = make_drafter(draft, target, cross_vocab, siblings) if run_speculative else None
+    request = make_request(target, prompt, n_tokens, params, chat, allow_special, "exact",
+                           verification if run_speculative else "token", tree, drafter)  # fmt: skip
     if run_speculative:
         K = parse_k(K)  # a word or an int: each run gets a fresh policy
         make_tree_policy(tree, None, target)  # checks `tree`
@@ -473,34 +321,30 @@ def race(
             m_max = max(m_max, (tree if isinstance(tree, int) else TreePolicy(0.0).n_max) + 1)
         status(f"measuring the forward-pass costs (c and r(m) for m = 1..{m_max})")
         try:
-            costs = measure_costs(target, checked, prompt, m_max=m_max, repeats=3)
+            costs = measure_costs(target, drafter, request.prompt, m_max=m_max, repeats=3)
         except KeyboardInterrupt:
             raise RaceInterrupted(None, "measuring the costs") from None
-    settings = dict(prompt_tokens=len(prompt), n_tokens=n_tokens, draft=_name(draft), K=K, temperature=temperature,
-                    top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
+    settings = dict(prompt_tokens=len(request.prompt), n_tokens=n_tokens, draft=_name(draft), K=K,
+                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
                     verification=verification, cross_vocab=cross_vocab, siblings=siblings)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat,
-                    allow_special=allow_special)  # fmt: skip
-    if not chat:
-        request = prompt
 
     def run_once(name: str, n: int, stream: TokenCallback | None) -> Run:
+        run_request = replace(request, n_tokens=n)  # the warm-up asks for fewer tokens
+        rng = make_rng(seed, None)  # every run draws the same random numbers
         if name == "autoregressive":
             start = time.perf_counter()
-            result = autoregressive_sample(target, request, n, on_token=stream, **sampling)
+            result = decode_autoregressive(target, run_request, rng, stream)
             seconds = time.perf_counter() - start
             return Run(result, seconds, verify_seconds=seconds)
-        drafter = make_drafter(draft, target, cross_vocab, siblings)
         k_policy = make_k_policy(K, k_max, costs=lambda: costs)
-        tree_policy = TreePolicy(costs.c, costs.r) if tree == "auto" else tree  # learns afresh each run
+        tree_policy = make_tree_policy(TreePolicy(costs.c, costs.r) if tree == "auto" else tree, drafter, target)
         with (
             _Stopwatch(drafter, "propose") as drafting,
             _Stopwatch(target, "forward", skip_while=drafting) as verifying,
         ):
             start = time.perf_counter()
-            result = speculative_sample(target, drafter, request, n, K=k_policy, on_token=stream, tree=tree_policy,
-                                        verification=verification, **sampling)  # fmt: skip
+            result = decode_speculative(target, drafter, run_request, k_policy, tree_policy, rng, stream)
             seconds = time.perf_counter() - start
         return Run(result, seconds, drafting.seconds, verifying.seconds, k_policy)
 
@@ -525,29 +369,6 @@ def race(
     return report
 
 
-def fmtx(x: float) -> str:
-    """A speedup: '1.42x', or '-' when there is none to show."""
-    return fmt(x) + ("x" if fmt(x) != "-" else "")
-
-
-def _far_apart(measured: float, predicted: float, factor: float = 1.5) -> bool:
-    return measured > 0 and predicted > 0 and not 1 / factor <= measured / predicted <= factor
-
-
 def _name(draft) -> str:
     """How a report names the draft: its spec string, or a model's name."""
     return draft if isinstance(draft, str) else getattr(draft, "name", type(draft).__name__)
-
-
-def jsonable(value):
-    """Results as plain JSON values: NumPy scalars to Python ones, nan and inf
-    (e.g. an acceptance rate with nothing drafted) to null."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (np.integer, np.floating, np.bool_)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

@@ -26,25 +26,27 @@ One round, with the text so far ending in a token t that no cache has seen yet:
      fewer tokens per round in expectation; verify.block_chain.)
   5. Roll back: both caches keep exactly the accepted text.
 So every round emits between 1 and k+1 tokens for a single target pass. Steps
-3-4, and the proof that the output is exactly p, are in verify.py; what a
+3-4, and the proof that the output is exactly p, are in verify/; what a
 drafter must provide is in interfaces.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from .autoregressive import check_request, end_of_reply, make_rng
 from .costmodel import make_k_policy, make_tree_policy
-from .drafters import CrossVocabDrafter, make_drafter
-from .interfaces import Proposal, features_asked
+from .drafters import make_drafter
+from .interfaces import Drafter, KPolicy, Proposal, features_asked
 from .model.base import CausalLM
+from .model.cache import KVCache
+from .request import Request, make_request, make_rng
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, check_finite_logits
 from .timing import measure_costs
-from .verify import ACCEPTANCE, TREE_VERIFICATION, VERIFICATION, verify
+from .verify import verify
 
 # on_round(proposal, logits) is called after each verification pass: the round's
 # Proposal (tokens and q rows) and the target's logits over [ids[-1], *tokens].
@@ -63,11 +65,11 @@ def speculative_sample(
     prompt_ids: token ids, or text when the target has a tokenizer. draft: a model with the target's
     vocabulary, "ngram[:N]", "early_exit:L" or a Drafter. K: an int, "adaptive", "auto" or a KPolicy.
     tree: None drafts a chain of K tokens; N a tree of up to N tokens and depth K per round; "auto" lets
-    the tree cost model (costmodel.py) pick N each round; or a tree policy. acceptance="typical" is
+    the tree cost model (costmodel/trees.py) pick N each round; or a tree policy. acceptance="typical" is
     Medusa's typical acceptance: faster, LOSSY (the output no longer follows the target), opt-in only.
     chat=True: the text is a user message to a chat model; decoding stops after the token ending the reply.
     allow_special=True: control strings typed in the text ("<|im_end|>") become control tokens; by default
-    they are plain text (autoregressive.check_request).
+    they are plain text (request.check_request).
     verification: how a chain is judged, "token" (draft by draft, the papers' rule) or "block" (jointly,
     Sun et al.: exact too, never fewer tokens per round in expectation); chains only. With tree=N, "token"
     is SpecInfer's rule and "spectr" SpecTr's k-sequential selection, which needs a drafter drawing
@@ -81,30 +83,36 @@ def speculative_sample(
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
-    prompt = check_request(target, prompt_ids, n_tokens, chat, allow_special)
-    stop = end_of_reply(target, chat)
     rng = make_rng(seed, rng)
     drafter = make_drafter(draft, target, cross_vocab)
-    if isinstance(drafter, CrossVocabDrafter):
-        drafter.check(params)  # SLEM: greedy only
-    k_policy = make_k_policy(K, costs=lambda: measure_costs(target, drafter, prompt))  # "auto" times passes first
+    request = make_request(target, prompt_ids, n_tokens, params, chat, allow_special, acceptance, verification, tree,
+                           drafter)  # fmt: skip
+    k_policy = make_k_policy(K, costs=lambda: measure_costs(target, drafter, request.prompt))  # "auto" times passes
     tree_policy = make_tree_policy(tree, drafter, target)
-    if acceptance not in ACCEPTANCE:
-        raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
-    check_verification(verification, tree, acceptance, getattr(drafter, "siblings", None))
+    return decode_speculative(target, drafter, request, k_policy, tree_policy, rng, on_token, on_round)
+
+
+def decode_speculative(
+    target: CausalLM, drafter: Drafter, request: Request, k_policy: KPolicy, tree_policy, rng: np.random.Generator,
+    on_token: TokenCallback | None = None, on_round: RoundCallback | None = None,
+) -> DecodeResult:  # fmt: skip
+    """The rounds of speculative_sample on a checked request (request.make_request), with a built drafter and
+    K and tree policies: Leviathan et al.'s Algorithm 1, repeated until n_tokens are emitted."""
+    prompt, n_tokens, params = request.prompt, request.n_tokens, request.params
+    seq = Sequence(request, target.new_cache(), rng, DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer),
+                   on_token)  # fmt: skip
+    result = seq.result
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
-    result = DecodeResult(k_max=k_policy.k_max, tokenizer=target.tokenizer)
     draft_calls_before = drafter.calls  # a drafter object may be reused across runs
 
-    cache = target.new_cache()
-    drafter.begin(target, cache, prompt)
-    if n_tokens and len(prompt) > 1:  # prefill: the prompt but its last token (logits not needed)
-        _, hidden = target.forward(prompt[:-1], cache, last_only=True, return_hidden=features_asked(drafter))
+    drafter.begin(target, seq.cache, prompt)
+    if len(prompt) > 1:  # prefill: the prompt but its last token (logits not needed)
+        _, hidden = target.forward(prompt[:-1], seq.cache, last_only=True, return_hidden=features_asked(drafter))
         result.target_calls += 1
         drafter.commit(prompt, hidden)
 
     while len(result.tokens) < n_tokens:
-        ids = prompt + result.tokens  # the whole text so far; ids[-1] is in no cache yet
+        ids = seq.ids  # the whole text so far; ids[-1] is in no cache yet
         # Draft fewer near the end: a round emits up to k+1 tokens and verifies up to position len(ids)-1+k.
         k = min(k_policy.next_k(), n_tokens - len(result.tokens) - 1, n_ctx - len(ids))
         # A tree: at most `nodes` tokens, depth at most k; None: a chain of k.
@@ -117,33 +125,18 @@ def speculative_sample(
         # Step 2 ("run M_p in parallel"): one target pass over the unseen token and the drafts.
         # NOTE: logits row i verifies proposal.tokens[i]; the last row is the bonus position.
         tokens, parents = [ids[-1], *proposal.tokens], proposal.pass_parents()
-        logits, hidden = target.forward(tokens, cache, return_hidden=features_asked(drafter), parents=parents)
+        logits, hidden = target.forward(tokens, seq.cache, return_hidden=features_asked(drafter), parents=parents)
         check_finite_logits(logits, target.name)  # NaN weights would otherwise pass as token 0
         result.target_calls += 1
         if on_round:
             on_round(proposal, logits)
 
-        # Steps 3-4 ("determine the number of accepted guesses n"; "adjust the distribution from M_p if needed").
-        path, last = verify(proposal, logits, params, rng, acceptance, verification)
-        leaf = proposal.ends_at_leaf(path)  # after a leaf the target's token is a bonus
-        kinds = ["draft"] * len(path) + ["bonus" if leaf and len(proposal) else "target"]
-        emitted = [proposal.tokens[i] for i in path] + [last]
-        for token, kind in zip(emitted, kinds):
-            result.tokens.append(token)
-            if on_token:
-                on_token(token, kind)
-            if token == stop:  # the end of a chat reply: nothing after it is emitted, and decoding ends
-                break
-        if stop in emitted:
-            result.add_round(len(proposal), len(path), judged=len(path) + (not leaf))
+        # Steps 3-5: accept, emit the accepted drafts and one target token, roll the target's cache back.
+        path = settle(seq, proposal, logits)
+        if seq.ended:  # the end of a chat reply: nothing after it is emitted, and decoding ends
             break
-
-        # Step 5: the target's cache keeps row 0 (ids[-1]) and the accepted rows; `last` is fed next
-        # round. The drafter rolls back too, and gets the target's hidden states at the rows kept.
-        kept = [0, *(i + 1 for i in path)]
-        cache.keep(len(ids) - 1, kept)
-        drafter.commit(prompt + result.tokens, hidden[kept])
-        result.add_round(len(proposal), len(path), judged=len(path) + (not leaf))
+        # The drafter rolls back too, and gets the target's hidden states at the rows kept.
+        drafter.commit(seq.ids, hidden[kept_rows(path)])
         if len(proposal):
             k_policy.update(proposal.depth, len(path))  # a chain's depth is its length
             tree_policy.update(proposal.parents, path)
@@ -152,25 +145,74 @@ def speculative_sample(
     return result
 
 
-def check_verification(verification: str, tree, acceptance: str = "exact", siblings: str | None = None) -> None:
-    """Refuse, in one line each, the verification settings that are unknown or would not be exact.
+# ---------------------------------------------------------------------------
+# Steps 3-5 of a round for one sequence: the batched sampler (batch.py) runs them row by row.
+# ---------------------------------------------------------------------------
 
-    siblings: how the drafter draws a sampled tree's children of one node, "iid" or "without
-    replacement" (a model or early-exit drafter's `siblings`), None for drafters that do not draw
-    them (n-gram tries, heads, cross-vocabulary). The API, race and the command line all ask here;
-    the messages name both spellings (tree=N / --tree N).
+
+@dataclass
+class Sequence:
+    """One sequence being decoded and what is its own: its request, the target's KV cache, randomness, record."""
+
+    request: Request  # its prompt (token ids) and settings, checked
+    cache: KVCache  # the target's; its length is len(ids) - 1 after every round
+    rng: np.random.Generator
+    result: DecodeResult  # the new tokens and the per-round record
+    on_token: TokenCallback | None = None  # told each emitted token and its kind
+    ended: bool = False  # the end of a chat reply was emitted: decoding is over
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.request.prompt
+
+    @property
+    def ids(self) -> list[int]:
+        """The whole text so far; ids[-1] is in no cache yet."""
+        return self.prompt + self.result.tokens
+
+    def emit(self, tokens: list[int], kinds: list[str], stop: int | None) -> None:
+        """Append tokens (telling on_token each), stopping after `stop`, the end of a chat reply."""
+        for token, kind in zip(tokens, kinds):
+            self.result.tokens.append(token)
+            if self.on_token:
+                self.on_token(token, kind)
+            if token == stop:
+                self.ended = True
+                return
+
+
+def settle(seq: Sequence, proposal: Proposal, logits: np.ndarray) -> list[int]:
+    """Steps 3-5 of a round: judge the drafts by the target's logits over [ids[-1], *proposal.tokens],
+    emit the accepted drafts and the target's own token, record the round, and roll the target's cache
+    back to the accepted seq. Returns the accepted path (indices into proposal.tokens)."""
+    n_past, request = len(seq.prompt) + len(seq.result.tokens) - 1, seq.request  # the cache's length before the pass
+    # Steps 3-4 ("determine the number of accepted guesses n"; "adjust the distribution from M_p if needed").
+    path, last = verify(proposal, logits, request.params, seq.rng, request.acceptance, request.verification)
+    leaf = proposal.ends_at_leaf(path)  # after a leaf the target's token is a bonus
+    kinds = ["draft"] * len(path) + ["bonus" if leaf and len(proposal) else "target"]
+    seq.emit([proposal.tokens[i] for i in path] + [last], kinds, request.stop)
+    seq.result.add_round(len(proposal), len(path), judged=len(path) + (not leaf))
+    if seq.ended:
+        return path
+    # Step 5: the cache keeps row 0 of the pass (ids[-1]) and the accepted rows; `last` is fed next round.
+    # A tree's accepted path lies among rejected siblings: its rows move together first (a chain's are in place).
+    if not proposal.is_chain:
+        seq.cache.keep(n_past, kept_rows(path))
+    keep_accepted(seq, n_past, len(path))
+    return path
+
+
+def kept_rows(path: list[int]) -> list[int]:
+    """The rows of the verification pass that hold accepted text: row 0 (ids[-1]) and each accepted draft's."""
+    return [0, *(i + 1 for i in path)]
+
+
+def keep_accepted(seq: Sequence, n_past: int, n_accepted: int) -> None:
+    """Step 5's length: the cache keeps ids[-1] and ITS accepted drafts, n_past + 1 + n_accepted positions.
+
+    NOTE: the length is the sequence's own. In a batch (batch.py) every row has its own
+    cache and length; one shared counter for the batch (every row rolled back by some
+    other row's acceptance) leaves rejected drafts in one cache and drops accepted text
+    from another: the batch tests' broken control does exactly that and fails.
     """
-    if verification not in VERIFICATION + TREE_VERIFICATION:
-        raise ValueError(f"verification must be 'token', 'block', 'spectr' or 'traversal', got {verification!r}")
-    if verification in ("block", "spectr", "traversal") and acceptance != "exact":
-        raise ValueError(f"verification {verification!r} is an exact rule: leave out acceptance='typical' (lossy)")
-    if verification == "block" and tree is not None:
-        raise ValueError("verification 'block' judges a chain jointly: leave out tree= (--tree), or judge the tree "
-                         "with 'traversal' (block verification read along every path)")  # fmt: skip
-    if verification in ("spectr", "traversal") and tree is None:
-        chain_rule = "block" if verification == "traversal" else "token"
-        raise ValueError(f"verification {verification!r} judges trees: pass tree=N (--tree N); on a chain it is "
-                         f"verification {chain_rule!r}")  # fmt: skip
-    if verification == "spectr" and siblings != "iid":
-        raise ValueError("verification 'spectr' needs a tree's siblings drawn i.i.d. (SpecTr's proof): a draft "
-                         "model or early exit with siblings='iid' (--siblings iid), or verification 'token'")  # fmt: skip
+    seq.cache.rollback(n_past + 1 + n_accepted)

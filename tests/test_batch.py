@@ -14,7 +14,7 @@ import pytest
 from conftest import tiny_model
 from helpers import N_BROKEN, N_SAMPLES, chi_square_passes, exact_continuations, perturbed, small_model
 
-import specdec.batch as batch
+import specdec.speculative as round_step  # the round's steps 3-5, which the batch runs per row
 from specdec import autoregressive_sample, speculative_sample
 from specdec.batch import autoregressive_sample_batch, speculative_sample_batch
 from specdec.model.llama import LlamaHParams, random_llama
@@ -203,7 +203,7 @@ def check_rows(models, exact, n_calls, broken: dict, monkeypatch):
         assert ok, f"row {b}: chi2={stat:.1f} df={df}"
     for (name, value), n_broken in broken.items():
         with monkeypatch.context() as patch:
-            patch.setattr(batch, name, value)
+            patch.setattr(round_step, name, value)
             samples = batch_samples(models, n_broken)
         failed = [not chi_square_passes(rows, exact[b])[0] for b, rows in enumerate(samples)]
         assert any(failed), f"the broken batch ({value.__name__}) passed the per-row check"

@@ -3,6 +3,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 from conftest import tiny_model
 from helpers import perturbed
@@ -139,3 +140,33 @@ def test_measuring_the_costs_again_passes_the_prompt_once(monkeypatch):
     costs = timing.measure_costs(target, "ngram", prompt, m_max=3, repeats=1)
     assert "stayed implausible over 3 measurements" in costs.note
     assert passes == [len(prompt) - 1]  # the prompt but its last token, once
+
+
+def test_a_race_builds_its_drafter_once_and_reads_head_files_once(models, monkeypatch, tmp_path):
+    """Every run of a race (the warm-up, each repeat, the cost measurement) drafts with the one drafter built
+    when the request was checked: heads are read from disk once, however many repeats."""
+    from specdec import drafters
+    from specdec.drafters import medusa
+    from specdec.drafters.heads import DraftVocab, save_heads
+
+    target = models[0]
+    built, reads, read_heads = [], [], medusa.load_heads
+
+    class CountedNgram(drafters.NgramDrafter):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    def counted_read(*args, **kwargs):
+        reads.append(1)
+        return read_heads(*args, **kwargs)
+
+    monkeypatch.setattr(drafters, "NgramDrafter", CountedNgram)
+    monkeypatch.setattr(medusa, "load_heads", counted_read)
+    settings = dict(prompt=[1, 2, 3, 1, 2], n_tokens=6, K=2, repeats=3, k_max=2)
+    report = race(target, "ngram", **settings)
+    assert len(report.speculative) == 3 and built == [1]
+    vocab = DraftVocab.of(target, np.arange(target.n_vocab))
+    save_heads(tmp_path, "medusa", target, medusa.init_params(2, target.n_embd), {"n_heads": 2}, vocab)
+    report = race(target, f"medusa:{tmp_path}", **settings, tree=3)
+    assert len(report.speculative) == 3 and reads == [1]

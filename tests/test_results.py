@@ -11,7 +11,8 @@ from conftest import tiny_checkpoint, tiny_model  # noqa: F401 (fixture)
 from helpers import perturbed
 
 from specdec import autoregressive_sample, load_folder, speculative_sample
-from specdec.race import jsonable, race
+from specdec.race import race
+from specdec.race_render import jsonable
 from specdec.result import KIND_COLOURS, DecodeResult, sparkline
 
 

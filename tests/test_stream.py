@@ -67,7 +67,7 @@ def interrupt_on_call(monkeypatch, name: str, n: int):
 
 @pytest.mark.parametrize("as_json", [False, True])
 def test_ctrl_c_prints_what_was_measured_and_exits_130(monkeypatch, capsys, as_json):
-    interrupt_on_call(monkeypatch, "speculative_sample", 2)  # repeat 1 finishes, repeat 2 is cut short
+    interrupt_on_call(monkeypatch, "decode_speculative", 2)  # repeat 1 finishes, repeat 2 is cut short
     code = main.main([*OFFLINE, "--repeats", "3", *(["--json"] if as_json else [])])
     out, err = capsys.readouterr()
     assert code == 130

@@ -76,3 +76,17 @@ def test_the_speedup_is_labelled_as_the_ratio_it_is():
     assert shorter.to_dict()["summary"]["speedup_is"] == "speculative tokens/s / autoregressive tokens/s"
     assert shorter.speedup == pytest.approx((15 / 1.0) / (30 / 3.0))  # the rates' ratio, not 3.0 / 1.0
     assert "time / speculative time" not in shorter._repr_html_()
+
+
+def test_a_tree_race_is_priced_by_the_cost_models_own_reading_of_r():
+    """A tree's mean node count is fractional (2.5 nodes a round): the race reads r(m) between measured points
+    as costmodel.verify_cost does, the one reading of a curve, and predicts with predicted_tree_speedup."""
+    from specdec.costmodel import predicted_tree_speedup, verify_cost
+
+    report = record([1.0, 1.2, 1.6, 2.0], [2, 3, 2, 3], [1, 2, 0, 3])
+    report.settings["tree"] = 3
+    summary, r = report.explain(), report.costs.r
+    assert summary["mean_nodes"] == 2.5 and verify_cost(3.5, r) == pytest.approx(1.8)
+    assert summary["tree_verify_cost_ratio"] == verify_cost(3.5, r)
+    passes = summary["draft_passes_per_round"]
+    assert summary["tree_predicted_speedup"] == predicted_tree_speedup(summary["tau"], 2.5, report.costs.c * passes, r)

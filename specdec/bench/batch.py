@@ -39,12 +39,12 @@ import time
 import numpy as np
 
 from .. import costmodel, flags
-from ..autoregressive import check_request
-from ..batch import BatchModelDraft, Sequence, autoregressive_sample_batch, speculative_sample_batch
+from ..batch import BatchModelDraft, Row, autoregressive_sample_batch, speculative_sample_batch
 from ..checkpoints.load import load_model
 from ..drafters import NgramDrafter
 from ..model import kernels
 from ..model.shapes import GPT2_SHAPES, random_model
+from ..request import Request, check_request
 from ..result import DecodeResult
 from ..sampling import SamplingParams
 from ..timing import time_calls
@@ -84,7 +84,7 @@ def filled_caches(model, n_rows: int, n_past: int, rng: np.random.Generator, roo
 def draft_step_call(model, draft: str, prompts: list[list[int]]):
     """One batched draft step for every row, as the batch's drafter takes it (a call for time_calls)."""
     params = SamplingParams(0.0)
-    rows = [Sequence(i, p, model.new_cache(), np.random.default_rng(0), None, DecodeResult())
+    rows = [Row(Request(p, 1, params), model.new_cache(), np.random.default_rng(0), DecodeResult(), index=i)
             for i, p in enumerate(prompts)]  # fmt: skip
     if draft.startswith("ngram"):
         drafters = [NgramDrafter(model.n_vocab) for _ in rows]

@@ -38,7 +38,7 @@ from ..checkpoints import family
 from ..checkpoints.load import load_model
 from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, random_weights
-from ..race import jsonable
+from ..race_render import jsonable
 from ..speculative import speculative_sample
 from ..timing import measure_costs, time_calls
 from .progress import Progress, add_quiet

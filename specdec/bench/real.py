@@ -32,10 +32,11 @@ import statistics
 import numpy as np
 
 from .. import flags
-from ..autoregressive import autoregressive_sample, check_request
+from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
 from ..model.kernels import Linear
 from ..model.shapes import random_model
+from ..request import check_request
 from ..timing import measure_costs, pass_calls, time_calls
 from .progress import Progress, add_quiet
 from .suite import load_prompts

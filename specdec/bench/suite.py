@@ -446,7 +446,7 @@ def main(argv=None) -> int:
         say(f"python -m specdec.bench: error: {e}")
         return 1
     if args.json:
-        from ..race import jsonable
+        from ..race_render import jsonable
 
         Path(args.json).write_text(json.dumps(jsonable(numbers), indent=1, allow_nan=False) + "\n")
     return 0

@@ -47,13 +47,20 @@ def round_cost(k: int, c: float, r: Callable[[int], float] | Sequence[float] | N
     return k * c + verify_cost(k + 1, r)
 
 
-def verify_cost(m: int, r: Callable[[int], float] | Sequence[float] | None = None) -> float:
-    """r(m), from a function, a measured list (r[m-1] for m = 1, 2, ...), or the paper's r = 1."""
+def verify_cost(m: float, r: Callable[[int], float] | Sequence[float] | None = None) -> float:
+    """r(m), from a function, a measured list (r[m-1] for m = 1, 2, ...), or the paper's r = 1.
+
+    A list is read linearly between its points (m may be a mean, 4.5 tokens a pass) and grows
+    linearly beyond its end: the one reading of a measured curve everywhere (predictions, the race).
+    """
     if r is None:
         return 1.0
     if callable(r):
         return r(m)
-    return r[m - 1] if m <= len(r) else r[-1] * m / len(r)  # beyond the list: grow linearly
+    if m > len(r):
+        return r[-1] * m / len(r)
+    i = int(m)  # the measured point at or below m (m >= 1)
+    return r[i - 1] if i == m else r[i - 1] + (m - i) * (r[i] - r[i - 1])
 
 
 def predicted_speedup(alpha: float, k: int, c: float, r=None) -> float:

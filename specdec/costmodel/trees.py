@@ -130,7 +130,7 @@ class TreeAcceptance:
         return taus, depths
 
 
-def predicted_tree_speedup(tau: float, n: int, draft_cost: float, r=None) -> float:
+def predicted_tree_speedup(tau: float, n: float, draft_cost: float, r=None) -> float:
     """Tokens per round over the round's cost in target steps: tau / (draft_cost + r(n + 1))."""
     return tau / (draft_cost + verify_cost(n + 1, r))
 
