@@ -36,6 +36,10 @@ model/llama.py's own inference block, and EagleDrafter drafts with either.
 
 Shape notation: B sequences of T positions, n_embd (e) the target's width,
 n_head heads of d_head, n = B*T rows.
+
+One file, one idea: an EAGLE head as the round sees it. The GPT-2 block's forward
+and backward sit next to each other (the gradient checks read them side by side),
+and both blocks share the drafter that feeds features and tokens back.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ def ship_main(argv) -> int:
     args = parser.parse_args(argv)
     try:
         from ..checkpoints.load import load_model
-        from .heads_train import ship_head
+        from .ship import ship_head
 
         weights = ship_head(args.head, args.out, load_model(args.model, progress=False))
     except (ValueError, OSError) as e:

@@ -9,7 +9,7 @@ What it does, in order:
    (held_out_rows), so the held-out figures are on requests the head never saw.
 2. The draft vocabulary (FR-Spec, Zhao et al., arXiv 2502.14856): the --vocab-top
    most frequent tokens of the training replies (heads.top_tokens).
-3. The target's hidden states at every position of every row (features.hidden_states),
+3. The target's hidden states at every position of every row (states.row_states),
    recomputed in one teacher-forced pass and kept in memory as float16; the layers
    are the ones the head kind reads (EAGLE: the last, after the final norm).
 4. Labels: at every reply position, the target's own distribution at T=1 as the
@@ -27,16 +27,14 @@ What it does, in order:
 
 The head's own mathematics lives in its kind (HeadKind below): what layers it
 reads, its parameters, its loss and gradients on a HeadBatch, its logits.
+Shipping a trained head inside specdec is ship.py's.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,16 +44,15 @@ import numpy as np
 from tqdm import tqdm
 
 from ..checkpoints import locks
-from ..checkpoints.pairs import sha256_of, write_atomically
 from ..drafters import eagle
 from ..drafters.heads import DraftVocab, head_cross_entropy, model_fingerprint, save_heads, smooth_l1, top_tokens
 from ..model.base import CausalLM
 from .distill import DistillData, load_distill_data
 from .draft_model import DraftKind
 from .eagle_llama import LlamaEagleKind
-from .features import hidden_states
 from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, take_step
 from .optim import AdamW
+from .states import row_states
 
 F32 = np.float32
 F16 = np.float16
@@ -95,72 +92,6 @@ def soft_targets(top_ids: np.ndarray, top_probs: np.ndarray, vocab: DraftVocab) 
     rows = np.repeat(np.arange(len(top_ids)), top_ids.shape[1]).reshape(top_ids.shape)
     np.add.at(out, (rows[inside], where[inside]), p[inside].astype(F32))
     return out
-
-
-def row_states(target: CausalLM, data: DistillData, rows: list[int], layers: list[int], progress: bool,
-               cache: Path | None = None) -> dict:  # fmt: skip
-    """{row: [len(layers), n_prompt + n_reply - 1, n_embd] float16}: the hidden states a head reads,
-    recomputed (features.hidden_states) in batches of similar length, kept as float16 (half the memory).
-
-    cache: a folder where each layer's states for rows 0 .. max(rows) are kept between runs
-    (states_file), so that a second head, or a run with other settings, does not pay the
-    teacher-forced pass again. A cached file is used only when its sha256 matches its record and
-    the record names this model, these rows' shards and this layer; otherwise it is made again.
-    """
-    if not layers:  # a kind that reads no states (the draft model): empty arrays, no target pass
-        return {r: np.zeros((0, len(data.prompts[r]) + len(data.replies[r]) - 1, target.n_embd), F16) for r in rows}
-    n_rows = max(rows) + 1
-    held = {layer: _read_states(cache, target, data, n_rows, layer) if cache else None for layer in layers}
-    missing = [layer for layer in layers if held[layer] is None]
-    if missing:
-        todo = list(range(n_rows)) if cache else rows
-        order = sorted(todo, key=lambda r: len(data.prompts[r]) + len(data.replies[r]))  # little padding per pass
-        fresh: dict[int, np.ndarray] = {}
-        bar = tqdm(total=len(order), desc="hidden states", unit="row", disable=not progress)
-        for r, states in hidden_states(target, data, missing, order, batch=8):
-            fresh[r] = states.astype(F16)
-            bar.update(1)
-        bar.close()
-        for i, layer in enumerate(missing):
-            held[layer] = {r: fresh[r][i] for r in fresh}
-            if cache:
-                _write_states(cache, target, data, n_rows, layer, held[layer])
-    return {r: np.stack([held[layer][r] for layer in layers]) for r in rows}
-
-
-def _states_key(target: CausalLM, data: DistillData, n_rows: int, layer: int) -> tuple[str, dict]:
-    record = {"format": "specdec-states-1", "model_fingerprint": model_fingerprint(target), "layer": layer,
-              "rows": n_rows, "shards_sha256": data.shard_sha256[: -(-n_rows // data.settings["shard_rows"])]}  # fmt: skip
-    key = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
-    return f"states-L{layer}-{key}", record
-
-
-def _write_states(cache: Path, target, data, n_rows: int, layer: int, states: dict) -> None:
-    """Layer `layer`'s states of rows 0 .. n_rows-1, end to end, float16, then its record (written last)."""
-    stem, record = _states_key(target, data, n_rows, layer)
-    cache.mkdir(parents=True, exist_ok=True)
-    flat = np.concatenate([states[r] for r in range(n_rows)])  # [sum of row lengths - 1, n_embd]
-    write_atomically(cache / f"{stem}.npy", lambda f: np.save(f, flat, allow_pickle=False))
-    record.update(shape=list(flat.shape), sha256=sha256_of(cache / f"{stem}.npy"))
-    write_atomically(cache / f"{stem}.json", lambda f: f.write(json.dumps(record).encode()))
-
-
-def _read_states(cache: Path, target, data, n_rows: int, layer: int) -> dict | None:
-    """The cached states of one layer as {row: [n, n_embd]}, or None when absent or not to be trusted."""
-    stem, record = _states_key(target, data, n_rows, layer)
-    path = cache / f"{stem}.npy"
-    try:
-        saved = json.loads((cache / f"{stem}.json").read_text())
-        if any(saved.get(k) != v for k, v in record.items()) or sha256_of(path) != saved.get("sha256"):
-            return None
-        flat = np.load(path, allow_pickle=False)
-    except (OSError, ValueError):
-        return None
-    lengths = [len(data.prompts[r]) + len(data.replies[r]) - 1 for r in range(n_rows)]
-    if flat.dtype != F16 or flat.shape != (sum(lengths), target.n_embd) or list(flat.shape) != saved.get("shape"):
-        return None
-    ends = np.cumsum(lengths)
-    return {r: flat[end - n : end] for r, (n, end) in enumerate(zip(lengths, ends))}
 
 
 @dataclass
@@ -490,73 +421,3 @@ def train_from_data(
 def command_line() -> str:
     """The command as typed (for the card)."""
     return " ".join(["python -m specdec.train"] + sys.argv[1:])
-
-
-# ---------------------------------------------------------------------------
-# Shipping a trained head inside specdec.
-# ---------------------------------------------------------------------------
-
-SHIP_LIMIT = 10 * 2**20  # bytes: a head shipped inside the package stays small
-
-
-def ship_head(src: str | Path, dst: str | Path, target: CausalLM, kind: str = "eagle") -> Path:
-    """Copy the head trained in src into dst as float16 (checked on the way in and out), with CARD.txt.
-
-    The head is read with the checked loader (its file, its shapes, the target it belongs to), written
-    with heads.save_heads(half=True), and read back through the drafter's own loader; a file over
-    SHIP_LIMIT is refused. Returns the weights' path.
-    """
-    from ..drafters.heads import load_heads
-
-    config, params, vocab = load_heads(src, kind, target, eagle.head_shapes(src, target))
-    for key in ("kind", "model", "model_fingerprint", "n_embd", "n_vocab", "n_head", "layer_norm_epsilon",
-                "draft_vocab", "weights_file", "weights_sha256"):  # fmt: skip
-        config.pop(key, None)  # save_heads writes these afresh
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))  # made whole here, then moved into place
-    try:
-        weights = save_heads(work, kind, target, params, config, vocab, half=True)
-        size = weights.stat().st_size
-        if size > SHIP_LIMIT:
-            raise ValueError(f"{dst}: the head would take {size / 2**20:.1f} MiB, over the {SHIP_LIMIT / 2**20:.0f} "
-                             f"MiB a shipped head may take; use a smaller --vocab-top or head (nothing written)")  # fmt: skip
-        eagle.EagleDrafter.load(work, target)  # the drafter reads it back
-        (work / "CARD.txt").write_text(card_text(kind, target, config, size))
-        for path in work.iterdir():  # a package's files: readable by whoever installs it
-            path.chmod(0o644)
-        work.chmod(0o755)
-        if dst.exists():
-            shutil.rmtree(dst)
-        work.rename(dst)
-        work = None
-    finally:
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
-    weights = dst / weights.name
-    return weights
-
-
-def card_text(kind: str, target: CausalLM, config: dict, size: int) -> str:
-    """The head's card in words: what it is, its data, its training, its held-out figures, the command."""
-    d, h = config.get("data", {}), config.get("held_out", {})
-    after, before = h.get("trained", {}), h.get("untrained", {})
-    lines = [
-        f"{kind} head for {target.name}" + (f", {config['block']} block" if "block" in config else "")
-        + f" (float16, {size / 2**20:.1f} MiB; computed in float32)",
-        "",
-        f"data: {d.get('reply_tokens_train', '?'):,} reply tokens in {d.get('rows_train', '?'):,} replies that "
-        f"{target.name} wrote itself to templated chat requests and Python docstrings "
-        "(python -m specdec.train data; docs/distill.md)",
-        f"held out: {d.get('reply_tokens_held_out', '?'):,} reply tokens in {d.get('rows_held_out', '?'):,} replies "
-        f"to requests never trained on ({d.get('held_out_rule', '?')})",
-        f"draft vocabulary: the {config.get('vocab_top')} most frequent reply tokens (FR-Spec)",
-        f"training: {config.get('steps')} steps, {config.get('epochs')} epochs, {config.get('batch_tokens')} "
-        f"positions per step, AdamW lr {config.get('lr')}, seed {config.get('seed')}, "
-        f"{config.get('train_seconds')} s",
-        f"held-out teacher-forced top-1: {before.get('top1', float('nan')):.3f} untrained -> "
-        f"{after.get('top1', float('nan')):.3f} trained; top-5 {after.get('top5', float('nan')):.3f}",
-        f"command: {config.get('command')}",
-        "",
-    ]
-    return "\n".join(lines)

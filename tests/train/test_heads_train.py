@@ -12,6 +12,7 @@ from specdec.drafters import eagle
 from specdec.drafters.heads import DraftVocab, load_heads
 from specdec.speculative import speculative_sample
 from specdec.train import heads_train as ht
+from specdec.train import ship
 from specdec.train.cli import main
 from specdec.train.distill import load_distill_data, make_data
 from specdec.train.features import hidden_states
@@ -163,7 +164,7 @@ def test_a_trained_head_loads_drafts_and_keeps_greedy_output(shards, tmp_path, c
     assert shipped.stat().st_mode & 0o777 == 0o755 and {p.stat().st_mode & 0o777 for p in shipped.iterdir()} == {0o644}
     sd = speculative_sample(model, f"eagle:{shipped}", prompt, 20, K=3, temperature=0.0)
     assert sd.tokens == ar.tokens
-    monkeypatch.setattr(ht, "SHIP_LIMIT", 1000)
+    monkeypatch.setattr(ship, "SHIP_LIMIT", 1000)
     assert main(["ship", "--model", "tiny", "--head", str(out), "--out", str(tmp_path / "big")]) == 2
     assert "over the" in capsys.readouterr().err
     assert not (tmp_path / "big").exists() and not list(tmp_path.glob(".big.*"))  # nothing left half-made
