@@ -212,6 +212,8 @@ class BatchModelDraft:
 class PerRowDrafts:
     """One unbatched drafter per row (n-gram lookup, Medusa or EAGLE heads), each with the Drafter interface.
 
+    make() gives a row its drafter: its own per-sequence state (a head's KV cache, its kept hidden
+    state) over weights read once for the whole batch (the drafters' `fresh`).
     The target's pass is still one batched pass per round; only the drafting is per row.
     """
 
@@ -256,12 +258,12 @@ def make_batch_drafts(draft, target):
             raise ValueError("this early-exit drafter was built on a different target model")
         return BatchModelDraft(target, n_layer=draft.n_layer)
     if isinstance(draft, NgramDrafter):
-        return PerRowDrafts(lambda: NgramDrafter(draft.n_vocab, draft.n_max, draft.n_min), target)
+        return PerRowDrafts(draft.fresh, target)
     if isinstance(draft, str):
-        drafter = make_drafter(draft, target)  # checks the spec (and loads heads once, to fail early)
+        drafter = make_drafter(draft, target)  # checks the spec; head files are read here, once for the batch
         if parse_draft(draft).kind == "early_exit":
             return BatchModelDraft(target, n_layer=drafter.n_layer)
-        return PerRowDrafts(lambda: make_drafter(draft, target), target)
+        return PerRowDrafts(drafter.fresh, target)  # each row: its own drafting state, the weights shared
     raise ValueError(
         f"a batch needs its draft as a model, 'ngram[:N]', 'early_exit:L', 'medusa:DIR' or 'eagle:DIR' (each row then "
         f"gets its own drafter state), not a {type(draft).__name__} object, whose state the rows would share"

@@ -95,24 +95,52 @@ def test_greedy_batch_equals_unbatched_greedy_row_by_row(arch, gpt2_pair, llama_
     assert accepted["self"] > 0 and accepted["ngram"] > 0 and accepted["model"] > 0
 
 
-def test_heads_and_a_restricted_draft_batch_too_greedy_row_by_row(llama_pair, tmp_path):
-    """Medusa and EAGLE heads (untrained, saved as training saves them) draft per row; a restricted-vocabulary
-    draft model drafts in batched passes (its forward_batch widens each row's logits). Greedy output is the target's."""
+@pytest.fixture(scope="module")
+def head_folders(llama_pair, tmp_path_factory):
+    """Medusa and EAGLE heads for the Llama target (untrained, saved as training saves them), on a restricted
+    draft vocabulary: {kind: folder}."""
     from specdec.drafters import eagle, medusa
     from specdec.drafters.heads import DraftVocab, save_heads
-    from specdec.drafters.restricted import restrict
 
-    target = llama_pair[0]
+    target, folder = llama_pair[0], tmp_path_factory.mktemp("heads")
     vocab = DraftVocab.of(target, np.arange(0, target.n_vocab, 2))
     params = {"medusa": medusa.init_params(3, target.n_embd),
               "eagle": eagle.init_params(target.n_embd, np.random.default_rng(0), std=0.2)}  # fmt: skip
     for kind, p in params.items():
-        save_heads(tmp_path / kind, kind, target, p, {"n_heads": 3 if kind == "medusa" else 1}, vocab)
+        save_heads(folder / kind, kind, target, p, {"n_heads": 3 if kind == "medusa" else 1}, vocab)
+    return {kind: folder / kind for kind in params}
+
+
+def test_heads_and_a_restricted_draft_batch_too_greedy_row_by_row(llama_pair, head_folders):
+    """Medusa and EAGLE heads draft per row, each row with its own drafting state: every row's rounds are those
+    of the row decoded alone. A restricted-vocabulary draft model drafts in batched passes (its forward_batch
+    widens each row's logits). Greedy output is the target's."""
+    from specdec.drafters.restricted import restrict
+
+    target = llama_pair[0]
     expected = [autoregressive_sample(target, p, 12).tokens for p in PROMPTS]
-    for draft in [f"medusa:{tmp_path / 'medusa'}", f"eagle:{tmp_path / 'eagle'}", restrict(target, 32, vocab.ids)]:
+    heads = [f"{kind}:{folder}" for kind, folder in head_folders.items()]
+    for draft in [*heads, restrict(target, 32, np.arange(0, target.n_vocab, 2))]:
         outs = speculative_sample_batch(target, draft, PROMPTS, 12, K=3)
         assert [o.tokens for o in outs] == expected, draft
         assert sum(o.drafted for o in outs) > 0, draft
+        for b, out in enumerate(outs if draft in heads else []):
+            alone = speculative_sample(target, draft, PROMPTS[b], 12, K=3)
+            assert (out.k_per_round, out.accepted_per_round) == (alone.k_per_round, alone.accepted_per_round), \
+                f"{draft} row {b}"  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_a_batch_reads_its_head_file_once(kind, llama_pair, head_folders, monkeypatch):
+    """The rows share the heads' weights (read-only while drafting): one read of the file for the whole batch."""
+    from specdec.drafters import heads
+
+    module = __import__(f"specdec.drafters.{kind}", fromlist=["load_heads"])
+    reads = []
+    monkeypatch.setattr(module, "load_heads", lambda *a, **kw: reads.append(a[0]) or heads.load_heads(*a, **kw))
+    outs = speculative_sample_batch(llama_pair[0], f"{kind}:{head_folders[kind]}", PROMPTS[:3], 6, K=2)
+    assert len(outs) == 3 and sum(o.drafted for o in outs) > 0
+    assert len(reads) == 1, f"the {kind} head file was read {len(reads)} times for a batch of 3 rows"
 
 
 def test_rows_finish_early_and_leave_the_batch(gpt2_pair):

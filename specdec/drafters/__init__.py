@@ -206,6 +206,10 @@ class NgramDrafter:
                 return out
         return []
 
+    def fresh(self) -> NgramDrafter:
+        """A drafter for another sequence (a batch gives each row one): the same n-gram sizes."""
+        return NgramDrafter(self.n_vocab, self.n_max, self.n_min)
+
     def begin(self, target: CausalLM, cache: KVCache, prompt: list[int]) -> None:
         pass  # stateless: the text itself is the table
 

@@ -410,6 +410,11 @@ class EagleDrafter:
                                 f"{target.n_layer}) an EAGLE-3 head reads, got {show(layers)}")  # fmt: skip
         return cls(model, vocab, target.weights.wte, hidden_layers=layers, **options)
 
+    def fresh(self) -> EagleDrafter:
+        """A drafter for another sequence: this head's model, vocabulary and LM head, shared (drafting only
+        reads them), with its own KV cache and predicted feature. A batch gives each row one."""
+        return EagleDrafter(self.model, self.vocab, self.wte, self.width, self.hidden_layers)
+
     def begin(self, target, cache, prompt) -> None:
         self.cache.rollback(0)
         self.root = None

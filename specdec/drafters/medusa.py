@@ -27,6 +27,8 @@ Shape notation: n rows, n_embd the target's width, n_heads heads.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from ..interfaces import Proposal
@@ -155,6 +157,13 @@ class MedusaDrafter:
     def load(cls, folder, target, **options) -> "MedusaDrafter":
         _, params, vocab = load_heads(folder, "medusa", target, param_shapes)
         return cls(params, vocab, **options)
+
+    def fresh(self) -> MedusaDrafter:
+        """A drafter for another sequence: these heads' weights, shared (drafting only reads them), and its
+        own per-sequence state (the kept hidden state, the call count). A batch gives each row one."""
+        twin = copy.copy(self)  # params, vocab and the fused W: the same arrays
+        twin.hidden, twin.calls = None, 0
+        return twin
 
     def begin(self, target, cache, prompt) -> None:
         self.hidden = None
