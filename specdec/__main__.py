@@ -338,7 +338,7 @@ def run(args) -> int:
                       repeats=args.repeats, warmup=not args.no_warmup, k_max=args.k_max, decoders=decoders,
                       on_token=stream, on_decoder=stream and stream.start, tree=args.tree, chat=args.chat,
                       on_status=status, verification=args.verification, cross_vocab=args.cross_vocab,
-                      siblings=args.siblings)  # fmt: skip
+                      siblings=args.siblings, request=request)  # fmt: skip
     except RaceInterrupted as e:  # Ctrl-C: show what was measured, then exit 130
         report, interrupted = e.report, e.during
     status.clear()

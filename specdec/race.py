@@ -43,7 +43,7 @@ from .costmodel import (
 )
 from .drafters import make_drafter
 from .model.base import CausalLM
-from .request import check_seed, make_request, make_rng, whole_number
+from .request import Request, check_seed, make_request, make_rng, whole_number, with_settings
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams
 from .speculative import decode_speculative
@@ -275,6 +275,7 @@ def race(
     on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
     chat: bool = False, on_status: Callable[[str], None] | None = None, verification: str = "token",
     allow_special: bool = False, cross_vocab: str | None = None, siblings: str | None = None,
+    request: Request | None = None,
 ) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request, interleaved, and time them.
 
@@ -293,7 +294,10 @@ def race(
     siblings: "iid" or "without replacement", how a draft model or early exit draws a tree's children
     (make_drafter; "spectr" needs "iid"). allow_special=True: control
     strings typed in the text become control tokens; by default they are plain text. cross_vocab: a draft
-    model with another tokenizer, "tli", "slem" or "slrs" (speculative_sample's).
+    model with another tokenizer, "tli", "slem" or "slrs" (speculative_sample's). request: `prompt`
+    already made into a Request for this target by request.make_request, with this n_tokens and chat
+    (the command line makes one to check the prompt before it loads a draft): the race takes its
+    prompt as it is, the template applied once, and checks the other settings here.
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup, report.spread, report.verdict
@@ -306,8 +310,15 @@ def race(
         raise ValueError(f"decoders must be some of {DECODERS}, got {tuple(decoders)}")
     run_speculative = "speculative" in decoders
     drafter = make_drafter(draft, target, cross_vocab, siblings) if run_speculative else None
-    request = make_request(target, prompt, n_tokens, params, chat, allow_special, "exact",
-                           verification if run_speculative else "token", tree, drafter)  # fmt: skip
+    verification_run = verification if run_speculative else "token"
+    if request is None:
+        request = make_request(target, prompt, n_tokens, params, chat, allow_special, "exact", verification_run, tree,
+                               drafter)  # fmt: skip
+    elif request.n_tokens != n_tokens or (request.stop is not None) != bool(chat):
+        raise ValueError(f"request= was made for {request.n_tokens} tokens with chat={request.stop is not None}, the "
+                         f"race asks {n_tokens} with chat={chat}: make it from the same prompt, n_tokens and chat")  # fmt: skip
+    else:
+        request = with_settings(request, params, "exact", verification_run, tree, drafter)
     if run_speculative:
         K = parse_k(K)  # a word or an int: each run gets a fresh policy
         make_tree_policy(tree, None, target)  # checks `tree`

@@ -19,7 +19,7 @@ Request to the samplers' loops (autoregressive.decode, speculative.decode).
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -52,16 +52,27 @@ def make_request(
     one that will draft, whose `siblings` decide whether SpecTr's rule is exact, and a cross-vocabulary
     drafter's rule whether it can serve these sampling settings. params None: greedy.
     """
-    params = params or SamplingParams()
     ids = check_request(model, prompt, n_tokens, chat, allow_special)
     stop = end_of_reply(model, chat)
+    template = len(ids) - len(encode_text(model.tokenizer, prompt, allow_special)) if chat else 0
+    return with_settings(Request(ids, int(n_tokens), SamplingParams(), stop, template_tokens=template),
+                         params, acceptance, verification, tree, drafter)  # fmt: skip
+
+
+def with_settings(
+    request: Request, params: SamplingParams | None = None, acceptance: str = "exact", verification: str = "token",
+    tree=None, drafter=None,
+) -> Request:  # fmt: skip
+    """A made request (its prompt checked, the chat template applied) with these settings, checked as
+    make_request checks them; the prompt is not read again. The race takes a request the command line
+    made before it loaded the draft, and settles its drafting settings here."""
+    params = params or SamplingParams()
     if hasattr(drafter, "check"):  # a drafter serving only some settings (cross-vocabulary SLEM: greedy only)
         drafter.check(params)
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
     check_verification(verification, tree, acceptance, getattr(drafter, "siblings", None))
-    template = len(ids) - len(encode_text(model.tokenizer, prompt, allow_special)) if chat else 0
-    return Request(ids, int(n_tokens), params, stop, acceptance, verification, template)
+    return replace(request, params=params, acceptance=acceptance, verification=verification)
 
 
 def check_request(model: CausalLM, prompt, n_tokens: int, chat: bool = False, allow_special: bool = False) -> list[int]:

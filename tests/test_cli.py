@@ -12,6 +12,7 @@ from helpers import near_tie_model, perturbed
 
 sys.path.insert(0, str(ROOT))
 from specdec import __main__ as main  # noqa: E402
+from specdec.request import check_request
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,22 @@ def test_json_output(checkpoints, capsys):
     assert len(spec["seconds_all_repeats"]) == 2
     assert spec["accepted"] <= spec["drafted"] and sum(spec["accepted_histogram"]) == spec["rounds"]
     assert report["costs"]["r"][0] == 1.0
+
+
+def test_the_prompt_is_checked_once_per_run(checkpoints, capsys, monkeypatch):
+    """The command line checks the request before loading the draft and hands it to the race, which
+    takes its prompt as it is (request.check_request encodes the text and applies any chat template)."""
+    from specdec import request
+
+    checks = []
+    monkeypatch.setattr(request, "check_request", lambda *a, **kw: checks.append(a[1]) or check_request(*a, **kw))
+    code, out, err = run_main(
+        capsys, "--target_model_size", str(checkpoints / "target"), "--draft", "ngram", "--prompt", "the cat",
+        "--n_tokens_to_generate", "6", "--repeats", "2", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert len(json.loads(out)["speculative"]["tokens"]) == 6
+    assert checks == ["the cat"], f"the prompt was checked {len(checks)} times in one run"
 
 
 @pytest.mark.parametrize("draft", ["ngram", "early_exit:1"])

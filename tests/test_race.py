@@ -93,6 +93,25 @@ def test_race_checks_the_request_before_measuring(models):
             race(**args)
 
 
+def test_a_race_takes_a_made_request_and_checks_its_settings(models):
+    """request= (made once by request.make_request, as the command line does): the same runs as from the
+    prompt; the drafting settings are still checked, and a request made for another length is refused."""
+    from specdec.request import make_request
+
+    target, draft = models
+    settings = {"K": 2, "temperature": 1.0, "top_k": 20, "repeats": 1, "warmup": False}
+    made = make_request(target, [1, 2, 1], 8)
+    from_prompt = race(target, draft, [1, 2, 1], 8, **settings)
+    from_request = race(target, draft, None, 8, request=made, **settings)
+    for name in ("autoregressive", "speculative"):
+        assert getattr(from_request, name)[0].result.tokens == getattr(from_prompt, name)[0].result.tokens
+    assert from_request.settings == from_prompt.settings
+    with pytest.raises(ValueError, match="i.i.d."):
+        race(target, draft, None, 8, request=made, tree=4, verification="spectr", **settings)
+    with pytest.raises(ValueError, match="made for 8 tokens"):
+        race(target, draft, None, 6, request=made, **settings)
+
+
 def test_race_offers_the_tree_rules_where_they_are_exact(models):
     target, draft = models
     settings = dict(prompt=[1, 2], n_tokens=6, K=2, tree=4, temperature=1.0, repeats=1, warmup=False)
