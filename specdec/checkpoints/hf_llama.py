@@ -242,7 +242,16 @@ def hf_tensors(model: Llama):
 
 def save_hf_llama(model: Llama, folder: str | os.PathLike, dtype: str = "F32") -> int:
     """Write config.json and model.safetensors as transformers saves a LlamaForCausalLM (no tokenizer
-    file: see tokenizer.json writers in the tests); returns the safetensors file's size."""
+    file: see tokenizer.json writers in the tests); returns the safetensors file's size.
+
+    A Qwen2 (q, k and v with biases, model/qwen2.py) is refused before anything is written: a Llama
+    folder has no place for the biases, and load_hf_llama reads Llama folders only.
+    """
+    biased = [i for i, block in enumerate(model.weights.blocks) if block.attn_qkv.b is not None]
+    if biased:
+        raise ValueError(f"{model.name}: block {biased[0]}'s q, k and v projections have biases (a Qwen2), which a "
+                         "Hugging Face Llama folder cannot hold and load_hf_llama cannot read: keep this model in its "
+                         "GGUF file")  # fmt: skip
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     h = model.hparams

@@ -411,3 +411,14 @@ def test_smollm2_configs_as_the_hub_has_them_are_read(tmp_path, size):
     n_params = sum(int(np.prod(s)) for s in expected_shapes(h, tied).values())
     billions = {"135M": 0.1348, "360M": 0.3618, "1.7B": 1.7115}[size]  # parameters, tied head counted once
     assert abs(n_params / 1e9 - billions) < 0.0005, n_params
+
+
+def test_a_qwen2_is_refused_before_anything_is_written(tmp_path):
+    """A Llama folder has no place for Qwen2's q, k and v biases (and load_hf_llama reads none): saving one
+    is refused in one line, and no folder is left behind."""
+    qwen2 = load_model(str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny-qwen2.gguf"))
+    folder = tmp_path / "qwen2-as-llama"
+    with pytest.raises(ValueError, match=r"projections have biases \(a Qwen2\).*keep this model in its GGUF") as e:
+        save_hf_llama(qwen2, folder)
+    assert "\n" not in str(e.value)
+    assert not folder.exists()
