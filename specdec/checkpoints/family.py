@@ -28,16 +28,10 @@ import json
 from pathlib import Path
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
-TARGET = "stdlib-6L"
+TARGET = "stdlib-6L"  # the names of the two models; their rows (and folders) are in registry.py
 DRAFT = "stdlib-2L"
-NAMES = (TARGET, DRAFT)
 EARLY_EXIT_LAYER = 2  # the layer the target's early-exit loss was trained at
 HELD_OUT_MOD = 20
-
-
-def folder(name: str) -> Path | None:
-    """The shipped folder of a family model, or None when `name` is not one."""
-    return WEIGHTS_DIR / name if name in NAMES else None
 
 
 def card() -> dict:

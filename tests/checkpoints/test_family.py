@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec.checkpoints import family
+from specdec.checkpoints import family, registry
 from specdec.costmodel import drafts_judged
 from specdec.model.gpt2 import GPT2, random_weights
 
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "family_reference.npz"
+NAMES = [name for name, card in registry.MODELS.items() if card.tokenizer == "stdlib"]  # the family's rows
 
 
 @pytest.fixture(scope="module")
@@ -33,22 +34,22 @@ def test_names_load_offline_from_any_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: any download attempt fails
     card = family.card()["models"]
-    for name in family.NAMES:
+    assert sorted(NAMES) == sorted(card) == sorted([family.TARGET, family.DRAFT])  # the registry's rows: the family
+    for name in NAMES:
         model = specdec.load_model(name)
         h = model.hparams
         assert (h.n_layer, h.n_embd, h.n_head, h.n_ctx, h.n_vocab) == (
             card[name]["n_layer"], card[name]["n_embd"], card[name]["n_head"], card[name]["n_ctx"], 4096
         )  # fmt: skip
         assert model.tokenizer.n_vocab == h.n_vocab
-    assert family.folder("124M") is None
 
 
 def test_files_are_gpt2_checkpoints_in_f16_within_budget():
-    own = [family.WEIGHTS_DIR / name for name in family.NAMES] + list(family.WEIGHTS_DIR.glob("*.json"))
+    own = [registry.shipped_folder(name) for name in NAMES] + list(family.WEIGHTS_DIR.glob("*.json"))
     total = sum(p.stat().st_size for path in own for p in [path, *path.rglob("*")] if p.is_file())  # not the heads
     assert total <= 10_000_000, f"the shipped family is {total} bytes; the budget is 10 MB"
-    for name in family.NAMES:
-        folder = family.folder(name)
+    for name in NAMES:
+        folder = registry.shipped_folder(name)
         files = sorted(p.name for p in folder.iterdir())
         assert files == ["config.json", "merges.txt", "model.safetensors", "vocab.json"]
         raw = (folder / "model.safetensors").read_bytes()
@@ -58,7 +59,8 @@ def test_files_are_gpt2_checkpoints_in_f16_within_budget():
         assert {v["dtype"] for v in tensors.values()} == {"F16"}
     # One tokenizer for the family: draft and target must agree on every id.
     for f in ("vocab.json", "merges.txt"):
-        assert (family.folder(family.TARGET) / f).read_bytes() == (family.folder(family.DRAFT) / f).read_bytes()
+        target, draft = (registry.shipped_folder(name) / f for name in (family.TARGET, family.DRAFT))
+        assert target.read_bytes() == draft.read_bytes()
 
 
 def held_out_sources() -> list[str]:
@@ -158,4 +160,4 @@ def test_main_help_lists_the_family():
 
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, str(root / "main.py"), "--help"], capture_output=True, text=True, cwd=root)
-    assert out.returncode == 0 and all(name in out.stdout for name in family.NAMES), out.stdout
+    assert out.returncode == 0 and all(name in out.stdout for name in NAMES), out.stdout

@@ -16,8 +16,8 @@ def test_the_table_agrees_with_gpt2_shapes_and_the_shipped_configs():
     for name, h in GPT2_SHAPES.items():
         c = registry.card(name)
         assert (c.layers, c.width, c.n_ctx, c.tokenizer) == (h.n_layer, h.n_embd, h.n_ctx, "gpt2")
-    for name in family.NAMES:
-        config = json.loads((family.folder(name) / "config.json").read_text())
+    for name in (family.TARGET, family.DRAFT):
+        config = json.loads((registry.shipped_folder(name) / "config.json").read_text())
         c = registry.card(name)
         assert (c.layers, c.width, c.n_ctx) == (config["n_layer"], config["n_embd"], config["n_positions"])
         assert c.download == 0  # shipped
