@@ -56,7 +56,7 @@ from .model.cache import KVCache
 from .request import check_seed, make_request
 from .result import DecodeResult
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
-from .speculative import Sequence, kept_rows, settle
+from .speculative import Sequence, count_draft_passes, kept_rows, settle
 from .verify import VERIFICATION
 
 # on_token(row, token, kind): as speculative_sample's on_token, with the prompt's index first.
@@ -215,16 +215,20 @@ class PerRowDrafts:
     make() gives a row its drafter: its own per-sequence state (a head's KV cache, its kept hidden
     state) over weights read once for the whole batch (the drafters' `fresh`).
     The target's pass is still one batched pass per round; only the drafting is per row.
+    A row's draft passes are its drafter's, proposing and committing, counted as an unbatched run
+    counts them (speculative.count_draft_passes) after every call on the row's drafter.
     """
 
     def __init__(self, make: Callable[[], object], target):
         self.make, self.target = make, target
         self.drafters: dict[int, object] = {}
+        self.calls_before: dict[int, int] = {}  # row index -> its drafter's `calls` before the row began
         self.n_ctx = None
         self.hidden_layers = None  # set by begin: what its drafters read of the target (interfaces.features_asked)
 
     def begin(self, rows: list[Row]) -> None:
         self.drafters = {row.index: self.make() for row in rows}
+        self.calls_before = {index: drafter.calls for index, drafter in self.drafters.items()}
         for row in rows:
             self.drafters[row.index].begin(self.target, row.cache, row.prompt)
         self.n_ctx = self.drafters[rows[0].index].n_ctx
@@ -232,18 +236,22 @@ class PerRowDrafts:
 
     def after_prefill(self, row: Row, hidden: np.ndarray) -> None:
         self.drafters[row.index].commit(row.prompt, hidden)
+        self.count(row)
 
     def propose(self, rows: list[Row], ks: list[int], params: SamplingParams) -> tuple[list[Proposal], int]:
         proposals = []
         for row, k in zip(rows, ks):
             drafter = self.drafters[row.index]
-            before = drafter.calls
             proposals.append(drafter.propose(row.ids, k, params, row.rng) if k > 0 else Proposal.chain([]))
-            row.result.draft_calls += drafter.calls - before
+            self.count(row)
         return proposals, 0
 
     def commit(self, row: Row, hidden: np.ndarray) -> None:
         self.drafters[row.index].commit(row.ids, hidden)
+        self.count(row)
+
+    def count(self, row: Row) -> None:
+        count_draft_passes(row, self.drafters[row.index], self.calls_before[row.index])
 
 
 def make_batch_drafts(draft, target):
@@ -351,12 +359,13 @@ def speculative_sample_batch(
             path = settle(row, proposal, row_logits)
             record.accepted.append(len(path))
             record.new_tokens.append(len(row.result.tokens) - before)
+            # As speculative.py: the drafter gets every pass's kept rows (the round that completes the row's
+            # tokens included, so a row's draft passes are those of the row decoded alone), unless the reply ended.
+            if not row.ended:
+                drafts.commit(row, row_hidden[kept_rows(path)])
+                if len(proposal):
+                    row.k_policy.update(len(proposal), len(path))
             row.finish(n_tokens)
-            if row.done:
-                continue
-            drafts.commit(row, row_hidden[kept_rows(path)])
-            if len(proposal):
-                row.k_policy.update(len(proposal), len(path))
 
         active = [row for row in active if not row.done]  # finished rows leave the batch
         if on_batch_round:

@@ -103,7 +103,7 @@ def decode_speculative(
                    on_token)  # fmt: skip
     result = seq.result
     n_ctx = min(target.n_ctx, drafter.n_ctx or target.n_ctx)
-    draft_calls_before = drafter.calls  # a drafter object may be reused across runs
+    draft_calls_before = drafter.calls  # a drafter object may be reused across runs (count_draft_passes)
 
     drafter.begin(target, seq.cache, prompt)
     if len(prompt) > 1:  # prefill: the prompt but its last token (logits not needed)
@@ -141,7 +141,7 @@ def decode_speculative(
             k_policy.update(proposal.depth, len(path))  # a chain's depth is its length
             tree_policy.update(proposal.parents, path)
 
-    result.draft_calls = drafter.calls - draft_calls_before
+    count_draft_passes(seq, drafter, draft_calls_before)
     return result
 
 
@@ -200,6 +200,16 @@ def settle(seq: Sequence, proposal: Proposal, logits: np.ndarray) -> list[int]:
         seq.cache.keep(n_past, kept_rows(path))
     keep_accepted(seq, n_past, len(path))
     return path
+
+
+def count_draft_passes(seq: Sequence, drafter: Drafter, since: int) -> None:
+    """Record the sequence's draft passes: every forward pass its drafter has made for it, `calls` now
+    less `since` (its `calls` when the sequence began), while proposing AND while committing.
+
+    NOTE: commit runs passes too: an EAGLE head feeds each accepted token's feature through its block
+    after every target pass (drafters/eagle.py). Counting only around propose under-counts it.
+    """
+    seq.result.draft_calls = drafter.calls - since
 
 
 def kept_rows(path: list[int]) -> list[int]:
