@@ -10,7 +10,7 @@ checkpoints/ should annotate models with it, never with an architecture.
 `LanguageModel` is the one implementation of that interface's plumbing, shared
 by gpt2.GPT2 and llama.Llama: hyperparameters, weights and tokenizer held
 together, the n_* properties, `new_cache`, `astype`, `forward` (`forward_batch`
-of one row, a long prompt in chunks), `forward_batch` and `__call__`. An
+of one row), `forward_batch` (long prompts in chunks) and `__call__`. An
 architecture supplies only what differs:
 
     embed_and_run(flat, positions, rows, n_layer, states)  token ids -> the residual stream after n_layer blocks
@@ -163,6 +163,10 @@ class LanguageModel:
         for the last new token only when `last_only` (the LM head is the largest
         matrix in the model, so skipping rows nobody reads matters).
 
+        A chain of more than PREFILL_CHUNK tokens (a long prompt) runs as consecutive
+        passes of at most that many (packing.in_chunks): the same results, and attention's
+        scores never larger than [n_head, PREFILL_CHUNK, n_kv].
+
         `n_layer` runs only the first n_layer blocks before the final norm and the LM
         head: the early-exit draft of self-speculative decoding. It writes keys/values
         for those layers only, so its caller must roll the cache back before a full pass.
@@ -184,11 +188,6 @@ class LanguageModel:
         NOTE: this calls LanguageModel's own methods, never a subclass's override, so a
         subclass that post-processes logits (drafters/restricted.py) does it once.
         """
-        if parents is None and len(tokens) > PREFILL_CHUNK:  # a long prompt: in passes of PREFILL_CHUNK tokens
-            def run(part):  # one chunk, after the cache the chunks before it filled
-                return LanguageModel.forward(self, part, cache, last_only, n_layer, return_hidden)
-
-            return in_chunks(run, tokens, cache, last_only, return_hidden, PREFILL_CHUNK)
         out = LanguageModel.forward_batch(self, [tokens], [cache], last_only, n_layer, return_hidden, [parents])
         return (out[0][0], out[1][0]) if return_hidden else out[0]
 
@@ -207,15 +206,28 @@ class LanguageModel:
         with `last_only`), or (logits list, hidden list) with `return_hidden`.
         `n_layer`, `parents` (one entry per row, None for a chain) and the rest: as
         in `forward`, which is this function for a batch of one.
+
+        Chains of more than PREFILL_CHUNK new tokens in all (long prompts, or many
+        prompts) run as consecutive passes of at most PREFILL_CHUNK tokens in all
+        (packing.in_chunks says how the rows are cut, and why the budget is per pass),
+        so neither attention's scores nor the packed activations grow with the batch.
+        Trees are never cut (a tree's nodes are a verification pass: a few tokens).
         """
         n_layer = self.n_layer if n_layer is None else n_layer
         if not 1 <= n_layer <= self.n_layer:
             raise ValueError(f"n_layer must be in 1..{self.n_layer}, got {n_layer}")
+        layers = None if isinstance(return_hidden, bool) else [int(layer) for layer in return_hidden]
+        if layers is not None and not all(0 <= layer <= n_layer for layer in layers):
+            raise ValueError(f"hidden states are of layers 0..{n_layer}, not {layers}")
+        chains = parents is None or all(row_parents is None for row_parents in parents)
+        if chains and sum(len(row_tokens) for row_tokens in tokens) > PREFILL_CHUNK:  # long prompts: in passes
+
+            def run(parts, part_caches):  # one pass of at most PREFILL_CHUNK tokens, after what earlier ones cached
+                return LanguageModel.forward_batch(self, parts, part_caches, last_only, n_layer, return_hidden)
+
+            return in_chunks(run, tokens, caches, last_only, return_hidden, PREFILL_CHUNK)
         flat, positions, rows = pack(self.hparams, tokens, caches, parents)  # [n_tok], [n_tok], one Row per row
         with pass_threads(len(flat)):  # OpenBLAS on one thread for a few tokens (kernels.pass_threads)
-            layers = None if isinstance(return_hidden, bool) else [int(layer) for layer in return_hidden]
-            if layers is not None and not all(0 <= layer <= n_layer for layer in layers):
-                raise ValueError(f"hidden states are of layers 0..{n_layer}, not {layers}")
             states = None if layers is None else {layer: None for layer in layers if layer < self.n_layer}
             x = self.embed_and_run(flat, positions, rows, n_layer, states)  # [n_tok, n_embd]
             for row in rows:

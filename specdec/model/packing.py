@@ -6,8 +6,9 @@ and its own KV cache (`forward_batch`). Their new tokens are stacked into one
 a `Row` says which rows of that matrix belong to which sequence, where that
 sequence's cache stands, and what its new tokens may attend to (a chain's causal
 mask, or a tree's `tree_mask`). `pack` checks a batch and lays it out;
-`lm_head_rows` splits the final logits back into sequences. A long prompt runs
-as several passes of at most PREFILL_CHUNK tokens (`in_chunks`).
+`lm_head_rows` splits the final logits back into sequences. A long prompt, or a
+batch of them, runs as several passes of at most PREFILL_CHUNK new tokens in all
+(`in_chunks`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .kernels import Linear, linear
 
 F32 = np.float32
 
-# Tokens per pass of a long prompt (`in_chunks`): attention's scores are then at most
+# New tokens per pass of a long prompt or a batch of them (`in_chunks`): attention's scores are then at most
 # [n_head, PREFILL_CHUNK, n_kv] and its mask [PREFILL_CHUNK, n_kv], never [n_kv, n_kv]
 # (an 8,000-token prompt on SmolLM2: 147 MB instead of 2.3 GB per layer). Each chunk is still
 # hundreds of rows per product, where the matrix-matrix kernel runs at full speed.
@@ -44,6 +45,17 @@ class Row:
     bias: np.ndarray | None  # [n_seq, n_past + n_seq] attention mask (see `attention`), None for one token
 
 
+def check_rows(tokens: list, caches: list[KVCache]) -> None:
+    """A batch needs at least one row, one cache of its own per row, and at least one new token in every row."""
+    if len(tokens) == 0 or len(tokens) != len(caches):
+        raise ValueError(f"a batch needs one cache per row and at least one row, got {len(tokens)} rows and "
+                         f"{len(caches)} caches")  # fmt: skip
+    if len({id(c) for c in caches}) != len(caches):
+        raise ValueError("every row of a batch needs its own KV cache: two rows were given the same one")
+    if any(len(row_tokens) < 1 for row_tokens in tokens):
+        raise ValueError("forward needs at least one new token (in every row of a batch)")
+
+
 def pack(hparams, tokens: list, caches: list[KVCache], parents: list | None) -> tuple[np.ndarray, np.ndarray, list]:
     """Check a ragged batch and lay it out: (packed token ids [n_tok], their positions [n_tok], rows).
 
@@ -51,17 +63,11 @@ def pack(hparams, tokens: list, caches: list[KVCache], parents: list | None) -> 
     row gets its own positions and attention mask, and its cache room reserved.
     Shared by gpt2.py and llama.py.
     """
-    if len(tokens) == 0 or len(tokens) != len(caches):
-        raise ValueError(f"a batch needs one cache per row and at least one row, got {len(tokens)} rows and "
-                         f"{len(caches)} caches")  # fmt: skip
-    if len({id(c) for c in caches}) != len(caches):
-        raise ValueError("every row of a batch needs its own KV cache: two rows were given the same one")
+    check_rows(tokens, caches)
     parents = [None] * len(tokens) if parents is None else parents
     rows, positions, start = [], [], 0
     for row_tokens, cache, row_parents in zip(tokens, caches, parents):
         n_seq, n_past = len(row_tokens), cache.length
-        if n_seq < 1:
-            raise ValueError("forward needs at least one new token (in every row of a batch)")
         cache.reserve(n_past + n_seq)
         if row_parents is None:  # a chain: token i at position n_past + i sees new tokens 0..i
             visible = np.tri(n_seq, dtype=bool)  # [n_seq, n_seq] lower triangle
@@ -107,24 +113,49 @@ def lm_head_rows(x: np.ndarray, rows: list[Row], last_only: bool, return_hidden:
     return per_row
 
 
-def in_chunks(run, tokens, cache: KVCache, last_only: bool, return_hidden: bool, chunk: int = PREFILL_CHUNK):
-    """A chain of new tokens as consecutive passes of at most `chunk` tokens, each after the cache the
-    previous ones filled: run(part) is the model's forward over `part` against `cache`.
+def in_chunks(run, tokens: list, caches: list[KVCache], last_only: bool, return_hidden, chunk: int = PREFILL_CHUNK):
+    """A batch of chains as consecutive passes of at most `chunk` new tokens in all, each after what the passes
+    before it cached: run(parts, part_caches) is the model's forward_batch over the rows a pass holds.
 
-    Token i attends to exactly the positions it would in one pass (every earlier
-    one), so logits, hidden states and cache equal one pass's up to float32
-    rounding (the products' blocking differs). Returns what one pass returns:
-    logits [n_seq, n_vocab] ([1, n_vocab] with last_only), or (logits, hidden).
-    A pass that fails leaves the cache where it was.
+    The rows' new tokens are laid end to end and cut every `chunk` tokens, so a pass
+    holds the rest of one row, whole rows, and the start of another; a row leaves once
+    its tokens are done. Token i of a row attends to exactly the positions it would in
+    one pass (every earlier one of its row), so logits, hidden states and caches equal
+    one pass's up to float32 rounding (the products' blocking differs). Returns what
+    one pass returns: one logits array per row, [n_seq_b, n_vocab] ([1, n_vocab] with
+    last_only: the row's last pass's), or (logits list, hidden list). A pass that
+    fails leaves every cache where it was.
+
+        lengths [20, 5, 13], chunk 8  ->  passes  row 0 [0:8] | row 0 [8:16] | row 0 [16:20], row 1 [0:4]
+                                                  | row 1 [4:5], row 2 [0:7] | row 2 [7:13]
+
+    NOTE: the budget is per pass, not per row. Attention runs row by row, so its
+    scores are at most [n_head, chunk, n_kv_b] either way; but the packed activations
+    ([n_tok, n_ff] and wider) grow with the pass's total, and a budget per row would
+    let 16 rows make a pass of 16 x chunk tokens. A pass of `chunk` tokens in all is as
+    large as a single long prompt's, and already long enough for full-speed products.
     """
-    n_past = cache.length
-    cache.reserve(n_past + len(tokens))  # once, not once per chunk
+    check_rows(tokens, caches)
+    n_pasts = [cache.length for cache in caches]
+    for cache, n_past, row_tokens in zip(caches, n_pasts, tokens):
+        cache.reserve(n_past + len(row_tokens))  # once, not once per pass
+    lengths = [len(row_tokens) for row_tokens in tokens]
+    ends = np.cumsum(lengths)  # the rows end to end: row b is tokens starts[b] .. ends[b] - 1 of that stream
+    starts = ends - lengths
+    logits, hidden = [[] for _ in tokens], [[] for _ in tokens]  # each row's pieces, pass by pass
     try:
-        outs = [run(tokens[i : i + chunk]) for i in range(0, len(tokens), chunk)]
+        for lo in range(0, int(ends[-1]), chunk):
+            hi = lo + chunk
+            in_pass = [b for b in range(len(tokens)) if starts[b] < hi and ends[b] > lo]
+            parts = [tokens[b][max(lo - starts[b], 0) : hi - starts[b]] for b in in_pass]
+            out = run(parts, [caches[b] for b in in_pass])
+            out_logits, out_hidden = out if return_hidden else (out, [None] * len(in_pass))
+            for b, row_logits, row_hidden in zip(in_pass, out_logits, out_hidden):
+                logits[b].append(row_logits)
+                hidden[b].append(row_hidden)
     except BaseException:
-        cache.rollback(n_past)
+        for cache, n_past in zip(caches, n_pasts):
+            cache.rollback(n_past)
         raise
-    if not return_hidden:
-        return outs[-1] if last_only else np.concatenate(outs)  # [n_seq (or 1), n_vocab]
-    logits = outs[-1][0] if last_only else np.concatenate([out[0] for out in outs])
-    return logits, np.concatenate([out[1] for out in outs])  # hidden: [n_seq, n_embd]
+    logits = [pieces[-1] if last_only else np.concatenate(pieces) for pieces in logits]  # [n_seq_b (or 1), n_vocab]
+    return (logits, [np.concatenate(pieces) for pieces in hidden]) if return_hidden else logits
