@@ -325,7 +325,7 @@ def speculative_sample_batch(
     drafts.begin(rows)
     n_ctx = min(target.n_ctx, drafts.n_ctx or target.n_ctx)
 
-    # Prefill, one pass for every prompt of 2+ tokens: the prompt but its last token (logits not needed).
+    # Prefill, one forward_batch for every prompt of 2+ tokens: the prompt but its last token (logits not needed).
     active = list(rows)
     prefill = [row for row in active if len(row.prompt) > 1]
     if prefill:
