@@ -3,7 +3,7 @@ import collections, os, sys, time
 import numpy as np
 import specdec
 from specdec.checkpoints.load import load_model
-from specdec.model import llama, packing
+from specdec.model import base, llama, packing
 repeats = int(sys.argv[1]); ms = [int(a) for a in sys.argv[2].split(",")]
 model = load_model("smollm2-135m")
 acc = collections.defaultdict(float)
@@ -19,8 +19,9 @@ def lin(x, l):
     s = time.perf_counter(); r = f_lin(x, l); acc["linear " + {960: "qkv", 576: "output/down", 3072: "gate_up"}.get(l.w_t.shape[0], str(l.w_t.shape[0]))] += time.perf_counter() - s; return r
 llama.linear = lin
 wrap(packing, "linear", "linear LM head")
-for fn in ["grouped_attention", "rotate", "rms_norm", "silu", "rope_tables", "pack"]:
+for fn in ["grouped_attention", "rotate", "rms_norm", "silu", "rope_tables"]:
     wrap(llama, fn)
+wrap(base, "pack")
 cache = model.new_cache(); model.forward(list(range(1, 257)), cache)
 out = {}
 for m in ms:

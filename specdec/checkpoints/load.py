@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..model import tuning
 from ..model.base import CausalLM
 from . import draft, registry, wheel
 from .folders import model_kind
@@ -51,15 +52,26 @@ def load_model(
     "smollm2-360m-base", "smollm2-1.7b-base", or any Llama repo id, e.g. "HuggingFaceTB/SmolLM2-360M-Instruct".
     Every name and what it is: registry.MODELS.
 
+    The loaded model's weight matrices get this machine's measured product paths
+    (model/tuning.py): read from models_dir's plan file, or timed once (a few
+    seconds) and written there.
+
     >>> model = load_model("124M")          # doctest: +SKIP
     >>> model.n_layer, model.tokenizer.encode("Hello world")  # doctest: +SKIP
     (12, [15496, 995])
     """
     settings = HubSettings.from_env() if settings is None else settings
+    model = read_model(name_or_path, models_dir, progress, settings, keep_layout)
+    tuning.tune(model, default_models_dir() if models_dir is None else models_dir)
+    return model
+
+
+def read_model(name_or_path, models_dir, progress: bool, settings: HubSettings, keep_layout: bool | None) -> CausalLM:
+    """load_model's reading, by the reader for the name's kind (the module docstring), untuned."""
     name = str(name_or_path)
     card = registry.MODELS.get(name)
     if card is not None and card.base is not None:  # shipped blocks on the base model's own embedding (draft.py)
-        return draft.load_draft(load_model(card.base, models_dir, progress, settings))
+        return draft.load_draft(read_model(card.base, models_dir, progress, settings, None))
     if card is not None and card.source == registry.WHEEL:  # the file checked against its pin is the file read
         where = default_models_dir() if models_dir is None else Path(models_dir)
         path, file = wheel.open_model(WHEELS[name], where, progress, offline=settings.offline)

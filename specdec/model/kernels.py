@@ -10,6 +10,7 @@ reasons for every constant below are in docs/performance.md.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -50,6 +51,18 @@ SMALL_GEMM_ROWS = 64  # rows per small product, at most (measured: 32..640)
 
 
 TRANSPOSE_ROWS = 16  # input rows per step of transposed_copy (measured best of 4..64 and 2-D tiles)
+
+# The ways `linear` can multiply, one of which each (matrix, number of tokens) takes:
+#   "workers"  W's rows in one part per core, on specdec's threads (threads.py), each part on one
+#              OpenBLAS thread: stacked matrix-vector chunks or small GEMMs for a few tokens (part_product).
+#   "blas"     x @ W.T on OpenBLAS's own threads (threads.BLAS_THREADS of them).
+#   "one"      x @ W.T on one OpenBLAS thread.
+# Which is fastest depends on the matrix, the number of tokens, the CPU and how busy the machine is
+# (handing a part to a worker thread and back costs about 120 us on an idle 2-vCPU VM, as much as
+# streaming a 576 x 576 matrix), so tuning.py times them on the model's own matrices when it loads
+# and keeps the winner per shape for each of M_BUCKETS; an untuned matrix follows `default_path`.
+PATHS = ("workers", "blas", "one")
+M_BUCKETS = (1, 2, 3, 5, 9, 17, 33, 65)  # a pass over m tokens takes the plan of the largest bucket <= m
 
 
 def split_edges(n: int, n_parts: int, multiple: int = 16) -> list[int]:
@@ -122,6 +135,13 @@ class Linear:
         # Part boundaries on multiples of 16 rows (whole cache lines of y), the last part takes the rest.
         edges = split_edges(n_out, n_parts)
         self.parts = [RowPart.of(self.w_t, a, b) for a, b in zip(edges, edges[1:])]
+        self.plan: tuple[str, ...] | None = None  # one of PATHS per M_BUCKETS entry, set by tuning.py
+
+    def path(self, n_seq: int) -> str:
+        """How `linear` multiplies n_seq tokens by this matrix: its measured plan, else the default rules."""
+        if self.plan is not None:
+            return self.plan[bisect_right(M_BUCKETS, n_seq) - 1]
+        return default_path(n_seq, len(self.parts))
 
     @classmethod
     def from_checkpoint(cls, w: np.ndarray, b: np.ndarray | None) -> "Linear":
@@ -132,8 +152,20 @@ class Linear:
         return self.w_t.T  # [n_in, n_out], as in the checkpoint
 
 
-def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
-    """[n_seq, n_in] @ [n_in, n_out] + [n_out] -> [n_seq, n_out]
+def default_path(n_seq: int, n_parts: int) -> str:
+    """The path of a matrix nobody measured (a head's, a toy's; tuning.py measures a loaded model's).
+
+    A prompt's chunk (over MAX_SPLIT_ROWS tokens): OpenBLAS's threads, whose
+    repacking GEMM pays off there. A matrix too small to split: one thread. Else
+    the split over specdec's workers.
+    """
+    if n_seq > MAX_SPLIT_ROWS or n_seq == 1 and n_parts > 1 and not SPLIT_ONE_TOKEN:
+        return "blas"
+    return "one" if n_parts == 1 else "workers"
+
+
+def linear(x: np.ndarray, lin: Linear, path: str | None = None) -> np.ndarray:
+    """[n_seq, n_in] @ [n_in, n_out] + [n_out] -> [n_seq, n_out], by `path` (default: the matrix's own, Linear.path)
 
     Decoding is memory-bound: each weight matrix is read from RAM once per
     forward call, and for one token that read is the whole cost. For 2..16
@@ -143,23 +175,19 @@ def linear(x: np.ndarray, lin: Linear) -> np.ndarray:
     a stack of matrix-vector products over L2-sized chunks of those rows
     (`part_product`). 17..MAX_SPLIT_ROWS tokens: each core one matrix-matrix
     product over its rows, so no product waits for OpenBLAS's threads. More (a
-    prompt): OpenBLAS's own. Measurements and the variants that did not help:
-    docs/performance.md.
+    prompt): OpenBLAS's own. Those are the default rules (`default_path`); a loaded
+    model's matrices carry a plan measured on this machine (tuning.py), which may
+    pick OpenBLAS's threads or one thread instead where they are faster here.
+    Measurements and the variants that did not help: docs/performance.md.
     """
-    n_seq = x.shape[0]
-    unsplit = len(lin.parts) == 1 or n_seq == 1 and not SPLIT_ONE_TOKEN
-    if n_seq > MAX_SPLIT_ROWS or unsplit and n_seq == 1:
-        # Many tokens (a prompt): the matrix-matrix kernel's repacking pays off,
-        # with OpenBLAS's own threads. Unsplit, one token is OpenBLAS's matrix-vector
-        # product over both cores.
-        y = x @ lin.w_t.T
-    elif unsplit:  # a few tokens and a small matrix (cached anyway): one thread, see threads.one_blas_thread
-        with threads.one_blas_thread():
-            y = x @ lin.w_t.T
-    else:
-        y = np.empty((n_seq, lin.w_t.shape[0]), dtype=np.result_type(x, lin.w_t))
+    path = path or lin.path(x.shape[0])
+    if path == "workers" and len(lin.parts) > 1:
+        y = np.empty((x.shape[0], lin.w_t.shape[0]), dtype=np.result_type(x, lin.w_t))
         jobs = [lambda part=part: part_product(x, part, y[:, part.start : part.stop]) for part in lin.parts]
         threads.workers(len(jobs)).run(jobs)
+    else:  # one product, on OpenBLAS's threads or on one
+        with threads.blas_threads(threads.BLAS_THREADS if path == "blas" else 1):
+            y = x @ lin.w_t.T
     if lin.b is not None:
         y += lin.b
     return y  # [n_seq, n_out]

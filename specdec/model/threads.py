@@ -164,22 +164,32 @@ def default_workers() -> int:
     return min(usable_cpus(), MAX_WORKERS) if BLAS is not None else 1
 
 
+# OpenBLAS's thread count as this process found it (OPENBLAS_NUM_THREADS, or one per core): what
+# kernels.linear's "blas" path multiplies on.
+BLAS_THREADS = BLAS.get() if BLAS is not None else 1
+
+
 @contextmanager
+def blas_threads(n: int):
+    """OpenBLAS on n threads for the with-block, then as it was (nothing to do where specdec cannot set it)."""
+    before = BLAS.get() if BLAS is not None else n
+    if before != n:
+        BLAS.set(n)
+    try:
+        yield
+    finally:
+        if before != n:
+            BLAS.set(before)
+
+
 def one_blas_thread():
-    """OpenBLAS on one thread for the with-block (nothing to do where specdec cannot set it).
+    """OpenBLAS on one thread for the with-block.
 
     NOTE: for a product of a few rows with a small matrix, OpenBLAS's threaded GEMM spends
     most of its time waking and waiting for its other thread: 16 ms instead of 0.3 ms for
     [5, 576] @ [576, 576] measured on a busy 2-core machine (load 4), about 50x.
     """
-    before = BLAS.get() if BLAS is not None else 1
-    if before != 1:
-        BLAS.set(1)
-    try:
-        yield
-    finally:
-        if before != 1:
-            BLAS.set(before)
+    return blas_threads(1)
 
 
 _workers: dict[int, Workers] = {}

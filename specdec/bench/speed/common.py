@@ -8,6 +8,8 @@ from typing import Callable
 
 import numpy as np
 
+from ...checkpoints.settings import default_models_dir
+from ...model import tuning
 from ...model.base import CausalLM
 from ...model.cache import KVCache
 from ...model.gpt2 import F32, GPT2, HParams, random_weights
@@ -96,7 +98,8 @@ class Bench:
         if size not in self.models:
             start = time.perf_counter()
             self.models[size] = GPT2(ALL_SIZES[size], random_weights(ALL_SIZES[size]), name=size)
-            self.say(f"(built {size}-shaped random weights in {time.perf_counter() - start:.1f} s)")
+            tuning.tune(self.models[size], default_models_dir())  # the product paths load_model would give it
+            self.say(f"(built {size}-shaped random weights and their product paths in {time.perf_counter() - start:.1f} s)")
         return self.models[size]
 
     def say(self, line: str) -> None:
