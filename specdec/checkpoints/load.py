@@ -17,6 +17,7 @@ package itself), and a folder's config.json says which folder reader reads it
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from ..model import tuning
@@ -62,7 +63,8 @@ def load_model(
     """
     settings = HubSettings.from_env() if settings is None else settings
     model = read_model(name_or_path, models_dir, progress, settings, keep_layout)
-    tuning.tune(model, default_models_dir() if models_dir is None else models_dir)
+    say = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else None
+    tuning.tune(model, default_models_dir() if models_dir is None else models_dir, say)
     return model
 
 

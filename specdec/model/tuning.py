@@ -174,13 +174,14 @@ def write_plan(path: Path, plans: dict[str, list[str]]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def tune(model, folder: str | os.PathLike | None) -> dict[str, list[str]]:
+def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[str]]:
     """Give each of the model's split matrices its plan: from this machine's plan file in `folder` where it
     has their shapes, else measured now (a second or two for a 135M model) and added to the file.
 
     Matrices too small to split keep the default rules (their products are too
     short to time, and fit in cache). folder None: measure, keep nothing on disk.
-    Returns the plans used, by shape key.
+    say: called with one line before a measurement (load_model prints it where it
+    shows download progress). Returns the plans used, by shape key.
     """
     mode = os.environ.get(ENV, "")
     if mode not in ("", "rules", "measure"):
@@ -193,6 +194,9 @@ def tune(model, folder: str | os.PathLike | None) -> dict[str, list[str]]:
     path = None if folder is None else plan_file(folder)
     known = {} if path is None or mode == "measure" else read_plan(path)
     if any(shape_key(lin) not in known for lin in linears):
+        if say is not None:
+            where = "" if path is None else f"; kept in {path}"
+            say(f"{getattr(model, 'name', 'model')}: timing this machine's matrix products (once, a few seconds{where})")
         known = {**known, **measure(sample(linears))}
         if path is not None:
             try:
