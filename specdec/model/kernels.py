@@ -56,12 +56,15 @@ TRANSPOSE_ROWS = 16  # input rows per step of transposed_copy (measured best of 
 #   "workers"  W's rows in one part per core, on specdec's threads (threads.py), each part on one
 #              OpenBLAS thread: stacked matrix-vector chunks or small GEMMs for a few tokens (part_product).
 #   "blas"     x @ W.T on OpenBLAS's own threads (threads.BLAS_THREADS of them).
+#   "gemvs"    one matrix-vector product W @ x[t] per token, on OpenBLAS's threads: W comes from RAM
+#              for the first token and from cache for the rest, with no repacking (up to MAX_GEMVS tokens).
 #   "one"      x @ W.T on one OpenBLAS thread.
 # Which is fastest depends on the matrix, the number of tokens, the CPU and how busy the machine is
 # (handing a part to a worker thread and back costs about 120 us on an idle 2-vCPU VM, as much as
 # streaming a 576 x 576 matrix), so tuning.py times them on the model's own matrices when it loads
 # and keeps the winner per shape for each of M_BUCKETS; an untuned matrix follows `default_path`.
-PATHS = ("workers", "blas", "one")
+PATHS = ("workers", "blas", "gemvs", "one")
+MAX_GEMVS = 16  # tokens the "gemvs" path takes at most (it is timed only for buckets up to this)
 M_BUCKETS = (1, 2, 3, 5, 9, 17, 33, 65)  # a pass over m tokens takes the plan of the largest bucket <= m
 
 
@@ -185,8 +188,13 @@ def linear(x: np.ndarray, lin: Linear, path: str | None = None) -> np.ndarray:
         y = np.empty((x.shape[0], lin.w_t.shape[0]), dtype=np.result_type(x, lin.w_t))
         jobs = [lambda part=part: part_product(x, part, y[:, part.start : part.stop]) for part in lin.parts]
         threads.workers(len(jobs)).run(jobs)
+    elif path == "gemvs" and x.shape[0] <= MAX_GEMVS:
+        y = np.empty((x.shape[0], lin.w_t.shape[0]), dtype=np.result_type(x, lin.w_t))
+        with threads.blas_threads(threads.BLAS_THREADS):
+            for t in range(x.shape[0]):  # [n_out, n_in] @ [n_in] -> [n_out], as a 1-token step does it
+                np.matmul(lin.w_t, x[t], out=y[t])
     else:  # one product, on OpenBLAS's threads or on one
-        with threads.blas_threads(threads.BLAS_THREADS if path == "blas" else 1):
+        with threads.blas_threads(threads.BLAS_THREADS if path in ("blas", "gemvs") else 1):
             y = x @ lin.w_t.T
     if lin.b is not None:
         y += lin.b

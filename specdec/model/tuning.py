@@ -1,16 +1,26 @@
-"""Each weight matrix's product path, chosen by timing the paths on this machine (kernels.linear's plan).
+"""Which threads multiply a model's weight matrices, chosen by timing both on this machine (kernels.linear).
 
-kernels.linear can multiply a few tokens by a weight matrix three ways
-(kernels.PATHS): split over specdec's worker threads, on OpenBLAS's own threads,
-or on one thread. No single rule picks the fastest for every matrix: on an idle
-2-vCPU VM, handing half a matrix to a worker and back costs about 120 us, as long
-as streaming a whole 576 x 576 matrix, while OpenBLAS's threads, which spin
-between products, hand off for almost nothing; on a busy machine the spinning
-thread may wait for a core instead (docs/performance.md). So the paths are timed
-where they will run: `tune` multiplies a few tokens by every matrix of the model
-in the model's order (so each matrix comes from RAM, as in a pass), by each path,
-interleaved and repeated, for each number of tokens in kernels.M_BUCKETS, and
-gives every matrix the fastest path per bucket, chosen per shape.
+kernels.linear can run a product on specdec's own worker threads (each core
+multiplies its part of W's rows: "workers", the default rules of
+kernels.default_path) or on OpenBLAS's threads ("blas": one product; "gemvs":
+one matrix-vector product per token, W read from RAM for the first token and
+from cache for the rest). Which is faster depends on the machine: on an idle
+2-vCPU VM, handing half a matrix to a Python worker thread and back costs about
+120 us (a sleeping thread has to be woken), as long as streaming a whole 576 x 576
+matrix, while OpenBLAS's threads spin between products and hand off for almost
+nothing; on a busy machine a spinning thread may wait for a core instead, and
+for a few tokens OpenBLAS's matrix-matrix product first repacks W
+(docs/performance.md).
+
+The two kinds of thread do not mix well: OpenBLAS's threads keep spinning for a
+while after each product, on the core a worker thread needs. So a plan is chosen
+per number of new tokens (kernels.M_BUCKETS), and for each bucket it is wholly
+one or the other:
+  1. `measure`: within OpenBLAS's family, for 2..MAX_GEMVS tokens, time "blas"
+     against "gemvs" on the model's own matrices, shape by shape (each matrix
+     streams from RAM, as in a pass), and keep the faster per shape;
+  2. `confirm`: time runs of whole passes over m new tokens with that family
+     and with the workers, interleaved, and keep the faster for that bucket.
 
 The plan is kept in a small JSON file per machine (`plan_file`), read back only
 after it is checked, so a machine measures once and every later run multiplies
@@ -36,10 +46,13 @@ from . import kernels, threads
 from .kernels import M_BUCKETS, PATHS, Linear
 
 FORMAT = "specdec-kernel-plan"
-VERSION = 1
+VERSION = 2
 REPEATS = 3  # interleaved timings per (bucket, path); the median decides
 PER_SHAPE = 4  # matrices of each shape timed (of SmolLM2's 30 per shape, GPT-2 124M's 12)
 GIVE_UP = 3.0  # a sweep this many times slower than the fastest stops early
+CONFIRM_REPEATS = 3  # runs of whole passes per side when OpenBLAS's plan is checked against the rules (`confirm`)
+RUN = 2  # passes per run
+CONTEXT = 32  # cached tokens before those passes
 ENV = "SPECDEC_KERNELS"  # "rules": no plan; "measure": measure again and rewrite the file; unset: use the file
 
 
@@ -67,10 +80,9 @@ def shape_key(lin: Linear) -> str:
     return f"{n_out}x{n_in}/{lin.w_t.dtype}/{len(lin.parts)}"
 
 
-def candidates(lin: Linear) -> tuple[str, ...]:
-    """The paths worth timing for a matrix: the split only where it is split, OpenBLAS's threads only where
-    there are several."""
-    return tuple(p for p in PATHS if (p != "workers" or len(lin.parts) > 1) and (p != "blas" or threads.BLAS_THREADS > 1))
+def candidates(m: int) -> tuple[str, ...]:
+    """OpenBLAS's ways to multiply m tokens: one product, or for a few tokens also one per token."""
+    return ("blas", "gemvs") if 1 < m <= kernels.MAX_GEMVS else ("blas",)
 
 
 def sample(linears: list[Linear], per_shape: int = PER_SHAPE) -> list[Linear]:
@@ -85,44 +97,86 @@ def sample(linears: list[Linear], per_shape: int = PER_SHAPE) -> list[Linear]:
 
 
 def measure(linears: list[Linear], repeats: int = REPEATS, clock=time.perf_counter) -> dict[str, list[str]]:
-    """{shape key: the fastest path for each of M_BUCKETS}, timed on these matrices (see the module docstring).
+    """{shape key: OpenBLAS's faster way for each of M_BUCKETS}, timed on these matrices (the module docstring).
 
-    For each bucket m, each repeat sweeps every candidate path in a rotated order;
-    a path's time for a shape is the sum over that shape's matrices within one
-    sweep, and the median over repeats decides. A sweep running past GIVE_UP times
-    the fastest whole sweep so far stops there and counts as infinitely slow (on a
-    busy machine, OpenBLAS's threads can take 100x longer than the other paths).
-    Inputs are random: a product's time does not depend on the values.
+    For each bucket m with a choice, each repeat sweeps both ways in turn over
+    the matrices; a way's time for a shape is the sum over that shape's matrices
+    within one sweep, and the median over repeats decides. A sweep running past
+    GIVE_UP times the fastest whole sweep so far stops there and counts as
+    infinitely slow. Inputs are random: a product's time does not depend on them.
     """
     rng = np.random.default_rng(0)
     keys = [shape_key(lin) for lin in linears]
-    paths = {key: candidates(lin) for key, lin in zip(keys, linears)}
-    union = [p for p in PATHS if any(p in ps for ps in paths.values())]
-    plan: dict[str, list[str]] = {key: [] for key in paths}
+    plan: dict[str, list[str]] = {key: [] for key in keys}
     for m in M_BUCKETS:
+        ways = candidates(m)
+        if len(ways) == 1:
+            for key in plan:
+                plan[key].append(ways[0])
+            continue
         inputs = {lin.w_t.shape[1]: rng.standard_normal((m, lin.w_t.shape[1])).astype(lin.w_t.dtype) for lin in linears}
-        times = {(key, p): [] for key in paths for p in paths[key]}
+        times = {(key, way): [] for key in plan for way in ways}
         fastest = np.inf  # the fastest complete sweep at this m
         with kernels.pass_threads(m):  # as inside a forward pass over m tokens
             for repeat in range(repeats):
-                for path in union[repeat % len(union) :] + union[: repeat % len(union)]:
-                    sweep = dict.fromkeys(paths, 0.0)
+                for way in ways[repeat % len(ways) :] + ways[: repeat % len(ways)]:
+                    sweep = dict.fromkeys(plan, 0.0)
                     started = clock()
                     for key, lin in zip(keys, linears):
-                        if path in paths[key]:
-                            start = clock()
-                            kernels.linear(inputs[lin.w_t.shape[1]], lin, path)
-                            sweep[key] += clock() - start
+                        start = clock()
+                        kernels.linear(inputs[lin.w_t.shape[1]], lin, way)
+                        sweep[key] += clock() - start
                         if clock() - started > GIVE_UP * fastest:
-                            sweep = dict.fromkeys(paths, np.inf)
+                            sweep = dict.fromkeys(plan, np.inf)
                             break
                     fastest = min(fastest, clock() - started)
-                    for key in paths:
-                        if path in paths[key]:
-                            times[key, path].append(sweep[key])
-        for key in paths:
-            plan[key].append(min(paths[key], key=lambda p: float(np.median(times[key, p]))))
+                    for key in plan:
+                        times[key, way].append(sweep[key])
+        for key in plan:
+            plan[key].append(min(ways, key=lambda way: float(np.median(times[key, way]))))
     return plan
+
+
+def rules(lin: Linear) -> list[str]:
+    """The default rules' path for each of M_BUCKETS (kernels.default_path), as a plan."""
+    return [kernels.default_path(m, len(lin.parts)) for m in M_BUCKETS]
+
+
+def confirm(model, linears: list[Linear], plan: dict[str, list[str]], repeats: int = CONFIRM_REPEATS,
+            clock=time.perf_counter) -> dict[str, list[str]]:  # fmt: skip
+    """Bucket by bucket, OpenBLAS's plan where whole passes run faster with it than with the rules, else the rules.
+
+    For each bucket m, runs of RUN passes over m new tokens after `context` cached
+    ones (as decoding makes them: one pass after another of the same size) with
+    either plan, interleaved; the faster median run wins the bucket.
+    """
+    keys = [shape_key(lin) for lin in linears]
+    default = {key: rules(lin) for key, lin in zip(keys, linears)}
+    context = min(CONTEXT, model.n_ctx // 2)
+    cache = model.new_cache()
+    model.forward(np.arange(1, context + 1) % model.n_vocab, cache)
+    kept = {key: list(default[key]) for key in keys}
+    for i, m in enumerate(M_BUCKETS):
+        if context + m > model.n_ctx or all(plan[key][i] == default[key][i] for key in keys):
+            continue  # no room in a toy's context, or nothing to decide
+        times: dict[str, list[float]] = {"blas": [], "rules": []}
+        for repeat in range(repeats):
+            for side in ("blas", "rules") if repeat % 2 == 0 else ("rules", "blas"):
+                for key, lin in zip(keys, linears):
+                    lin.plan = tuple((plan if side == "blas" else default)[key])
+                model.forward(np.full(m, 1), cache)  # a pass before the run, so its threads are as decoding finds them
+                cache.rollback(context)
+                start = clock()
+                for _ in range(RUN):
+                    model.forward(np.full(m, 1 + repeat % 7), cache)
+                    cache.rollback(context)
+                times[side].append(clock() - start)
+        if np.median(times["blas"]) < np.median(times["rules"]):
+            for key in keys:
+                kept[key][i] = plan[key][i]
+    for lin in linears:
+        lin.plan = None
+    return kept
 
 
 def machine() -> dict:
@@ -176,7 +230,7 @@ def write_plan(path: Path, plans: dict[str, list[str]]) -> None:
 
 def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[str]]:
     """Give each of the model's split matrices its plan: from this machine's plan file in `folder` where it
-    has their shapes, else measured now (a second or two for a 135M model) and added to the file.
+    has their shapes, else measured now (10-20 seconds for a 135M model on 2 cores) and added to the file.
 
     Matrices too small to split keep the default rules (their products are too
     short to time, and fit in cache). folder None: measure, keep nothing on disk.
@@ -186,18 +240,18 @@ def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[st
     mode = os.environ.get(ENV, "")
     if mode not in ("", "rules", "measure"):
         raise ValueError(f"{ENV} must be 'rules' (no measured plan) or 'measure' (measure again), or unset; not {mode!r}")
-    if mode == "rules" or threads.BLAS is None:
-        return {}
+    if mode == "rules" or threads.BLAS is None or threads.BLAS_THREADS == 1:
+        return {}  # (with OpenBLAS on one thread, specdec's workers are the only way to use both cores)
     linears = [lin for lin in linears_of(model.weights) if len(lin.parts) > 1]
     if not linears:
         return {}
     path = None if folder is None else plan_file(folder)
-    known = {} if path is None or mode == "measure" else read_plan(path)
-    if any(shape_key(lin) not in known for lin in linears):
+    known = {} if path is None else read_plan(path)  # other models' shapes stay in the file
+    if mode == "measure" or any(shape_key(lin) not in known for lin in linears):
         if say is not None:
             where = "" if path is None else f"; kept in {path}"
-            say(f"{getattr(model, 'name', 'model')}: timing this machine's matrix products (once, a few seconds{where})")
-        known = {**known, **measure(sample(linears))}
+            say(f"{getattr(model, 'name', 'model')}: timing this machine's matrix products (once, 10-20 seconds{where})")
+        known = {**known, **confirm(model, linears, measure(sample(linears)))}
         if path is not None:
             try:
                 write_plan(path, known)

@@ -57,15 +57,14 @@ def test_linears_of_lists_every_matrix_once_in_pass_order():
 
 
 @needs_blas
-def test_measure_picks_the_fastest_path_per_bucket_and_gives_up_on_a_stalling_one(monkeypatch):
-    """A fake clock: each product costs what `cost` says, so the fastest path is known per bucket."""
+def test_measure_picks_openblas_s_faster_way_per_bucket_and_gives_up_on_a_stalling_one(monkeypatch):
+    """A fake clock: each product costs what `cost` says, so the faster way is known per bucket."""
     model = split_llama(monkeypatch)
-    monkeypatch.setattr(threads, "BLAS_THREADS", 2)
     now = [0.0]
     calls = {p: 0 for p in PATHS}
 
-    def cost(path, m):  # workers fastest for few tokens, one thread in between, OpenBLAS's threads stall
-        return {"workers": 1.0 if m <= 3 else 2.0, "one": 2.0 if m <= 3 else 1.0, "blas": 1000.0}[path]
+    def cost(path, m):  # one product per token for 2-3 tokens (one product stalls there), one product above
+        return {"gemvs": 1.0 if m <= 3 else 2.0, "blas": 1000.0 if m <= 3 else 1.0}[path]
 
     def fake_linear(x, lin, path=None):
         calls[path] += 1
@@ -74,12 +73,14 @@ def test_measure_picks_the_fastest_path_per_bucket_and_gives_up_on_a_stalling_on
     monkeypatch.setattr(kernels, "linear", fake_linear)
     linears = tuning.linears_of(model.weights)
     plan = tuning.measure(linears, repeats=3, clock=lambda: now[0])
-    expected = ["workers" if m <= 3 else "one" for m in M_BUCKETS]
+    expected = ["gemvs" if m in (2, 3) else "blas" for m in M_BUCKETS]
     assert plan == {tuning.shape_key(lin): expected for lin in linears}
-    # Each bucket's first sweep is the split's (PATHS order), so every blas sweep stops after one product.
-    n_buckets, n_linears = len(M_BUCKETS), len(linears)
-    assert calls["blas"] == n_buckets * 3
-    assert calls["workers"] == calls["one"] == n_buckets * 3 * n_linears
+    n = len(linears)
+    # Buckets 2..MAX_GEMVS (2, 3, 5, 9) are timed, 3 sweeps a way. At 2 and 3, only the first blas sweep
+    # (nothing faster known yet) goes through: the other two stop after one product.
+    assert calls["blas"] == 2 * (n + 2) + 2 * 3 * n
+    assert calls["gemvs"] == 4 * 3 * n
+    assert calls["workers"] == calls["one"] == 0
 
 
 @needs_blas
@@ -93,6 +94,7 @@ def test_the_plan_file_is_written_then_trusted_only_after_its_checks(monkeypatch
         return {k: list(v) for k, v in fake.items()}
 
     monkeypatch.setattr(tuning, "measure", fake_measure)
+    monkeypatch.setattr(tuning, "confirm", lambda model, linears, plan: plan)
     monkeypatch.delenv(tuning.ENV, raising=False)
     assert tuning.tune(model, tmp_path) == fake and len(measured) == 1
     path = tuning.plan_file(tmp_path)
@@ -118,15 +120,48 @@ def test_the_plan_file_is_written_then_trusted_only_after_its_checks(monkeypatch
         assert len(measured) == before + 1, f"a plan file with {why} must be measured again"
         assert tuning.read_plan(path) == fake, f"and rewritten whole ({why})"
 
+    other = {"7x7/float32/2": ["blas"] * len(M_BUCKETS)}  # another model's shape, already in the file
+    tuning.write_plan(path, {**fake, **other})
     monkeypatch.setenv(tuning.ENV, "measure")
     tuning.tune(split_llama(monkeypatch), tmp_path)
     assert len(measured) == len(broken) + 2, "SPECDEC_KERNELS=measure measures again"
+    assert tuning.read_plan(path) == {**fake, **other}, "and keeps the other models' shapes"
     monkeypatch.setenv(tuning.ENV, "rules")
     fresh = split_llama(monkeypatch)
     assert tuning.tune(fresh, tmp_path) == {} and all(lin.plan is None for lin in tuning.linears_of(fresh.weights))
     monkeypatch.setenv(tuning.ENV, "fastest")
     with pytest.raises(ValueError, match="SPECDEC_KERNELS must be 'rules'.*or unset; not 'fastest'"):
         tuning.tune(fresh, tmp_path)
+
+
+def test_whole_passes_decide_between_openblas_s_plan_and_the_rules(monkeypatch):
+    """A fake clock: a pass costs 1 on OpenBLAS's threads, 2 on the workers but 0.5 for 5 tokens (the first
+    matrix's path says which). OpenBLAS's plan survives only in the buckets where its passes are faster."""
+    model = split_llama(monkeypatch)
+    linears = tuning.linears_of(model.weights)
+    now, passes = [0.0], []
+
+    class Cache:
+        def rollback(self, n):
+            assert n == tuning.CONTEXT
+
+    def fake_forward(tokens, cache):
+        passes.append(len(tokens))
+        path, m = linears[0].path(len(tokens)), len(tokens)
+        now[0] += (0.5 if m == 5 else 2.0) if path == "workers" else 1.0
+
+    monkeypatch.setattr(model, "forward", fake_forward)
+    monkeypatch.setattr(model, "new_cache", Cache)
+    blas = ["gemvs" if m in (2, 3) else "blas" for m in M_BUCKETS]
+    measured = {tuning.shape_key(lin): blas for lin in linears}
+    kept = tuning.confirm(model, linears, measured, repeats=3, clock=lambda: now[0])
+    rules = [kernels.default_path(m, 2) for m in M_BUCKETS]  # workers up to MAX_SPLIT_ROWS, then blas
+    fits = [tuning.CONTEXT + m <= model.n_ctx for m in M_BUCKETS]  # 33 and 65 new tokens do not fit this toy
+    expected = [b if fit and m != 5 else r for m, b, r, fit in zip(M_BUCKETS, blas, rules, fits)]
+    assert kept == {key: expected for key in measured}
+    assert expected[:4] == ["blas", "gemvs", "gemvs", "workers"]
+    assert passes[0] == tuning.CONTEXT and max(passes[1:]) <= model.n_ctx - tuning.CONTEXT
+    assert all(lin.plan is None for lin in linears), "confirm leaves no plan behind"
 
 
 def test_unsplit_matrices_keep_the_default_rules(tmp_path):
