@@ -64,6 +64,9 @@ TRANSPOSE_ROWS = 16  # input rows per step of transposed_copy (measured best of 
 # streaming a 576 x 576 matrix), so tuning.py times them on the model's own matrices when it loads
 # and keeps the winner per shape for each of M_BUCKETS; an untuned matrix follows `default_path`.
 PATHS = ("workers", "blas", "gemvs", "one")
+# The measured plans, by shape_key: one of PATHS per M_BUCKETS entry. tuning.py fills it when a model loads,
+# and every Linear of a planned shape follows it (a draft head's matrices of the target's shapes too).
+PLANS: dict[str, tuple[str, ...]] = {}
 MAX_GEMVS = 16  # tokens the "gemvs" path takes at most (it is timed only for buckets up to this)
 M_BUCKETS = (1, 2, 3, 5, 9, 17, 33, 65)  # a pass over m tokens takes the plan of the largest bucket <= m
 
@@ -138,12 +141,15 @@ class Linear:
         # Part boundaries on multiples of 16 rows (whole cache lines of y), the last part takes the rest.
         edges = split_edges(n_out, n_parts)
         self.parts = [RowPart.of(self.w_t, a, b) for a, b in zip(edges, edges[1:])]
-        self.plan: tuple[str, ...] | None = None  # one of PATHS per M_BUCKETS entry, set by tuning.py
+        self.key = shape_key(self)
+        self.plan: tuple[str, ...] | None = None  # this matrix's own plan, over PLANS (tuning.confirm times with it)
 
     def path(self, n_seq: int) -> str:
-        """How `linear` multiplies n_seq tokens by this matrix: its measured plan, else the default rules."""
-        if self.plan is not None:
-            return self.plan[bisect_right(M_BUCKETS, n_seq) - 1]
+        """How `linear` multiplies n_seq tokens by this matrix: its plan, else its shape's measured plan (PLANS),
+        else the default rules."""
+        plan = self.plan if self.plan is not None else PLANS.get(self.key)
+        if plan is not None:
+            return plan[bisect_right(M_BUCKETS, n_seq) - 1]
         return default_path(n_seq, len(self.parts))
 
     @classmethod
@@ -153,6 +159,12 @@ class Linear:
     @property
     def weight(self) -> np.ndarray:
         return self.w_t.T  # [n_in, n_out], as in the checkpoint
+
+
+def shape_key(lin: Linear) -> str:
+    """'960x576/float32/2': rows x columns of W.T, dtype, parts. Matrices with one key share a plan."""
+    n_out, n_in = lin.w_t.shape
+    return f"{n_out}x{n_in}/{lin.w_t.dtype}/{len(lin.parts)}"
 
 
 def default_path(n_seq: int, n_parts: int) -> str:

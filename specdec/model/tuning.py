@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from . import kernels, threads
-from .kernels import M_BUCKETS, PATHS, Linear
+from .kernels import M_BUCKETS, PATHS, Linear, shape_key
 
 FORMAT = "specdec-kernel-plan"
 VERSION = 2
@@ -72,12 +72,6 @@ def linears_of(weights) -> list[Linear]:
 
     walk(weights)
     return list(found.values())
-
-
-def shape_key(lin: Linear) -> str:
-    """'960x576/float32/2': rows x columns of W.T, dtype, parts. Matrices with one key share a plan."""
-    n_out, n_in = lin.w_t.shape
-    return f"{n_out}x{n_in}/{lin.w_t.dtype}/{len(lin.parts)}"
 
 
 def candidates(m: int) -> tuple[str, ...]:
@@ -229,8 +223,9 @@ def write_plan(path: Path, plans: dict[str, list[str]]) -> None:
 
 
 def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[str]]:
-    """Give each of the model's split matrices its plan: from this machine's plan file in `folder` where it
-    has their shapes, else measured now (10-20 seconds for a 135M model on 2 cores) and added to the file.
+    """Give the shapes of the model's split matrices their plans (kernels.PLANS, which every matrix of those
+    shapes follows, a draft head's included): from this machine's plan file in `folder` where it has them, else
+    measured now (10-20 seconds for a 135M model on 2 cores) and added to the file.
 
     Matrices too small to split keep the default rules (their products are too
     short to time, and fit in cache). folder None: measure, keep nothing on disk.
@@ -258,5 +253,5 @@ def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[st
             except OSError:  # a read-only cache folder: the plan still holds for this process
                 pass
     for lin in linears:
-        lin.plan = tuple(known[shape_key(lin)])
+        kernels.PLANS[lin.key] = tuple(known[lin.key])  # for these matrices and any other of their shapes
     return known

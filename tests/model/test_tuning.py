@@ -14,6 +14,12 @@ from specdec.model.shapes import random_model
 needs_blas = pytest.mark.skipif(threads.BLAS is None, reason="NumPy's OpenBLAS was not found: nothing is tuned")
 
 
+@pytest.fixture(autouse=True)
+def no_plans_leak(monkeypatch):
+    """Each test starts with no measured plans and leaves none behind (kernels.PLANS is process-wide)."""
+    monkeypatch.setattr(kernels, "PLANS", {})
+
+
 def split_llama(monkeypatch):
     """A tiny Llama whose matrices are all split (SMALL_BYTES 0), so each has every path."""
     monkeypatch.setattr(kernels, "SMALL_BYTES", 0)
@@ -99,7 +105,9 @@ def test_the_plan_file_is_written_then_trusted_only_after_its_checks(monkeypatch
     assert tuning.tune(model, tmp_path) == fake and len(measured) == 1
     path = tuning.plan_file(tmp_path)
     assert path.exists() and [p.name for p in tmp_path.iterdir()] == [path.name], "no temporary file left"
-    assert all(lin.plan == ("one",) * len(M_BUCKETS) for lin in tuning.linears_of(model.weights))
+    assert all(lin.path(m) == "one" for lin in tuning.linears_of(model.weights) for m in (1, 5, 100))
+    head = tuning.linears_of(model.weights)[0]
+    assert Linear(head.w_t.copy(), None).path(1) == "one", "another matrix of a planned shape follows the plan"
 
     tuning.tune(split_llama(monkeypatch), tmp_path)
     assert len(measured) == 1, "a valid plan file is read, not measured again"
@@ -127,8 +135,10 @@ def test_the_plan_file_is_written_then_trusted_only_after_its_checks(monkeypatch
     assert len(measured) == len(broken) + 2, "SPECDEC_KERNELS=measure measures again"
     assert tuning.read_plan(path) == {**fake, **other}, "and keeps the other models' shapes"
     monkeypatch.setenv(tuning.ENV, "rules")
+    kernels.PLANS.clear()
     fresh = split_llama(monkeypatch)
-    assert tuning.tune(fresh, tmp_path) == {} and all(lin.plan is None for lin in tuning.linears_of(fresh.weights))
+    assert tuning.tune(fresh, tmp_path) == {} and kernels.PLANS == {}
+    assert all(lin.path(m) == kernels.default_path(m, 2) for lin in tuning.linears_of(fresh.weights) for m in M_BUCKETS)
     monkeypatch.setenv(tuning.ENV, "fastest")
     with pytest.raises(ValueError, match="SPECDEC_KERNELS must be 'rules'.*or unset; not 'fastest'"):
         tuning.tune(fresh, tmp_path)
@@ -168,8 +178,7 @@ def test_unsplit_matrices_keep_the_default_rules(tmp_path):
     """A toy's matrices are below SMALL_BYTES: nothing to measure, no file written."""
     model = random_llama()
     assert tuning.tune(model, tmp_path) == {}
-    assert list(tmp_path.iterdir()) == []
-    assert all(lin.plan is None for lin in tuning.linears_of(model.weights))
+    assert list(tmp_path.iterdir()) == [] and kernels.PLANS == {}
 
 
 @needs_blas
@@ -183,7 +192,7 @@ def test_a_tuned_model_gives_the_logits_of_an_untuned_one(monkeypatch, tmp_path)
     np.testing.assert_allclose(model.forward(tokens, model.new_cache()), reference, atol=1e-5)
     for path in PATHS:  # each path everywhere, for a pass of each length
         for lin in tuning.linears_of(model.weights):
-            lin.plan = (path,) * len(M_BUCKETS)
+            kernels.PLANS[lin.key] = (path,) * len(M_BUCKETS)
         cache = model.new_cache()
         logits = np.concatenate([model.forward(tokens[:20], cache), model.forward(tokens[20:25], cache),
                                  model.forward(tokens[25:], cache)])  # fmt: skip
