@@ -41,7 +41,8 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
         missing_files,
         resolve_model,
     )
-    from specdec.checkpoints.load import load_model
+    from specdec.checkpoints.load import load_model, tuned
+    from specdec.model import tuning
     from specdec.checkpoints.pins import WHEELS
     from specdec.cli.batch import run_batch
     from specdec.cli.cache import cache
@@ -68,7 +69,9 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
                       f"{human(DEFAULT_FOOTPRINT[0])} download plus {human(DEFAULT_FOOTPRINT[1])} of kept layout "
                       "(transposed weights beside each GPT-2 checkpoint, so later loads copy nothing; "
                       "SPECDEC_NO_LAYOUT_CACHE=1 skips it). `%(prog)s cache` lists what is stored, with sizes, "
-                      "and removes it.")  # fmt: skip
+                      "and removes it. The first load on a machine times its matrix products once and keeps the "
+                      "fastest threads per pass length beside the models (SPECDEC_KERNELS=measure times them again, "
+                      "e.g. after the machine's load changes for good; SPECDEC_KERNELS=rules keeps fixed rules).")  # fmt: skip
     add = p.add_argument
     add("--prompt", default=None,
         help=f"text to continue, or - to read it from standard input (default: {DEFAULT_PROMPT!r}); plain text: "
@@ -157,6 +160,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):
             if name is not None and name not in (*WHEELS, shipped_draft.NAME) and not name.lower().endswith(".gguf"):
                 resolve_model(name, args.models_dir)
+        tuning.env_mode()  # SPECDEC_KERNELS, before anything is loaded
     except ValueError as e:
         p.error(f"--{e}" if str(e).startswith("K ") else str(e))
     refuse_ignored(p, args)
@@ -276,7 +280,7 @@ def load(name: str, args, target=None) -> tuple:
     if missing and not args.json:
         print(f"(downloaded {name} in {time.perf_counter() - start:.0f} s)")
     start = time.perf_counter()
-    return load_folder(folder, name=name), time.perf_counter() - start
+    return tuned(load_folder(folder, name=name), args.models_dir, progress=not args.json), time.perf_counter() - start
 
 
 def run(args) -> int:

@@ -126,6 +126,19 @@ def test_download_through_a_loopback_hub(fake_hub, tmp_path, capsys):
     assert json.loads(out)["summary"]["texts_identical"] is True
 
 
+def test_every_model_the_command_line_loads_gets_this_machine_s_threads(checkpoints, capsys, monkeypatch):
+    """GPT-2 folders are read by the command line itself (not load_model): they get the plan too."""
+    from specdec.model import tuning
+
+    tuned = []
+    monkeypatch.setattr(tuning, "tune", lambda model, folder, say=None: tuned.append(model.name) or {})
+    target, draft = str(checkpoints / "target"), str(checkpoints / "draft")
+    code, out, err = run_main(capsys, "--target_model_size", target, "--draft", draft, "--n_tokens_to_generate", "3",
+                              "--repeats", "1", "--json")  # fmt: skip
+    assert code == 0, err
+    assert tuned == [target, draft]
+
+
 def test_errors_are_one_line(checkpoints, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     target = str(checkpoints / "target")
@@ -172,6 +185,16 @@ def test_bad_flags_exit_2_with_one_line_before_any_download(argv, message, fake_
     err = capsys.readouterr().err
     assert exit_.value.code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
+    assert fake_hub.requests == [] and list(tmp_path.iterdir()) == [], "nothing is fetched or written"
+
+
+def test_a_bad_specdec_kernels_exits_2_with_one_line_before_any_download(fake_hub, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPECDEC_KERNELS", "fastest")
+    with pytest.raises(SystemExit) as exit_:
+        main.main(["--models_dir", str(tmp_path), "--draft", "ngram"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "SPECDEC_KERNELS must be 'rules'" in err and len(err.strip().splitlines()) == 1, err
     assert fake_hub.requests == [] and list(tmp_path.iterdir()) == [], "nothing is fetched or written"
 
 

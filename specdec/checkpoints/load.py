@@ -62,7 +62,12 @@ def load_model(
     (12, [15496, 995])
     """
     settings = HubSettings.from_env() if settings is None else settings
-    model = read_model(name_or_path, models_dir, progress, settings, keep_layout)
+    return tuned(read_model(name_or_path, models_dir, progress, settings, keep_layout), models_dir, progress)
+
+
+def tuned(model: CausalLM, models_dir: str | os.PathLike | None = None, progress: bool = True) -> CausalLM:
+    """The model, its matrices' shapes given this machine's measured threads (model/tuning.py) from the plan file
+    in models_dir (default: default_models_dir()), timed now if it lacks them; progress: say so on stderr."""
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else None
     tuning.tune(model, default_models_dir() if models_dir is None else models_dir, say)
     return model

@@ -222,6 +222,14 @@ def write_plan(path: Path, plans: dict[str, list[str]]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def env_mode() -> str:
+    """SPECDEC_KERNELS as checked: "" (use the plan file), "rules" or "measure"; anything else is refused."""
+    mode = os.environ.get(ENV, "")
+    if mode not in ("", "rules", "measure"):
+        raise ValueError(f"{ENV} must be 'rules' (no measured plan) or 'measure' (measure again), or unset; not {mode!r}")
+    return mode
+
+
 def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[str]]:
     """Give the shapes of the model's split matrices their plans (kernels.PLANS, which every matrix of those
     shapes follows, a draft head's included): from this machine's plan file in `folder` where it has them, else
@@ -232,9 +240,7 @@ def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[st
     say: called with one line before a measurement (load_model prints it where it
     shows download progress). Returns the plans used, by shape key.
     """
-    mode = os.environ.get(ENV, "")
-    if mode not in ("", "rules", "measure"):
-        raise ValueError(f"{ENV} must be 'rules' (no measured plan) or 'measure' (measure again), or unset; not {mode!r}")
+    mode = env_mode()
     if mode == "rules" or threads.BLAS is None or threads.BLAS_THREADS == 1:
         return {}  # (with OpenBLAS on one thread, specdec's workers are the only way to use both cores)
     linears = [lin for lin in linears_of(model.weights) if len(lin.parts) > 1]
