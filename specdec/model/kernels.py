@@ -55,7 +55,7 @@ TRANSPOSE_ROWS = 16  # input rows per step of transposed_copy (measured best of 
 # The ways `linear` can multiply, one of which each (matrix, number of tokens) takes:
 #   "workers"  W's rows in one part per core, on specdec's threads (threads.py), each part on one
 #              OpenBLAS thread: stacked matrix-vector chunks or small GEMMs for a few tokens (part_product).
-#   "blas"     x @ W.T on OpenBLAS's own threads (threads.BLAS_THREADS of them).
+#   "blas"     x @ W.T on OpenBLAS's own threads (as many as it has outside specdec's settings).
 #   "gemvs"    one matrix-vector product W @ x[t] per token, on OpenBLAS's threads: W comes from RAM
 #              for the first token and from cache for the rest, with no repacking (up to MAX_GEMVS tokens).
 #   "one"      x @ W.T on one OpenBLAS thread.
@@ -191,8 +191,8 @@ def linear(x: np.ndarray, lin: Linear, path: str | None = None) -> np.ndarray:
     (`part_product`). 17..MAX_SPLIT_ROWS tokens: each core one matrix-matrix
     product over its rows, so no product waits for OpenBLAS's threads. More (a
     prompt): OpenBLAS's own. Those are the default rules (`default_path`); a loaded
-    model's matrices carry a plan measured on this machine (tuning.py), which may
-    pick OpenBLAS's threads or one thread instead where they are faster here.
+    model's shapes have a plan measured on this machine (tuning.py, PLANS), which
+    may pick OpenBLAS's threads for some pass lengths where they are faster here.
     Measurements and the variants that did not help: docs/performance.md.
     """
     path = path or lin.path(x.shape[0])
@@ -202,11 +202,12 @@ def linear(x: np.ndarray, lin: Linear, path: str | None = None) -> np.ndarray:
         threads.workers(len(jobs)).run(jobs)
     elif path == "gemvs" and x.shape[0] <= MAX_GEMVS:
         y = np.empty((x.shape[0], lin.w_t.shape[0]), dtype=np.result_type(x, lin.w_t))
-        with threads.blas_threads(threads.BLAS_THREADS):
+        with threads.blas_threads(threads.outside_count()):
             for t in range(x.shape[0]):  # [n_out, n_in] @ [n_in] -> [n_out], as a 1-token step does it
                 np.matmul(lin.w_t, x[t], out=y[t])
-    else:  # one product, on OpenBLAS's threads or on one
-        with threads.blas_threads(threads.BLAS_THREADS if path in ("blas", "gemvs") else 1):
+    else:  # one product, on OpenBLAS's threads (as many as outside specdec's settings) or on one
+        assert path in PATHS, f"unknown path {path!r}: one of {PATHS}"
+        with threads.blas_threads(threads.outside_count() if path in ("blas", "gemvs") else 1):
             y = x @ lin.w_t.T
     if lin.b is not None:
         y += lin.b

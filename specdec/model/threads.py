@@ -15,10 +15,12 @@ synchronises its threads for every product of the stack. Splitting once per
 matrix, above the stack, costs one hand-off per matrix instead, and each core
 keeps its own rows of W in its own L2 cache while every token uses them.
 
-OpenBLAS's thread count is switched to 1 only while a split product runs and is
-put back afterwards (through the C API of the OpenBLAS that NumPy's wheels
-bundle, found with ctypes as threadpoolctl finds it), so the rest of the
-process sees OpenBLAS as it was. Where OpenBLAS cannot be found (NumPy built
+OpenBLAS's thread count is changed only inside `blas_threads` blocks (1 for a
+split product and for a whole pass of a few tokens, its own count for a product
+a measured plan gives to OpenBLAS: kernels.py, tuning.py) and put back after
+them, through the C API of the OpenBLAS that NumPy's wheels bundle (found with
+ctypes as threadpoolctl finds it), so the rest of the process sees OpenBLAS as
+it was. Where OpenBLAS cannot be found (NumPy built
 against MKL or Accelerate, say), `default_workers()` is 1 and nothing here runs.
 """
 
@@ -28,7 +30,7 @@ import ctypes
 import os
 import queue
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -119,10 +121,7 @@ class Workers:
         try:
             if self._pid != os.getpid():
                 self._start()
-            before = self.blas.get() if self.blas and blas else 1
-            if before != 1:
-                self.blas.set(1)  # one OpenBLAS thread per part: our threads are the parallelism
-            try:
+            with blas_threads(1) if self.blas and blas else nullcontext():  # our threads are the parallelism
                 for inbox, job in zip(self._inboxes, jobs[1:]):
                     inbox.put(job)
                 error = None
@@ -132,9 +131,6 @@ class Workers:
                     error = e
                 for _ in jobs[1:]:  # always collect every helper, even after an error
                     error = self._done.get() or error
-            finally:
-                if before != 1:
-                    self.blas.set(before)
             if error is not None:
                 raise error
         finally:
@@ -164,22 +160,53 @@ def default_workers() -> int:
     return min(usable_cpus(), MAX_WORKERS) if BLAS is not None else 1
 
 
-# OpenBLAS's thread count as this process found it (OPENBLAS_NUM_THREADS, or one per core): what
-# kernels.linear's "blas" path multiplies on.
+# OpenBLAS's thread count as this process found it (OPENBLAS_NUM_THREADS, or one per core).
 BLAS_THREADS = BLAS.get() if BLAS is not None else 1
+
+_lock = threading.Lock()  # guards the three below and every change of OpenBLAS's count
+_inside = 0  # blas_threads with-blocks open, in all threads
+_outside = BLAS_THREADS  # OpenBLAS's count before the first of them opened
+_local = threading.local()  # .stack: this thread's open blocks' counts, innermost last
+
+
+def outside_count() -> int:
+    """OpenBLAS's count outside specdec's with-blocks (a user's own limit, threadpoolctl's say, included):
+    what kernels.linear's OpenBLAS paths multiply on."""
+    with _lock:
+        return _outside if _inside else (BLAS.get() if BLAS is not None else 1)
 
 
 @contextmanager
 def blas_threads(n: int):
-    """OpenBLAS on n threads for the with-block, then as it was (nothing to do where specdec cannot set it)."""
-    before = BLAS.get() if BLAS is not None else n
-    if before != n:
-        BLAS.set(n)
+    """OpenBLAS on n threads for the with-block (nothing to do where specdec cannot set it).
+
+    OpenBLAS has one count for the whole process, and several threads may be
+    inside such blocks at once (linear() called from two threads). Leaving a
+    block puts back its own thread's enclosing count, and the last block to leave
+    puts back the count found before the first opened: whatever the interleaving,
+    the process never keeps one of specdec's settings.
+    """
+    global _inside, _outside
+    if BLAS is None:
+        yield
+        return
+    stack = _local.__dict__.setdefault("stack", [])
+    with _lock:
+        if _inside == 0:
+            _outside = BLAS.get()
+        _inside += 1
+        stack.append(n)
+        if BLAS.get() != n:
+            BLAS.set(n)
     try:
         yield
     finally:
-        if before != n:
-            BLAS.set(before)
+        with _lock:
+            stack.pop()
+            _inside -= 1
+            back = stack[-1] if stack else _outside if _inside == 0 else None  # None: another thread's block rules
+            if back is not None and BLAS.get() != back:
+                BLAS.set(back)
 
 
 def one_blas_thread():

@@ -46,6 +46,7 @@ from . import kernels, threads
 from .kernels import M_BUCKETS, PATHS, Linear, shape_key
 
 FORMAT = "specdec-kernel-plan"
+MAX_FILE_BYTES = 1 << 20  # a plan file is a few kB; a larger one is not read
 VERSION = 2
 REPEATS = 3  # interleaved timings per (bucket, path); the median decides
 PER_SHAPE = 4  # matrices of each shape timed (of SmolLM2's 30 per shape, GPT-2 124M's 12)
@@ -147,9 +148,20 @@ def confirm(model, linears: list[Linear], plan: dict[str, list[str]], repeats: i
     keys = [shape_key(lin) for lin in linears]
     default = {key: rules(lin) for key, lin in zip(keys, linears)}
     context = min(CONTEXT, model.n_ctx // 2)
+    kept = {key: list(default[key]) for key in keys}
+    if context < 1:
+        return kept  # no room for a pass after a context: the rules
+    try:
+        return confirm_buckets(model, linears, keys, plan, default, kept, context, repeats, clock)
+    finally:
+        for lin in linears:
+            lin.plan = None
+
+
+def confirm_buckets(model, linears, keys, plan, default, kept, context, repeats, clock) -> dict[str, list[str]]:
+    """`confirm`'s timing, bucket by bucket (it leaves plans on the matrices; confirm takes them off)."""
     cache = model.new_cache()
     model.forward(np.arange(1, context + 1) % model.n_vocab, cache)
-    kept = {key: list(default[key]) for key in keys}
     for i, m in enumerate(M_BUCKETS):
         if context + m > model.n_ctx or all(plan[key][i] == default[key][i] for key in keys):
             continue  # no room in a toy's context, or nothing to decide
@@ -168,8 +180,6 @@ def confirm(model, linears: list[Linear], plan: dict[str, list[str]], repeats: i
         if np.median(times["blas"]) < np.median(times["rules"]):
             for key in keys:
                 kept[key][i] = plan[key][i]
-    for lin in linears:
-        lin.plan = None
     return kept
 
 
@@ -196,8 +206,10 @@ def plan_file(folder: str | os.PathLike) -> Path:
 def read_plan(path: Path) -> dict[str, list[str]]:
     """The plans in a plan file, or {} where it is missing or fails any check (it is then measured again)."""
     try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return {}
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON, nested too deep
         return {}
     ok = (isinstance(data, dict) and data.get("format") == FORMAT and data.get("version") == VERSION
           and data.get("machine") == machine() and data.get("buckets") == list(M_BUCKETS)
@@ -251,13 +263,17 @@ def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[st
     if mode == "measure" or any(shape_key(lin) not in known for lin in linears):
         if say is not None:
             where = "" if path is None else f"; kept in {path}"
-            say(f"{getattr(model, 'name', 'model')}: timing this machine's matrix products (once, 10-20 seconds{where})")
-        known = {**known, **confirm(model, linears, measure(sample(linears)))}
+            say(f"{getattr(model, 'name', 'model')}: timing this machine's matrix products (once: 10-20 s for a 135M model on 2 cores, longer for larger ones{where})")
+        fresh = confirm(model, linears, measure(sample(linears)))
+        # Shapes already planned keep their plan (unless measuring again): a model loaded later must not
+        # change the threads of one loaded before it.
+        known = {**known, **fresh} if mode == "measure" else {**fresh, **known}
         if path is not None:
             try:
                 write_plan(path, known)
-            except OSError:  # a read-only cache folder: the plan still holds for this process
-                pass
+            except OSError as e:  # a read-only models folder: the plan holds for this process only
+                if say is not None:
+                    say(f"could not keep the timings in {path} ({e.strerror or e}): the next run times them again")
     for lin in linears:
         kernels.PLANS[lin.key] = tuple(known[lin.key])  # for these matrices and any other of their shapes
     return known

@@ -120,6 +120,8 @@ def test_the_plan_file_is_written_then_trusted_only_after_its_checks(monkeypatch
         "other buckets": {**good, "buckets": [1, 2]},
         "another machine": {**good, "machine": {**good["machine"], "cpu": "another CPU"}},
         "another format": {**good, "format": "something else"},
+        "nesting too deep for the parser": "[" * 100_000,
+        "more bytes than any plan": json.dumps({**good, "padding": "x" * tuning.MAX_FILE_BYTES}),
     }
     for why, data in broken.items():
         path.write_text(data if isinstance(data, str) else json.dumps(data))
@@ -172,6 +174,86 @@ def test_whole_passes_decide_between_openblas_s_plan_and_the_rules(monkeypatch):
     assert expected[:4] == ["blas", "gemvs", "gemvs", "workers"]
     assert passes[0] == tuning.CONTEXT and max(passes[1:]) <= model.n_ctx - tuning.CONTEXT
     assert all(lin.plan is None for lin in linears), "confirm leaves no plan behind"
+
+
+@needs_blas
+def test_a_model_loaded_later_keeps_the_plans_of_shapes_already_known(monkeypatch, tmp_path):
+    model = split_llama(monkeypatch)
+    keys = {lin.key for lin in tuning.linears_of(model.weights)}
+    new_shape = Linear(np.ones((80, 32), np.float32), None)  # a shape the model does not have
+    answers = [{k: ["one"] * len(M_BUCKETS) for k in keys},
+               {k: ["blas"] * len(M_BUCKETS) for k in keys | {new_shape.key}}]  # fmt: skip
+    monkeypatch.setattr(tuning, "measure", lambda linears, repeats=None, clock=None: answers.pop(0))
+    monkeypatch.setattr(tuning, "confirm", lambda model, linears, plan: plan)
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    tuning.tune(model, tmp_path)
+    other = split_llama(monkeypatch)
+    other.weights.lm_head = new_shape  # so this model is measured
+    known = tuning.tune(other, tmp_path)
+    assert all(known[k] == ["one"] * len(M_BUCKETS) for k in keys), "the first model's threads stay as they were"
+    assert known[new_shape.key] == ["blas"] * len(M_BUCKETS) and kernels.PLANS[keys.pop()][0] == "one"
+
+
+@needs_blas
+def test_a_plan_that_cannot_be_kept_is_said_and_still_used(monkeypatch, tmp_path):
+    model = split_llama(monkeypatch)
+    monkeypatch.setattr(tuning, "confirm", lambda model, linears, plan: plan)
+    monkeypatch.setattr(tuning, "REPEATS", 1)
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    blocked = tmp_path / "a file, not a folder"
+    blocked.write_text("")
+    said = []
+    plans = tuning.tune(model, blocked, said.append)
+    assert plans and kernels.PLANS and blocked.read_text() == ""
+    assert len(said) == 2 and said[1].startswith("could not keep the timings in"), said
+
+
+def test_confirm_takes_its_plans_off_the_matrices_even_when_a_pass_fails(monkeypatch):
+    model = split_llama(monkeypatch)
+    linears = tuning.linears_of(model.weights)
+
+    def failing_forward(tokens, cache):
+        if len(tokens) != tuning.CONTEXT:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(model, "forward", failing_forward)
+    measured = {lin.key: ["blas"] * len(M_BUCKETS) for lin in linears}
+    with pytest.raises(KeyboardInterrupt):
+        tuning.confirm(model, linears, measured)
+    assert all(lin.plan is None for lin in linears)
+
+
+@needs_blas
+def test_openblas_s_count_is_put_back_whatever_the_threads_interleaving():
+    import threading
+
+    start = threads.BLAS.get()
+    with threads.blas_threads(1):
+        with threads.blas_threads(2):
+            assert threads.BLAS.get() == 2
+        assert threads.BLAS.get() == 1, "leaving an inner block puts back the enclosing one's count"
+    assert threads.BLAS.get() == start
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def a():
+        with threads.blas_threads(1):
+            a_in.set()
+            b_in.wait()
+        a_out.set()
+
+    def b():
+        a_in.wait()
+        with threads.blas_threads(3):
+            b_in.set()
+            a_out.wait()  # A leaves first, then B: the order that left OpenBLAS on one thread
+
+    runs = [threading.Thread(target=f) for f in (a, b)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(10)
+    assert threads.BLAS.get() == start
+    assert threads.outside_count() == start
 
 
 def test_unsplit_matrices_keep_the_default_rules(tmp_path):
