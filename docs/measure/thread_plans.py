@@ -11,10 +11,10 @@ lm = m.weights.lm_head
 B = kernels.M_BUCKETS
 def setplan(name):
     for l in lins:
-        if name == "rules": l.plan = None
-        elif name == "blas": l.plan = tuple("blas" for b in B)
-        elif name == "gemvs": l.plan = tuple("blas" if (b == 1 or b > 16) else ("blas" if l is lm else "gemvs") for b in B)
-        elif name == "gemvs-lmw": l.plan = tuple("blas" if (b == 1 or b > 16) else ("workers" if l is lm else "gemvs") for b in B)
+        if name == "rules": kernels.PLANS.pop(l.key, None)
+        elif name == "blas": kernels.PLANS[l.key] = tuple("blas" for b in B)
+        elif name == "gemvs": kernels.PLANS[l.key] = tuple("blas" if (b == 1 or b > 16) else ("blas" if l is lm else "gemvs") for b in B)
+        elif name == "gemvs-lmw": kernels.PLANS[l.key] = tuple("blas" if (b == 1 or b > 16) else ("workers" if l is lm else "gemvs") for b in B)
 cache = m.new_cache(); m.forward(np.arange(1, 33), cache)
 res = {}
 plans = ["rules", "blas", "gemvs", "gemvs-lmw"]

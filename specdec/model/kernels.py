@@ -142,12 +142,11 @@ class Linear:
         edges = split_edges(n_out, n_parts)
         self.parts = [RowPart.of(self.w_t, a, b) for a, b in zip(edges, edges[1:])]
         self.key = shape_key(self)
-        self.plan: tuple[str, ...] | None = None  # this matrix's own plan, over PLANS (tuning.confirm times with it)
 
     def path(self, n_seq: int) -> str:
-        """How `linear` multiplies n_seq tokens by this matrix: its plan, else its shape's measured plan (PLANS),
-        else the default rules."""
-        plan = self.plan if self.plan is not None else PLANS.get(self.key)
+        """How `linear` multiplies n_seq tokens by this matrix: its shape's measured plan (PLANS), else the
+        default rules."""
+        plan = PLANS.get(self.key)
         if plan is not None:
             return plan[bisect_right(M_BUCKETS, n_seq) - 1]
         return default_path(n_seq, len(self.parts))

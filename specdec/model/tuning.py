@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from . import kernels, threads
-from .kernels import M_BUCKETS, PATHS, Linear, shape_key
+from .kernels import M_BUCKETS, PATHS, Linear
 
 FORMAT = "specdec-kernel-plan"
 MAX_FILE_BYTES = 1 << 20  # a plan file is a few kB; a larger one is not read
@@ -85,7 +85,7 @@ def sample(linears: list[Linear], per_shape: int = PER_SHAPE) -> list[Linear]:
     bytes than the CPU's caches hold (so each product streams its matrix), in a fraction of a pass's time."""
     by_shape: dict[str, list[Linear]] = {}
     for lin in linears:
-        by_shape.setdefault(shape_key(lin), []).append(lin)
+        by_shape.setdefault(lin.key, []).append(lin)
     keep = {id(group[round(i * (len(group) - 1) / max(1, per_shape - 1))])
             for group in by_shape.values() for i in range(min(per_shape, len(group)))}  # fmt: skip
     return [lin for lin in linears if id(lin) in keep]
@@ -101,13 +101,13 @@ def measure(linears: list[Linear], repeats: int = REPEATS, clock=time.perf_count
     infinitely slow. Inputs are random: a product's time does not depend on them.
     """
     rng = np.random.default_rng(0)
-    keys = [shape_key(lin) for lin in linears]
+    keys = [lin.key for lin in linears]
     plan: dict[str, list[str]] = {key: [] for key in keys}
     for m in M_BUCKETS:
         ways = candidates(m)
         if len(ways) == 1:
-            for key in plan:
-                plan[key].append(ways[0])
+            for rows in plan.values():
+                rows.append(ways[0])
             continue
         inputs = {lin.w_t.shape[1]: rng.standard_normal((m, lin.w_t.shape[1])).astype(lin.w_t.dtype) for lin in linears}
         times = {(key, way): [] for key in plan for way in ways}
@@ -127,8 +127,8 @@ def measure(linears: list[Linear], repeats: int = REPEATS, clock=time.perf_count
                     fastest = min(fastest, clock() - started)
                     for key in plan:
                         times[key, way].append(sweep[key])
-        for key in plan:
-            plan[key].append(min(ways, key=lambda way: float(np.median(times[key, way]))))
+        for key, rows in plan.items():
+            rows.append(min(ways, key=lambda way: float(np.median(times[key, way]))))
     return plan
 
 
@@ -143,44 +143,47 @@ def confirm(model, linears: list[Linear], plan: dict[str, list[str]], repeats: i
 
     For each bucket m, runs of RUN passes over m new tokens after `context` cached
     ones (as decoding makes them: one pass after another of the same size) with
-    either plan, interleaved; the faster median run wins the bucket.
+    either plan in kernels.PLANS, interleaved; the faster median run wins the
+    bucket. PLANS is as it was afterwards, even when a pass fails.
     """
-    keys = [shape_key(lin) for lin in linears]
-    default = {key: rules(lin) for key, lin in zip(keys, linears)}
+    default = {lin.key: rules(lin) for lin in linears}
+    kept = {key: list(rows) for key, rows in default.items()}
     context = min(CONTEXT, model.n_ctx // 2)
-    kept = {key: list(default[key]) for key in keys}
     if context < 1:
         return kept  # no room for a pass after a context: the rules
+    sides = {"openblas": {key: tuple(plan[key]) for key in default},
+             "workers": {key: tuple(default[key]) for key in default}}  # fmt: skip
+    before = dict(kernels.PLANS)
     try:
-        return confirm_buckets(model, linears, keys, plan, default, kept, context, repeats, clock)
+        cache = model.new_cache()
+        model.forward(np.arange(1, context + 1) % model.n_vocab, cache)
+        for i, m in enumerate(M_BUCKETS):
+            if context + m > model.n_ctx or all(plan[key][i] == default[key][i] for key in default):
+                continue  # no room in a toy's context, or nothing to decide
+            times: dict[str, list[float]] = {side: [] for side in sides}
+            for repeat in range(repeats):
+                for side in list(sides) if repeat % 2 == 0 else list(sides)[::-1]:
+                    kernels.PLANS.update(sides[side])
+                    times[side].append(time_run(model, cache, context, m, 1 + repeat % 7, clock))
+            if np.median(times["openblas"]) < np.median(times["workers"]):
+                for key in default:
+                    kept[key][i] = plan[key][i]
     finally:
-        for lin in linears:
-            lin.plan = None
-
-
-def confirm_buckets(model, linears, keys, plan, default, kept, context, repeats, clock) -> dict[str, list[str]]:
-    """`confirm`'s timing, bucket by bucket (it leaves plans on the matrices; confirm takes them off)."""
-    cache = model.new_cache()
-    model.forward(np.arange(1, context + 1) % model.n_vocab, cache)
-    for i, m in enumerate(M_BUCKETS):
-        if context + m > model.n_ctx or all(plan[key][i] == default[key][i] for key in keys):
-            continue  # no room in a toy's context, or nothing to decide
-        times: dict[str, list[float]] = {"blas": [], "rules": []}
-        for repeat in range(repeats):
-            for side in ("blas", "rules") if repeat % 2 == 0 else ("rules", "blas"):
-                for key, lin in zip(keys, linears):
-                    lin.plan = tuple((plan if side == "blas" else default)[key])
-                model.forward(np.full(m, 1), cache)  # a pass before the run, so its threads are as decoding finds them
-                cache.rollback(context)
-                start = clock()
-                for _ in range(RUN):
-                    model.forward(np.full(m, 1 + repeat % 7), cache)
-                    cache.rollback(context)
-                times[side].append(clock() - start)
-        if np.median(times["blas"]) < np.median(times["rules"]):
-            for key in keys:
-                kept[key][i] = plan[key][i]
+        kernels.PLANS.clear()
+        kernels.PLANS.update(before)
     return kept
+
+
+def time_run(model, cache, context: int, m: int, token: int, clock) -> float:
+    """Seconds for RUN passes over m new tokens after `context` cached ones, after one untimed pass (so the
+    threads are as decoding finds them); the cache is rolled back after each."""
+    model.forward(np.full(m, token), cache)
+    cache.rollback(context)
+    start = clock()
+    for _ in range(RUN):
+        model.forward(np.full(m, token), cache)
+        cache.rollback(context)
+    return clock() - start
 
 
 def machine() -> dict:
@@ -260,7 +263,7 @@ def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[st
         return {}
     path = None if folder is None else plan_file(folder)
     known = {} if path is None else read_plan(path)  # other models' shapes stay in the file
-    if mode == "measure" or any(shape_key(lin) not in known for lin in linears):
+    if mode == "measure" or any(lin.key not in known for lin in linears):
         if say is not None:
             where = "" if path is None else f"; kept in {path}"
             say(f"{getattr(model, 'name', 'model')}: timing this machine's matrix products (once: 10-20 s for a 135M model on 2 cores, longer for larger ones{where})")

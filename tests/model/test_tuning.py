@@ -45,10 +45,10 @@ def test_every_path_gives_the_same_product(monkeypatch, n_seq):
 
 def test_a_plan_maps_each_pass_length_to_its_bucket():
     lin = Linear(np.ones((64, 8), np.float32), None)
-    lin.plan = tuple(f"p{m}" for m in M_BUCKETS)
+    kernels.PLANS[lin.key] = tuple(f"p{m}" for m in M_BUCKETS)
     assert [lin.path(n) for n in (1, 2, 4, 5, 8, 16, 17, 64, 65, 512)] == [
         "p1", "p2", "p3", "p5", "p5", "p9", "p17", "p33", "p65", "p65"]  # fmt: skip
-    lin.plan = None
+    del kernels.PLANS[lin.key]
     assert lin.path(1) == kernels.default_path(1, len(lin.parts))
 
 
@@ -80,7 +80,7 @@ def test_measure_picks_openblas_s_faster_way_per_bucket_and_gives_up_on_a_stalli
     linears = tuning.linears_of(model.weights)
     plan = tuning.measure(linears, repeats=3, clock=lambda: now[0])
     expected = ["gemvs" if m in (2, 3) else "blas" for m in M_BUCKETS]
-    assert plan == {tuning.shape_key(lin): expected for lin in linears}
+    assert plan == {lin.key: expected for lin in linears}
     n = len(linears)
     # Buckets 2..MAX_GEMVS (2, 3, 5, 9) are timed, 3 sweeps a way. At 2 and 3, only the first blas sweep
     # (nothing faster known yet) goes through: the other two stop after one product.
@@ -93,7 +93,7 @@ def test_measure_picks_openblas_s_faster_way_per_bucket_and_gives_up_on_a_stalli
 def test_the_plan_file_is_written_then_trusted_only_after_its_checks(monkeypatch, tmp_path):
     model = split_llama(monkeypatch)
     measured = []
-    fake = {k: ["one"] * len(M_BUCKETS) for k in {tuning.shape_key(lin) for lin in tuning.linears_of(model.weights)}}
+    fake = {k: ["one"] * len(M_BUCKETS) for k in {lin.key for lin in tuning.linears_of(model.weights)}}
 
     def fake_measure(linears, repeats=tuning.REPEATS, clock=None):
         measured.append(len(linears))
@@ -165,7 +165,7 @@ def test_whole_passes_decide_between_openblas_s_plan_and_the_rules(monkeypatch):
     monkeypatch.setattr(model, "forward", fake_forward)
     monkeypatch.setattr(model, "new_cache", Cache)
     blas = ["gemvs" if m in (2, 3) else "blas" for m in M_BUCKETS]
-    measured = {tuning.shape_key(lin): blas for lin in linears}
+    measured = {lin.key: blas for lin in linears}
     kept = tuning.confirm(model, linears, measured, repeats=3, clock=lambda: now[0])
     rules = [kernels.default_path(m, 2) for m in M_BUCKETS]  # workers up to MAX_SPLIT_ROWS, then blas
     fits = [tuning.CONTEXT + m <= model.n_ctx for m in M_BUCKETS]  # 33 and 65 new tokens do not fit this toy
@@ -173,7 +173,7 @@ def test_whole_passes_decide_between_openblas_s_plan_and_the_rules(monkeypatch):
     assert kept == {key: expected for key in measured}
     assert expected[:4] == ["blas", "gemvs", "gemvs", "workers"]
     assert passes[0] == tuning.CONTEXT and max(passes[1:]) <= model.n_ctx - tuning.CONTEXT
-    assert all(lin.plan is None for lin in linears), "confirm leaves no plan behind"
+    assert kernels.PLANS == {}, "confirm leaves no plan behind"
 
 
 @needs_blas
@@ -218,9 +218,10 @@ def test_confirm_takes_its_plans_off_the_matrices_even_when_a_pass_fails(monkeyp
 
     monkeypatch.setattr(model, "forward", failing_forward)
     measured = {lin.key: ["blas"] * len(M_BUCKETS) for lin in linears}
+    kernels.PLANS["another model's shape"] = ("one",) * len(M_BUCKETS)
     with pytest.raises(KeyboardInterrupt):
         tuning.confirm(model, linears, measured)
-    assert all(lin.plan is None for lin in linears)
+    assert kernels.PLANS == {"another model's shape": ("one",) * len(M_BUCKETS)}, "PLANS as it was before"
 
 
 @needs_blas
