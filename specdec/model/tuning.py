@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import OPENBLAS_SPIN
 from . import kernels, threads
 from .kernels import M_BUCKETS, PATHS, Linear
 
@@ -187,7 +188,9 @@ def time_run(model, cache, context: int, m: int, token: int, clock) -> float:
 
 
 def machine() -> dict:
-    """What a plan depends on besides the shapes: the CPU, the cores specdec uses, NumPy, OpenBLAS."""
+    """What a plan depends on besides the shapes: the CPU, the cores specdec uses, NumPy, OpenBLAS and how
+    long its idle threads spin (OPENBLAS_SPIN: a product's time after a product of the other kind of
+    thread depends on it)."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -197,7 +200,7 @@ def machine() -> dict:
     blas = threads.BLAS
     return {"cpu": cpu, "cpus": threads.usable_cpus(), "split_parts": kernels.SPLIT_PARTS,
             "blas_threads": threads.BLAS_THREADS, "numpy": np.__version__,
-            "openblas": None if blas is None else f"{blas.name} {blas.core}"}  # fmt: skip
+            "openblas": None if blas is None else f"{blas.name} {blas.core}", "openblas_spin": OPENBLAS_SPIN}  # fmt: skip
 
 
 def plan_file(folder: str | os.PathLike) -> Path:

@@ -2,6 +2,9 @@
 file is trusted only after it is checked (specdec/model/tuning.py)."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -280,3 +283,17 @@ def test_a_tuned_model_gives_the_logits_of_an_untuned_one(monkeypatch, tmp_path)
         logits = np.concatenate([model.forward(tokens[:20], cache), model.forward(tokens[20:25], cache),
                                  model.forward(tokens[25:], cache)])  # fmt: skip
         np.testing.assert_allclose(logits, reference, atol=1e-5, err_msg=path)
+
+
+def test_a_plan_is_kept_for_the_openblas_spin_setting_it_was_measured_under(monkeypatch, tmp_path):
+    path = tuning.plan_file(tmp_path)
+    monkeypatch.setattr(tuning, "OPENBLAS_SPIN", tuning.OPENBLAS_SPIN + "0")
+    assert tuning.plan_file(tmp_path) != path, "another spin setting gets a plan file of its own"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    read = []
+    for first, extra in [("pass", {}), ("import numpy", {}), ("pass", {"OPENBLAS_THREAD_TIMEOUT": "7"}),
+                         ("import numpy", {"OPENBLAS_THREAD_TIMEOUT": "7"})]:  # fmt: skip
+        code = f"{first}; import specdec; print(specdec.OPENBLAS_SPIN)"
+        run = subprocess.run([sys.executable, "-c", code], env=env | extra, capture_output=True, text=True, check=True)
+        read.append(run.stdout.strip())
+    assert read == ["4", "default", "7", "7"], "specdec's setting, OpenBLAS's default (NumPy loaded first), the user's"
