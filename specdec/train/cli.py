@@ -59,6 +59,8 @@ def main(argv=None) -> int:
     parser.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (default 100)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.*")
+    parser.add_argument("--init", metavar="DIR", help="with --data: start from the weights of an earlier run of the "
+                        "same kind (its --out folder), e.g. to go on training on data that has grown")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     flags.refuse_ignored(parser, args, [("heads", args.kind != "medusa", "only applies to medusa: EAGLE trains one "
@@ -73,7 +75,7 @@ def main(argv=None) -> int:
     if args.kind not in ("medusa", "eagle"):
         parser.error(f"{args.kind} heads train on distillation shards: give --data DIR")
     flags.refuse_ignored(parser, args, [(name, True, "only applies with --data DIR") for name in
-                                        ("epochs", "batch_tokens", "held_out", "max_rows", "block", "states_cache")])  # fmt: skip
+                                        ("epochs", "batch_tokens", "held_out", "max_rows", "block", "states_cache", "init")])  # fmt: skip
     try:
         from ..checkpoints.load import load_model
 
@@ -124,7 +126,7 @@ def data_train_main(parser, args) -> int:
         train_from_data(
             args.kind, target, args.data, args.out, vocab_top=args.vocab_top, epochs=args.epochs, steps=args.steps,
             batch_tokens=args.batch_tokens, lr=args.lr or 1e-3, held_out=args.held_out, max_rows=args.max_rows,
-            seed=args.seed, resume=args.resume, save_every=args.save_every, progress=not args.quiet,
+            seed=args.seed, resume=args.resume, init=args.init, save_every=args.save_every, progress=not args.quiet,
             command=command_line(), states_cache=args.states_cache,
             options={"block": args.block or "gpt2", "layers": args.layers, "n_ff": args.n_ff, "loss": args.loss},
         )  # fmt: skip

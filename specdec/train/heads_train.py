@@ -50,7 +50,7 @@ from ..model.base import CausalLM
 from .distill import DistillData, load_distill_data
 from .draft_model import DraftKind
 from .eagle_llama import LlamaEagleKind
-from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, take_step
+from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, read_init, take_step
 from .optim import AdamW
 from .states import row_states
 
@@ -304,6 +304,7 @@ def train_from_data(
     max_rows: int | None = None,
     seed: int = 0,
     resume: bool = False,
+    init: str | Path | None = None,
     save_every: int = 100,
     options: dict | None = None,
     progress: bool = True,
@@ -312,7 +313,11 @@ def train_from_data(
     states_cache: str | Path | None = None,
 ) -> dict:
     """Train a head of kind `kind_name` on the distillation data in data_dir; write it into out. Returns its config.
-    states_cache: a folder keeping the target's hidden states between runs (row_states)."""
+    states_cache: a folder keeping the target's hidden states between runs (row_states).
+    init: the --out folder of an earlier run of the same kind: start from its last checkpoint's weights (with a
+    fresh optimizer and schedule), for instance to go on training on data that has grown since."""
+    if init is not None and resume:
+        raise ValueError("--init starts a new run from another run's weights, --resume continues this one: not both")
     kind = head_kind(kind_name, options or {})
     if not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
         raise ValueError(f"--epochs must be a number > 0, got {epochs!r}")
@@ -352,6 +357,7 @@ def train_from_data(
             "config": config,
         }  # fmt: skip
         saved = read_checkpoint(out, settings, shapes, steps) if resume else None
+        start_from = read_init(Path(init).expanduser(), settings, shapes) if init is not None else None
 
         t0 = time.perf_counter()
         states = row_states(target, data, train_rows + eval_rows, kind.layers(target), progress,
@@ -368,6 +374,17 @@ def train_from_data(
                 w[...] = tensors[name]
             opt.load_state(tensors, adam_t)
             log(f"resuming from step {start} of {steps}")
+        init_card = None
+        if start_from is not None:
+            record, tensors = start_from
+            for name, w in opt.params.items():
+                w[...] = tensors[name]
+            init_card = {"folder": str(Path(init).name), "step": record["step"], "rows": record.get("rows"),
+                         "weights_sha256": record.get("weights_sha256"),
+                         "top1_top5": held_out_accuracy(kind, params, target, config, vocab, data, eval_rows, states,
+                                                        batch_tokens)}  # fmt: skip
+            log(f"starting from {init} (step {record['step']}, {record.get('rows')} rows): held-out top-1 "
+                f"{init_card['top1_top5']['top1']:.3f}")  # fmt: skip
         before = held_out_accuracy(kind, initial, target, config, vocab, data, eval_rows, states, batch_tokens)
 
         t1 = time.perf_counter()
@@ -407,6 +424,8 @@ def train_from_data(
             "held_out": {"untrained": before, "trained": after},
             "command": command,
         }
+        if init_card is not None:
+            card["init"] = init_card
         if hasattr(kind, "save"):
             kind.save(out, target, params, card, vocab)
         else:

@@ -351,16 +351,43 @@ def read_checkpoint(
     if steps is not None and saved["step"] > steps:
         raise ValueError(f"--resume: the checkpoint in {out} is at step {saved['step']}, past --steps {steps}; "
                          f"use --steps {saved['step']} or more")  # fmt: skip
+    expected = {**shapes, **{f"adam.{m}.{k}": shape for k, shape in shapes.items() for m in "mv"}}
+    return saved["step"], saved["adam_t"], _checked_tensors("--resume", out, saved, expected, fix)
+
+
+def read_init(folder: Path, settings: dict, shapes: dict[str, tuple[int, ...]]) -> tuple[dict, dict[str, np.ndarray]]:
+    """(the checkpoint's record, its parameters) of the last checkpoint of a training run in `folder`, for
+    --init: a run that starts from those weights (on more data, say). It must be the same kind of head for
+    the same model, with the same shape and the same held-out share (so that no request held out here was
+    trained on there); every part is checked, ValueError naming the file otherwise."""
+    path = folder / CHECKPOINT_FILE
+    fix = "give the --out folder of a finished or checkpointed training run"
+    if not path.is_file():
+        raise ValueError(f"--init: no checkpoint in {folder} ({CHECKPOINT_FILE}); {fix}")
     try:
-        weights = weights_named(out, saved, CHECKPOINT_STEM)
+        saved = read_json(path)
+    except ValueError as e:
+        raise ValueError(f"--init: {path}: {e}; {fix}") from e
+    differ = [k for k in ("kind", "model_fingerprint", "config", "held_out") if saved.get(k) != settings.get(k)]
+    if differ:
+        raise ValueError(f"--init: the run in {folder} differs from this one in {', '.join(differ)}; start from a "
+                         f"head of the same kind, block and model, trained with the same --held-out")  # fmt: skip
+    if type(saved.get("step")) is not int or saved["step"] < 1:
+        raise ValueError(f"--init: {path}: 'step' is {show(saved.get('step'))}, not a whole number >= 1; {fix}")
+    return saved, _checked_tensors("--init", folder, saved, shapes, fix)
+
+
+def _checked_tensors(flag: str, folder: Path, saved: dict, expected: dict[str, tuple[int, ...]], fix: str) -> dict:
+    """A checkpoint's tensors, after its sha256 (weights_named) and every expected tensor's shape and values."""
+    try:
+        weights = weights_named(folder, saved, CHECKPOINT_STEM)
         tensors = read_safetensors(weights)
     except (ValueError, OSError) as e:  # (CheckpointError is a ValueError)
-        raise ValueError(f"--resume: {path}: {e}; {fix}") from e
-    expected = {**shapes, **{f"adam.{m}.{k}": shape for k, shape in shapes.items() for m in "mv"}}
+        raise ValueError(f"{flag}: {folder / CHECKPOINT_FILE}: {e}; {fix}") from e
     for name, shape in expected.items():
         if name not in tensors or tensors[name].shape != shape:
             have = "missing" if name not in tensors else f"of shape {tensors[name].shape}, not {shape}"
-            raise ValueError(f"--resume: {weights}: tensor {name!r} is {have}; {fix}")
+            raise ValueError(f"{flag}: {weights}: tensor {name!r} is {have}; {fix}")
         if not np.isfinite(tensors[name]).all():
-            raise ValueError(f"--resume: {weights}: tensor {name!r} holds NaN or infinite values; {fix}")
-    return saved["step"], saved["adam_t"], tensors
+            raise ValueError(f"{flag}: {weights}: tensor {name!r} holds NaN or infinite values; {fix}")
+    return tensors

@@ -59,6 +59,9 @@ def card_text(kind: str, target: CausalLM, config: dict, size: int) -> str:
     """The head's card in words: what it is, its data, its training, its held-out figures, the command."""
     d, h = config.get("data", {}), config.get("held_out", {})
     after, before = h.get("trained", {}), h.get("untrained", {})
+    init = config.get("init")  # a run that started from another run's weights (--init)
+    started = [f"started from: {init['folder']} (step {init['step']}, {init['rows']} rows; held-out top-1 "
+               f"{init['top1_top5']['top1']:.3f})"] if init else []  # fmt: skip
     lines = [
         f"{kind} head for {target.name}" + (f", {config['block']} block" if "block" in config else "")
         + f" (float16, {size / 2**20:.1f} MiB; computed in float32)",
@@ -72,6 +75,7 @@ def card_text(kind: str, target: CausalLM, config: dict, size: int) -> str:
         f"training: {config.get('steps')} steps, {config.get('epochs')} epochs, {config.get('batch_tokens')} "
         f"positions per step, AdamW lr {config.get('lr')}, seed {config.get('seed')}, "
         f"{config.get('train_seconds')} s",
+        *started,
         f"held-out teacher-forced top-1: {before.get('top1', float('nan')):.3f} untrained -> "
         f"{after.get('top1', float('nan')):.3f} trained; top-5 {after.get('top5', float('nan')):.3f}",
         f"command: {config.get('command')}",

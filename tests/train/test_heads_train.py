@@ -4,6 +4,8 @@ finite differences, and a whole run whose head loads, drafts, and leaves greedy 
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -170,6 +172,52 @@ def test_a_trained_head_loads_drafts_and_keeps_greedy_output(shards, tmp_path, c
     assert not (tmp_path / "big").exists() and not list(tmp_path.glob(".big.*"))  # nothing left half-made
 
 
+def test_init_starts_a_run_from_an_earlier_runs_weights_and_refuses_another_kind_of_run(shards, tmp_path, capsys,
+                                                                                         monkeypatch):  # fmt: skip
+    import json
+
+    import specdec.checkpoints.load as load
+
+    model, folder = shards
+    monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)
+    base = ["eagle", "--model", "tiny", "--data", str(folder), "--vocab-top", "100", "--batch-tokens", "256",
+            "--held-out", "0.3", "--quiet"]  # fmt: skip
+    first, second, fresh = tmp_path / "first", tmp_path / "second", tmp_path / "fresh"
+    assert main([*base, "--out", str(first), "--steps", "4", "--lr", "3e-3"]) == 0
+    # A near-zero learning rate: a run started from `first` ends where `first` ended, a fresh one does not.
+    assert main([*base, "--out", str(second), "--steps", "1", "--lr", "1e-12", "--init", str(first)]) == 0
+    assert main([*base, "--out", str(fresh), "--steps", "1", "--lr", "1e-12"]) == 0
+    weights = {run: load_heads(run, "eagle", model, eagle.param_shapes)[1]["fc.weight"] for run in (first, second, fresh)}
+    np.testing.assert_allclose(weights[second], weights[first], atol=1e-6)
+    assert np.abs(weights[fresh] - weights[first]).max() > 1e-3
+    card = json.loads((second / "heads.json").read_text())
+    assert card["init"]["folder"] == "first" and card["init"]["step"] == 4
+    assert card["init"]["top1_top5"]["top1"] == pytest.approx(card["held_out"]["trained"]["top1"], abs=1e-6)
+    assert card["held_out"]["untrained"]["top1"] < card["init"]["top1_top5"]["top1"], "untrained means untrained"
+    assert main(["ship", "--model", "tiny", "--head", str(second), "--out", str(tmp_path / "shipped")]) == 0
+    assert "started from: first (step 4" in (tmp_path / "shipped" / "CARD.txt").read_text()
+
+    capsys.readouterr()
+    (tmp_path / "empty").mkdir()
+    damaged = tmp_path / "damaged"
+    shutil.copytree(first, damaged)
+    weights_file = next(damaged.glob("checkpoint-*.safetensors"))
+    weights_file.write_bytes(weights_file.read_bytes()[:-8] + bytes(8))
+    for extra, message in (
+        (["--init", str(tmp_path / "empty")], "no checkpoint in"),
+        (["--init", str(first), "--held-out", "0.2"], "differs from this one in held_out"),
+        (["--init", str(first), "--block", "llama"], "differs from this one in"),
+        (["--init", str(damaged)], "sha256"),
+        (["--init", str(first), "--resume"], "not both"),
+    ):
+        out = tmp_path / f"refused-{len(list(tmp_path.iterdir()))}"
+        args = [*base, *extra] if "--held-out" not in extra else [*base[:-3], *extra, "--quiet"]
+        assert main([*args, "--out", str(out), "--steps", "1"]) == 2, extra
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+        assert not list(out.glob("heads*")), "nothing trained"
+
+
 def test_cli_refuses_mixed_or_wrong_flags_in_one_line(shards, tmp_path, capsys):
     model, folder = shards
     for bad, message in (
@@ -183,6 +231,7 @@ def test_cli_refuses_mixed_or_wrong_flags_in_one_line(shards, tmp_path, capsys):
         (["draft", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--block", "llama"], "only applies to eagle"),
         (["draft", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--layers", "0,a"], "separated by commas"),
         (["draft", "--model", "x", "--out", str(tmp_path), "--tokens", "5"], "train on distillation shards"),
+        (["eagle", "--model", "x", "--out", str(tmp_path), "--tokens", "5", "--init", "x"], "only applies with --data"),
     ):  # fmt: skip
         with pytest.raises(SystemExit) as e:
             main(bad)
