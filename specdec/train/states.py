@@ -34,6 +34,8 @@ def row_states(target: CausalLM, data: DistillData, rows: list[int], layers: lis
     (states_file), so that a second head, or a run with other settings, does not pay the
     teacher-forced pass again. A cached file is used only when its sha256 matches its record and
     the record names this model, these rows' shards and this layer; otherwise it is made again.
+    When the data has grown since (shards are only ever appended), the cached states of the rows
+    it had are read and only the new rows are computed.
     """
     if not layers:  # a kind that reads no states (the draft model): empty arrays, no target pass
         return {r: np.zeros((0, len(data.prompts[r]) + len(data.replies[r]) - 1, target.n_embd), F16) for r in rows}
@@ -42,6 +44,13 @@ def row_states(target: CausalLM, data: DistillData, rows: list[int], layers: lis
     missing = [layer for layer in layers if held[layer] is None]
     if missing:
         todo = list(range(n_rows)) if cache else rows
+        reused: dict[int, dict] = {layer: {} for layer in missing}  # rows read from an earlier, smaller cache
+        if cache:
+            earlier = {layer: _read_prefix(cache, target, data, n_rows, layer) for layer in missing}
+            if all(earlier.values()):
+                n_held = min(len(states) for states in earlier.values())
+                reused = {layer: {r: states[r] for r in range(n_held)} for layer, states in earlier.items()}
+                todo = list(range(n_held, n_rows))
         order = sorted(todo, key=lambda r: len(data.prompts[r]) + len(data.replies[r]))  # little padding per pass
         fresh: dict[int, np.ndarray] = {}
         bar = tqdm(total=len(order), desc="hidden states", unit="row", disable=not progress)
@@ -50,7 +59,7 @@ def row_states(target: CausalLM, data: DistillData, rows: list[int], layers: lis
             bar.update(1)
         bar.close()
         for i, layer in enumerate(missing):
-            held[layer] = {r: fresh[r][i] for r in fresh}
+            held[layer] = {**reused[layer], **{r: fresh[r][i] for r in fresh}}
             if cache:
                 _write_states(cache, target, data, n_rows, layer, held[layer])
     return {r: np.stack([held[layer][r] for layer in layers]) for r in rows}
@@ -71,6 +80,20 @@ def _write_states(cache: Path, target, data, n_rows: int, layer: int, states: di
     write_atomically(cache / f"{stem}.npy", lambda f: np.save(f, flat, allow_pickle=False))
     record.update(shape=list(flat.shape), sha256=sha256_of(cache / f"{stem}.npy"))
     write_atomically(cache / f"{stem}.json", lambda f: f.write(json.dumps(record).encode()))
+
+
+def _read_prefix(cache: Path, target, data, n_rows: int, layer: int) -> dict | None:
+    """The largest trusted cache of this layer's states for fewer rows of the same data (the shards it
+    read are this data's first shards, unchanged), or None."""
+    best: dict | None = None
+    for path in cache.glob(f"states-L{layer}-*.json"):
+        try:
+            rows = json.loads(path.read_text()).get("rows")
+        except (OSError, ValueError, RecursionError):
+            continue
+        if type(rows) is int and 0 < rows < n_rows and (best is None or rows > len(best)):
+            best = _read_states(cache, target, data, rows, layer) or best  # checked in full there
+    return best
 
 
 def _read_states(cache: Path, target, data, n_rows: int, layer: int) -> dict | None:

@@ -96,6 +96,38 @@ def test_cached_states_are_the_computed_ones_and_a_tampered_cache_is_made_again(
         np.testing.assert_allclose(redone[r], fresh[r], rtol=4e-3, atol=4e-3)
 
 
+def test_when_the_data_grows_only_the_new_rows_states_are_computed(shards, tmp_path, monkeypatch):
+    from specdec.train import states as states_module
+
+    model, folder = shards
+    data = load_distill_data(folder, model)
+    n, layers = len(data.replies), [1, model.hparams.n_layer]
+    computed: list[int] = []
+
+    def counting(target, data, layers, rows, batch=8):
+        computed.extend(rows)
+        yield from hidden_states(target, data, layers, rows, batch)
+
+    monkeypatch.setattr(states_module, "hidden_states", counting)
+    first = ht.row_states(model, data, list(range(n // 2)), layers, progress=False, cache=tmp_path)  # a smaller run
+    computed.clear()
+    grown = ht.row_states(model, data, list(range(n)), layers, progress=False, cache=tmp_path)
+    assert sorted(computed) == list(range(n // 2, n)), "the rows the earlier cache held are read, not computed"
+    for r in range(n // 2):
+        np.testing.assert_array_equal(grown[r], first[r])
+    fresh = ht.row_states(model, data, list(range(n)), layers, progress=False)
+    for r in range(n):
+        np.testing.assert_allclose(grown[r], fresh[r], rtol=4e-3, atol=4e-3)
+
+    computed.clear()
+    for path in tmp_path.glob("states-*.npy"):
+        flat = np.load(path)
+        flat[0, 0] += 1
+        np.save(path, flat)
+    ht.row_states(model, data, list(range(n)), layers, progress=False, cache=tmp_path)
+    assert sorted(computed) == list(range(n)), "a cache whose sha256 no longer matches is made again, all of it"
+
+
 def test_the_masked_eagle_loss_has_the_gradient_of_finite_differences(shards):
     model, folder = shards
     data = load_distill_data(folder, model)
