@@ -35,6 +35,7 @@ from .. import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
 from ..checkpoints.settings import default_models_dir
+from ..drafters.specs import parse_draft
 from ..model import tuning
 from ..model.kernels import Linear
 from ..model.shapes import random_model
@@ -113,7 +114,8 @@ def main(argv=None) -> dict:
     p = flags.Parser(prog="python -m specdec.bench --only real", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2-135m", help="a model name, folder or GGUF file (default %(default)s)")
     p.add_argument("--drafts", "--draft", default="ngram,early_exit:8,early_exit:15,early_exit:22,early_exit:29",
-                   help="comma-separated drafters (default %(default)s)")  # fmt: skip
+                   help="comma-separated drafters: ngram, early_exit:L, eagle, heads by folder, draft models by "
+                   "name (default %(default)s)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=15, help="interleaved repeats per pass (default %(default)s)")
     p.add_argument("--exit-layers", "--exit_layers", default="4,8,12,16,20,24,26,28,29",
                    help="early-exit layers whose greedy agreement to measure ('' for none; default %(default)s)")  # fmt: skip
@@ -151,7 +153,8 @@ def main(argv=None) -> dict:
     costs = {}
     for spec in args.drafts.split(","):
         progress(f"c of drafter {spec}")
-        c = measure_costs(target, spec, prompt, m_max=2, repeats=args.repeats)
+        drafter = load_model(spec) if parse_draft(spec).kind == "model" else spec  # a draft model by its name
+        c = measure_costs(target, drafter, prompt, m_max=2, repeats=args.repeats)
         costs[spec] = {"c": c.c, "draft_step_ms": 1e3 * c.draft_step, "target_step_ms": 1e3 * c.target_step}
         print(f"| {spec} | {c.c:.3f} | {1e3 * c.draft_step:.2f} |")
     layers = [int(x) for x in args.exit_layers.split(",") if x.strip()]

@@ -152,6 +152,20 @@ def test_exit_agreement_counts_the_full_models_greedy_tokens():
     assert 0.0 <= agreement[2] <= 1.0
 
 
+def test_bench_real_prices_a_draft_model_named_like_the_built_in_drafters(capsys, monkeypatch):
+    """`--only real --drafts stdlib-2L,ngram`: a draft model by its name gets its c beside prompt lookup's."""
+    from specdec.bench import real
+    from specdec.checkpoints.load import load_model
+
+    monkeypatch.setattr(real, "random_model", lambda name: load_model("stdlib-2L"))
+    monkeypatch.setattr(real, "CONTEXT", 16)
+    result = real.main(["--target", "stdlib-6L", "--drafts", "stdlib-2L,ngram", "--repeats", "1", "--exit-layers", "",
+                        "--quiet"])  # fmt: skip
+    assert set(result["costs"]) == {"stdlib-2L", "ngram"}
+    assert result["costs"]["stdlib-2L"]["c"] > result["costs"]["ngram"]["c"] > 0  # two of six blocks, not a lookup
+    assert "| stdlib-2L |" in capsys.readouterr().out
+
+
 def test_the_batch_section_runs_on_a_tiny_model(capsys, tmp_path):
     """`python -m specdec.bench --only batch`, smoke-sized: one table row per batch size, tokens identical,
     and the JSON with each batch size's pass curve."""
