@@ -344,6 +344,17 @@ def train_from_data(
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder (it is made if missing)")
+    settings = {
+        "kind": kind.name, "model_fingerprint": model_fingerprint(target), "data": str(Path(data_dir).resolve()),
+        "rows": n_rows, "vocab_top": vocab_top, "batch_tokens": batch_tokens, "seed": seed, "held_out": held_out,
+        "config": config,
+    }  # fmt: skip
+    start_from = None
+    if init is not None:  # checked before --out is made: a refused --init leaves nothing behind
+        if Path(init).expanduser().resolve() == out.resolve():
+            raise ValueError(f"--init {init} is the --out folder itself, whose checkpoint this run would overwrite; "
+                             f"give the new run another --out")  # fmt: skip
+        start_from = read_init(Path(init).expanduser(), settings, shapes)
     out.mkdir(parents=True, exist_ok=True)
     with locks.exclusive(out / LOCK_FILE, wait=False) as held:
         if not held:
@@ -351,13 +362,7 @@ def train_from_data(
                              f"wait for it to end, or choose another --out")  # fmt: skip
         batches_per_epoch = len(row_batches(data, train_rows, batch_tokens, None))
         steps = steps if steps is not None else max(1, round(epochs * batches_per_epoch))
-        settings = {
-            "kind": kind.name, "model_fingerprint": model_fingerprint(target), "data": str(Path(data_dir).resolve()),
-            "rows": n_rows, "vocab_top": vocab_top, "batch_tokens": batch_tokens, "seed": seed, "held_out": held_out,
-            "config": config,
-        }  # fmt: skip
         saved = read_checkpoint(out, settings, shapes, steps) if resume else None
-        start_from = read_init(Path(init).expanduser(), settings, shapes) if init is not None else None
 
         t0 = time.perf_counter()
         states = row_states(target, data, train_rows + eval_rows, kind.layers(target), progress,

@@ -247,7 +247,12 @@ def test_init_starts_a_run_from_an_earlier_runs_weights_and_refuses_another_kind
         assert main([*args, "--out", str(out), "--steps", "1"]) == 2, extra
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
-        assert not list(out.glob("heads*")), "nothing trained"
+        assert not out.exists(), "a refused --init leaves no --out folder behind"
+    before = sorted(p.name for p in first.iterdir())
+    assert main([*base, "--out", str(first), "--steps", "1", "--init", str(first / ".")]) == 2  # the same folder
+    err = capsys.readouterr().err
+    assert "is the --out folder itself" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in first.iterdir()) == before, "the earlier run's checkpoint is left as it was"
 
 
 def test_cli_refuses_mixed_or_wrong_flags_in_one_line(shards, tmp_path, capsys):
