@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 
 import numpy as np
 
 from .. import flags
 from ..autoregressive import autoregressive_sample
+from ..checkpoints.download import DownloadError
 from ..checkpoints.load import load_model
 from ..checkpoints.settings import default_models_dir
+from ..drafters import make_drafter
 from ..drafters.specs import parse_draft
 from ..model import tuning
 from ..model.kernels import Linear
@@ -122,7 +125,15 @@ def main(argv=None) -> dict:
     add_quiet(p)
     args = p.parse_args(argv)
     progress = Progress("real", args.quiet)
-    target = load_model(args.target)
+    try:  # every model and drafter is found and checked before minutes of timing
+        target = load_model(args.target)
+        drafters = {spec: load_model(spec) if parse_draft(spec).kind == "model" else spec
+                    for spec in args.drafts.split(",")}  # fmt: skip
+        for drafter in drafters.values():
+            make_drafter(drafter, target)
+    except (ValueError, OSError, DownloadError) as e:  # (CheckpointError is a ValueError)
+        print(f"python -m specdec.bench: error: {e}", file=sys.stderr)
+        sys.exit(2)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"target {target!r}; load average {load:.2f} at the start")
 
@@ -151,9 +162,8 @@ def main(argv=None) -> dict:
     print("\n| drafter | c = draft step / target step | draft step ms |")
     print("|---|---|---|")
     costs = {}
-    for spec in args.drafts.split(","):
+    for spec, drafter in drafters.items():
         progress(f"c of drafter {spec}")
-        drafter = load_model(spec) if parse_draft(spec).kind == "model" else spec  # a draft model by its name
         c = measure_costs(target, drafter, prompt, m_max=2, repeats=args.repeats)
         costs[spec] = {"c": c.c, "draft_step_ms": 1e3 * c.draft_step, "target_step_ms": 1e3 * c.target_step}
         print(f"| {spec} | {c.c:.3f} | {1e3 * c.draft_step:.2f} |")

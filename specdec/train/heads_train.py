@@ -44,13 +44,14 @@ import numpy as np
 from tqdm import tqdm
 
 from ..checkpoints import locks
+from ..checkpoints.pairs import read_json
 from ..drafters import eagle
 from ..drafters.heads import DraftVocab, head_cross_entropy, model_fingerprint, save_heads, smooth_l1, top_tokens
 from ..model.base import CausalLM
 from .distill import DistillData, load_distill_data
 from .draft_model import DraftKind
 from .eagle_llama import LlamaEagleKind
-from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, read_init, take_step
+from .loop import CHECKPOINT_FILE, LOCK_FILE, _check_finite_weights, read_checkpoint, read_init, take_step
 from .optim import AdamW
 from .states import row_states
 
@@ -379,13 +380,14 @@ def train_from_data(
                 w[...] = tensors[name]
             opt.load_state(tensors, adam_t)
             log(f"resuming from step {start} of {steps}")
-        init_card = None
+        # Where a run started with --init began: kept in its checkpoints, so that a resumed run's card says it too.
+        init_card = read_json(out / CHECKPOINT_FILE).get("init") if saved is not None else None
         if start_from is not None:
             record, tensors = start_from
             for name, w in opt.params.items():
                 w[...] = tensors[name]
-            init_card = {"folder": str(Path(init).name), "step": record["step"], "rows": record.get("rows"),
-                         "weights_sha256": record.get("weights_sha256"),
+            init_card = {"folder": Path(init).expanduser().resolve().name, "step": record["step"],
+                         "rows": record.get("rows"), "weights_sha256": record.get("weights_sha256"),
                          "top1_top5": held_out_accuracy(kind, params, target, config, vocab, data, eval_rows, states,
                                                         batch_tokens)}  # fmt: skip
             log(f"starting from {init} (step {record['step']}, {record.get('rows')} rows): held-out top-1 "
@@ -403,7 +405,8 @@ def train_from_data(
                     epoch_batches = row_batches(data, train_rows, batch_tokens, np.random.default_rng([seed, epoch]))
                 batch = make_batch(data, epoch_batches[within % len(epoch_batches)], states, vocab)
                 loss, parts, grads = kind.loss_and_grads(params, target, config, vocab, batch)
-                take_step(opt, loss, parts, grads, step, steps, lr, bar, save_every, out, settings)
+                take_step(opt, loss, parts, grads, step, steps, lr, bar, save_every, out,
+                          settings if init_card is None else {**settings, "init": init_card})  # fmt: skip
         train_s = time.perf_counter() - t1
         _check_finite_weights(params, steps, lr)
         after = held_out_accuracy(kind, params, target, config, vocab, data, eval_rows, states, batch_tokens)

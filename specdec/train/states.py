@@ -84,16 +84,20 @@ def _write_states(cache: Path, target, data, n_rows: int, layer: int, states: di
 
 def _read_prefix(cache: Path, target, data, n_rows: int, layer: int) -> dict | None:
     """The largest trusted cache of this layer's states for fewer rows of the same data (the shards it
-    read are this data's first shards, unchanged), or None."""
-    best: dict | None = None
+    read are this data's first shards, unchanged), or None. Largest first: one file is hashed in full."""
+    sizes = set()
     for path in cache.glob(f"states-L{layer}-*.json"):
         try:
             rows = json.loads(path.read_text()).get("rows")
         except (OSError, ValueError, RecursionError):
             continue
-        if type(rows) is int and 0 < rows < n_rows and (best is None or rows > len(best)):
-            best = _read_states(cache, target, data, rows, layer) or best  # checked in full there
-    return best
+        if type(rows) is int and 0 < rows < n_rows:
+            sizes.add(rows)
+    for rows in sorted(sizes, reverse=True):
+        states = _read_states(cache, target, data, rows, layer)  # checked in full there
+        if states is not None:
+            return states
+    return None
 
 
 def _read_states(cache: Path, target, data, n_rows: int, layer: int) -> dict | None:

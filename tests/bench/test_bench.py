@@ -164,6 +164,13 @@ def test_bench_real_prices_a_draft_model_named_like_the_built_in_drafters(capsys
     assert set(result["costs"]) == {"stdlib-2L", "ngram"}
     assert result["costs"]["stdlib-2L"]["c"] > result["costs"]["ngram"]["c"] > 0  # two of six blocks, not a lookup
     assert "| stdlib-2L |" in capsys.readouterr().out
+    timed = []
+    monkeypatch.setattr(real, "time_calls", lambda *args, **kwargs: timed.append(1))
+    for bad in ("stdlib-2L,ngram:x", "no-such-model", "early_exit:99"):  # refused before any timing, in one line
+        with pytest.raises(SystemExit) as e:
+            real.main(["--target", "stdlib-6L", "--drafts", bad, "--repeats", "1", "--exit-layers", "", "--quiet"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and "error:" in err and not timed, (bad, err)
 
 
 def test_the_batch_section_runs_on_a_tiny_model(capsys, tmp_path):

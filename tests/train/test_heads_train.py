@@ -217,7 +217,7 @@ def test_init_starts_a_run_from_an_earlier_runs_weights_and_refuses_another_kind
     first, second, fresh = tmp_path / "first", tmp_path / "second", tmp_path / "fresh"
     assert main([*base, "--out", str(first), "--steps", "4", "--lr", "3e-3"]) == 0
     # A near-zero learning rate: a run started from `first` ends where `first` ended, a fresh one does not.
-    assert main([*base, "--out", str(second), "--steps", "1", "--lr", "1e-12", "--init", str(first)]) == 0
+    assert main([*base, "--out", str(second), "--steps", "1", "--lr", "1e-12", "--init", str(first / ".")]) == 0
     assert main([*base, "--out", str(fresh), "--steps", "1", "--lr", "1e-12"]) == 0
     weights = {run: load_heads(run, "eagle", model, eagle.param_shapes)[1]["fc.weight"] for run in (first, second, fresh)}
     np.testing.assert_allclose(weights[second], weights[first], atol=1e-6)
@@ -226,6 +226,10 @@ def test_init_starts_a_run_from_an_earlier_runs_weights_and_refuses_another_kind
     assert card["init"]["folder"] == "first" and card["init"]["step"] == 4
     assert card["init"]["top1_top5"]["top1"] == pytest.approx(card["held_out"]["trained"]["top1"], abs=1e-6)
     assert card["held_out"]["untrained"]["top1"] < card["init"]["top1_top5"]["top1"], "untrained means untrained"
+    # Resumed (here: a finished run resumed to a later step), a run started with --init still says where it began.
+    assert main([*base, "--out", str(second), "--steps", "2", "--lr", "1e-12", "--resume"]) == 0
+    resumed = json.loads((second / "heads.json").read_text())
+    assert resumed["init"]["folder"] == "first" and resumed["init"]["step"] == 4
     assert main(["ship", "--model", "tiny", "--head", str(second), "--out", str(tmp_path / "shipped")]) == 0
     assert "started from: first (step 4" in (tmp_path / "shipped" / "CARD.txt").read_text()
 
