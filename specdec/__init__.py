@@ -17,21 +17,10 @@ cost model. Tooling lives in its own modules: the race that times both decoders 
 (`python -m specdec.bench`).
 """
 
-import os
-import sys
+# First, before anything here imports NumPy: how long OpenBLAS's idle threads spin (model/spin.py).
+from .model.spin import OPENBLAS_SPIN  # isort: skip (it must come first)
 
-# Before anything here imports NumPy, which loads OpenBLAS, which reads this once. After a threaded
-# product OpenBLAS's idle threads spin for 2^28 cycles (about 0.1 s) by default; on a machine with few
-# cores they hold the core that specdec's own workers (model/threads.py) need for the next pass, which
-# then takes 20-50% longer (a batch's rounds alternate the two kinds of product). 2^4 cycles: they sleep
-# at once. Set it yourself, or import NumPy first, and this changes nothing (docs/performance.md).
-_NUMPY_FIRST, _USER_SET = "numpy" in sys.modules, "OPENBLAS_THREAD_TIMEOUT" in os.environ
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-# What OpenBLAS read when it loaded, as far as specdec can tell: a kernel plan (model/tuning.py) is
-# measured under one spin setting and kept for that setting only.
-OPENBLAS_SPIN = os.environ["OPENBLAS_THREAD_TIMEOUT"] if _USER_SET or not _NUMPY_FIRST else "default"
-
-from .autoregressive import autoregressive_sample  # noqa: E402 (after the setting above)
+from .autoregressive import autoregressive_sample
 from .batch import autoregressive_sample_batch, speculative_sample_batch
 from .checkpoints.download import DownloadError
 from .checkpoints.load import load_folder, load_model
@@ -94,6 +83,8 @@ __all__ = [
     "load_tokenizer",
     "CheckpointError",
     "DownloadError",
+    # the machine
+    "OPENBLAS_SPIN",
 ]
 
 

@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import OPENBLAS_SPIN
 from . import kernels, threads
+from .spin import OPENBLAS_SPIN
 from .kernels import M_BUCKETS, PATHS, Linear
 
 FORMAT = "specdec-kernel-plan"
