@@ -127,10 +127,8 @@ def main(argv=None) -> dict:
     progress = Progress("real", args.quiet)
     try:  # every model and drafter is found and checked before minutes of timing
         target = load_model(args.target)
-        drafters = {spec: load_model(spec) if parse_draft(spec).kind == "model" else spec
-                    for spec in args.drafts.split(",")}  # fmt: skip
-        for drafter in drafters.values():
-            make_drafter(drafter, target)
+        drafters = {spec: make_drafter(load_model(spec) if parse_draft(spec).kind == "model" else spec, target)
+                    for spec in args.drafts.split(",")}  # fmt: skip  (built once: a head file is read once)
     except (ValueError, OSError, DownloadError) as e:  # (CheckpointError is a ValueError)
         print(f"python -m specdec.bench: error: {e}", file=sys.stderr)
         sys.exit(2)
