@@ -25,6 +25,7 @@ from specdec.bench.suite import load_prompts
 from specdec.checkpoints.load import load_model
 from specdec.costmodel.chain import round_cost
 from specdec.drafters import make_drafter
+from specdec.drafters.specs import parse_draft
 from specdec.speculative import speculative_sample
 from specdec.timing import measure_costs
 
@@ -44,7 +45,7 @@ def main():
     target = load_model("smollm2-135m")
     prompts = [p for group in load_prompts().values() for p in group]
     for name in args.drafts:
-        drafter = make_drafter(name, target)
+        drafter = make_drafter(load_model(name) if parse_draft(name).kind == "model" else name, target)
         rounds = []
         for prompt in prompts:
             proposals = []
