@@ -12,7 +12,7 @@ Then, from the same rounds, a draft that stops at the first position whose confi
 model predicts with this machine's measured r(m) and c. It is a prediction from the recorded rounds,
 not a timed run: a real stop would change later rounds' alignment a little (the text is the same). A
 round that drafts nothing is still charged one draft step (an EAGLE head reads the accepted tokens'
-features each round), so no threshold predicts more than 1 / (1 + c).
+features each round), so no threshold predicts much more than 1 / (1 + c).
 """
 
 import specdec  # noqa: F401  (first: sets OpenBLAS's thread spin before NumPy loads)
