@@ -44,14 +44,13 @@ import numpy as np
 from tqdm import tqdm
 
 from ..checkpoints import locks
-from ..checkpoints.pairs import read_json
 from ..drafters import eagle
 from ..drafters.heads import DraftVocab, head_cross_entropy, model_fingerprint, save_heads, smooth_l1, top_tokens
 from ..model.base import CausalLM
 from .distill import DistillData, load_distill_data
 from .draft_model import DraftKind
 from .eagle_llama import LlamaEagleKind
-from .loop import CHECKPOINT_FILE, LOCK_FILE, _check_finite_weights, read_checkpoint, read_init, take_step
+from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, read_init, take_step
 from .optim import AdamW
 from .states import row_states
 
@@ -351,11 +350,12 @@ def train_from_data(
         "config": config,
     }  # fmt: skip
     start_from = None
-    if init is not None:  # checked before --out is made: a refused --init leaves nothing behind
-        if Path(init).expanduser().resolve() == out.resolve():
+    init_dir = Path(init).expanduser() if init is not None else None
+    if init_dir is not None:  # checked before --out is made: a refused --init leaves nothing behind
+        if init_dir.resolve() == out.resolve():
             raise ValueError(f"--init {init} is the --out folder itself, whose checkpoint this run would overwrite; "
                              f"give the new run another --out")  # fmt: skip
-        start_from = read_init(Path(init).expanduser(), settings, shapes)
+        start_from = read_init(init_dir, settings, shapes)
     out.mkdir(parents=True, exist_ok=True)
     with locks.exclusive(out / LOCK_FILE, wait=False) as held:
         if not held:
@@ -373,20 +373,21 @@ def train_from_data(
         params = kind.init_params(target, config, rng)
         initial = {name: a.copy() for name, a in params.items()}
         opt = AdamW(params, lr=lr, weight_decay=0.0)
-        start = 0
+        start, init_card = 0, None
         if saved is not None:
-            start, adam_t, tensors = saved
+            record, tensors = saved
+            start = record["step"]
             for name, w in opt.params.items():
                 w[...] = tensors[name]
-            opt.load_state(tensors, adam_t)
+            opt.load_state(tensors, record["adam_t"])
             log(f"resuming from step {start} of {steps}")
-        # Where a run started with --init began: kept in its checkpoints, so that a resumed run's card says it too.
-        init_card = read_json(out / CHECKPOINT_FILE).get("init") if saved is not None else None
+            # Where a run started with --init began: kept in its checkpoints, so a resumed run's card says it too.
+            init_card = record.get("init")
         if start_from is not None:
             record, tensors = start_from
             for name, w in opt.params.items():
                 w[...] = tensors[name]
-            init_card = {"folder": Path(init).expanduser().resolve().name, "step": record["step"],
+            init_card = {"folder": init_dir.resolve().name, "step": record["step"],
                          "rows": record.get("rows"), "weights_sha256": record.get("weights_sha256"),
                          "top1_top5": held_out_accuracy(kind, params, target, config, vocab, data, eval_rows, states,
                                                         batch_tokens)}  # fmt: skip
@@ -394,6 +395,7 @@ def train_from_data(
                 f"{init_card['top1_top5']['top1']:.3f}")  # fmt: skip
         before = held_out_accuracy(kind, initial, target, config, vocab, data, eval_rows, states, batch_tokens)
 
+        checkpointed = settings if init_card is None else {**settings, "init": init_card}  # what checkpoints record
         t1 = time.perf_counter()
         epoch_batches: list[list[int]] = []
         bar = tqdm(range(start, steps), desc=f"train {kind.name}", unit="step", disable=not progress, initial=start,
@@ -405,8 +407,7 @@ def train_from_data(
                     epoch_batches = row_batches(data, train_rows, batch_tokens, np.random.default_rng([seed, epoch]))
                 batch = make_batch(data, epoch_batches[within % len(epoch_batches)], states, vocab)
                 loss, parts, grads = kind.loss_and_grads(params, target, config, vocab, batch)
-                take_step(opt, loss, parts, grads, step, steps, lr, bar, save_every, out,
-                          settings if init_card is None else {**settings, "init": init_card})  # fmt: skip
+                take_step(opt, loss, parts, grads, step, steps, lr, bar, save_every, out, checkpointed)
         train_s = time.perf_counter() - t1
         _check_finite_weights(params, steps, lr)
         after = held_out_accuracy(kind, params, target, config, vocab, data, eval_rows, states, batch_tokens)

@@ -230,7 +230,8 @@ def train(
         opt = AdamW(params, lr=lr, weight_decay=0.0)
         start = 0
         if saved is not None:
-            start, adam_t, tensors = saved
+            record, tensors = saved
+            start, adam_t = record["step"], record["adam_t"]
             if start > steps:
                 raise ValueError(f"--resume: the checkpoint in {out} is at step {start}, past --steps {steps}; "
                                  f"use --steps {start} or more")  # fmt: skip
@@ -328,9 +329,10 @@ def save_checkpoint(out: Path, settings: dict, opt: AdamW, step: int) -> None:
 
 def read_checkpoint(
     out: Path, settings: dict, shapes: dict[str, tuple[int, ...]], steps: int | None
-) -> tuple[int, int, dict[str, np.ndarray]]:
-    """(step, AdamW's t, every tensor) of a checkpoint written with the same settings, each part checked:
-    ValueError naming the file otherwise. shapes: the parameters' (the moments have the same)."""
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """(the checkpoint's record, with its "step" and AdamW's "adam_t"; every tensor) of a checkpoint written
+    with the same settings, each part checked: ValueError naming the file otherwise. shapes: the
+    parameters' (the moments have the same)."""
     path = out / CHECKPOINT_FILE
     if not path.is_file():
         raise ValueError(f"--resume: no checkpoint in {out}; run without --resume to start")
@@ -352,7 +354,7 @@ def read_checkpoint(
         raise ValueError(f"--resume: the checkpoint in {out} is at step {saved['step']}, past --steps {steps}; "
                          f"use --steps {saved['step']} or more")  # fmt: skip
     expected = {**shapes, **{f"adam.{m}.{k}": shape for k, shape in shapes.items() for m in "mv"}}
-    return saved["step"], saved["adam_t"], _checked_tensors("--resume", out, saved, expected, fix)
+    return saved, _checked_tensors("--resume", out, saved, expected, fix)
 
 
 def read_init(folder: Path, settings: dict, shapes: dict[str, tuple[int, ...]]) -> tuple[dict, dict[str, np.ndarray]]:
