@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     parser.add_argument("--greedy-frac", type=float, default=0.5, help="fraction of greedy sequences (default 0.5)")
     parser.add_argument("--eval-tokens", type=int, default=None, help="held-out self-distilled tokens")
     parser.add_argument("--eval-text", metavar="FILE", help="also report accuracy on this held-out text file")
+    parser.add_argument("--ttt", action="store_true", help="with --block llama: train on its own drafts too "
+                        "(EAGLE-3's training-time test: a second step reads the head's own output)")  # fmt: skip
     parser.add_argument("--layers", type=layer_list, default=None, help="draft: the target layers its blocks start "
                         "from, comma-separated (default 0: one block)")  # fmt: skip
     parser.add_argument("--n-ff", type=int, default=None, help="draft: its MLP width (default: the target's)")
@@ -67,15 +69,16 @@ def main(argv=None) -> int:
                                          "head that drafts autoregressively")])  # fmt: skip
     flags.refuse_ignored(parser, args, [(name, args.kind != "draft", "only applies to draft (a distilled draft model)")
                                         for name in ("layers", "n_ff", "loss")]
-                         + [("block", args.kind == "draft", "only applies to eagle (a draft model is Llama blocks)")])  # fmt: skip
+                         + [(name, args.kind == "draft", "only applies to eagle (a draft model is Llama blocks)")
+                            for name in ("block", "ttt")])  # fmt: skip
     if (args.tokens is None) == (args.data is None):
         parser.error("give either --tokens N (generate data) or --data DIR (distillation shards), not both")
     if args.data is not None:
         return data_train_main(parser, args)
     if args.kind not in ("medusa", "eagle"):
         parser.error(f"{args.kind} heads train on distillation shards: give --data DIR")
-    flags.refuse_ignored(parser, args, [(name, True, "only applies with --data DIR") for name in
-                                        ("epochs", "batch_tokens", "held_out", "max_rows", "block", "states_cache", "init")])  # fmt: skip
+    with_data = ("epochs", "batch_tokens", "held_out", "max_rows", "block", "ttt", "states_cache", "init")
+    flags.refuse_ignored(parser, args, [(name, True, "only applies with --data DIR") for name in with_data])
     try:
         from ..checkpoints.load import load_model
 
@@ -128,7 +131,8 @@ def data_train_main(parser, args) -> int:
             batch_tokens=args.batch_tokens, lr=args.lr or 1e-3, held_out=args.held_out, max_rows=args.max_rows,
             seed=args.seed, resume=args.resume, init=args.init, save_every=args.save_every, progress=not args.quiet,
             command=command_line(), states_cache=args.states_cache,
-            options={"block": args.block or "gpt2", "layers": args.layers, "n_ff": args.n_ff, "loss": args.loss},
+            options={"block": args.block or "gpt2", "ttt": args.ttt, "layers": args.layers, "n_ff": args.n_ff,
+                     "loss": args.loss},
         )  # fmt: skip
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

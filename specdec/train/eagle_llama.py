@@ -29,6 +29,11 @@ over each later step):
 
 (later steps weigh less: they count only when the earlier draft was accepted). The
 gradient flows through y into step 1's input, as it does in the paper.
+
+The training-time test on its own (`--block llama --ttt`): EAGLE's head, scored by
+EAGLE's loss at step 0 and again, weighted 0.8, at step 1 (unrolled_forward), whose
+output stands for f_(t+2). The head file is EAGLE's: only its training differs, so
+such a run may start (--init) from one trained without it.
 Differences from the paper, and why: EAGLE-3's block reads [embedding ; feature]
 (2e wide) in its attention projections; here fc first maps the pair to e, as
 EAGLE's does, so drafting runs model/llama.py's own inference block unchanged
@@ -134,26 +139,50 @@ def pairs(target, batch, layers_used: int):
 # ---------------------------------------------------------------------------
 
 
-def eagle_loss_and_grads(params, target, vocab: DraftVocab, batch):
+def eagle_loss_and_grads(params, target, vocab: DraftVocab, batch, ttt: bool = False):
     """EAGLE's loss on a batch (section 4.2: SmoothL1 on features + 0.1 CE on tokens) and its gradients.
 
     The feature loss is read at every pair whose next feature exists (prompt positions too: the
     features there are the target's as much as in a reply), the token loss at labelled pairs.
-    Returns (loss, {"feat", "ce"}, grads).
+    ttt: add EAGLE-3's training-time test (unrolled_forward): step 1, reading the head's own
+    outputs, is scored by the same loss, weighted STEP_WEIGHTS[1].
+    Returns (loss, {"feat", "ce"} (and "feat1", "ce1" with ttt), grads).
     """
     h = head_hparams(target)
     f, emb, positions, mask = pairs(target, batch, 1)
-    y, saved = head_forward(params, f, emb, positions, mask, h)  # [B, P, e]
-    P = y.shape[1]
-    has_next = np.arange(P)[None, :] + 1 <= np.asarray(batch.lengths)[:, None] - 2  # f_(j+1) is a real state
-    l_feat, dy_feat = smooth_l1(y[has_next], batch.states[0][:, 1:][has_next])  # f_(j+1): what chose x_(j+2)
-    where, rows = pair_rows(batch, 1)
-    ce, dlogits = cross_entropy(vocab.logits(y[where]), batch.p[rows])
+    if not ttt:
+        y, saved = head_forward(params, f, emb, positions, mask, h)  # [B, P, e]
+        loss, parts, dy = eagle_step_loss(y, batch, vocab, 0)
+        return loss, parts, head_backward(dy, params, saved, h)[1]
+    y, y1, saved0, saved1 = unrolled_forward(params, f, emb, positions, mask, h)
+    loss0, parts0, dy0 = eagle_step_loss(y, batch, vocab, 0)
+    loss1, parts1, dy1 = eagle_step_loss(y1, batch, vocab, 1)
+    weight = y.dtype.type(STEP_WEIGHTS[1])
+    _, grads = unrolled_backward(dy0, weight * dy1, params, saved0, saved1, h)
+    return loss0 + STEP_WEIGHTS[1] * loss1, {**parts0, "feat1": parts1["feat"], "ce1": parts1["ce"]}, grads
+
+
+def eagle_step_loss(y, batch, vocab: DraftVocab, step: int):
+    """EAGLE's loss of one unrolled step's outputs y [B, P, e]: (loss, {"feat", "ce"}, dL/dy).
+
+    At step s, pair j's output stands for the feature f_(j+1+s) and predicts token x_(j+2+s) (step 0:
+    teacher-forced; step 1: the pair (y_j, x_(j+2)) at position j + 1, as drafting's second token).
+    """
+    P, s = y.shape[1], 1 + step
+    has_next = np.arange(P)[None, :] + s <= np.asarray(batch.lengths)[:, None] - 2  # f_(j+s) is a real state
+    want = np.zeros_like(y)
+    want[:, : P + 1 - s] = batch.states[0][:, s:]  # f_(j+s): what chose x_(j+s+1)
     dy = np.zeros_like(y)
-    dy[has_next] += dy_feat
-    dy[where] += y.dtype.type(CE_WEIGHT) * (dlogits @ vocab.w)  # the frozen LM head: dr = dlogits W
-    _, grads = head_backward(dy, params, saved, h)
-    return l_feat + CE_WEIGHT * ce, {"feat": l_feat, "ce": ce}, grads
+    l_feat = 0.0
+    if has_next.any():
+        l_feat, dy_feat = smooth_l1(y[has_next], want[has_next])
+        dy[has_next] += dy_feat
+    where, rows = pair_rows(batch, s)
+    ce = 0.0
+    if where.any():
+        ce, dlogits = cross_entropy(vocab.logits(y[where]), batch.p[rows])
+        dy[where] += y.dtype.type(CE_WEIGHT) * (dlogits @ vocab.w)  # the frozen LM head: dr = dlogits W
+    return l_feat + CE_WEIGHT * ce, {"feat": l_feat, "ce": ce}, dy
 
 
 def eagle_logits(params, target, vocab: DraftVocab, batch) -> tuple[np.ndarray, np.ndarray]:
@@ -190,25 +219,41 @@ def rms_logits(params, y, vocab: DraftVocab, eps: float):
     return vocab.logits(r), saved
 
 
+def unrolled_forward(params, g, emb, positions, mask, h: LlamaHParams):
+    """The training-time test's two steps over pairs (g_j, emb_j): (y, y1 [B, P, e] each, saved0, saved1).
+
+    Step 0 is teacher-forced; step 1's pair j is (y_j, x_(j+2)) at position j + 1 (the last pair's
+    token is padding: never read), in a second pass over [u ; u'] under ttt_mask.
+    """
+    P = g.shape[1]
+    y, saved0 = head_forward(params, g, emb, positions, mask, h)
+    emb1 = np.concatenate([emb[:, 1:], emb[:, -1:]], axis=1)  # [B, P, e]
+    both, saved1 = head_forward(params, np.concatenate([g, y], axis=1), np.concatenate([emb, emb1], axis=1),
+                                np.concatenate([positions, positions + 1], axis=1), ttt_mask(mask), h)  # fmt: skip
+    return y, both[:, P:], saved0, saved1
+
+
+def unrolled_backward(dy0, dy1, params, saved0, saved1, h: LlamaHParams):
+    """dL/dy, dL/dy1 -> (dL/dg [B, P, e], grads) through both steps."""
+    P = dy0.shape[1]
+    # Step 1's pass read [u ; u']: only its second half is scored; its input's feature half is [g ; y].
+    dg1, grads = head_backward(np.concatenate([np.zeros_like(dy0), dy1], axis=1), params, saved1, h)
+    dg0, grads = head_backward(dy0 + dg1[:, P:], params, saved0, h, grads)  # y feeds step 1: its gradient joins
+    return dg0 + dg1[:, :P], grads
+
+
 def eagle3_forward(params, target, batch):
     """Both steps: (y [B, P, e], y1 [B, P, e] step 1's outputs, saved)."""
-    h = head_hparams(target)
     feats, emb, positions, mask = pairs(target, batch, 3)
-    fused = feats @ params["fuse"].T  # [B, P, 3e] -> [B, P, e]
-    y, saved0 = head_forward(params, fused, emb, positions, mask, h)
-    # Step 1: pair j is (y_j, x_(j+2)) at position j + 1 (the last pair's token is padding: never read).
-    emb1 = np.concatenate([emb[:, 1:], emb[:, -1:]], axis=1)  # [B, P, e]
-    both, saved1 = head_forward(params, np.concatenate([fused, y], axis=1), np.concatenate([emb, emb1], axis=1),
-                                np.concatenate([positions, positions + 1], axis=1), ttt_mask(mask), h)  # fmt: skip
-    P = y.shape[1]
-    return y, both[:, P:], (feats, saved0, saved1)
+    y, y1, saved0, saved1 = unrolled_forward(params, feats @ params["fuse"].T, emb, positions, mask,
+                                             head_hparams(target))  # fmt: skip
+    return y, y1, (feats, saved0, saved1)
 
 
 def eagle3_loss_and_grads(params, target, vocab: DraftVocab, batch):
     """EAGLE-3's loss (token CE of both unrolled steps) and its gradients: (loss, {"ce0", "ce1"}, grads)."""
     h = head_hparams(target)
     y, y1, (feats, saved0, saved1) = eagle3_forward(params, target, batch)
-    P = y.shape[1]
     losses, dys, grad_norm = {}, [], np.zeros_like(params["norm"])
     for step, out in enumerate((y, y1)):
         where, rows = pair_rows(batch, 1 + step)
@@ -221,11 +266,8 @@ def eagle3_loss_and_grads(params, target, vocab: DraftVocab, batch):
         dy[where] = dr
         dys.append(dy)
         losses[f"ce{step}"] = ce
-    # Step 1's pass read [u ; u']: only its second half is scored; its input's feature half is [fused ; y].
-    dg1, grads = head_backward(np.concatenate([np.zeros_like(y), dys[1]], axis=1), params, saved1, h)
-    d_fused, d_y = dg1[:, :P], dg1[:, P:]
-    dg0, grads = head_backward(dys[0] + d_y, params, saved0, h, grads)  # y feeds step 1: its gradient joins
-    grads["fuse"] = lg.matmul_backward(d_fused + dg0, feats, params["fuse"])[1]
+    d_fused, grads = unrolled_backward(dys[0], dys[1], params, saved0, saved1, h)
+    grads["fuse"] = lg.matmul_backward(d_fused, feats, params["fuse"])[1]
     grads["norm"] = grad_norm
     return sum(w * losses[f"ce{i}"] for i, w in enumerate(STEP_WEIGHTS)), losses, grads
 
@@ -237,6 +279,20 @@ def eagle3_logits(params, target, vocab: DraftVocab, batch) -> tuple[np.ndarray,
     y, _ = head_forward(params, feats @ params["fuse"].T, emb, positions, mask, h)
     where, rows = pair_rows(batch, 1)
     return rms_logits(params, y[where], vocab, h.rms_eps)[0], rows
+
+
+def second_step_logits(params, target, block: str, vocab: DraftVocab, batch) -> tuple[np.ndarray, np.ndarray]:
+    """Step 1's logits [n, N] (drafting's second token, read from the head's own first output, whether or not
+    it was trained to), and which label rows they are ([n_labels] bool)."""
+    h = head_hparams(target)
+    g, emb, positions, mask = pairs(target, batch, 3 if block == "eagle3" else 1)
+    if block == "eagle3":
+        g = g @ params["fuse"].T
+    _, y1, _, _ = unrolled_forward(params, g, emb, positions, mask, h)
+    where, rows = pair_rows(batch, 2)
+    if block == "eagle3":
+        return rms_logits(params, y1[where], vocab, h.rms_eps)[0], rows
+    return vocab.logits(y1[where]), rows
 
 
 # ---------------------------------------------------------------------------
@@ -253,9 +309,11 @@ class LlamaEagleKind:
 
     name = "eagle"
 
-    def __init__(self, block: str):
+    def __init__(self, block: str, ttt: bool = False):
         assert block in ("llama", "eagle3"), block
+        assert not (ttt and block == "eagle3"), "EAGLE-3 always trains on its own drafts"
         self.block = block
+        self.ttt = ttt  # the Llama block with EAGLE-3's training-time test (--ttt): a training choice, not the file's
 
     def layers(self, target) -> list[int]:
         """features.py numbering: EAGLE the last state (after the final norm), EAGLE-3 a low, middle and high one."""
@@ -276,7 +334,12 @@ class LlamaEagleKind:
         return init_params(target, self.block, rng)
 
     def loss_and_grads(self, params, target, config, vocab, batch):
-        return (eagle3_loss_and_grads if self.block == "eagle3" else eagle_loss_and_grads)(params, target, vocab, batch)
+        if self.block == "eagle3":
+            return eagle3_loss_and_grads(params, target, vocab, batch)
+        return eagle_loss_and_grads(params, target, vocab, batch, ttt=self.ttt)
 
     def logits(self, params, target, config, vocab, batch):
         return (eagle3_logits if self.block == "eagle3" else eagle_logits)(params, target, vocab, batch)
+
+    def second_logits(self, params, target, config, vocab, batch):
+        return second_step_logits(params, target, self.block, vocab, batch)

@@ -250,6 +250,11 @@ def head_kind(kind_name: str, options: dict) -> HeadKind:
     block = options.get("block", "gpt2")
     if block not in EAGLE_BLOCKS:
         raise ValueError(f"--block {block} is not a block an {kind_name} head has: use one of {', '.join(EAGLE_BLOCKS)}")
+    if options.get("ttt"):
+        if block != "llama":
+            raise ValueError(f"--ttt trains a Llama-block head on its own drafts: give --block llama (--block {block} "
+                             + ("always trains that way)" if block == "eagle3" else "has no training-time test)"))
+        return LlamaEagleKind("llama", ttt=True)
     return EAGLE_BLOCKS[block]
 
 
@@ -260,8 +265,11 @@ def head_kind(kind_name: str, options: dict) -> HeadKind:
 
 def held_out_accuracy(kind: HeadKind, params, target, config, vocab, data, rows, states, max_tokens) -> dict:
     """Teacher-forced top-1 and top-5 over every labelled position of the rows, and top-1 by reply position
-    bucket (0-15, 16-63, 64+): {"top1", "top5", "positions", "top1_by_position"}."""
+    bucket (0-15, 16-63, 64+): {"top1", "top5", "positions", "top1_by_position"}; for a head that drafts
+    from its own outputs (a Llama block), also "top1_second": top-1 of drafting's second token, read from the
+    head's own first output."""
     hits1 = hits5 = n = 0
+    second = [0, 0] if hasattr(kind, "second_logits") else None
     buckets = {"0-15": [0, 0], "16-63": [0, 0], "64+": [0, 0]}
     for group in row_batches(data, rows, max_tokens, None):
         batch = make_batch(data, group, states, vocab)
@@ -277,12 +285,19 @@ def held_out_accuracy(kind: HeadKind, params, target, config, vocab, data, rows,
             sel = (j >= lo) & (j < hi)
             buckets[name][0] += int(hit[sel].sum())
             buckets[name][1] += int(sel.sum())
-    return {
+        if second is not None:
+            z2, rows2 = kind.second_logits(params, target, config, vocab, batch)
+            second[0] += int((vocab.ids[z2.argmax(axis=-1)] == batch.next_ids[rows2]).sum())
+            second[1] += len(z2)
+    out = {
         "top1": hits1 / max(n, 1),
         "top5": hits5 / max(n, 1),
         "positions": n,
         "top1_by_position": {k: (h / m if m else None) for k, (h, m) in buckets.items()},
     }
+    if second is not None:
+        out["top1_second"] = second[0] / max(second[1], 1)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -349,6 +364,8 @@ def train_from_data(
         "rows": n_rows, "vocab_top": vocab_top, "batch_tokens": batch_tokens, "seed": seed, "held_out": held_out,
         "config": config,
     }  # fmt: skip
+    if getattr(kind, "ttt", False):  # a training choice, not the head's shape: --init may start from a head without it
+        settings["training_time_test"] = True
     start_from = None
     init_dir = Path(init).expanduser() if init is not None else None
     if init_dir is not None:  # checked before --out is made: a refused --init leaves nothing behind
@@ -433,6 +450,8 @@ def train_from_data(
             "held_out": {"untrained": before, "trained": after},
             "command": command,
         }
+        if getattr(kind, "ttt", False):
+            card["training_time_test"] = True
         if init_card is not None:
             card["init"] = init_card
         if hasattr(kind, "save"):
@@ -441,7 +460,9 @@ def train_from_data(
             save_heads(out, kind.name, target, params, card, vocab)
     log(f"held-out ({after['positions']:,} reply positions of {len(eval_rows)} rows), teacher-forced: top-1 "
         f"{before['top1']:.3f} -> {after['top1']:.3f}, top-5 {before['top5']:.3f} -> {after['top5']:.3f}; "
-        f"by reply position {after['top1_by_position']}")  # fmt: skip
+        f"by reply position {after['top1_by_position']}"
+        + (f"; second draft token (from its own output) {before['top1_second']:.3f} -> {after['top1_second']:.3f}"
+           if "top1_second" in after else ""))  # fmt: skip
     log(f"saved a {kind.name} head for {target.name!r} in {out} ({train_s:.0f} s training, {steps} steps)")
     return card
 

@@ -74,7 +74,9 @@ def card_text(kind: str, target: CausalLM, config: dict, size: int) -> str:
         f"draft vocabulary: the {config.get('vocab_top')} most frequent reply tokens (FR-Spec)",
         f"training: {config.get('steps')} steps, {config.get('epochs')} epochs, {config.get('batch_tokens')} "
         f"positions per step, AdamW lr {config.get('lr')}, seed {config.get('seed')}, "
-        f"{config.get('train_seconds')} s",
+        f"{config.get('train_seconds')} s"
+        + (", with EAGLE-3's training-time test (a second step on its own outputs)"
+           if config.get("training_time_test") else ""),
         *started,
         f"held-out teacher-forced top-1: {before.get('top1', float('nan')):.3f} untrained -> "
         f"{after.get('top1', float('nan')):.3f} trained; top-5 {after.get('top5', float('nan')):.3f}",

@@ -72,9 +72,24 @@ def test_eagle3_gradients_of_every_parameter_through_both_steps(restricted):
     assert_grads_match(lambda: el.eagle3_loss_and_grads(params, target, vocab, batch)[0], params, grads, n=5)
 
 
-def test_the_eagle3_check_sees_step_1_cut_off_from_step_0(monkeypatch):
+@pytest.mark.parametrize("restricted", [False, True])
+def test_llama_block_with_the_training_time_test_gradients_through_both_steps(restricted):
+    """--ttt: EAGLE's loss at step 0 and again at step 1, which reads the head's own outputs."""
+    target, vocab, params, batch = float64_problem("llama", restricted, seed=2)
+    loss, parts, grads = el.eagle_loss_and_grads(params, target, vocab, batch, ttt=True)
+    assert sorted(grads) == sorted(params) and set(parts) == {"feat", "ce", "feat1", "ce1"}
+    assert parts["feat1"] > 0 and parts["ce1"] > 0
+    plain, plain_parts, _ = el.eagle_loss_and_grads(params, target, vocab, batch)
+    assert plain_parts == {"feat": parts["feat"], "ce": parts["ce"]}  # step 0 is the plain loss
+    assert loss == pytest.approx(plain + el.STEP_WEIGHTS[1] * (parts["feat1"] + 0.1 * parts["ce1"]))
+    assert_grads_match(lambda: el.eagle_loss_and_grads(params, target, vocab, batch, ttt=True)[0], params, grads, n=5)
+
+
+@pytest.mark.parametrize("block", ["eagle3", "llama"])
+def test_the_unrolled_check_sees_step_1_cut_off_from_step_0(block, monkeypatch):
     """BROKEN: step 1's gradient not passed back into step 0's output y (the feed-back treated as data)."""
-    target, vocab, params, batch = float64_problem("eagle3", False, seed=1)
+    target, vocab, params, batch = float64_problem(block, False, seed=1)
+    kind = el.LlamaEagleKind(block, ttt=block == "llama")
     real = el.head_backward
     calls = []
 
@@ -87,10 +102,11 @@ def test_the_eagle3_check_sees_step_1_cut_off_from_step_0(monkeypatch):
         return dg, grads
 
     monkeypatch.setattr(el, "head_backward", cut)
-    _, _, grads = el.eagle3_loss_and_grads(params, target, vocab, batch)
+    _, _, grads = kind.loss_and_grads(params, target, None, vocab, batch)
     monkeypatch.undo()
+    assert calls, "the broken backward was never called"
     with pytest.raises(AssertionError):
-        assert_grads_match(lambda: el.eagle3_loss_and_grads(params, target, vocab, batch)[0], params, grads, n=5)
+        assert_grads_match(lambda: kind.loss_and_grads(params, target, None, vocab, batch)[0], params, grads, n=5)
 
 
 def test_ttt_mask_is_causal_over_step_0_and_diagonal_over_step_1():
@@ -303,6 +319,27 @@ def test_eagle3_drafting_feeds_back_its_output_as_training_step_1_did(llama_targ
         np.testing.assert_allclose(fed, y1[0, j], rtol=1e-4, atol=1e-5)
 
 
+def test_a_llama_heads_second_draft_token_is_the_unrolled_step_1(llama_target, trained_head):
+    """Held-out "top1_second" scores what drafting does: the drafter's second token reads the head's own first
+    output, which is unrolled_forward's step 1 (second_step_logits)."""
+    drafter = EagleDrafter.load(trained_head, llama_target)
+    rows = [[7, 3, 4, 9, 11, 2, 30, 8]]
+    kind = el.LlamaEagleKind("llama")
+    batch = head_batch(llama_target, drafter.vocab, rows, 1, kind.layers(llama_target))
+    params = load_params(trained_head, llama_target)
+    logits, which = kind.second_logits(params, llama_target, None, drafter.vocab, batch)
+    assert len(logits) == which.sum() == batch.label_mask[:, 2:].sum()
+    text = rows[0]
+    for j in (2, 4):
+        ids = text[: j + 2]
+        _, hidden = llama_target.forward(ids[:-1], llama_target.new_cache(), return_hidden=True)
+        drafter.begin(llama_target, None, ids)
+        drafter.commit(ids, hidden)
+        fed = drafter.model.step(drafter.root[None], llama_target.weights.wte[text[j + 2]][None], drafter.cache)[0]
+        # label rows run over label positions 1.. here; step 1's pair j predicts x_(j+3), label position j + 2
+        np.testing.assert_allclose(drafter.vocab.logits(fed[None])[0], logits[j + 2 - 2], rtol=1e-4, atol=1e-4)
+
+
 def load_params(folder, target):
     from specdec.drafters.eagle import head_shapes
     from specdec.drafters.heads import load_heads
@@ -330,7 +367,7 @@ def test_greedy_speculative_with_an_eagle3_head_equals_greedy_autoregressive(lla
 # --- the trainer: python -m specdec.train eagle --block llama|eagle3 --data DIR -------------------
 
 
-@pytest.mark.parametrize("block", ["llama", "eagle3"])
+@pytest.mark.parametrize("block", ["llama", "eagle3", "llama-ttt"])
 def test_the_trainer_trains_ships_and_drafts_with_a_llama_block(block, tmp_path, capsys, monkeypatch):
     import json
 
@@ -344,16 +381,37 @@ def test_the_trainer_trains_ships_and_drafts_with_a_llama_block(block, tmp_path,
     make_data(model, tmp_path / "data", 200, POOL, **{**SETTINGS, "max_reply": 16, "greedy_frac": 0.75})
     monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)
     out = tmp_path / "head"
-    args = ["eagle", "--model", "tiny", "--data", str(tmp_path / "data"), "--out", str(out), "--block", block,
-            "--vocab-top", "100", "--steps", "4", "--batch-tokens", "256", "--held-out", "0.3", "--quiet"]  # fmt: skip
+    ttt = block == "llama-ttt"
+    args = ["eagle", "--model", "tiny", "--data", str(tmp_path / "data"), "--out", str(out), "--block",
+            block.removesuffix("-ttt"), "--vocab-top", "100", "--steps", "4", "--batch-tokens", "256", "--held-out",
+            "0.3", "--quiet"] + ["--ttt"] * ttt  # fmt: skip
     assert main(args) == 0, capsys.readouterr().err
     card = json.loads((out / "heads.json").read_text())
-    assert card["kind"] == "eagle" and card["block"] == block and card["steps"] == 4
+    assert card["kind"] == "eagle" and card["block"] == block.removesuffix("-ttt") and card["steps"] == 4
+    assert card.get("training_time_test", False) is ttt
+    assert 0 <= card["held_out"]["trained"]["top1_second"] <= 1
+    assert json.loads((out / "checkpoint.json").read_text()).get("training_time_test", False) is ttt
     assert main(["ship", "--model", "tiny", "--head", str(out), "--out", str(tmp_path / "shipped")]) == 0
+    assert ("training-time test" in (tmp_path / "shipped" / "CARD.txt").read_text()) is ttt
     prompt = model.tokenizer.encode("Hi there")
     expected = autoregressive_sample(model, prompt, 16).tokens
     for folder in (out, tmp_path / "shipped"):
         assert speculative_sample(model, f"eagle:{folder}", prompt, 16, K=3).tokens == expected
+
+
+@pytest.mark.parametrize("block", ["gpt2", "eagle3"])
+def test_the_trainer_refuses_ttt_but_for_a_llama_block_in_one_line(block, tmp_path, capsys, monkeypatch):
+    import specdec.checkpoints.load as load
+
+    from specdec.train.cli import main
+
+    monkeypatch.setattr(load, "load_model", lambda name, progress=True: random_llama(TINY, seed=0))
+    (tmp_path / "data").mkdir()
+    assert main(["eagle", "--model", "tiny", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "o"),
+                 "--block", block, "--ttt", "--quiet"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--ttt" in err and "--block llama" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_trainer_refuses_a_llama_block_for_a_gpt2_target_in_one_line(tmp_path, capsys, monkeypatch):
