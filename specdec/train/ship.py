@@ -79,7 +79,9 @@ def card_text(kind: str, target: CausalLM, config: dict, size: int) -> str:
            if config.get("training_time_test") else ""),
         *started,
         f"held-out teacher-forced top-1: {before.get('top1', float('nan')):.3f} untrained -> "
-        f"{after.get('top1', float('nan')):.3f} trained; top-5 {after.get('top5', float('nan')):.3f}",
+        f"{after.get('top1', float('nan')):.3f} trained; top-5 {after.get('top5', float('nan')):.3f}"
+        + (f"; second draft token (read from its own output) top-1 {after['top1_second']:.3f}"
+           if "top1_second" in after else ""),
         f"command: {config.get('command')}",
         "",
     ]

@@ -32,15 +32,16 @@ def row_states(target: CausalLM, data: DistillData, rows: list[int], layers: lis
 
     cache: a folder where each layer's states for rows 0 .. max(rows) are kept between runs
     (states_file), so that a second head, or a run with other settings, does not pay the
-    teacher-forced pass again. A cached file is used only when its sha256 matches its record and
-    the record names this model, these rows' shards and this layer; otherwise it is made again.
+    teacher-forced pass again; a cache of more rows of the same data serves fewer rows too. A
+    cached file is used only when its sha256 matches its record and the record names this model,
+    these rows' shards and this layer; otherwise it is made again.
     When the data has grown since (shards are only ever appended), the cached states of the rows
     it had are read and only the new rows are computed.
     """
     if not layers:  # a kind that reads no states (the draft model): empty arrays, no target pass
         return {r: np.zeros((0, len(data.prompts[r]) + len(data.replies[r]) - 1, target.n_embd), F16) for r in rows}
     n_rows = max(rows) + 1
-    held = {layer: _read_states(cache, target, data, n_rows, layer) if cache else None for layer in layers}
+    held = {layer: _read_covering(cache, target, data, n_rows, layer) if cache else None for layer in layers}
     missing = [layer for layer in layers if held[layer] is None]
     if missing:
         todo = list(range(n_rows)) if cache else rows
@@ -82,18 +83,37 @@ def _write_states(cache: Path, target, data, n_rows: int, layer: int, states: di
     write_atomically(cache / f"{stem}.json", lambda f: f.write(json.dumps(record).encode()))
 
 
-def _read_prefix(cache: Path, target, data, n_rows: int, layer: int) -> dict | None:
-    """The largest trusted cache of this layer's states for fewer rows of the same data (the shards it
-    read are this data's first shards, unchanged), or None. Largest first: one file is hashed in full."""
+def _read_covering(cache: Path, target, data, n_rows: int, layer: int) -> dict | None:
+    """This layer's states of rows 0 .. n_rows-1 from a trusted cache of exactly those rows or, failing that,
+    of more rows of the same data (a larger run's, say; its rows are these rows' shards and the ones after),
+    smallest first: one file is hashed in full. None when neither is there."""
+    exact = _read_states(cache, target, data, n_rows, layer)
+    if exact is not None:
+        return exact
+    for rows in sorted(_cached_sizes(cache, layer, lambda rows: n_rows < rows <= len(data.replies))):
+        states = _read_states(cache, target, data, rows, layer)  # checked in full there
+        if states is not None:
+            return {r: states[r] for r in range(n_rows)}
+    return None
+
+
+def _cached_sizes(cache: Path, layer: int, wanted) -> set[int]:
+    """The row counts of this layer's cache files whose records say a count that wanted(count) accepts."""
     sizes = set()
     for path in cache.glob(f"states-L{layer}-*.json"):
         try:
             rows = json.loads(path.read_text()).get("rows")
         except (OSError, ValueError, RecursionError):
             continue
-        if type(rows) is int and 0 < rows < n_rows:
+        if type(rows) is int and wanted(rows):
             sizes.add(rows)
-    for rows in sorted(sizes, reverse=True):
+    return sizes
+
+
+def _read_prefix(cache: Path, target, data, n_rows: int, layer: int) -> dict | None:
+    """The largest trusted cache of this layer's states for fewer rows of the same data (the shards it
+    read are this data's first shards, unchanged), or None. Largest first: one file is hashed in full."""
+    for rows in sorted(_cached_sizes(cache, layer, lambda rows: 0 < rows < n_rows), reverse=True):
         states = _read_states(cache, target, data, rows, layer)  # checked in full there
         if states is not None:
             return states

@@ -392,7 +392,8 @@ def test_the_trainer_trains_ships_and_drafts_with_a_llama_block(block, tmp_path,
     assert 0 <= card["held_out"]["trained"]["top1_second"] <= 1
     assert json.loads((out / "checkpoint.json").read_text()).get("training_time_test", False) is ttt
     assert main(["ship", "--model", "tiny", "--head", str(out), "--out", str(tmp_path / "shipped")]) == 0
-    assert ("training-time test" in (tmp_path / "shipped" / "CARD.txt").read_text()) is ttt
+    card_text = (tmp_path / "shipped" / "CARD.txt").read_text()
+    assert ("training-time test" in card_text) is ttt and "second draft token" in card_text
     prompt = model.tokenizer.encode("Hi there")
     expected = autoregressive_sample(model, prompt, 16).tokens
     for folder in (out, tmp_path / "shipped"):

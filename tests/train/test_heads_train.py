@@ -120,6 +120,12 @@ def test_when_the_data_grows_only_the_new_rows_states_are_computed(shards, tmp_p
         np.testing.assert_allclose(grown[r], fresh[r], rtol=4e-3, atol=4e-3)
 
     computed.clear()
+    fewer = ht.row_states(model, data, [1, n // 2 + 1], layers, progress=False, cache=tmp_path)  # a smaller run again
+    assert computed == [], "a cache of more rows of the same data serves fewer rows"
+    for r in (1, n // 2 + 1):
+        np.testing.assert_array_equal(fewer[r], grown[r])
+    assert len(list(tmp_path.glob("states-*.npy"))) == 2 * len(layers), "nothing more is written"
+
     for path in tmp_path.glob("states-*.npy"):
         flat = np.load(path)
         flat[0, 0] += 1
