@@ -1,6 +1,6 @@
 """Held-out figures of trained Llama-block EAGLE heads on the distillation data, side by side.
 
-    python docs/measure/heldout.py --data distill-data --states-cache states HEAD_DIR [HEAD_DIR ...]
+    python docs/measure/heldout.py --data distill-data --states-cache states [--max-rows N] HEAD_DIR [HEAD_DIR ...]
 
 For each head folder (a training run's --out, or a shipped head): teacher-forced top-1 and top-5 over
 the reply positions of the held-out requests (the trainer's rule: sha256 of the request's text, the
@@ -30,12 +30,14 @@ def main():
     parser.add_argument("--data", required=True, help="the distillation shards the heads were trained on")
     parser.add_argument("--states-cache", default=None, help="the trainer's hidden-states cache folder, if any")
     parser.add_argument("--held-out", type=float, default=0.05, help="the runs' --held-out (default 0.05)")
+    parser.add_argument("--max-rows", type=int, default=None, help="the runs' --max-rows, if they had one "
+                        "(default: all rows, the held-out rows of a run over all the data)")  # fmt: skip
     parser.add_argument("--batch-tokens", type=int, default=4096)
     args = parser.parse_args()
 
     target = load_model("smollm2-135m")
     data = load_distill_data(args.data, target)
-    rows = [r for r, held in enumerate(held_out_rows(data, args.held_out)) if held]
+    rows = [r for r, held in enumerate(held_out_rows(data, args.held_out)[: args.max_rows]) if held]
     n_tokens = sum(len(data.replies[r]) for r in rows)
     print(f"{args.data}: {len(data.replies)} rows, {len(rows)} held out ({n_tokens:,} reply tokens)")
     states = {}

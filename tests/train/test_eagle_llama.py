@@ -85,6 +85,33 @@ def test_llama_block_with_the_training_time_test_gradients_through_both_steps(re
     assert_grads_match(lambda: el.eagle_loss_and_grads(params, target, vocab, batch, ttt=True)[0], params, grads, n=5)
 
 
+def test_the_training_time_test_scores_step_1_against_the_next_true_feature_and_token():
+    """Step 1's pair j (y_j, x_(j+2)) at position j + 1 stands for f_(j+2) and predicts x_(j+3): its loss, recomputed
+    here from the unrolled outputs pair by pair, is the one --ttt trains on."""
+    from specdec.drafters.heads import cross_entropy, smooth_l1
+
+    target, vocab, params, batch = float64_problem("llama", False, seed=2)
+    _, parts, _ = el.eagle_loss_and_grads(params, target, vocab, batch, ttt=True)
+    f, emb, positions, mask = el.pairs(target, batch, 1)
+    _, y1, _, _ = el.unrolled_forward(params, f, emb, positions, mask, el.head_hparams(target))
+    outs, wants = [], []
+    for b, n in enumerate(batch.lengths):  # states f_0 .. f_(n-2) are real; f_(j+2) exists for j <= n - 4
+        for j in range(n - 3):
+            outs.append(y1[b, j])
+            wants.append(batch.states[0][b, j + 2])
+    assert parts["feat1"] == pytest.approx(smooth_l1(np.array(outs), np.array(wants))[0])
+    # labels: the p rows of label positions j + 2 (batch.p runs row-major over batch.label_mask)
+    label_rows, outs = [], []
+    row = 0
+    for b in range(len(batch.lengths)):
+        for t in np.flatnonzero(batch.label_mask[b]):
+            if t >= 2:
+                outs.append(y1[b, t - 2])
+                label_rows.append(row)
+            row += 1
+    assert parts["ce1"] == pytest.approx(cross_entropy(vocab.logits(np.array(outs)), batch.p[label_rows])[0])
+
+
 @pytest.mark.parametrize("block", ["eagle3", "llama"])
 def test_the_unrolled_check_sees_step_1_cut_off_from_step_0(block, monkeypatch):
     """BROKEN: step 1's gradient not passed back into step 0's output y (the feed-back treated as data)."""
