@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict
@@ -278,28 +277,39 @@ def make(args) -> None:
     print(f"{len(entries)} shards, {n:,} reply tokens, in {args.seconds - (args.deadline - time.time()):.0f} s")
 
 
-def merge(args) -> None:
-    """Add the new shards that continue DATA's run, checked, to its manifest (the rest are left in NEW)."""
-    folder, new = Path(args.data), Path(args.new)
+def merge_shards(folder: Path, new: Path, n_vocab: int) -> list[int]:
+    """Add the shards in `new` (listed in its made.json) that continue `folder`'s run to its manifest: each one
+    checked (sha256, arrays, token ids below n_vocab) before any is copied, the manifest written last. Returns
+    the indices added; shards that do not continue the run are left where they are."""
     manifest = json.loads((folder / distill.MANIFEST).read_text())
     made = json.loads((new / "made.json").read_text())
-    entries = {int(e["file"][6:11]): e for e in made["entries"]}
-    index, added = len(manifest["shards"]), []
-    while index in entries:
-        entry = entries[index]
-        distill.read_shard(new, entry, n_vocab=49152)  # sha256 and arrays, or ValueError
-        shutil.copyfile(new / entry["file"], folder / entry["file"])
-        distill.read_shard(folder, entry, n_vocab=49152)
-        manifest["shards"].append(entry)
+    entries = {int(e["file"][len("shard-") : -len(".npz")]): e for e in made["entries"]}
+    added = []
+    while len(manifest["shards"]) + len(added) in entries:
+        index = len(manifest["shards"]) + len(added)
+        distill.read_shard(new, entries[index], n_vocab)  # ValueError naming the file: nothing is copied
         added.append(index)
-        index += 1
     if not added:
-        raise SystemExit(f"no new shard continues the run (it has {len(manifest['shards'])} shards)")
+        raise ValueError(f"{new}: no shard continues the run in {folder} (it has {len(manifest['shards'])} shards)")
+    for index in added:
+        source = (new / entries[index]["file"]).read_bytes()
+        write_atomically(folder / entries[index]["file"], lambda f: f.write(source), mode=0o644)
+        distill.read_shard(folder, entries[index], n_vocab)
+    manifest["shards"] += [entries[index] for index in added]
     manifest["reply_tokens"] = sum(e["reply_tokens"] for e in manifest["shards"])
     manifest.setdefault("made_elsewhere", []).append(
         {"shards": [added[0], added[-1]], "by": made["by"], "device": made["device"], "torch": made["torch"]})
     distill.write_manifest(folder, manifest)
-    print(f"added shards {added[0]}..{added[-1]}: {manifest['reply_tokens']:,} reply tokens in all")
+    return added
+
+
+def merge(args) -> None:
+    try:
+        added = merge_shards(Path(args.data), Path(args.new), args.n_vocab)
+    except (ValueError, OSError, KeyError) as e:
+        raise SystemExit(f"merge: {e}") from None
+    print(f"added shards {added[0]}..{added[-1]} to {args.data}; check them with `python -m specdec.train data` "
+          f"and the run's settings")  # fmt: skip
 
 
 def main() -> None:
@@ -321,6 +331,7 @@ def main() -> None:
     p = sub.add_parser("merge")
     p.add_argument("--data", required=True)
     p.add_argument("--new", required=True)
+    p.add_argument("--n-vocab", type=int, default=49152, help="the model's vocabulary (SmolLM2's by default)")
     args = parser.parse_args()
     if args.command == "pool":
         save_pool(Path(args.out))
