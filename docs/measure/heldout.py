@@ -5,7 +5,7 @@
 For each head folder (a training run's --out, or a shipped head): teacher-forced top-1 and top-5 over
 the reply positions of the held-out requests (the trainer's rule: sha256 of the request's text, the
 first --held-out of its range), top-1 by reply position, and top-1 of the second draft token, which
-drafting reads from the head's own first output (train/eagle_llama.second_step_logits). The trainer
+drafting reads from the head's own first output (train/eagle_llama.two_step_logits). The trainer
 prints these at the end of a run; this script scores heads trained before it did, or several heads
 on the same rows. The target is SmolLM2-135M.
 """
@@ -20,7 +20,7 @@ from specdec.drafters.eagle import head_shapes
 from specdec.drafters.heads import load_heads
 from specdec.train.distill import load_distill_data
 from specdec.train.eagle_llama import LlamaEagleKind
-from specdec.train.heads_train import held_out_accuracy, held_out_rows
+from specdec.train.rows import held_out_accuracy, held_out_rows
 from specdec.train.states import row_states
 
 

@@ -281,18 +281,24 @@ def eagle3_logits(params, target, vocab: DraftVocab, batch) -> tuple[np.ndarray,
     return rms_logits(params, y[where], vocab, h.rms_eps)[0], rows
 
 
-def second_step_logits(params, target, block: str, vocab: DraftVocab, batch) -> tuple[np.ndarray, np.ndarray]:
-    """Step 1's logits [n, N] (drafting's second token, read from the head's own first output, whether or not
-    it was trained to), and which label rows they are ([n_labels] bool)."""
+def two_step_logits(params, target, block: str, vocab: DraftVocab, batch) -> tuple[tuple, tuple]:
+    """Drafting's first two tokens from one unrolled pass (unrolled_forward): ((z0, rows0), (z1, rows1)).
+
+    z0 [n, N] are step 0's teacher-forced logits, as eagle_logits (or eagle3_logits) gives them; z1 are
+    step 1's, read from the head's own first output, whether or not it was trained to. rows0 and rows1
+    ([n_labels] bool) say which of the batch's label rows each scores.
+    """
     h = head_hparams(target)
     g, emb, positions, mask = pairs(target, batch, 3 if block == "eagle3" else 1)
     if block == "eagle3":
         g = g @ params["fuse"].T
-    _, y1, _, _ = unrolled_forward(params, g, emb, positions, mask, h)
-    where, rows = pair_rows(batch, 2)
-    if block == "eagle3":
-        return rms_logits(params, y1[where], vocab, h.rms_eps)[0], rows
-    return vocab.logits(y1[where]), rows
+    y0, y1, _, _ = unrolled_forward(params, g, emb, positions, mask, h)
+    out = []
+    for y, shift in ((y0, 1), (y1, 2)):
+        where, rows = pair_rows(batch, shift)
+        z = rms_logits(params, y[where], vocab, h.rms_eps)[0] if block == "eagle3" else vocab.logits(y[where])
+        out.append((z, rows))
+    return out[0], out[1]
 
 
 # ---------------------------------------------------------------------------
@@ -341,5 +347,5 @@ class LlamaEagleKind:
     def logits(self, params, target, config, vocab, batch):
         return (eagle3_logits if self.block == "eagle3" else eagle_logits)(params, target, vocab, batch)
 
-    def second_logits(self, params, target, config, vocab, batch):
-        return second_step_logits(params, target, self.block, vocab, batch)
+    def two_logits(self, params, target, config, vocab, batch):
+        return two_step_logits(params, target, self.block, vocab, batch)

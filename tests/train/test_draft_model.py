@@ -31,6 +31,7 @@ from specdec.sampling import SamplingParams
 from specdec.speculative import speculative_sample
 from specdec.train import draft_model as dm
 from specdec.train import heads_train as ht
+from specdec.train import rows as tr
 from specdec.train.cli import main
 from specdec.train.distill import load_distill_data, make_data
 
@@ -68,7 +69,7 @@ def test_the_whole_draft_loss_has_the_gradient_of_finite_differences(shards, los
     states = ht.row_states(model, data, rows, [], progress=False)  # the draft reads no states: no target pass
     vocab = DraftVocab.of(model, np.arange(0, model.n_vocab, 3))
     vocab = DraftVocab(vocab.ids, vocab.w.astype(np.float64), vocab.n_vocab)  # float64 for the differences
-    batch = ht.make_batch(data, rows, states, vocab)
+    batch = tr.make_batch(data, rows, states, vocab)
     shape = dm.draft_shape(model, [1, 0], 40)
     h = dm.draft_hparams(model, shape)
     rng = np.random.default_rng(1)
@@ -87,7 +88,7 @@ def test_the_training_forward_is_the_inference_model_in_float32(shards):
     shape = dm.draft_shape(model, [1], None)
     params = dm.init_params(model, shape)
     vocab = DraftVocab.of(model, np.arange(0, model.n_vocab, 2))
-    batch = ht.make_batch(data, [0, 5], ht.row_states(model, data, [0, 5], [], False), vocab)
+    batch = tr.make_batch(data, [0, 5], ht.row_states(model, data, [0, 5], [], False), vocab)
     y, _ = dm.forward(params, model.weights.wte, batch.tokens, batch.lengths, dm.draft_hparams(model, shape))
     assert y.dtype == np.float32
     _, grads = dm.loss_and_grads(params, model.weights.wte, vocab, batch, dm.draft_hparams(model, shape), "fkl")
@@ -116,15 +117,15 @@ def test_a_distilled_draft_trains_loads_as_a_llama_and_keeps_greedy_output(shard
     assert isinstance(trained, Llama) and trained.n_layer == 1
     # The rows it trained on it must have learned (a random model's replies are too few to generalise from).
     data = load_distill_data(folder, model)
-    rows = [r for r in range(len(data.replies)) if not ht.held_out_rows(data, 0.3)[r]]
+    rows = [r for r in range(len(data.replies)) if not tr.held_out_rows(data, 0.3)[r]]
     vocab = DraftVocab.of(model, trained.vocab.ids)
     kind, config = ht.KINDS["draft"], dict(card)
     states = ht.row_states(model, data, rows, [], False)
     params = {k: v.astype(np.float16).astype(np.float32) for k, v in dm.init_params(model, config).items()}
-    before = ht.held_out_accuracy(kind, params, model, config, vocab, data, rows, states, 256)
+    before = tr.held_out_accuracy(kind, params, model, config, vocab, data, rows, states, 256)
     after_params = {f"blk.0.{n}": t.w_t if hasattr(t, "w_t") else t
                     for n, t in trained.weights.blocks[0].checkpoint_tensors().items()}  # fmt: skip
-    after = ht.held_out_accuracy(kind, {**after_params, "output_norm": trained.weights.norm_f}, model, config, vocab,
+    after = tr.held_out_accuracy(kind, {**after_params, "output_norm": trained.weights.norm_f}, model, config, vocab,
                                  data, rows, states, 256)  # fmt: skip
     assert after["top1"] > before["top1"] + 0.2, (before, after)
     prompt = model.tokenizer.encode("Hi there")

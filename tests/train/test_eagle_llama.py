@@ -348,14 +348,17 @@ def test_eagle3_drafting_feeds_back_its_output_as_training_step_1_did(llama_targ
 
 def test_a_llama_heads_second_draft_token_is_the_unrolled_step_1(llama_target, trained_head):
     """Held-out "top1_second" scores what drafting does: the drafter's second token reads the head's own first
-    output, which is unrolled_forward's step 1 (second_step_logits)."""
+    output, which is unrolled_forward's step 1 (two_step_logits); its step 0 is the teacher-forced logits."""
     drafter = EagleDrafter.load(trained_head, llama_target)
     rows = [[7, 3, 4, 9, 11, 2, 30, 8]]
     kind = el.LlamaEagleKind("llama")
     batch = head_batch(llama_target, drafter.vocab, rows, 1, kind.layers(llama_target))
     params = load_params(trained_head, llama_target)
-    logits, which = kind.second_logits(params, llama_target, None, drafter.vocab, batch)
+    (first, first_rows), (logits, which) = kind.two_logits(params, llama_target, None, drafter.vocab, batch)
     assert len(logits) == which.sum() == batch.label_mask[:, 2:].sum()
+    forced, forced_rows = kind.logits(params, llama_target, None, drafter.vocab, batch)  # a pass of its own
+    np.testing.assert_array_equal(first_rows, forced_rows)
+    np.testing.assert_allclose(first, forced, rtol=1e-5, atol=1e-5)
     text = rows[0]
     for j in (2, 4):
         ids = text[: j + 2]

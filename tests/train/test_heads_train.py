@@ -14,6 +14,7 @@ from specdec.drafters import eagle
 from specdec.drafters.heads import DraftVocab, load_heads
 from specdec.speculative import speculative_sample
 from specdec.train import heads_train as ht
+from specdec.train import rows as tr
 from specdec.train import ship
 from specdec.train.cli import main
 from specdec.train.distill import load_distill_data, make_data
@@ -34,33 +35,33 @@ def test_soft_targets_renormalise_the_top_k_and_drop_mass_outside_the_vocabulary
     vocab = DraftVocab(np.array([1, 4, 7]), np.zeros((3, 2), np.float32), 10)
     ids = np.array([[4, 1, 9], [7, 4, 1]])
     probs = np.array([[0.4, 0.2, 0.2], [0.5, 0.3, 0.2]], np.float32)
-    p = ht.soft_targets(ids, probs, vocab)
+    p = tr.soft_targets(ids, probs, vocab)
     np.testing.assert_allclose(p, [[0.25, 0.5, 0.0], [0.2, 0.3, 0.5]], atol=1e-7)  # token 9 is outside: 0.25 lost
 
 
 def test_held_out_rows_keep_every_row_of_a_request_on_one_side(shards):
     model, folder = shards
     data = load_distill_data(folder, model)
-    held = ht.held_out_rows(data, 0.5)
+    held = tr.held_out_rows(data, 0.5)
     for text in set(data.request_text):
         sides = {bool(h) for h, t in zip(held, data.request_text) if t == text}
         assert len(sides) == 1
     assert held.any() and not held.all()
-    assert not ht.held_out_rows(data, 1e-9).any()
+    assert not tr.held_out_rows(data, 1e-9).any()
 
 
 def test_batches_cover_every_row_once_within_the_budget_and_line_up_with_the_data(shards):
     model, folder = shards
     data = load_distill_data(folder, model)
     rows = list(range(len(data.replies)))
-    groups = ht.row_batches(data, rows, 64, np.random.default_rng(0))
+    groups = tr.row_batches(data, rows, 64, np.random.default_rng(0))
     assert sorted(r for g in groups for r in g) == rows
     for g in groups:
         longest = max(len(data.prompts[r]) + len(data.replies[r]) for r in g)
         assert len(g) == 1 or longest * len(g) <= 64
     states = ht.row_states(model, data, rows, [model.hparams.n_layer], progress=False)
     vocab = DraftVocab.of(model, np.arange(0, model.n_vocab, 2))
-    batch = ht.make_batch(data, groups[0], states, vocab)
+    batch = tr.make_batch(data, groups[0], states, vocab)
     b, t = np.nonzero(batch.label_mask)
     np.testing.assert_array_equal(batch.next_ids, batch.tokens[b, t + 1])  # label at t describes token t + 1
     for i, r in enumerate(groups[0]):
@@ -141,7 +142,7 @@ def test_the_masked_eagle_loss_has_the_gradient_of_finite_differences(shards):
     states = ht.row_states(model, data, rows, [model.hparams.n_layer], progress=False)
     vocab = DraftVocab.of(model, np.arange(0, model.n_vocab, 3))
     vocab = DraftVocab(vocab.ids, vocab.w.astype(np.float64), vocab.n_vocab)  # float64 for the differences
-    batch = ht.make_batch(data, rows, states, vocab)
+    batch = tr.make_batch(data, rows, states, vocab)
     batch.states = batch.states.astype(np.float64)
     kind = ht.KINDS["eagle"]
     config = kind.config(model, {})
@@ -178,12 +179,12 @@ def test_a_trained_head_loads_drafts_and_keeps_greedy_output(shards, tmp_path, c
     assert set(card["held_out"]["trained"]) == {"top1", "top5", "positions", "top1_by_position"}
     # A random model's replies are too few to generalise from; the rows it trained on it must have learned.
     data = load_distill_data(folder, model)
-    rows = [r for r in range(len(data.replies)) if not ht.held_out_rows(data, 0.3)[r]]
+    rows = [r for r in range(len(data.replies)) if not tr.held_out_rows(data, 0.3)[r]]
     kind = ht.KINDS["eagle"]
     config, params, vocab = load_heads(out, "eagle", model, eagle.param_shapes)
     states = ht.row_states(model, data, rows, kind.layers(model), progress=False)
-    trained = ht.held_out_accuracy(kind, params, model, config, vocab, data, rows, states, 256)
-    untrained = ht.held_out_accuracy(kind, kind.init_params(model, config, np.random.default_rng(0)), model, config,
+    trained = tr.held_out_accuracy(kind, params, model, config, vocab, data, rows, states, 256)
+    untrained = tr.held_out_accuracy(kind, kind.init_params(model, config, np.random.default_rng(0)), model, config,
                                      vocab, data, rows, states, 256)  # fmt: skip
     assert trained["top1"] > untrained["top1"] + 0.2, err
     prompt = model.tokenizer.encode("Hi there")
