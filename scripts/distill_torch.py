@@ -1,29 +1,32 @@
 """Self-distillation shards with the target's forward pass on a GPU (PyTorch), for a machine that has one.
 
 `python -m specdec.train data` answers the request pool with SmolLM2 on the CPU, at
-about 21 reply tokens a second on 2 cores. This script runs the same pipeline, with
-the same requests, rows, per-row seeds, sampler, top-k and shard format
+about 65 reply tokens a second on 2 idle cores. This script runs the same pipeline,
+with the same requests, rows, per-row seeds, sampler, top-k and shard format
 (specdec.train.distill's make_shard and write_shard, unchanged), and swaps only the
 target's forward pass for a PyTorch one on the GPU, in float32 with TF32 off. The
 sampling stays specdec's own: each row's logits come back to NumPy, where
-`answer` draws from them with the row's own generator. A shard made here is
-therefore the shard the CPU run would make, up to float32 rounding in the products
-(which the CPU pipeline allows already: the batch's makeup changes it there too).
+`answer` draws from them with the row's own generator. A shard made here is the
+shard the CPU run would make up to float32 rounding in the products: where a
+sampled row's draw falls on the boundary between two tokens, it can take the
+other one and go on differently (the CPU pipeline allows the same: the batch's
+makeup changes the rounding there too).
 
 torch is not a dependency of specdec; run this where torch is installed.
 
-    python scripts/distill_torch.py pool --out pool.json
+    python scripts/distill_torch.py pool --out pool.json [--seed 0]
         # the request pool as this machine builds it (its docstring requests come from this
         # machine's standard library, so another Python may build another pool: carry this file)
-    python scripts/distill_torch.py check --device cpu
-        # torch's logits against specdec's, for a ragged batch of prompts and single tokens
-    python scripts/distill_torch.py make --data DATA --pool pool.json --first 35 --last 164 \\
-        --out NEW --workers 12 --seconds 400
+    python scripts/distill_torch.py check --device cuda [--data DATA --pool pool.json]
+        # torch's logits against specdec's for a ragged batch; with --data, small shards of the
+        # run's rows (2 rows of 8 tokens) made by both, compared row by row
+    python scripts/distill_torch.py make --data DATA --pool pool.json --first 35 --last 259 \
+        --out NEW --workers 14 --seconds 320 --grace 100
         # shards first..last of DATA's run (settings from DATA/manifest.json), in index order,
-        # until --seconds have passed; each worker is a process with its own copy of the model
+        # none started after --seconds; each worker is a process with its own copy of the model
     python scripts/distill_torch.py merge --data DATA --new NEW
-        # check the new shards (sha256, arrays) and add the run of them that follows DATA's last
-        # shard to DATA/manifest.json; `python -m specdec.train data` then trusts them like its own
+        # specdec.train.adopt.adopt_shards: the new shards that continue DATA's run, each one
+        # checked before any is copied; then `python -m specdec.train data` trusts them like its own
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from specdec.checkpoints.pairs import write_atomically  # noqa: E402
 from specdec.drafters.heads import model_fingerprint  # noqa: E402
 from specdec.model.llama import rope_tables  # noqa: E402
 from specdec.train import distill  # noqa: E402
+from specdec.train.adopt import MADE, adopt_shards, made_record  # noqa: E402
 from specdec.train.requests import RequestPool, build_requests  # noqa: E402
 
 GGUF = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -66,13 +70,20 @@ def load_target(name: str = "smollm2-135m"):
 
 
 class TorchCache:
-    """One row's keys and values: a slot of the model's preallocated [n_layer, slots, n_kv, capacity, d] tensors."""
+    """One row's keys and values: a slot of the model's preallocated [n_layer, slots, n_kv, capacity, d] tensors.
+
+    NOTE: the slot goes back when the cache is dropped: `answer` drops a finished row's cache
+    (row.cache = None), and CPython frees it, and calls __del__, there and then.
+    """
 
     def __init__(self, owner: TorchLlama):
+        if not owner.free:
+            raise RuntimeError(f"all {owner.k.shape[1]} cache slots are in use; start with more slots")
         self.owner, self.slot, self.length = owner, owner.free.pop(), 0
 
-    def __del__(self):  # `answer` drops a finished row's cache: its slot is free for the next row
-        self.owner.free.append(self.slot)
+    def __del__(self):
+        if hasattr(self, "slot"):  # (not when __init__ refused)
+            self.owner.free.append(self.slot)
 
 
 class TorchLlama:
@@ -91,13 +102,14 @@ class TorchLlama:
         def t(a):
             return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(device)
 
-        for block in w.blocks:
+        for block in w.blocks:  # a Llama's matrices have no biases (a Qwen2's q, k, v do: not served here)
             assert all(lin.b is None for lin in (block.attn_qkv, block.attn_output, block.ffn_gate_up, block.ffn_down))
+        assert w.lm_head.b is None
         self.wte = t(w.wte)
         self.blocks = [(t(b.attn_norm), t(b.attn_qkv.w_t), t(b.attn_output.w_t), t(b.ffn_norm), t(b.ffn_gate_up.w_t),
                         t(b.ffn_down.w_t)) for b in w.blocks]  # fmt: skip
         self.norm_f, self.lm_head = t(w.norm_f), t(w.lm_head.w_t)
-        cos, sin = rope_tables(np.arange(capacity), h.d_head, h.rope_theta)  # specdec's own tables
+        cos, sin = rope_tables(np.arange(capacity), h.d_head, h.rope_theta)  # specdec's own tables, [capacity, d]
         self.cos, self.sin = t(cos), t(sin)
         shape = (h.n_layer, slots, h.n_kv_head, capacity, h.d_head)
         self.k = torch.zeros(shape, device=device)
@@ -154,7 +166,9 @@ class TorchLlama:
             q = q * cos + torch.cat([-q[..., d // 2 :], q[..., : d // 2]], -1) * sin  # rotate half
             k = k * cos + torch.cat([-k[..., d // 2 :], k[..., : d // 2]], -1) * sin
             v = v.reshape(n_rows, n_new, h.n_kv_head, d)
-            if n_rows == 1:
+            # NOTE: keys are cached after rotation, as llama_block caches them. A reused slot keeps its last
+            # row's entries past this row's length: the mask (key <= position) never lets them be read.
+            if n_rows == 1:  # a prompt: one row at a time (a few per shard), its tokens side by side
                 start = caches[0].length
                 self.k[layer, caches[0].slot, :, start : start + n_new] = k[0].transpose(0, 1)
                 self.v[layer, caches[0].slot, :, start : start + n_new] = v[0].transpose(0, 1)
@@ -180,26 +194,34 @@ class TorchLlama:
 # ---------------------------------------------------------------------------
 
 
-def save_pool(out: Path) -> None:
-    pool = build_requests(0)
-    write_atomically(out, lambda f: f.write(json.dumps(asdict(pool)).encode()))
+def save_pool(out: Path, seed: int) -> None:
+    pool = build_requests(seed)
+    write_atomically(out, lambda f: f.write(json.dumps(asdict(pool)).encode()), mode=0o644)
     print(f"{out}: {len(pool.requests):,} requests, sha256 {pool.sha256}")
 
 
-def read_pool(path: Path, settings: dict) -> RequestPool:
-    pool = RequestPool(**json.loads(path.read_text()))
-    if pool.sha256 != settings["requests_sha256"] or len(pool.requests) != settings["n_requests"]:
-        raise SystemExit(f"{path}: not the pool of this run (its sha256 differs); make it with `pool` on the machine "
-                         f"that began the run")  # fmt: skip
-    return pool
+def read_run(data: Path, pool_file: Path) -> tuple[distill.DistillSettings, RequestPool]:
+    """The run's settings (DATA/manifest.json) and its request pool, which must be the run's own."""
+    manifest = distill.read_manifest(data)
+    if manifest is None:
+        raise SystemExit(f"{data}: no {distill.MANIFEST}; give the folder of the run to continue")
+    settings = distill.DistillSettings(**manifest["settings"])
+    pool = RequestPool(**json.loads(pool_file.read_text()))
+    if pool.sha256 != settings.requests_sha256 or len(pool.requests) != settings.n_requests:
+        raise SystemExit(f"{pool_file}: not the pool of this run (its sha256 differs); make it with `pool` on the "
+                         f"machine that began the run")  # fmt: skip
+    return settings, pool
 
 
-def check(device: str) -> None:
-    """torch's logits beside specdec's for the same ragged batch: prompts, then two single-token steps."""
+def check(device: str, data: str | None, pool_file: str | None) -> None:
+    """torch's logits beside specdec's for the same ragged batch (prompts, then two single-token steps); with a
+    run's data and pool, its first four shards at 2 rows of 8 tokens, made by both and compared row by row."""
+    from dataclasses import replace
+
     from specdec.model.tokenizer import chat_prompt
 
     model = load_target()
-    fast = TorchLlama(model, device, slots=4, capacity=256)
+    fast = TorchLlama(model, device, slots=4, capacity=1024)
     prompts = [chat_prompt(model.tokenizer, text) for text in ("What is a list?", "Name three colours.", "Hi")]
     np_caches, t_caches = [model.new_cache(256) for _ in prompts], [fast.new_cache(256) for _ in prompts]
     feed = prompts
@@ -213,20 +235,32 @@ def check(device: str) -> None:
         feed = [[int(r.argmax())] for r in ref]
     print(f"max |logit difference| over 3 steps of 3 rows: {worst:.2e}")
     assert worst < 1e-3, worst
+    if data is None:
+        return
+    del np_caches, t_caches  # their slots go back
+    settings, pool = read_run(Path(data), Path(pool_file))
+    small = replace(settings, shard_rows=2, max_reply=8)
+    same = rows = 0
+    for index in range(4):
+        a = distill.make_shard(model, pool, small, index)
+        b = distill.make_shard(fast, pool, small, index)
+        for r in range(small.shard_rows):
+            ra, rb = (x["reply_ids"][x["reply_offsets"][r] : x["reply_offsets"][r + 1]] for x in (a, b))
+            same, rows = same + int(np.array_equal(ra, rb)), rows + 1
+            if not np.array_equal(ra, rb):
+                first = int(np.argmax(ra[: min(len(ra), len(rb))] != rb[: min(len(ra), len(rb))]))
+                print(f"shard {index} row {r} ({'greedy' if a['greedy'][r] else 'sampled'}): the same until token "
+                      f"{first}, then {ra[first]} on the CPU and {rb[first]} here")  # fmt: skip
+    print(f"rows written alike by specdec and torch: {same} of {rows}")
 
 
 def worker(args, queue, results) -> None:
     import torch
 
     torch.set_num_threads(1)
-    folder = Path(args.data)
-    manifest = json.loads((folder / distill.MANIFEST).read_text())
-    settings = distill.DistillSettings(**manifest["settings"])
-    pool = read_pool(Path(args.pool), manifest["settings"])
+    settings, pool = read_run(Path(args.data), Path(args.pool))
     model = load_target(settings.model)
-    if model_fingerprint(model) != settings.model_fingerprint:
-        raise SystemExit("the model's fingerprint is not the run's")
-    longest = max(len(p) for p in (distill.chat_prompt(model.tokenizer, r, settings.system) for r in pool.requests))
+    longest = max(len(distill.chat_prompt(model.tokenizer, r, settings.system)) for r in pool.requests)
     fast = TorchLlama(model, args.device, slots=settings.batch, capacity=longest + settings.max_reply)
     out = Path(args.out)
     while time.time() < args.deadline:
@@ -244,10 +278,18 @@ def worker(args, queue, results) -> None:
 
 def make(args) -> None:
     import multiprocessing as mp
+    import queue as queues
 
-    args.deadline = time.time() + args.seconds
+    import torch
+
     out = Path(args.out)
+    if (out / MADE).exists():
+        raise SystemExit(f"{out / MADE} exists: merge those shards first, then give another --out")
+    settings, pool = read_run(Path(args.data), Path(args.pool))  # checked here once, before any worker starts
+    if model_fingerprint(load_target(settings.model)) != settings.model_fingerprint:
+        raise SystemExit(f"{models_dir() / GGUF}: not the model this run was made with (its fingerprint differs)")
     out.mkdir(parents=True, exist_ok=True)
+    args.deadline = time.time() + args.seconds
     ctx = mp.get_context("spawn")
     queue, results = ctx.Queue(), ctx.Queue()
     for index in range(args.first, args.last + 1):
@@ -262,54 +304,31 @@ def make(args) -> None:
     while any(p.is_alive() for p in procs) or not results.empty():
         try:
             entries.append(results.get(timeout=1))
-        except Exception:
+        except queues.Empty:
             pass
         if time.time() > args.deadline + args.grace:  # a shard still being made now is dropped, never half-written
             for p in procs:
                 p.terminate()
-    import torch
-
     device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    made = {"by": "scripts/distill_torch.py", "device": device, "torch": torch.__version__,
-            "entries": sorted(entries, key=lambda e: e["file"])}  # fmt: skip
-    (out / "made.json").write_text(json.dumps(made, indent=1))
-    n = sum(e["reply_tokens"] for e in entries)
-    print(f"{len(entries)} shards, {n:,} reply tokens, in {args.seconds - (args.deadline - time.time()):.0f} s")
-
-
-def merge_shards(folder: Path, new: Path, n_vocab: int) -> list[int]:
-    """Add the shards in `new` (listed in its made.json) that continue `folder`'s run to its manifest: each one
-    checked (sha256, arrays, token ids below n_vocab) before any is copied, the manifest written last. Returns
-    the indices added; shards that do not continue the run are left where they are."""
-    manifest = json.loads((folder / distill.MANIFEST).read_text())
-    made = json.loads((new / "made.json").read_text())
-    entries = {int(e["file"][len("shard-") : -len(".npz")]): e for e in made["entries"]}
-    added = []
-    while len(manifest["shards"]) + len(added) in entries:
-        index = len(manifest["shards"]) + len(added)
-        distill.read_shard(new, entries[index], n_vocab)  # ValueError naming the file: nothing is copied
-        added.append(index)
-    if not added:
-        raise ValueError(f"{new}: no shard continues the run in {folder} (it has {len(manifest['shards'])} shards)")
-    for index in added:
-        source = (new / entries[index]["file"]).read_bytes()
-        write_atomically(folder / entries[index]["file"], lambda f: f.write(source), mode=0o644)
-        distill.read_shard(folder, entries[index], n_vocab)
-    manifest["shards"] += [entries[index] for index in added]
-    manifest["reply_tokens"] = sum(e["reply_tokens"] for e in manifest["shards"])
-    manifest.setdefault("made_elsewhere", []).append(
-        {"shards": [added[0], added[-1]], "by": made["by"], "device": made["device"], "torch": made["torch"]})
-    distill.write_manifest(folder, manifest)
-    return added
+    write_atomically(out / MADE, lambda f: f.write(json.dumps(made_record(
+        settings, entries, "scripts/distill_torch.py", device, torch.__version__), indent=1).encode()), mode=0o644)
+    made = sorted(int(e["file"][6:11]) for e in entries)
+    run = 0
+    while args.first + run in made:
+        run += 1
+    failed = [p.exitcode for p in procs if p.exitcode not in (0, None, -15)]  # -15: terminated at the grace's end
+    print(f"{len(entries)} shards, {sum(e['reply_tokens'] for e in entries):,} reply tokens, in "
+          f"{args.seconds - (args.deadline - time.time()):.0f} s; shards {args.first}..{args.first + run - 1} follow "
+          f"one another" + (f"; workers that failed (exit status): {failed}" if failed else ""))  # fmt: skip
 
 
 def merge(args) -> None:
     try:
-        added = merge_shards(Path(args.data), Path(args.new), args.n_vocab)
-    except (ValueError, OSError, KeyError) as e:
+        added = adopt_shards(args.data, args.new, args.n_vocab, log=print)
+    except (ValueError, OSError) as e:
         raise SystemExit(f"merge: {e}") from None
-    print(f"added shards {added[0]}..{added[-1]} to {args.data}; check them with `python -m specdec.train data` "
-          f"and the run's settings")  # fmt: skip
+    print(f"added shards {added[0]}..{added[-1]} to {args.data}; `python -m specdec.train data` with the run's "
+          f"settings checks them again")  # fmt: skip
 
 
 def main() -> None:
@@ -317,8 +336,11 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pool")
     p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0, help="the run's --seed")
     p = sub.add_parser("check")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--data", default=None)
+    p.add_argument("--pool", default=None)
     p = sub.add_parser("make")
     for flag in ("--data", "--pool", "--out"):
         p.add_argument(flag, required=True)
@@ -326,7 +348,7 @@ def main() -> None:
     p.add_argument("--last", type=int, required=True)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--seconds", type=float, default=300, help="start no shard after this many seconds")
-    p.add_argument("--grace", type=float, default=90, help="then wait this long for the shards being made")
+    p.add_argument("--grace", type=float, default=120, help="then wait this long for the shards being made")
     p.add_argument("--device", default="cuda")
     p = sub.add_parser("merge")
     p.add_argument("--data", required=True)
@@ -334,9 +356,9 @@ def main() -> None:
     p.add_argument("--n-vocab", type=int, default=49152, help="the model's vocabulary (SmolLM2's by default)")
     args = parser.parse_args()
     if args.command == "pool":
-        save_pool(Path(args.out))
+        save_pool(Path(args.out), args.seed)
     elif args.command == "check":
-        check(args.device)
+        check(args.device, args.data, args.pool)
     elif args.command == "make":
         make(args)
     else:
