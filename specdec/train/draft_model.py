@@ -34,7 +34,7 @@ one at a time. What this file adds over a plain language model:
      from the optimum. Offered to fine-tune a draft FKL has trained.
 4. Its held-out figure: teacher-forced top-1 agreement with the token the target
    wrote, by reply position, on rows whose REQUEST never appears in training
-   (heads_train.held_out_rows: the split is by the request's text).
+   (rows.held_out_rows: the split is by the request's text).
 
 The block's forward and backward are train/llama_grad.py's (one copy of the
 Llama block's training math, shared with EAGLE's Llama head); this file adds
@@ -184,7 +184,7 @@ def head_logits(y: np.ndarray, vocab: DraftVocab) -> np.ndarray:
 
 def loss_and_grads(params, wte, vocab: DraftVocab, batch, h: LlamaHParams, loss: str) -> tuple[float, dict]:
     """The divergence of the draft's q from the target's p at every reply position of the batch, and the
-    gradient of every parameter. batch: a heads_train.HeadBatch (p rows in label_mask order)."""
+    gradient of every parameter. batch: a rows.HeadBatch (p rows in label_mask order)."""
     y, saved = forward(params, wte, batch.tokens, batch.lengths, h)
     logits = head_logits(y[batch.label_mask], vocab)  # [n, N]: position t predicts token t + 1
     value, dlogits = divergence(logits, batch.p.astype(y.dtype, copy=False), loss)

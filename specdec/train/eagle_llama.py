@@ -102,7 +102,7 @@ def head_backward(dy, params, saved, h: LlamaHParams, grads=None):
 
 
 # ---------------------------------------------------------------------------
-# Batches: pairs from a HeadBatch (heads_train.py), and which label rows they learn.
+# Batches: pairs from a HeadBatch (rows.py), and which label rows they learn.
 # ---------------------------------------------------------------------------
 
 

@@ -72,6 +72,9 @@ class HeadKind(Protocol):
     loss_and_grads(params, target, config, vocab, batch): (loss, named parts, grads).
     logits(params, target, config, vocab, batch): ([n, N] teacher-forced logits, [n_labels] bool: which of
         the batch's label rows they are, in order).
+    two_logits(params, target, config, vocab, batch), if the kind has it (a Llama-block head, which drafts
+        from its own outputs): ((logits, rows) of drafting's first token, (logits, rows) of its second), from
+        one unrolled pass; held-out accuracy then scores the second token too.
     save(out, target, params, card, vocab), if the kind has it: writes what was trained (the draft model's
         own file); otherwise heads.save_heads writes a head file.
     """

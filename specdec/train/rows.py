@@ -22,7 +22,7 @@ F32 = np.float32
 
 
 # ---------------------------------------------------------------------------
-# 1-4. Rows, the draft vocabulary, states, labels, batches.
+# The held-out split, labels and batches (heads_train.py's steps 1, 4 and 5).
 # ---------------------------------------------------------------------------
 
 
@@ -119,7 +119,7 @@ def row_batches(data: DistillData, rows: list[int], max_tokens: int, rng: np.ran
 
 
 # ---------------------------------------------------------------------------
-# 5. Held-out accuracy.
+# Held-out accuracy (heads_train.py's step 6).
 # ---------------------------------------------------------------------------
 
 
