@@ -51,6 +51,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.drafters import make_drafter
     from specdec.drafters.crossvocab import check_rule
     from specdec.drafters.specs import DraftSpec, parse_draft
+    from specdec.drafters.stopping import ConfidenceStop
     from specdec.race import RaceInterrupted, race
     from specdec.request import check_seed, check_verification, make_request, whole_number
     from specdec.words import human_size as human
@@ -111,6 +112,11 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         "verified exactly (Timor et al. 2025): 'tli' (token-level intersection, any temperature), 'slem' "
         "(string-level exact match, temperature 0) or 'slrs' (string-level rejection sampling; sampling only where "
         "the vocabularies are small enough); default: the draft must share the target's tokenizer")
+    add("--draft_confidence", type=float, default=None, metavar="P", help="end each round's chain before the "
+        "position where the draft's own confidence that the chain survives (the product of its probabilities) "
+        "would fall below P, in (0, 1]; rounds where the draft is unsure then verify fewer drafts or none, which "
+        "pays where a pass over several tokens costs more than one (a CPU). Exact at every temperature. For a "
+        "draft model, early_exit:L, eagle or medusa:DIR chains; default: always K drafts")
     add("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
     add("--chat", action="store_true", help="send the prompt as a user message in the chat model's template "
         "(the smollm2 models); both decoders stop at the end of the reply")
@@ -138,6 +144,8 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         check_seed(args.seed, "--seed")
         args.K = parse_k(args.K)
         args.tree = parse_tree(args.tree)
+        if args.draft_confidence is not None:
+            ConfidenceStop(args.draft_confidence)  # (0, 1], checked before anything loads
         if args.siblings is not None:
             args.siblings = args.siblings.replace("_", " ")
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
@@ -162,7 +170,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
                 resolve_model(name, args.models_dir)
         tuning.env_mode()  # SPECDEC_KERNELS, before anything is loaded
     except ValueError as e:
-        p.error(f"--{e}" if str(e).startswith("K ") else str(e))
+        p.error(f"--{e}" if str(e).startswith(("K ", "draft_confidence ")) else str(e))
     refuse_ignored(p, args)
     return args
 
@@ -211,10 +219,17 @@ def refuse_ignored(p, args) -> None:
         ("cross_vocab", spec.kind != "model", f"verifies a draft model with another tokenizer; the draft here is "
          f"{args.draft}"),
         ("cross_vocab", args.batch is not None, "is not offered with --batch"),
+        ("draft_confidence", spec.kind == "ngram" or args.cross_vocab is not None, "cuts the chains of a draft "
+         f"that draws from a distribution (a model, early_exit:L, eagle, medusa:DIR); --draft {args.draft}"
+         + (" with --cross_vocab" if args.cross_vocab else " proposes certain tokens") + ", which it would never cut"),
+        ("draft_confidence", args.tree is not None, "cuts chains; a tree is already grown by the draft's "
+         "confidence (EAGLE-2's expansion): give one or the other"),
+        ("draft_confidence", args.batch is not None, "is not offered with --batch"),
         ("ngram_max", spec.kind != "ngram", f"only applies to --draft ngram; the draft here is {args.draft}"),
         ("ngram_max", args.draft != "ngram", f"and --draft {args.draft} both set the n-gram length; give one"),
         *((dest, only_ar, "is about the speculative decoder, which --only autoregressive does not run")
-          for dest in ("draft", "K", "tree", "k_max", "ngram_max", "verification", "cross_vocab", "siblings")),
+          for dest in ("draft", "K", "tree", "k_max", "ngram_max", "verification", "cross_vocab", "siblings",
+                       "draft_confidence")),
         ("verification", greedy and args.verification in ("spectr", "traversal"), "has no effect at temperature 0 "
          "(every tree rule follows the target's argmax); give --temperature"),
         ("siblings", args.tree is None, "shapes a tree's children: give --tree N"),
@@ -329,6 +344,7 @@ def run(args) -> int:
     tree = f", tree={args.tree}" if args.tree else ""
     tree += f", {args.verification} verification" if args.verification != "token" else ""
     tree += f", siblings {args.siblings}" if args.siblings else ""
+    tree += f", draft confidence >= {args.draft_confidence}" if args.draft_confidence is not None else ""
     say(f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}")
 
     status = Status()
@@ -342,7 +358,7 @@ def run(args) -> int:
                       repeats=args.repeats, warmup=not args.no_warmup, k_max=args.k_max, decoders=decoders,
                       on_token=stream, on_decoder=stream and stream.start, tree=args.tree, chat=args.chat,
                       on_status=status, verification=args.verification, cross_vocab=args.cross_vocab,
-                      siblings=args.siblings, request=request)  # fmt: skip
+                      siblings=args.siblings, request=request, draft_confidence=args.draft_confidence)  # fmt: skip
     except RaceInterrupted as e:  # Ctrl-C: show what was measured, then exit 130
         report, interrupted = e.report, e.during
     status.clear()

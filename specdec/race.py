@@ -275,7 +275,7 @@ def race(
     on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
     chat: bool = False, on_status: Callable[[str], None] | None = None, verification: str = "token",
     allow_special: bool = False, cross_vocab: str | None = None, siblings: str | None = None,
-    request: Request | None = None,
+    request: Request | None = None, draft_confidence: float | None = None,
 ) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request, interleaved, and time them.
 
@@ -297,7 +297,8 @@ def race(
     model with another tokenizer, "tli", "slem" or "slrs" (speculative_sample's). request: `prompt`
     already made into a Request for this target by request.make_request, with this n_tokens and chat
     (the command line makes one to check the prompt before it loads a draft): the race takes its
-    prompt as it is, the template applied once, and checks the other settings here.
+    prompt as it is, the template applied once, and checks the other settings here. draft_confidence: a
+    bar that cuts each round's chain where the draft is unsure (speculative_sample's).
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup, report.spread, report.verdict
@@ -309,7 +310,7 @@ def race(
     if unknown or not decoders:
         raise ValueError(f"decoders must be some of {DECODERS}, got {tuple(decoders)}")
     run_speculative = "speculative" in decoders
-    drafter = make_drafter(draft, target, cross_vocab, siblings) if run_speculative else None
+    drafter = make_drafter(draft, target, cross_vocab, siblings, draft_confidence) if run_speculative else None
     verification_run = verification if run_speculative else "token"
     if request is None:
         request = make_request(target, prompt, n_tokens, params, chat, allow_special, "exact", verification_run, tree,
@@ -337,7 +338,8 @@ def race(
             raise RaceInterrupted(None, "measuring the costs") from None
     settings = dict(prompt_tokens=len(request.prompt), n_tokens=n_tokens, draft=_name(draft), K=K,
                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
-                    verification=verification, cross_vocab=cross_vocab, siblings=siblings)  # fmt: skip
+                    verification=verification, cross_vocab=cross_vocab, siblings=siblings,
+                    draft_confidence=draft_confidence)  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
 
     def run_once(name: str, n: int, stream: TokenCallback | None) -> Run:

@@ -72,6 +72,9 @@ def with_settings(
     if acceptance not in ACCEPTANCE:
         raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
     check_verification(verification, tree, acceptance, getattr(drafter, "siblings", None))
+    if tree is not None and getattr(drafter, "stop", None) is not None:
+        raise ValueError("a draft confidence bar (draft_confidence=, --draft_confidence) cuts chains; a tree "
+                         "is already grown by its draft's confidence (EAGLE-2's expansion): give one or the other")
     return replace(request, params=params, acceptance=acceptance, verification=verification)
 
 

@@ -59,6 +59,7 @@ def speculative_sample(
     seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
     tree=None, acceptance: str = "exact", chat: bool = False, verification: str = "token",
     on_round: RoundCallback | None = None, allow_special: bool = False, cross_vocab: str | None = None,
+    draft_confidence: float | None = None,
 ) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids by speculative sampling: exactly the target's distribution.
 
@@ -80,11 +81,14 @@ def speculative_sample(
     (drafters/crossvocab.py): "tli" (token-level intersection, any temperature), "slem"
     (string-level exact match, greedy only) or "slrs" (string-level rejection sampling, any
     temperature where the vocabularies are small enough: its q sums over draft tokenizations).
+    draft_confidence: a bar in (0, 1]: each round's chain ends before the position where the draft's own
+    confidence that the chain survives would fall below it (drafters/stopping.py), so that rounds where
+    the draft is unsure verify fewer drafts, or none; exact at every temperature. Chains only.
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
     rng = make_rng(seed, rng)
-    drafter = make_drafter(draft, target, cross_vocab)
+    drafter = make_drafter(draft, target, cross_vocab, confidence=draft_confidence)
     request = make_request(target, prompt_ids, n_tokens, params, chat, allow_special, acceptance, verification, tree,
                            drafter)  # fmt: skip
     k_policy = make_k_policy(K, costs=lambda: measure_costs(target, drafter, request.prompt))  # "auto" times passes

@@ -48,6 +48,7 @@ import numpy as np
 
 from .. import flags
 from ..autoregressive import autoregressive_sample
+from ..drafters import make_drafter
 from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, HParams
 from ..sampling import SamplingParams, probabilities
@@ -350,7 +351,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", default="355M", help="suite: the target model (default: %(default)s)")
     p.add_argument("--drafts", default="124M,ngram,early_exit:12",
                    help="suite: comma-separated drafters, model names or folders, 'ngram', 'ngram:N', "
-                        "'early_exit:L' (default: %(default)s)")  # fmt: skip
+                        "'early_exit:L', 'eagle'; NAME@P cuts NAME's chains by a draft confidence bar P "
+                        "(speculative_sample's draft_confidence), e.g. eagle,eagle@0.4 "
+                        "(default: %(default)s)")  # fmt: skip
     p.add_argument("--prompts", help="a JSON prompt suite in prompts.json's layout (default: the committed one)")
     p.add_argument("--categories", help="comma-separated categories to run (default: all)")
     p.add_argument("--n-tokens", type=int, help="new tokens per prompt (default 48; 32 for --alpha-table)")
@@ -386,6 +389,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"unknown categories {', '.join(unknown)}: the suite has {', '.join(args.suite)}")
         args.suite = {c: args.suite[c] for c in wanted}
     return args
+
+
+def confidence_bar(text: str) -> float:
+    """The P of a --drafts entry NAME@P, as a number (make_drafter checks that it lies in (0, 1])."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--drafts NAME@P needs a number P in (0, 1], got {text!r}") from None
 
 
 def load_average() -> str:
@@ -432,8 +443,10 @@ def main(argv=None) -> int:
             target = load(args.target)
             drafts = {}
             for label in args.drafts.split(","):
-                model_free = label.split(":")[0] in ("ngram", "early_exit", "medusa", "eagle")
-                drafts[label] = label if model_free else target if label == args.target else load(label)
+                name, at, bar = label.partition("@")
+                model_free = name.split(":")[0] in ("ngram", "early_exit", "medusa", "eagle")
+                draft = name if model_free else target if name == args.target else load(name)
+                drafts[label] = make_drafter(draft, target, confidence=confidence_bar(bar)) if at else draft
             progress(f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "
                      f"{args.n_tokens} tokens per prompt, {args.repeats} interleaved timed run(s)"
                      f"{', chat' if args.chat else ''}{f', trees of {args.tree}' if args.tree else ''}; load average "

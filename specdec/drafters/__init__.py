@@ -36,19 +36,26 @@ from .crossvocab import CrossVocabDrafter, check_rule
 from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
 from .specs import parse_draft
+from .stopping import ConfidenceStop, top_probability
 from .trees import SIBLINGS, model_tree, ngram_tree, point_masses
 
 
-def _draft_chain(step, new: list[int], k: int, params: SamplingParams, rng: np.random.Generator) -> Proposal:
-    """k autoregressive draft steps. step(tokens) feeds tokens, returns the last row's logits."""
-    tokens, q_rows = [], []
+def _draft_chain(step, new: list[int], k: int, params: SamplingParams, rng: np.random.Generator,
+                 stop: ConfidenceStop | None = None) -> Proposal:  # fmt: skip
+    """Up to k autoregressive draft steps. step(tokens) feeds tokens, returns the last row's logits.
+    stop: end the chain before a position where the draft's path confidence falls below its bar."""
+    tokens, q_rows, path = [], [], 1.0
     for _ in range(k):
         logits = step(new)  # [n_vocab]
-        if params.greedy:
-            token = greedy(logits)
-        else:
-            q = probabilities(logits[None], params)[0]  # [n_vocab], filtered like the target
-            token = draw(q, rng)
+        q = None if params.greedy else probabilities(logits[None], params)[0]  # [n_vocab], filtered like the target
+        if stop is not None:
+            top = top_probability(logits, q)
+            if not stop.allows(path, top):
+                break  # decided from q, before drawing (stopping.py)
+        token = greedy(logits) if q is None else draw(q, rng)
+        if stop is not None:
+            path *= top if q is None else float(q[token])
+        if q is not None:
             q_rows.append(q)
         tokens.append(token)
         new = [token]
@@ -72,8 +79,10 @@ class ModelDrafter:
         speculative_sample(target, ModelDrafter(load_model("124M")), ids, 40)
     """
 
-    def __init__(self, model: CausalLM, tree_width: int = 2, siblings: str = "without replacement"):
+    def __init__(self, model: CausalLM, tree_width: int = 2, siblings: str = "without replacement",
+                 stop: ConfidenceStop | None = None):  # fmt: skip
         self.model = model
+        self.stop = stop  # a chain ends where the draft's confidence falls below the bar (stopping.py)
         self.siblings = check_siblings(siblings)  # how a sampled tree's siblings are drawn (trees.dynamic_tree)
         self.n_vocab = model.n_vocab
         self.n_ctx = model.n_ctx
@@ -98,7 +107,7 @@ class ModelDrafter:
             self.calls += 1
             return self.model.forward(new, self.cache, last_only=True)[0]
 
-        return _draft_chain(step, ids[self.cache.length :], k, params, rng)
+        return _draft_chain(step, ids[self.cache.length :], k, params, rng, self.stop)
 
     def commit(self, ids, features) -> None:
         # Keep only accepted text: everything but ids[-1], which no cache has seen.
@@ -117,11 +126,13 @@ class EarlyExitDrafter:
         speculative_sample(target, EarlyExitDrafter(target, n_layer=6), ids, 40)  # or draft="early_exit:6"
     """
 
-    def __init__(self, target: CausalLM, n_layer: int, tree_width: int = 2, siblings: str = "without replacement"):
+    def __init__(self, target: CausalLM, n_layer: int, tree_width: int = 2, siblings: str = "without replacement",
+                 stop: ConfidenceStop | None = None):  # fmt: skip
         if not 1 <= n_layer < target.n_layer:
             raise ValueError(f"early exit needs 1 <= L < {target.n_layer} (the target's layers), got L={n_layer}")
         self.model = target
         self.n_layer = n_layer
+        self.stop = stop  # a chain ends where the draft's confidence falls below the bar (stopping.py)
         self.tree_width = tree_width  # children per expanded node when asked for a tree
         self.siblings = check_siblings(siblings)  # how a sampled tree's siblings are drawn (trees.dynamic_tree)
         self.n_vocab = target.n_vocab
@@ -147,7 +158,7 @@ class EarlyExitDrafter:
             self.calls += 1
             return self.model.forward(new, self.cache, last_only=True, n_layer=self.n_layer)[0]
 
-        proposal = _draft_chain(step, ids[start:], k, params, rng)
+        proposal = _draft_chain(step, ids[start:], k, params, rng, self.stop)
         self.cache.rollback(start)  # the target verifies from here
         return proposal
 
@@ -227,7 +238,8 @@ class NgramDrafter:
         pass
 
 
-def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblings: str | None = None) -> Drafter:
+def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblings: str | None = None,
+                 confidence: float | None = None) -> Drafter:  # fmt: skip
     """Turn what a caller passed as `draft` into a drafter for `target`.
 
     A GPT2 or a Llama becomes a ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with
@@ -238,7 +250,19 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblin
     siblings ("iid" or "without replacement"; None: the drafter's default): how the two drafters
     that sample a tree's children (a model, early exit) draw the siblings of one node; refused
     for any other draft.
+    confidence (a bar in (0, 1]; None: the papers' fixed K): a chain ends before the position where the
+    draft's own confidence that the chain survives falls below the bar (stopping.py), for the drafters
+    that draw from a distribution (a model, early exit, Medusa and EAGLE heads); refused for any other.
     """
+    stop = None if confidence is None else ConfidenceStop(confidence)
+    if stop is not None and (cross_vocab is not None or not _stoppable(draft)):
+        raise ValueError(f"a draft confidence bar cuts the chains of a draft model, early_exit:L, medusa:DIR or "
+                         f"eagle: it does not apply to {draft if isinstance(draft, str) else type(draft).__name__}"
+                         + (" with cross_vocab" if cross_vocab is not None else "")
+                         + (" (an n-gram's drafts are certain: their confidence is always 1)"
+                            if isinstance(draft, str) and parse_draft(draft).kind == "ngram" else "")
+                         + (" (a drafter object: build it with stop=ConfidenceStop(bar))"
+                            if isinstance(draft, Drafter) else ""))  # fmt: skip
     if siblings is not None:
         check_siblings(siblings)
         early_exit = isinstance(draft, str) and parse_draft(draft).kind == "early_exit"
@@ -248,7 +272,7 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblin
                              + (" with cross_vocab" if cross_vocab is not None else ""))  # fmt: skip
     if cross_vocab is not None:
         return _cross_vocab_drafter(draft, target, cross_vocab)
-    drafter = _as_drafter(draft, target, siblings or "without replacement")
+    drafter = _as_drafter(draft, target, siblings or "without replacement", stop)
     if isinstance(draft, LanguageModel) and draft.tokenizer and target.tokenizer and not same_tokenizer(draft, target):
         raise ValueError(f"the draft {draft.name} tokenizes text differently from the target {target.name}: pass "
                          "cross_vocab='tli' (any temperature) or 'slem' (greedy) to verify its drafts across "
@@ -286,19 +310,24 @@ def _cross_vocab_drafter(draft, target, cross_vocab: str) -> Drafter:
     return CrossVocabDrafter(draft, target, cross_vocab)
 
 
-def _as_drafter(draft, target: CausalLM, siblings: str) -> Drafter:
+def _stoppable(draft) -> bool:
+    """Whether `draft` names a drafter that make_drafter builds with a confidence stop."""
+    return isinstance(draft, LanguageModel) or (isinstance(draft, str) and parse_draft(draft).kind != "ngram")
+
+
+def _as_drafter(draft, target: CausalLM, siblings: str, stop: ConfidenceStop | None = None) -> Drafter:
     if isinstance(draft, LanguageModel):
-        return ModelDrafter(draft, siblings=siblings)  # even draft is target works: it gets its own cache
+        return ModelDrafter(draft, siblings=siblings, stop=stop)  # even draft is target works: it gets its own cache
     if isinstance(draft, str):
         spec = parse_draft(draft)
         if spec.kind == "ngram":
             return NgramDrafter(target.n_vocab, n_max=spec.arg)
         if spec.kind == "early_exit":
-            return EarlyExitDrafter(target, spec.arg, siblings=siblings)
+            return EarlyExitDrafter(target, spec.arg, siblings=siblings, stop=stop)
         if spec.kind == "eagle" and spec.arg == "":  # the head shipped inside specdec for this target
-            return EagleDrafter.load(shipped_heads(target.name, "eagle"), target)
+            return EagleDrafter.load(shipped_heads(target.name, "eagle"), target, stop=stop)
         if spec.kind in ("medusa", "eagle"):  # heads trained by `python -m specdec.train`, in folder spec.arg
-            return (MedusaDrafter if spec.kind == "medusa" else EagleDrafter).load(spec.arg, target)
+            return (MedusaDrafter if spec.kind == "medusa" else EagleDrafter).load(spec.arg, target, stop=stop)
         raise ValueError(
             f"unknown drafter {draft!r}: use 'ngram', 'ngram:N', 'early_exit:L', 'medusa:DIR', 'eagle:DIR', "
             f"or load the model first and pass it (load_model({draft!r}))"

@@ -59,6 +59,7 @@ from ..model.llama import LlamaBlock, LlamaHParams, llama_block, rms_norm, rope_
 from ..model.packing import Row
 from ..sampling import draw
 from .heads import CONFIG_FILE, DraftVocab, HeadFileError, draft_argmax, draft_distribution, head_cross_entropy, load_heads, smooth_l1
+from .stopping import ConfidenceStop, top_probability
 from .trees import dynamic_tree
 
 F32 = np.float32
@@ -383,8 +384,10 @@ class EagleDrafter:
     tree (trees.dynamic_tree), each new layer fed in one block pass with a tree mask.
     """
 
-    def __init__(self, model, vocab: DraftVocab, wte: np.ndarray, width: int = 4, hidden_layers: list | None = None):
+    def __init__(self, model, vocab: DraftVocab, wte: np.ndarray, width: int = 4, hidden_layers: list | None = None,
+                 stop: ConfidenceStop | None = None):  # fmt: skip
         self.model, self.vocab, self.wte, self.width = model, vocab, wte, width
+        self.stop = stop  # a chain ends where the head's confidence falls below the bar (stopping.py)
         # The target's states commit() is given (interfaces.features_asked): None, the final one (EAGLE);
         # EAGLE-3's three layers, side by side, which its model fuses (LlamaEagleModel.read).
         self.hidden_layers = hidden_layers
@@ -413,7 +416,7 @@ class EagleDrafter:
     def fresh(self) -> EagleDrafter:
         """A drafter for another sequence: this head's model, vocabulary and LM head, shared (drafting only
         reads them), with its own KV cache and predicted feature. A batch gives each row one."""
-        return EagleDrafter(self.model, self.vocab, self.wte, self.width, self.hidden_layers)
+        return EagleDrafter(self.model, self.vocab, self.wte, self.width, self.hidden_layers, self.stop)
 
     def begin(self, target, cache, prompt) -> None:
         self.cache.rollback(0)
@@ -435,14 +438,19 @@ class EagleDrafter:
             return Proposal.chain([])
         if nodes is not None:
             return self._tree(k, nodes, params, rng)
-        y, tokens, q_rows = self.root, [], []
+        y, tokens, q_rows, path = self.root, [], [], 1.0
         for i in range(k):
             logits = self.vocab.logits(self.model.out(y[None]))  # [1, N]
-            if params.greedy:
-                tokens.append(draft_argmax(logits[0], self.vocab))
-            else:
-                q_rows.append(draft_distribution(logits, self.vocab, params)[0])
-                tokens.append(draw(q_rows[-1], rng))
+            q = None if params.greedy else draft_distribution(logits, self.vocab, params)[0]  # [n_vocab]
+            if self.stop is not None:
+                top = top_probability(logits[0], q)
+                if not self.stop.allows(path, top):
+                    break  # decided from q, before drawing (stopping.py)
+            tokens.append(draft_argmax(logits[0], self.vocab) if q is None else draw(q, rng))
+            if q is not None:
+                q_rows.append(q)
+            if self.stop is not None:
+                path *= top if q is None else float(q[tokens[-1]])
             if i + 1 < k:  # feed (predicted feature, drafted token); its output predicts the next one
                 self.calls += 1
                 y = self.model.step(y[None], self.wte[tokens[-1]][None], self.cache)[0]

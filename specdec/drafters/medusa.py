@@ -35,6 +35,7 @@ from ..interfaces import Proposal
 from ..model.kernels import Linear, linear
 from ..sampling import draw
 from .heads import DraftVocab, draft_argmax, draft_distribution, head_cross_entropy, load_heads
+from .stopping import ConfidenceStop, top_probability
 from .trees import dynamic_tree
 
 F32 = np.float32
@@ -131,8 +132,10 @@ class MedusaDrafter:
     per expanded node): one head evaluation serves the whole tree.
     """
 
-    def __init__(self, params: dict[str, np.ndarray], vocab: DraftVocab, width: int = 4):
+    def __init__(self, params: dict[str, np.ndarray], vocab: DraftVocab, width: int = 4,
+                 stop: ConfidenceStop | None = None):  # fmt: skip
         self.params, self.vocab, self.width = params, vocab, width
+        self.stop = stop  # a chain ends where the heads' confidence falls below the bar (stopping.py)
         self.n_heads = params["w"].shape[0]
         self.n_vocab = vocab.n_vocab
         self.n_ctx = None  # the heads add no context limit of their own
@@ -172,6 +175,20 @@ class MedusaDrafter:
         if len(features):  # (no new rows: nothing changed)
             self.hidden = np.asarray(features[-1], dtype=F32)  # the row whose logits gave ids[-1]
 
+    def _chain(self, logits, params, rng) -> Proposal:
+        """Head i's argmax, or a draw from head i's q, for each head; `stop` may end the chain sooner."""
+        q = None if params.greedy else draft_distribution(logits, self.vocab, params)  # [depth, n_vocab]
+        tokens, path = [], 1.0
+        for i, row in enumerate(logits):
+            if self.stop is not None:
+                top = top_probability(row, None if q is None else q[i])
+                if not self.stop.allows(path, top):
+                    break  # decided from q, before drawing (stopping.py)
+            tokens.append(draft_argmax(row, self.vocab) if q is None else draw(q[i], rng))
+            if self.stop is not None:
+                path *= top if q is None else float(q[i, tokens[-1]])
+        return Proposal.chain(tokens, None if q is None else q[: len(tokens)])
+
     def propose(self, ids, k, params, rng, nodes=None):
         depth = min(k, self.n_heads)
         if self.hidden is None or depth < 1:  # a one-token prompt: no hidden state until the first pass
@@ -179,10 +196,7 @@ class MedusaDrafter:
         self.calls += 1
         logits = self.logits(depth)  # [depth, N]
         if nodes is None:
-            if params.greedy:
-                return Proposal.chain([draft_argmax(row, self.vocab) for row in logits])
-            q = draft_distribution(logits, self.vocab, params)  # [depth, n_vocab]
-            return Proposal.chain([draw(row, rng) for row in q], q)
+            return self._chain(logits, params, rng)
 
         rows = self.vocab.full(logits)  # [depth, n_vocab], -inf outside the draft vocabulary
 

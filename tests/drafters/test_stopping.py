@@ -1,0 +1,217 @@
+"""A chain cut by the draft's own confidence (drafters/stopping.py): where it cuts, that it leaves the
+output exactly the target's at every temperature, and that the rule which reads the token it just drew
+(the tempting mistake the module's NOTE describes) does not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import tiny_model
+from helpers import (
+    N_BROKEN,
+    N_SAMPLES,
+    PROMPT,
+    chi_square_passes,
+    exact_continuations,
+    perturbed,
+    sample_many,
+    small_model,
+)
+from test_head_drafters import random_eagle, random_medusa
+
+from specdec import autoregressive_sample, speculative_sample
+from specdec.drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter, make_drafter
+from specdec.drafters.eagle import EagleDrafter, EagleModel
+from specdec.drafters.eagle import init_params as eagle_init
+from specdec.drafters.heads import DraftVocab
+from specdec.drafters.stopping import ConfidenceStop, top_probability
+from specdec.interfaces import Proposal
+from specdec.sampling import SamplingParams, draw, probabilities
+
+T1 = SamplingParams(1.0)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A 6-token target and a draft near it: drafts are often but not always accepted."""
+    target = small_model(seed=10)
+    return target, perturbed(target, 0.4, seed=3)
+
+
+@pytest.fixture(scope="module")
+def exact_t1(pair):
+    return exact_continuations(pair[0], PROMPT, 3, T1)
+
+
+@pytest.mark.parametrize("bar", [0, -0.1, 1.01, float("nan"), float("inf"), True, "0.4", None])
+def test_a_bar_outside_0_1_is_refused(bar):
+    with pytest.raises(ValueError, match=r"draft_confidence .* \(0, 1\]"):
+        ConfidenceStop(bar)
+
+
+def test_top_probability_reads_q_or_the_softmax():
+    logits = np.array([2.0, 0.5, -1.0, 2.0], np.float32)
+    softmax = probabilities(logits[None], T1)[0]
+    assert top_probability(logits, None) == pytest.approx(float(softmax.max()), rel=1e-6)
+    q = np.array([0.1, 0.7, 0.2, 0.0], np.float32)
+    assert top_probability(logits, q) == pytest.approx(0.7)
+
+
+def expected_length(draft, ids: list[int], tokens: list[int], bar: float) -> int:
+    """Where the rule cuts a greedy chain `tokens` after `ids`, recomputed from the draft's own logits."""
+    path = 1.0
+    for j in range(len(tokens)):
+        top = float(probabilities(draft(ids + tokens[:j])[-1:], T1)[0].max())
+        if path * top < bar:
+            return j
+        path *= top
+    return len(tokens)
+
+
+@pytest.mark.parametrize("bar", [0.05, 0.3, 0.5, 0.7, 0.9])
+def test_a_greedy_chain_is_cut_where_the_path_confidence_falls_below_the_bar(pair, bar):
+    _, draft = pair
+    greedy = SamplingParams(0.0)
+    lengths = []
+    for ids in ([1, 2], [3], [0, 5, 4], [2, 2, 1]):
+        whole = ModelDrafter(draft).propose(ids, 4, greedy, None)
+        cut = ModelDrafter(draft, stop=ConfidenceStop(bar)).propose(ids, 4, greedy, None)
+        assert cut.tokens == whole.tokens[: len(cut)] and cut.is_chain  # a prefix of the uncut chain
+        assert len(cut) == expected_length(draft, ids, whole.tokens, bar)
+        lengths.append(len(cut))
+    assert len(set(lengths)) > 1 or bar in (0.05, 0.9), f"bar {bar} cut every prompt alike: {lengths}"
+
+
+def test_a_bar_that_never_cuts_draws_exactly_what_no_bar_draws(pair):
+    """The rule decides before drawing: where it lets every position through, the same random numbers give the
+    same drafts and the same q rows, for each drafter that takes a bar."""
+    target, draft = pair
+    deep = small_model(seed=10, n_layer=2)  # early exit needs a target of 2+ layers
+    never = ConfidenceStop(1e-30)
+    made = {
+        "model": (target, lambda stop: ModelDrafter(draft, stop=stop)),
+        "early exit": (deep, lambda stop: EarlyExitDrafter(deep, 1, stop=stop)),
+        "medusa": (target, lambda stop: _with_stop(random_medusa(target), stop)),
+        "eagle": (target, lambda stop: _with_stop(random_eagle(target), stop)),
+    }
+    for kind, (on, make) in made.items():
+        runs = [speculative_sample(on, make(stop), PROMPT, 8, K=3, temperature=1.0, seed=4)
+                for stop in (None, never)]  # fmt: skip
+        assert runs[0].tokens == runs[1].tokens, kind
+        assert runs[0].k_per_round == runs[1].k_per_round and sum(runs[0].k_per_round) > 0, kind
+
+
+def _with_stop(drafter, stop):
+    drafter.stop = stop
+    return drafter
+
+
+@pytest.mark.parametrize("kind", ["model", "early exit", "medusa", "eagle"])
+def test_greedy_with_a_bar_equals_greedy_autoregressive(kind):
+    target = tiny_model(seed=1)
+    drafter = {
+        "model": lambda: make_drafter(tiny_model(seed=2), target, confidence=0.3),
+        "early exit": lambda: make_drafter("early_exit:1", target, confidence=0.3),
+        "medusa": lambda: _with_stop(random_medusa(target), ConfidenceStop(0.3)),
+        "eagle": lambda: _with_stop(random_eagle(target), ConfidenceStop(0.3)),
+    }[kind]()
+    prompt = [5, 40, 7, 33]
+    plain = autoregressive_sample(target, prompt, 24)
+    spec = speculative_sample(target, drafter, prompt, 24, K=4)
+    assert spec.tokens == plain.tokens
+    near_end = len(spec.k_per_round) - 2  # the last rounds ask for fewer: the run's end, not the bar
+    assert min(spec.k_per_round[:near_end]) < 4, f"the bar cut no round: {spec.k_per_round}"
+
+
+def test_sampling_with_a_bar_keeps_the_target_distribution(pair, exact_t1):
+    target, draft = pair
+    drafter = ModelDrafter(draft, stop=ConfidenceStop(0.2))
+
+    def run(rng):
+        return speculative_sample(target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng)
+
+    lengths = first_round_lengths(target, drafter, 200)
+    assert all(lengths.count(n) > 10 for n in (1, 2)), f"the bar should cut some rounds, not all: {lengths}"
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_SAMPLES), exact_t1)
+    assert ok, f"chi2={stat:.1f} df={df}"
+
+
+def first_round_lengths(target, drafter, n: int) -> list[int]:
+    """Drafts in the first round of n runs of 3 tokens at K=2 (which asks for 2): below 2 where the bar cut."""
+    rng = np.random.default_rng(1)
+    return [speculative_sample(target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng).k_per_round[0]
+            for _ in range(n)]  # fmt: skip
+
+
+class KeepsWhatItDrew(ModelDrafter):
+    """BROKEN: draws each token first, then drops it (and the rest of the chain) when the path confidence WITH
+    the drawn token's own probability falls below the bar. The kept drafts no longer follow q, which the
+    acceptance test still divides by."""
+
+    def propose(self, ids, k, params, rng, nodes=None):
+        tokens, q_rows, path, new = [], [], 1.0, ids[self.cache.length :]
+        for _ in range(k):
+            self.calls += 1
+            q = probabilities(self.model.forward(new, self.cache, last_only=True), params)[0]
+            token = draw(q, rng)
+            path *= float(q[token])
+            if path < self.stop.bar:
+                break
+            tokens.append(token)
+            q_rows.append(q)
+            new = [token]
+        return Proposal.chain(tokens, np.stack(q_rows) if q_rows else None)
+
+
+def test_a_rule_that_reads_the_token_it_drew_fails_the_same_check(pair, exact_t1):
+    target, draft = pair
+    broken = KeepsWhatItDrew(draft, stop=ConfidenceStop(0.2))
+
+    def run(rng):
+        return speculative_sample(target, broken, PROMPT, 3, K=2, temperature=1.0, rng=rng)
+
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_BROKEN), exact_t1)
+    assert not ok, f"the broken rule passed (chi2={stat:.1f}, df={df})"
+
+
+def eagle_with_stop(target, std: float, bar: float) -> EagleDrafter:
+    """A random EAGLE head, less peaked than random_eagle's (whose q is nearly one token: never cut)."""
+    params = eagle_init(target.n_embd, np.random.default_rng(0), std=std)
+    model = EagleModel(params, target.n_embd, target.n_head, target.n_ctx, target.hparams.layer_norm_epsilon)
+    return EagleDrafter(model, DraftVocab.of(target, None), target.weights.wte, stop=ConfidenceStop(bar))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["early exit", "medusa", "eagle"])
+def test_sampling_with_a_bar_keeps_the_target_distribution_for_every_drafter(exact_t1, pair, kind):
+    target, exact = pair[0], exact_t1
+    if kind == "early exit":  # it needs a target of 2+ layers, with its own exact law
+        target = small_model(seed=10, n_layer=2)
+        drafter = EarlyExitDrafter(target, 1, stop=ConfidenceStop(0.4))
+        exact = exact_continuations(target, PROMPT, 3, T1)
+    elif kind == "medusa":
+        drafter = _with_stop(random_medusa(target), ConfidenceStop(0.4))
+    else:
+        drafter = eagle_with_stop(target, std=0.2, bar=0.3)
+    lengths = first_round_lengths(target, drafter, 100)
+    assert 0 < lengths.count(2) < len(lengths), f"the bar should cut some rounds, not all: {lengths}"
+
+    def run(rng):
+        return speculative_sample(target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng)
+
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_SAMPLES), exact)
+    assert ok, f"chi2={stat:.1f} df={df}"
+
+
+def test_a_bar_is_refused_where_it_would_do_nothing():
+    target = tiny_model(seed=1)
+    with pytest.raises(ValueError, match="certain"):
+        make_drafter("ngram", target, confidence=0.4)
+    with pytest.raises(ValueError, match="stop=ConfidenceStop"):
+        make_drafter(NgramDrafter(target.n_vocab), target, confidence=0.4)
+    with pytest.raises(ValueError, match="cross_vocab"):
+        make_drafter(tiny_model(seed=2), target, cross_vocab="tli", confidence=0.4)
+    with pytest.raises(ValueError, match="tree is already grown"):
+        speculative_sample(target, tiny_model(seed=2), [5, 6], 4, tree=4, draft_confidence=0.4)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        speculative_sample(target, tiny_model(seed=2), [5, 6], 4, draft_confidence=2)
