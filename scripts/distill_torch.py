@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict
@@ -44,24 +43,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from specdec.checkpoints.gguf import load_gguf  # noqa: E402
+from specdec.checkpoints.load import read_model  # noqa: E402
 from specdec.checkpoints.pairs import write_atomically  # noqa: E402
+from specdec.checkpoints.settings import HubSettings  # noqa: E402
 from specdec.drafters.heads import model_fingerprint  # noqa: E402
 from specdec.model.llama import rope_tables  # noqa: E402
 from specdec.train import distill  # noqa: E402
-from specdec.train.adopt import MADE, adopt_shards, made_record  # noqa: E402
+from specdec.train.adopt import MADE, SHARD_NAME, adopt_shards, made_record  # noqa: E402
 from specdec.train.requests import RequestPool, build_requests  # noqa: E402
 
-GGUF = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def models_dir() -> Path:
-    return Path(os.environ.get("SPECDEC_HOME", Path.home() / ".cache" / "specdec")) / "models"
-
-
 def load_target(name: str = "smollm2-135m"):
-    """specdec's own NumPy SmolLM2 (the GGUF read by specdec), untuned: only its weights are used here."""
-    return load_gguf(models_dir() / GGUF, name=name)
+    """specdec's own NumPy model of that name, read as load_model reads it (the default models folder, the
+    file checked against its pin), untuned: only its weights are used here."""
+    return read_model(name, None, False, HubSettings.from_env(), None)
 
 
 # ---------------------------------------------------------------------------
@@ -244,8 +238,8 @@ def check(device: str, data: str | None, pool_file: str | None) -> None:
     for index in range(4):
         a = distill.make_shard(model, pool, small, index)
         b = distill.make_shard(fast, pool, small, index)
-        for r in range(small.shard_rows):
-            ra, rb = (x["reply_ids"][x["reply_offsets"][r] : x["reply_offsets"][r + 1]] for x in (a, b))
+        replies = zip(*(distill.split_rows(x["reply_ids"], x["reply_offsets"]) for x in (a, b)))
+        for r, (ra, rb) in enumerate(replies):
             same, rows = same + int(np.array_equal(ra, rb)), rows + 1
             if not np.array_equal(ra, rb):
                 first = int(np.argmax(ra[: min(len(ra), len(rb))] != rb[: min(len(ra), len(rb))]))
@@ -287,7 +281,7 @@ def make(args) -> None:
         raise SystemExit(f"{out / MADE} exists: merge those shards first, then give another --out")
     settings, pool = read_run(Path(args.data), Path(args.pool))  # checked here once, before any worker starts
     if model_fingerprint(load_target(settings.model)) != settings.model_fingerprint:
-        raise SystemExit(f"{models_dir() / GGUF}: not the model this run was made with (its fingerprint differs)")
+        raise SystemExit(f"{settings.model}: not the model this run was made with (its fingerprint differs)")
     out.mkdir(parents=True, exist_ok=True)
     args.deadline = time.time() + args.seconds
     ctx = mp.get_context("spawn")
@@ -312,7 +306,7 @@ def make(args) -> None:
     device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     write_atomically(out / MADE, lambda f: f.write(json.dumps(made_record(
         settings, entries, "scripts/distill_torch.py", device, torch.__version__), indent=1).encode()), mode=0o644)
-    made = sorted(int(e["file"][6:11]) for e in entries)
+    made = sorted(int(SHARD_NAME.fullmatch(e["file"]).group(1)) for e in entries)
     run = 0
     while args.first + run in made:
         run += 1

@@ -27,6 +27,7 @@ from .checkpoints.load import load_folder, load_model
 from .checkpoints.safetensors import CheckpointError
 from .costmodel import AdaptiveK, CostModelK, FixedK, best_k, expected_tokens_per_round, predicted_speedup
 from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter
+from .drafters.stopping import ConfidenceStop
 from .interfaces import Drafter, KPolicy, Proposal
 from .model.base import CausalLM
 from .model.cache import KVCache
@@ -58,6 +59,7 @@ __all__ = [
     "ModelDrafter",
     "NgramDrafter",
     "EarlyExitDrafter",
+    "ConfidenceStop",
     "KPolicy",
     "FixedK",
     "AdaptiveK",

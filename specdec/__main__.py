@@ -51,7 +51,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.drafters import make_drafter
     from specdec.drafters.crossvocab import check_rule
     from specdec.drafters.specs import DraftSpec, parse_draft
-    from specdec.drafters.stopping import ConfidenceStop
+    from specdec.drafters.stopping import parse_confidence
     from specdec.race import RaceInterrupted, race
     from specdec.request import check_seed, check_verification, make_request, whole_number
     from specdec.words import human_size as human
@@ -112,10 +112,11 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         "verified exactly (Timor et al. 2025): 'tli' (token-level intersection, any temperature), 'slem' "
         "(string-level exact match, temperature 0) or 'slrs' (string-level rejection sampling; sampling only where "
         "the vocabularies are small enough); default: the draft must share the target's tokenizer")
-    add("--draft_confidence", type=float, default=None, metavar="P", help="end each round's chain before the "
+    add("--draft_confidence", default=None, metavar="P|auto", help="end each round's chain before the "
         "position where the draft's own confidence that the chain survives (the product of its probabilities) "
         "would fall below P, in (0, 1]; rounds where the draft is unsure then verify fewer drafts or none, which "
-        "pays where a pass over several tokens costs more than one (a CPU). Exact at every temperature. For a "
+        "pays where a pass over several tokens costs more than one (a CPU). 'auto': the bar the measured costs "
+        "set, c + r(2) - 1 (about 0.3 on 2 CPU cores, about c on a GPU). Exact at every temperature. For a "
         "draft model, early_exit:L, eagle or medusa:DIR chains; default: always K drafts")
     add("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
     add("--chat", action="store_true", help="send the prompt as a user message in the chat model's template "
@@ -145,7 +146,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         args.K = parse_k(args.K)
         args.tree = parse_tree(args.tree)
         if args.draft_confidence is not None:
-            ConfidenceStop(args.draft_confidence)  # (0, 1], checked before anything loads
+            args.draft_confidence = parse_confidence(args.draft_confidence)  # "auto" or a bar in (0, 1]
         if args.siblings is not None:
             args.siblings = args.siblings.replace("_", " ")
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)

@@ -259,6 +259,9 @@ def make_batch_drafts(draft, target):
     if isinstance(draft, LanguageModel):
         make_drafter(draft, target)  # the checks (a shared vocabulary)
         return BatchModelDraft(draft)
+    if isinstance(draft, (ModelDrafter, EarlyExitDrafter)) and draft.stop is not None:
+        raise ValueError("a batch drafts a model's or early exit's chains in batched passes, K for every row: "
+                         "a draft confidence bar (stop=) is not offered there; build the drafter without one")  # fmt: skip
     if isinstance(draft, ModelDrafter):
         return make_batch_drafts(draft.model, target)
     if isinstance(draft, EarlyExitDrafter):

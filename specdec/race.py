@@ -32,6 +32,7 @@ from .costmodel import (
     CostModelK,
     TreePolicy,
     best_k,
+    confidence_bar,
     expected_tokens_per_round,
     make_k_policy,
     make_tree_policy,
@@ -42,8 +43,9 @@ from .costmodel import (
     verify_cost,
 )
 from .drafters import make_drafter
+from .drafters.stopping import ConfidenceStop
 from .model.base import CausalLM
-from .request import Request, check_seed, make_request, make_rng, whole_number, with_settings
+from .request import TREES_REFUSED, Request, check_seed, make_request, make_rng, whole_number, with_settings
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams
 from .speculative import decode_speculative
@@ -321,6 +323,8 @@ def race(
     else:
         request = with_settings(request, params, "exact", verification_run, tree, drafter)
     if run_speculative:
+        if draft_confidence == "auto" and tree is not None:
+            raise ValueError(TREES_REFUSED)
         K = parse_k(K)  # a word or an int: each run gets a fresh policy
         make_tree_policy(tree, None, target)  # checks `tree`
     whole_number(k_max, "k_max", 1, K_LIMIT)
@@ -336,10 +340,13 @@ def race(
             costs = measure_costs(target, drafter, request.prompt, m_max=m_max, repeats=3)
         except KeyboardInterrupt:
             raise RaceInterrupted(None, "measuring the costs") from None
+        if draft_confidence == "auto":  # the bar these costs set
+            drafter.stop = ConfidenceStop(confidence_bar(costs.c, costs.r))
     settings = dict(prompt_tokens=len(request.prompt), n_tokens=n_tokens, draft=_name(draft), K=K,
                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
                     verification=verification, cross_vocab=cross_vocab, siblings=siblings,
-                    draft_confidence=draft_confidence)  # fmt: skip
+                    draft_confidence=draft_confidence,
+                    draft_confidence_bar=getattr(getattr(drafter, "stop", None), "bar", None))  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
 
     def run_once(name: str, n: int, stream: TokenCallback | None) -> Run:

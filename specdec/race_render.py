@@ -112,7 +112,9 @@ def summary_lines(report) -> list[str]:
     r, summary = spec.result, report.explain()
     tree = "tree_predicted_speedup" in summary  # a tree: one pass checks several candidates per depth
     prompt_pass = f"; +{plural(r.prefill_calls, 'pass')} over the prompt" if r.prefill_calls else ""
-    predicted = summary.get("tree_predicted_speedup", summary.get("predicted_speedup", math.nan))
+    # The headline prices the rounds this run had (a round may draft fewer than K, or nothing: an n-gram miss, a
+    # draft confidence bar), not eq. 1's every-round-drafts-k, which overstates such runs.
+    predicted = summary.get("tree_predicted_speedup", summary.get("predicted_speedup_from_rounds", math.nan))
     rows = speedup_rows(report, predicted) if report.ar else []
     rows += [
         ("alpha (accepted / judged drafts)",
@@ -133,6 +135,12 @@ def summary_lines(report) -> list[str]:
             (f"target pass over {n + 1:.1f} tokens vs 1 token", fmtx(summary['tree_verify_cost_ratio'])),
             ("predicted speedup tau / (c * passes + r(nodes + 1))", fmtx(summary['tree_predicted_speedup'])),
         ]
+    bar = report.settings.get("draft_confidence_bar")
+    if bar is not None:
+        how = "set by the costs, c + r(2) - 1" if report.settings.get("draft_confidence") == "auto" else "given"
+        drafting = sum(drafts > 0 for drafts in r.k_per_round)
+        rows.append(("draft confidence bar (chains cut below it)",
+                     f"{bar:g}  ({how}; {drafting} of {plural(r.rounds, 'round')} drafted)"))  # fmt: skip
     if "predicted_speedup" in summary:
         k = round(summary["mean_k"])
         best, drafting = summary["best_k"], sum(drafts > 0 for drafts in r.k_per_round)
@@ -158,7 +166,7 @@ def summary_lines(report) -> list[str]:
     if problem:
         lines_after.append(f"NOTE: the recorded r(m) is implausible ({problem}), so the predictions above use it "
                            "capped at m, raised to at least 1 and made non-decreasing")  # fmt: skip
-    if report.ar and "predicted_speedup" in summary and _far_apart(report.speedup, summary["predicted_speedup"]):
+    if report.ar and "predicted_speedup" in summary and _far_apart(report.speedup, predicted):
         lines_after.append(
             "NOTE: the measured and predicted speedups differ by more than 1.5x, so the timings are noisy "
             "(a busy machine?); more repeats (--repeats 5) take medians"

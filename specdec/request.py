@@ -28,6 +28,9 @@ from .model.tokenizer import ENDOFTEXT, chat_prompt, encode_text
 from .sampling import SamplingParams
 from .verify import ACCEPTANCE, TREE_VERIFICATION, VERIFICATION
 
+TREES_REFUSED = ("a draft confidence bar (draft_confidence=, --draft_confidence) cuts chains; a tree is already "
+                 "grown by its draft's confidence (EAGLE-2's expansion): give one or the other")
+
 
 @dataclass(frozen=True)
 class Request:
@@ -73,8 +76,7 @@ def with_settings(
         raise ValueError(f"acceptance must be 'exact' or 'typical' (lossy), got {acceptance!r}")
     check_verification(verification, tree, acceptance, getattr(drafter, "siblings", None))
     if tree is not None and getattr(drafter, "stop", None) is not None:
-        raise ValueError("a draft confidence bar (draft_confidence=, --draft_confidence) cuts chains; a tree "
-                         "is already grown by its draft's confidence (EAGLE-2's expansion): give one or the other")
+        raise ValueError(TREES_REFUSED)
     return replace(request, params=params, acceptance=acceptance, verification=verification)
 
 

@@ -37,12 +37,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costmodel import make_k_policy, make_tree_policy
+from .costmodel import confidence_bar, make_k_policy, make_tree_policy
 from .drafters import make_drafter
+from .drafters.stopping import ConfidenceStop
 from .interfaces import Drafter, KPolicy, Proposal, features_asked
 from .model.base import CausalLM
 from .model.cache import KVCache
-from .request import Request, make_request, make_rng
+from .request import TREES_REFUSED, Request, make_request, make_rng
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, check_finite_logits
 from .timing import measure_costs
@@ -83,7 +84,8 @@ def speculative_sample(
     temperature where the vocabularies are small enough: its q sums over draft tokenizations).
     draft_confidence: a bar in (0, 1]: each round's chain ends before the position where the draft's own
     confidence that the chain survives would fall below it (drafters/stopping.py), so that rounds where
-    the draft is unsure verify fewer drafts, or none; exact at every temperature. Chains only.
+    the draft is unsure verify fewer drafts, or none; exact at every temperature. Chains only. "auto": the
+    bar the measured costs set, c + r(2) - 1 (costmodel.confidence_bar; timed once, before the run).
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     params = SamplingParams(temperature, top_k, top_p)
@@ -91,7 +93,18 @@ def speculative_sample(
     drafter = make_drafter(draft, target, cross_vocab, confidence=draft_confidence)
     request = make_request(target, prompt_ids, n_tokens, params, chat, allow_special, acceptance, verification, tree,
                            drafter)  # fmt: skip
-    k_policy = make_k_policy(K, costs=lambda: measure_costs(target, drafter, request.prompt))  # "auto" times passes
+    measured = []  # "auto" (K or the bar) times passes, once for both
+
+    def costs():
+        if not measured:
+            measured.append(measure_costs(target, drafter, request.prompt))
+        return measured[0]
+
+    if draft_confidence == "auto":
+        if tree is not None:
+            raise ValueError(TREES_REFUSED)
+        drafter.stop = ConfidenceStop(confidence_bar(costs().c, costs().r))
+    k_policy = make_k_policy(K, costs=costs)
     tree_policy = make_tree_policy(tree, drafter, target)
     return decode_speculative(target, drafter, request, k_policy, tree_policy, rng, on_token, on_round)
 

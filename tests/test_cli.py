@@ -290,3 +290,30 @@ def test_chat_on_smollm2_prints_the_reply_and_a_race(smollm2_gguf, tmp_path):
     refused = subprocess.run([sys.executable, str(ROOT / "main.py"), "--target_model_size", "stdlib-6L",
                               "--draft", "ngram", "--chat", "--prompt", "hi"], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert refused.returncode == 2 and "--chat needs a chat model" in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize("bar", ["0.3", "auto"])
+def test_a_draft_confidence_bar_from_the_command_line(checkpoints, capsys, bar):
+    code, out, err = run_main(
+        capsys, "--target_model_size", str(checkpoints / "target"), "--draft", str(checkpoints / "draft"),
+        "--prompt", "the cat", "--n_tokens_to_generate", "16", "--K", "4", "--draft_confidence", bar, "--repeats", "1",
+        "--no_warmup",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.split("identical text at temperature 0")[1].split()[0] == "yes"
+    line = next(x for x in out.splitlines() if x.startswith("draft confidence bar"))
+    shown = float(line.split("  ")[-2].split()[-1])
+    assert (0 < shown <= 1) and (shown == 0.3 or bar == "auto") and ("set by the costs" in line) == (bar == "auto")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--draft", "ngram", "--draft_confidence", "0.3"], "proposes certain tokens"),
+    (["--draft_confidence", "0.3", "--tree", "4"], "tree is already grown"),
+    (["--draft_confidence", "auto", "--tree", "4"], "tree is already grown"),
+    (["--draft_confidence", "1.5"], "(0, 1] or 'auto'"),
+    (["--draft_confidence", "0.3", "--only", "autoregressive"], "does not run"),
+])  # fmt: skip
+def test_a_draft_confidence_bar_is_refused_where_it_would_do_nothing(checkpoints, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main.main(["--target_model_size", str(checkpoints / "target"), "--draft", str(checkpoints / "draft"), *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -76,7 +76,7 @@ def test_race_first_difference_and_noise_warning(models):
     report.costs.note = ""  # (a note on re-measured costs is not the warning looked for here)
     report.speculative[0].result.tokens[3] += 1  # as if a float32 near-tie went the other way
     assert report.first_difference() == 3 and "from new token 3" in str(report)
-    predicted = report.explain()["predicted_speedup"]
+    predicted = report.explain()["predicted_speedup_from_rounds"]  # the headline's prediction
     report.autoregressive[0].seconds = report.speculative[0].seconds * predicted  # measured == predicted
     assert "NOTE" not in str(report)
     report.autoregressive[0].seconds *= 3  # a burst of noise in one run

@@ -1,6 +1,7 @@
 """The chain cost model (Leviathan et al., arXiv 2211.17192, section 3) and the K policies built on it.
 
-Formulas: tokens per round, a round's cost, the predicted speedup, the best k. K policies (the
+Formulas: tokens per round, a round's cost, the predicted speedup, the best k, the draft confidence bar
+that pays (confidence_bar). K policies (the
 KPolicy interface of interfaces.py): FixedK, AdaptiveK, CostModelK, made from the K spec a user
 types by make_k_policy. Notation in costmodel/__init__.py (times in 1-token target steps).
 """
@@ -98,6 +99,19 @@ def best_k(alpha: float, c: float, r=None, k_max: int = 8) -> tuple[int, float]:
     best = max(range(1, k_max + 1), key=lambda k: predicted_speedup(alpha, k, c, r))
     speedup = predicted_speedup(alpha, best, c, r)
     return (best, speedup) if speedup > 1 else (0, 1.0)
+
+
+def confidence_bar(c: float, r=None) -> float:
+    """The draft confidence bar this machine's costs set (draft_confidence="auto", drafters/stopping.py).
+
+    A draft earns one token when it is accepted, and costs its draft step (c) and its row in the verification
+    pass (r(2) - r(1) for a round's first draft, in target steps): it pays when its chance of acceptance is above
+    c + r(2) - 1. On a GPU, where r(2) is about 1, the bar is about c and cuts almost nothing; on 2 CPU cores
+    (r(2) about 1.3, c about 0.03 for an EAGLE head) it is about 0.3. Kept within [0.001, 1].
+
+        confidence_bar(0.03, [1.0, 1.26, 1.39])   # 0.29
+    """
+    return round(min(1.0, max(1e-3, c + verify_cost(2, r) - 1)), 3)
 
 
 @dataclass

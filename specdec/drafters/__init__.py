@@ -253,9 +253,11 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblin
     confidence (a bar in (0, 1]; None: the papers' fixed K): a chain ends before the position where the
     draft's own confidence that the chain survives falls below the bar (stopping.py), for the drafters
     that draw from a distribution (a model, early exit, Medusa and EAGLE heads); refused for any other.
+    "auto": checked the same way, built without a bar; the caller sets `drafter.stop` once the costs that
+    set the bar are measured (costmodel.confidence_bar; speculative_sample and race do).
     """
-    stop = None if confidence is None else ConfidenceStop(confidence)
-    if stop is not None and (cross_vocab is not None or not _stoppable(draft)):
+    stop = None if confidence in (None, "auto") else ConfidenceStop(confidence)
+    if confidence is not None and (cross_vocab is not None or not _stoppable(draft)):
         raise ValueError(f"a draft confidence bar cuts the chains of a draft model, early_exit:L, medusa:DIR or "
                          f"eagle: it does not apply to {draft if isinstance(draft, str) else type(draft).__name__}"
                          + (" with cross_vocab" if cross_vocab is not None else "")

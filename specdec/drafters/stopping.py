@@ -43,7 +43,8 @@ import numpy as np
 class ConfidenceStop:
     """Stop a chain before the position where the draft's path confidence would fall below `bar`.
 
-        EagleDrafter.load(folder, target, stop=ConfidenceStop(0.4))   # or draft_confidence=0.4
+        EagleDrafter.load(folder, target, stop=ConfidenceStop(0.3))   # or draft_confidence=0.3
+        ConfidenceStop(costmodel.confidence_bar(costs.c, costs.r))     # or draft_confidence="auto"
     """
 
     bar: float  # in (0, 1]: 0 would never stop, and a path confidence never exceeds 1
@@ -60,6 +61,16 @@ class ConfidenceStop:
         """Whether to draft the next position: `path` (the drawn tokens' probabilities so far, multiplied)
         times `top`, the largest probability of the distribution the next token would come from."""
         return path * top >= self.bar
+
+
+def parse_confidence(text: str) -> float | str:
+    """A typed draft confidence: "auto", or a bar in (0, 1] (ValueError naming draft_confidence otherwise)."""
+    if text == "auto":
+        return text
+    try:
+        return ConfidenceStop(float(text)).bar
+    except ValueError:
+        raise ValueError(f"draft_confidence must be a number in (0, 1] or 'auto', got {text!r:.40}") from None
 
 
 def top_probability(logits: np.ndarray, q: np.ndarray | None) -> float:

@@ -272,6 +272,11 @@ def read_shard(folder: Path, entry: dict, n_vocab: int | None = None) -> dict[st
 # ---------------------------------------------------------------------------
 
 
+def split_rows(values: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    """A shard's rows laid end to end, cut apart: row b is values[offsets[b] : offsets[b + 1]]."""
+    return [values[offsets[b] : offsets[b + 1]] for b in range(len(offsets) - 1)]
+
+
 def read_manifest(folder: Path) -> dict | None:
     """DIR/manifest.json, or None when there is none; ValueError when it is not one."""
     path = folder / MANIFEST
@@ -448,12 +453,10 @@ def load_distill_data(folder: str | Path, model=None, complete: bool = True) -> 
             continue
         a = read_shard(folder, entry, n_vocab)
         data.shard_sha256.append(entry["sha256"])
-        po, ro = a["prompt_offsets"], a["reply_offsets"]
-        for b in range(len(a["row"])):
-            data.prompts.append(a["prompt_ids"][po[b] : po[b + 1]])
-            data.replies.append(a["reply_ids"][ro[b] : ro[b + 1]])
-            data.top_ids.append(a["top_ids"][ro[b] : ro[b + 1]])
-            data.top_probs.append(a["top_probs"][ro[b] : ro[b + 1]].astype(F32))
+        data.prompts += split_rows(a["prompt_ids"], a["prompt_offsets"])
+        data.replies += split_rows(a["reply_ids"], a["reply_offsets"])
+        data.top_ids += split_rows(a["top_ids"], a["reply_offsets"])
+        data.top_probs += [p.astype(F32) for p in split_rows(a["top_probs"], a["reply_offsets"])]
         greedy_rows.append(a["greedy"])
         ended_rows.append(a["ended"])
         data.request_text += [str(t) for t in a["request_text"]]

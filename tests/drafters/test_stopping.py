@@ -19,12 +19,13 @@ from helpers import (
 )
 from test_head_drafters import random_eagle, random_medusa
 
-from specdec import autoregressive_sample, speculative_sample
+from specdec import autoregressive_sample, speculative_sample, speculative_sample_batch
 from specdec.drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter, make_drafter
 from specdec.drafters.eagle import EagleDrafter, EagleModel
 from specdec.drafters.eagle import init_params as eagle_init
 from specdec.drafters.heads import DraftVocab
-from specdec.drafters.stopping import ConfidenceStop, top_probability
+from specdec.costmodel import confidence_bar
+from specdec.drafters.stopping import ConfidenceStop, parse_confidence, top_probability
 from specdec.interfaces import Proposal
 from specdec.sampling import SamplingParams, draw, probabilities
 
@@ -215,3 +216,28 @@ def test_a_bar_is_refused_where_it_would_do_nothing():
         speculative_sample(target, tiny_model(seed=2), [5, 6], 4, tree=4, draft_confidence=0.4)
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         speculative_sample(target, tiny_model(seed=2), [5, 6], 4, draft_confidence=2)
+    with pytest.raises(ValueError, match="batch"):
+        speculative_sample_batch(target, ModelDrafter(tiny_model(seed=2), stop=ConfidenceStop(0.4)), [[5, 6], [7]], 4)
+
+
+def test_the_cost_model_sets_the_bar_a_draft_must_clear():
+    assert confidence_bar(0.03, [1.0, 1.26, 1.39]) == pytest.approx(0.29)  # a round's first draft pays above this
+    assert confidence_bar(0.0, [1.0, 1.0]) == 0.001  # a free draft on a GPU-like pass: almost nothing is cut
+    assert confidence_bar(0.5, [1.0, 2.0]) == 1.0  # a draft step and a row that cost more than a token earns
+    assert parse_confidence("auto") == "auto" and parse_confidence("0.25") == 0.25
+    with pytest.raises(ValueError, match="'auto'"):
+        parse_confidence("often")
+
+
+def test_auto_takes_the_bar_from_the_costs_it_measures(monkeypatch):
+    from specdec import speculative
+    from specdec.timing import Costs
+
+    target, seen = tiny_model(seed=1), []
+    costs = Costs(target_step=0.01, draft_step=0.0005, r=[1.0, 1.4, 1.6, 1.7, 1.8])  # c = 0.05: the bar 0.45
+    monkeypatch.setattr(speculative, "measure_costs", lambda target, drafter, *rest: seen.append(drafter) or costs)
+    out = speculative_sample(target, tiny_model(seed=2), [5, 40, 7], 12, K="auto", draft_confidence="auto")
+    assert len(seen) == 1 and seen[0].stop == ConfidenceStop(0.45)  # measured once, for the bar and for K
+    assert out.tokens == autoregressive_sample(target, [5, 40, 7], 12).tokens
+    with pytest.raises(ValueError, match="tree is already grown"):
+        speculative_sample(target, tiny_model(seed=2), [5, 6], 4, tree=4, draft_confidence="auto")
