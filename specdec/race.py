@@ -245,6 +245,9 @@ class RaceReport:
             out["predicted_speedup_from_rounds"] = speedup_from_rounds(
                 len(res.tokens), res.k_per_round, res.draft_steps, c, r
             )
+            out["predicted_speedup_from_rounds_if_r_were_1"] = speedup_from_rounds(
+                len(res.tokens), res.k_per_round, res.draft_steps, c, None
+            )
             out["best_k"], out["best_k_speedup"] = best_k(alpha, c, r, k_max=len(r) - 1)
         policy = spec.k_policy
         if isinstance(policy, CostModelK):  # --K auto: what it would pick next, from its own estimate of alpha

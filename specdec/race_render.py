@@ -138,10 +138,19 @@ def summary_lines(report) -> list[str]:
     bar = report.settings.get("draft_confidence_bar")
     if bar is not None:
         how = "set by the costs, c + r(2) - 1" if report.settings.get("draft_confidence") == "auto" else "given"
+        rows.append(("draft confidence bar (chains cut below it)", f"{bar:g}  ({how})"))
+    if "predicted_speedup" in summary and bar is not None:
+        # NOTE: alpha here is of the drafts the bar let through, the sure ones: eq. 1 on it (tau expected, best K)
+        # would price every round as drafting k such drafts. Only this run's own rounds are priced.
         drafting = sum(drafts > 0 for drafts in r.k_per_round)
-        rows.append(("draft confidence bar (chains cut below it)",
-                     f"{bar:g}  ({how}; {drafting} of {plural(r.rounds, 'round')} drafted)"))  # fmt: skip
-    if "predicted_speedup" in summary:
+        rows += [
+            ("k, mean drafts per round that drafted",
+             f"{summary['mean_k']:.2f}  ({drafting} of {plural(r.rounds, 'round')} drafted)"),
+            ("predicted speedup from this run's own rounds", fmtx(summary['predicted_speedup_from_rounds'])),
+            ("  ...the same rounds if verifying cost one step",
+             fmtx(summary['predicted_speedup_from_rounds_if_r_were_1'])),
+        ]  # fmt: skip
+    elif "predicted_speedup" in summary:
         k = round(summary["mean_k"])
         best, drafting = summary["best_k"], sum(drafts > 0 for drafts in r.k_per_round)
         rows += [

@@ -304,6 +304,7 @@ def test_a_draft_confidence_bar_from_the_command_line(checkpoints, capsys, bar):
     line = next(x for x in out.splitlines() if x.startswith("draft confidence bar"))
     shown = float(line.split("  ")[-2].split()[-1])
     assert (0 < shown <= 1) and (shown == 0.3 or bar == "auto") and ("set by the costs" in line) == (bar == "auto")
+    assert "best K" not in out and "tau expected" not in out  # eq. 1 on the sure drafts' alpha would overstate
 
 
 @pytest.mark.parametrize("argv,message", [
