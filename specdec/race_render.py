@@ -146,6 +146,8 @@ def summary_lines(report) -> list[str]:
         rows += [
             ("k, mean drafts per round that drafted",
              f"{summary['mean_k']:.2f}  ({drafting} of {plural(r.rounds, 'round')} drafted)"),
+            (f"target pass over k+1={round(summary['mean_k']) + 1} tokens vs 1 token",
+             fmtx(summary['verify_cost_ratio'])),
             ("predicted speedup from this run's own rounds", fmtx(summary['predicted_speedup_from_rounds'])),
             ("  ...the same rounds if verifying cost one step",
              fmtx(summary['predicted_speedup_from_rounds_if_r_were_1'])),
