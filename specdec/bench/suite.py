@@ -49,7 +49,10 @@ import numpy as np
 from .. import flags
 from ..autoregressive import autoregressive_sample
 from ..drafters import make_drafter
-from ..drafters.stopping import ConfidenceStop
+from ..costmodel import confidence_bar
+from ..drafters.stopping import ConfidenceStop, parse_confidence
+from ..model.tokenizer import chat_prompt
+from ..timing import measure_costs
 from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, HParams
 from ..sampling import SamplingParams, probabilities
@@ -353,7 +356,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drafts", default="124M,ngram,early_exit:12",
                    help="suite: comma-separated drafters, model names or folders, 'ngram', 'ngram:N', "
                         "'early_exit:L', 'eagle'; NAME@P cuts NAME's chains by a draft confidence bar P "
-                        "(speculative_sample's draft_confidence), e.g. eagle,eagle@0.4 "
+                        "(speculative_sample's draft_confidence: a number in (0, 1] or auto), e.g. eagle,eagle@auto "
                         "(default: %(default)s)")  # fmt: skip
     p.add_argument("--prompts", help="a JSON prompt suite in prompts.json's layout (default: the committed one)")
     p.add_argument("--categories", help="comma-separated categories to run (default: all)")
@@ -392,12 +395,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def confidence_bar(text: str) -> float:
-    """The P of a --drafts entry NAME@P: a number in (0, 1] (the suite measures no costs to set "auto" by)."""
+def with_bar(label: str, draft, target: CausalLM, text: str, prompt: list[int], say: Callable[[str], None]):
+    """The drafter of a --drafts entry NAME@P: P a number in (0, 1], or "auto", the bar the costs measured here
+    set (costmodel.confidence_bar: c + r(2) - 1, timed after the suite's first prompt, as the race does)."""
     try:
-        return ConfidenceStop(float(text)).bar
+        confidence = parse_confidence(text)
     except ValueError:
-        raise ValueError(f"--drafts NAME@P needs a number P in (0, 1], got {text!r}") from None
+        raise ValueError(f"--drafts NAME@P needs P in (0, 1] or 'auto', got {text!r}") from None
+    drafter = make_drafter(draft, target, confidence=confidence)
+    if confidence == "auto":
+        costs = measure_costs(target, drafter, prompt)
+        drafter.stop = ConfidenceStop(confidence_bar(costs.c, costs.r))
+        say(f"{label}: bar {drafter.stop.bar:g} (c {costs.c:.3f}, r(2) {costs.r[1]:.2f})")
+    return drafter
 
 
 def load_average() -> str:
@@ -443,11 +453,13 @@ def main(argv=None) -> int:
         else:
             target = load(args.target)
             drafts = {}
+            first = next(iter(args.suite.values()))[0]  # "NAME@auto" times its costs after this prompt
+            prompt = chat_prompt(target.tokenizer, first) if args.chat else encode(target, first)
             for label in args.drafts.split(","):
                 name, at, bar = label.partition("@")
                 model_free = name.split(":")[0] in ("ngram", "early_exit", "medusa", "eagle")
                 draft = name if model_free else target if name == args.target else load(name)
-                drafts[label] = make_drafter(draft, target, confidence=confidence_bar(bar)) if at else draft
+                drafts[label] = with_bar(label, draft, target, bar, prompt, progress) if at else draft
             progress(f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "
                      f"{args.n_tokens} tokens per prompt, {args.repeats} interleaved timed run(s)"
                      f"{', chat' if args.chat else ''}{f', trees of {args.tree}' if args.tree else ''}; load average "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +164,17 @@ def test_bench_alpha_table_is_the_suites(folders, capsys):
     assert bench.main(argv) == 0
     row = capsys.readouterr().out.splitlines()[2]
     assert row.startswith(f"| {folders['small']} -> {folders['twin']} | ") and 0 <= float(row.split("|")[2]) <= 1
+
+
+def test_suite_cli_drafters_with_a_confidence_bar(folders, capsys, tmp_path):
+    path = tmp_path / "out.json"
+    small = str(folders["small"])
+    argv = ["--target", str(folders["big"]), "--drafts", f"{small},{small}@0.5,{small}@auto", "--n-tokens", "6",
+            "--categories", "lists", "--json", str(path)]  # fmt: skip
+    assert suite.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert set(json.loads(path.read_text())) == {small, f"{small}@0.5", f"{small}@auto"}
+    assert re.search(rf"{re.escape(small)}@auto: bar [0-9.]+ \(c [0-9.]+, r\(2\) [0-9.]+\)", err)
+    for bad, message in (("ngram@0.5", "certain"), (f"{small}@2", "'auto'"), (f"{small}@often", "'auto'")):
+        assert suite.main(["--target", str(folders["big"]), "--drafts", bad, "--n-tokens", "2"]) == 1
+        assert message in capsys.readouterr().err
