@@ -220,9 +220,11 @@ def refuse_ignored(p, args) -> None:
         ("cross_vocab", spec.kind != "model", f"verifies a draft model with another tokenizer; the draft here is "
          f"{args.draft}"),
         ("cross_vocab", args.batch is not None, "is not offered with --batch"),
-        ("draft_confidence", spec.kind == "ngram" or args.cross_vocab is not None, "cuts the chains of a draft "
-         f"that draws from a distribution (a model, early_exit:L, eagle, medusa:DIR); --draft {args.draft}"
-         + (" with --cross_vocab" if args.cross_vocab else " proposes certain tokens") + ", which it would never cut"),
+        ("draft_confidence", spec.kind == "ngram", f"cuts the chains of a draft that draws from a distribution (a "
+         f"model, early_exit:L, eagle, medusa:DIR); --draft {args.draft} proposes certain tokens, which it would "
+         "never cut"),
+        ("draft_confidence", args.cross_vocab is not None, "is not offered with --cross_vocab (the drafts are "
+         "re-spelt in the target's vocabulary after they are drawn)"),
         ("draft_confidence", args.tree is not None, "cuts chains; a tree is already grown by the draft's "
          "confidence (EAGLE-2's expansion): give one or the other"),
         ("draft_confidence", args.batch is not None, "is not offered with --batch"),
@@ -345,7 +347,8 @@ def run(args) -> int:
     tree = f", tree={args.tree}" if args.tree else ""
     tree += f", {args.verification} verification" if args.verification != "token" else ""
     tree += f", siblings {args.siblings}" if args.siblings else ""
-    tree += f", draft confidence >= {args.draft_confidence}" if args.draft_confidence is not None else ""
+    tree += (f", draft confidence >= {args.draft_confidence}" if args.draft_confidence not in (None, "auto") else
+             ", draft confidence >= the bar the costs set" if args.draft_confidence == "auto" else "")  # fmt: skip
     say(f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}")
 
     status = Status()

@@ -235,19 +235,22 @@ class RaceReport:
             out["tree_verify_cost_ratio"] = verify_cost(nodes + 1, r)
             out["tree_predicted_speedup"] = predicted_tree_speedup(res.tau, nodes, c * passes, r)
             return out
-        k = round(k_mean)
-        if k and not math.isnan(alpha):
-            out["tau_expected"] = expected_tokens_per_round(alpha, k)  # from alpha and k alone
-            out["verify_cost_ratio"] = verify_cost(k + 1, r)
-            out["predicted_speedup"] = predicted_speedup(alpha, k, c, r)
-            out["predicted_speedup_if_r_were_1"] = predicted_speedup(alpha, k, c, None)
-            # The same costs, priced over the rounds this run actually had.
+        if res.rounds:  # the costs priced over the rounds this run actually had (even if none drafted)
             out["predicted_speedup_from_rounds"] = speedup_from_rounds(
                 len(res.tokens), res.k_per_round, res.draft_steps, c, r
             )
             out["predicted_speedup_from_rounds_if_r_were_1"] = speedup_from_rounds(
                 len(res.tokens), res.k_per_round, res.draft_steps, c, None
             )
+        k = round(k_mean) if not math.isnan(k_mean) else 0
+        if k:
+            out["verify_cost_ratio"] = verify_cost(k + 1, r)
+        # NOTE: with a draft confidence bar, alpha is of the drafts the bar let through, the sure ones: eq. 1 on it
+        # (every round drafting k such drafts) would overstate, so it is left out.
+        if k and not math.isnan(alpha) and self.settings.get("draft_confidence_bar") is None:
+            out["tau_expected"] = expected_tokens_per_round(alpha, k)  # from alpha and k alone
+            out["predicted_speedup"] = predicted_speedup(alpha, k, c, r)
+            out["predicted_speedup_if_r_were_1"] = predicted_speedup(alpha, k, c, None)
             out["best_k"], out["best_k_speedup"] = best_k(alpha, c, r, k_max=len(r) - 1)
         policy = spec.k_policy
         if isinstance(policy, CostModelK):  # --K auto: what it would pick next, from its own estimate of alpha
@@ -325,6 +328,8 @@ def race(
                          f"race asks {n_tokens} with chat={chat}: make it from the same prompt, n_tokens and chat")  # fmt: skip
     else:
         request = with_settings(request, params, "exact", verification_run, tree, drafter)
+    if draft_confidence is not None and not run_speculative:
+        raise ValueError("draft_confidence cuts the speculative decoder's drafts: it needs 'speculative' in decoders")
     if run_speculative:
         if draft_confidence == "auto" and tree is not None:
             raise ValueError(TREES_REFUSED)

@@ -139,15 +139,16 @@ def summary_lines(report) -> list[str]:
     if bar is not None:
         how = "set by the costs, c + r(2) - 1" if report.settings.get("draft_confidence") == "auto" else "given"
         rows.append(("draft confidence bar (chains cut below it)", f"{bar:g}  ({how})"))
-    if "predicted_speedup" in summary and bar is not None:
+    if bar is not None and "predicted_speedup_from_rounds" in summary:
         # NOTE: alpha here is of the drafts the bar let through, the sure ones: eq. 1 on it (tau expected, best K)
-        # would price every round as drafting k such drafts. Only this run's own rounds are priced.
+        # would price every round as drafting k such drafts. Only this run's own rounds are priced (race.explain).
         drafting = sum(drafts > 0 for drafts in r.k_per_round)
+        rows.append(("k, mean drafts per round that drafted",
+                     f"{fmt(summary['mean_k'])}  ({drafting} of {plural(r.rounds, 'round')} drafted)"))  # fmt: skip
+        if "verify_cost_ratio" in summary:
+            rows.append((f"target pass over k+1={round(summary['mean_k']) + 1} tokens vs 1 token",
+                         fmtx(summary['verify_cost_ratio'])))  # fmt: skip
         rows += [
-            ("k, mean drafts per round that drafted",
-             f"{summary['mean_k']:.2f}  ({drafting} of {plural(r.rounds, 'round')} drafted)"),
-            (f"target pass over k+1={round(summary['mean_k']) + 1} tokens vs 1 token",
-             fmtx(summary['verify_cost_ratio'])),
             ("predicted speedup from this run's own rounds", fmtx(summary['predicted_speedup_from_rounds'])),
             ("  ...the same rounds if verifying cost one step",
              fmtx(summary['predicted_speedup_from_rounds_if_r_were_1'])),

@@ -105,9 +105,13 @@ def confidence_bar(c: float, r=None) -> float:
     """The draft confidence bar this machine's costs set (draft_confidence="auto", drafters/stopping.py).
 
     A draft earns one token when it is accepted, and costs its draft step (c) and its row in the verification
-    pass (r(2) - r(1) for a round's first draft, in target steps): it pays when its chance of acceptance is above
-    c + r(2) - 1. On a GPU, where r(2) is about 1, the bar is about c and cuts almost nothing; on 2 CPU cores
-    (r(2) about 1.3, c about 0.03 for an EAGLE head) it is about 0.3. Kept within [0.001, 1].
+    pass (r(2) - r(1) for a round's first draft, in target steps): against plain decoding it breaks even when its
+    chance of acceptance is c + r(2) - 1. That is the bar for a round's first draft, and against plain decoding:
+    a later draft's row costs r(j + 2) - r(j + 1), usually less, so one bar cuts deeper drafts a little early; and
+    where speculation already runs at a speedup S, a draft lifts it only if its chance beats S times its cost,
+    so on a GPU (r(2) about 1, the bar about c) the speedup-maximising bar is higher by about S. On 2 CPU cores
+    (r(2) about 1.25, c about 0.03 for an EAGLE head, S about 1) it is about 0.3. A round that drafts nothing
+    still paid for the draft step that judged its first position. Kept within [0.001, 1].
 
         confidence_bar(0.03, [1.0, 1.26, 1.39])   # 0.29
     """

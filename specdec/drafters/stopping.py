@@ -28,7 +28,14 @@ that drops b: a is drawn and accepted half the time; b is dropped and the target
 1/2 each) is emitted the other half, so a comes out 3/4 of the time, not 1/2. Deciding from q_j and
 the tokens already kept is safe: whatever is decided, position j's token is then either drawn from
 q_j and judged against it, or, after the cut, drawn from the target's p_j as the round's last token;
-both give p_j exactly (verify/chain.py). tests/drafters/test_stopping.py runs the broken rule too.
+both give p_j exactly (verify/chain.py). Block verification (verify/block.py) stays exact too: its proof
+needs the chain's length fixed by the drafts already drawn, which it is. tests/drafters/test_stopping.py runs
+the broken rule too.
+
+The bar reads max(q_j), the chance of the likeliest token; at temperature > 0 the chance that the drawn token
+is the one that survives is nearer sum(q_j^2), also known before the draw, and would cut more. The bar the
+measured costs set (costmodel.confidence_bar, draft_confidence="auto") is a round's first draft's break-even
+against plain decoding.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ import pytest
 from conftest import tiny_model
 from helpers import (
     N_BROKEN,
-    N_SAMPLES,
     PROMPT,
     chi_square_passes,
     exact_continuations,
@@ -109,38 +108,54 @@ def _with_stop(drafter, stop):
 
 @pytest.mark.parametrize("kind", ["model", "early exit", "medusa", "eagle"])
 def test_greedy_with_a_bar_equals_greedy_autoregressive(kind):
-    target = tiny_model(seed=1)
-    drafter = {
-        "model": lambda: make_drafter(tiny_model(seed=2), target, confidence=0.3),
-        "early exit": lambda: make_drafter("early_exit:1", target, confidence=0.3),
-        "medusa": lambda: _with_stop(random_medusa(target), ConfidenceStop(0.3)),
-        "eagle": lambda: _with_stop(random_eagle(target), ConfidenceStop(0.3)),
-    }[kind]()
-    prompt = [5, 40, 7, 33]
-    plain = autoregressive_sample(target, prompt, 24)
-    spec = speculative_sample(target, drafter, prompt, 24, K=4)
-    assert spec.tokens == plain.tokens
-    near_end = len(spec.k_per_round) - 2  # the last rounds ask for fewer: the run's end, not the bar
-    assert min(spec.k_per_round[:near_end]) < 4, f"the bar cut no round: {spec.k_per_round}"
+    """On a 6-token target where drafts are often accepted: the same tokens as plain greedy with and without the
+    bar, the bar cutting rounds (at position 0 too) and leaving accepted drafts."""
+    target = small_model(seed=10, n_layer=2)
+    make = {
+        "model": lambda stop: ModelDrafter(perturbed(target, 0.4, seed=3), stop=stop),
+        "early exit": lambda stop: EarlyExitDrafter(target, 1, stop=stop),
+        "medusa": lambda stop: _with_stop(random_medusa(target), stop),
+        "eagle": lambda stop: _with_stop(eagle_with_stop(target, std=0.2, bar=0.5), stop),
+    }[kind]
+    drafted, accepted, nothing = {None: 0, 0.7: 0}, 0, 0
+    for prompt in ([1, 2], [3], [0, 5, 4]):
+        plain = autoregressive_sample(target, prompt, 12).tokens
+        for bar in (None, 0.7):
+            out = speculative_sample(target, make(bar and ConfidenceStop(bar)), prompt, 12, K=4)
+            assert out.tokens == plain, (kind, prompt, bar)
+            drafted[bar] += sum(out.k_per_round)
+            if bar:
+                accepted += out.accepted
+                nothing += out.k_per_round[:-1].count(0)  # rounds cut at their first position (the last: the end)
+    assert drafted[0.7] < drafted[None] and accepted > 0, (drafted, accepted)
+    assert nothing > 0 or kind == "model", nothing  # this draft is sure of every first token here
 
 
-def test_sampling_with_a_bar_keeps_the_target_distribution(pair, exact_t1):
+@pytest.mark.parametrize("bar", [0.2, 0.6])
+def test_sampling_with_a_bar_keeps_the_target_distribution(pair, exact_t1, bar):
+    """Bar 0.2 cuts the first round's chain at its second draft, drawn or not by the first's confidence; bar 0.6
+    cuts every first round at once and the second round at its first draft, or not, by what came before."""
     target, draft = pair
-    drafter = ModelDrafter(draft, stop=ConfidenceStop(0.2))
+    drafter = ModelDrafter(draft, stop=ConfidenceStop(bar))
 
     def run(rng):
         return speculative_sample(target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng)
 
-    lengths = first_round_lengths(target, drafter, 100)
-    assert all(lengths.count(n) > 10 for n in (1, 2)), f"the bar should cut some rounds, not all: {lengths}"
+    rounds = round_lengths(target, drafter, 100)
+    if bar == 0.2:
+        firsts = [r[0] for r in rounds]
+        assert all(firsts.count(n) > 10 for n in (1, 2)), f"the bar should cut some first rounds, not all: {firsts}"
+    else:
+        seconds = [r[1] for r in rounds if r[0] == 0]  # all of them: the first round drafts nothing
+        assert len(seconds) == 100 and all(seconds.count(n) > 10 for n in (0, 1)), seconds
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=3000), exact_t1)
     assert ok, f"chi2={stat:.1f} df={df}"
 
 
-def first_round_lengths(target, drafter, n: int) -> list[int]:
-    """Drafts in the first round of n runs of 3 tokens at K=2 (which asks for 2): below 2 where the bar cut."""
+def round_lengths(target, drafter, n: int) -> list[list[int]]:
+    """Drafts per round in n runs of 3 tokens at K=2 (the first round asks for 2, the second for at most 1)."""
     rng = np.random.default_rng(1)
-    return [speculative_sample(target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng).k_per_round[0]
+    return [speculative_sample(target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng).k_per_round
             for _ in range(n)]  # fmt: skip
 
 
@@ -182,9 +197,9 @@ def eagle_with_stop(target, std: float, bar: float) -> EagleDrafter:
     return EagleDrafter(model, DraftVocab.of(target, None), target.weights.wte, stop=ConfidenceStop(bar))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["early exit", "medusa", "eagle"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", pytest.param("early exit", marks=pytest.mark.slow)])
 def test_sampling_with_a_bar_keeps_the_target_distribution_for_every_drafter(exact_t1, pair, kind):
+    """Each drafter's own chain loop (Medusa's and EAGLE's are their own code), at T=1 with a bar that cuts."""
     target, exact = pair[0], exact_t1
     if kind == "early exit":  # it needs a target of 2+ layers, with its own exact law
         target = small_model(seed=10, n_layer=2)
@@ -194,13 +209,13 @@ def test_sampling_with_a_bar_keeps_the_target_distribution_for_every_drafter(exa
         drafter = _with_stop(random_medusa(target), ConfidenceStop(0.4))
     else:
         drafter = eagle_with_stop(target, std=0.2, bar=0.3)
-    lengths = first_round_lengths(target, drafter, 100)
-    assert 0 < lengths.count(2) < len(lengths), f"the bar should cut some rounds, not all: {lengths}"
+    firsts = [r[0] for r in round_lengths(target, drafter, 100)]
+    assert 0 < firsts.count(2) < len(firsts), f"the bar should cut some rounds, not all: {firsts}"
 
     def run(rng):
         return speculative_sample(target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng)
 
-    ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_SAMPLES), exact)
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=3000), exact)
     assert ok, f"chi2={stat:.1f} df={df}"
 
 
@@ -241,3 +256,18 @@ def test_auto_takes_the_bar_from_the_costs_it_measures(monkeypatch):
     assert out.tokens == autoregressive_sample(target, [5, 40, 7], 12).tokens
     with pytest.raises(ValueError, match="tree is already grown"):
         speculative_sample(target, tiny_model(seed=2), [5, 6], 4, tree=4, draft_confidence="auto")
+
+
+def test_the_race_prices_a_bar_s_rounds_and_nothing_else():
+    from specdec.race import race
+
+    target, draft = small_model(seed=10, n_layer=2), perturbed(small_model(seed=10, n_layer=2), 0.4, seed=3)
+    report = race(target, draft, [1, 2], 10, K=4, repeats=1, warmup=False, draft_confidence=0.7)
+    summary = report.explain()
+    assert report.settings["draft_confidence_bar"] == 0.7 and summary["predicted_speedup_from_rounds"] > 0
+    assert not {"predicted_speedup", "tau_expected", "best_k"} & set(summary)  # eq. 1 on the sure drafts' alpha
+    assert "predicted speedup from this run's own rounds" in str(report) and "best K" not in str(report)
+    never = race(target, draft, [1, 2], 10, K=4, repeats=1, warmup=False, draft_confidence=1.0)
+    assert sum(never.spec.result.k_per_round) == 0 and never.explain()["predicted_speedup_from_rounds"] > 0
+    with pytest.raises(ValueError, match="speculative"):
+        race(target, draft, [1, 2], 10, decoders=("autoregressive",), draft_confidence=0.5)
