@@ -271,3 +271,26 @@ def test_the_race_prices_a_bar_s_rounds_and_nothing_else():
     assert sum(never.spec.result.k_per_round) == 0 and never.explain()["predicted_speedup_from_rounds"] > 0
     with pytest.raises(ValueError, match="speculative"):
         race(target, draft, [1, 2], 10, decoders=("autoregressive",), draft_confidence=0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["model", "medusa", "eagle"])
+def test_block_verification_with_a_bar_keeps_the_target_distribution(pair, exact_t1, kind):
+    """Block verification (Sun et al.) of chains a bar cut: its proof needs the chain's length fixed by the drafts
+    already drawn, which the bar's is."""
+    target, draft = pair
+    drafter = {
+        "model": lambda: ModelDrafter(draft, stop=ConfidenceStop(0.2)),
+        "medusa": lambda: _with_stop(random_medusa(target), ConfidenceStop(0.4)),
+        "eagle": lambda: eagle_with_stop(target, std=0.2, bar=0.3),
+    }[kind]()
+
+    def run(rng):
+        return speculative_sample(target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng, verification="block")
+
+    ok, stat, df = chi_square_passes(sample_many(run, n_samples=3000), exact_t1)
+    assert ok, f"chi2={stat:.1f} df={df}"
+    if kind == "model":  # and the rule that reads the token it drew fails here too
+        drafter = KeepsWhatItDrew(draft, stop=ConfidenceStop(0.2))
+        ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_BROKEN), exact_t1)
+        assert not ok, f"the broken rule passed block verification (chi2={stat:.1f}, df={df})"
