@@ -347,8 +347,9 @@ def run(args) -> int:
     tree = f", tree={args.tree}" if args.tree else ""
     tree += f", {args.verification} verification" if args.verification != "token" else ""
     tree += f", siblings {args.siblings}" if args.siblings else ""
-    tree += (f", draft confidence >= {args.draft_confidence}" if args.draft_confidence not in (None, "auto") else
-             ", draft confidence >= the bar the costs set" if args.draft_confidence == "auto" else "")  # fmt: skip
+    if args.draft_confidence is not None:
+        tree += ", draft confidence >= " + ("the bar the costs set" if args.draft_confidence == "auto"
+                                            else str(args.draft_confidence))  # fmt: skip
     say(f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}")
 
     status = Status()

@@ -32,6 +32,7 @@ drafter must provide is in interfaces.py.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -93,12 +94,7 @@ def speculative_sample(
     drafter = make_drafter(draft, target, cross_vocab, confidence=draft_confidence)
     request = make_request(target, prompt_ids, n_tokens, params, chat, allow_special, acceptance, verification, tree,
                            drafter)  # fmt: skip
-    measured = []  # "auto" (K or the bar) times passes, once for both
-
-    def costs():
-        if not measured:
-            measured.append(measure_costs(target, drafter, request.prompt))
-        return measured[0]
+    costs = functools.cache(lambda: measure_costs(target, drafter, request.prompt))  # "auto" (K, the bar): once
 
     if draft_confidence == "auto":
         if tree is not None:

@@ -36,7 +36,7 @@ from .crossvocab import CrossVocabDrafter, check_rule
 from .eagle import EagleDrafter
 from .medusa import MedusaDrafter
 from .specs import parse_draft
-from .stopping import ConfidenceStop, top_probability
+from .stopping import ChainGate, ConfidenceStop
 from .trees import SIBLINGS, model_tree, ngram_tree, point_masses
 
 
@@ -44,17 +44,14 @@ def _draft_chain(step, new: list[int], k: int, params: SamplingParams, rng: np.r
                  stop: ConfidenceStop | None = None) -> Proposal:  # fmt: skip
     """Up to k autoregressive draft steps. step(tokens) feeds tokens, returns the last row's logits.
     stop: end the chain before a position where the draft's path confidence falls below its bar."""
-    tokens, q_rows, path = [], [], 1.0
+    tokens, q_rows, gate = [], [], ChainGate(stop)
     for _ in range(k):
         logits = step(new)  # [n_vocab]
         q = None if params.greedy else probabilities(logits[None], params)[0]  # [n_vocab], filtered like the target
-        if stop is not None:
-            top = top_probability(logits, q)
-            if not stop.allows(path, top):
-                break  # decided from q, before drawing (stopping.py)
+        if not gate.opens(logits, q):
+            break  # decided from q, before drawing (stopping.py)
         token = greedy(logits) if q is None else draw(q, rng)
-        if stop is not None:
-            path *= top if q is None else float(q[token])
+        gate.drew(token, q)
         if q is not None:
             q_rows.append(q)
         tokens.append(token)

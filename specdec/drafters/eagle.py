@@ -59,7 +59,7 @@ from ..model.llama import LlamaBlock, LlamaHParams, llama_block, rms_norm, rope_
 from ..model.packing import Row
 from ..sampling import draw
 from .heads import CONFIG_FILE, DraftVocab, HeadFileError, draft_argmax, draft_distribution, head_cross_entropy, load_heads, smooth_l1
-from .stopping import ConfidenceStop, top_probability
+from .stopping import ChainGate, ConfidenceStop
 from .trees import dynamic_tree
 
 F32 = np.float32
@@ -438,19 +438,16 @@ class EagleDrafter:
             return Proposal.chain([])
         if nodes is not None:
             return self._tree(k, nodes, params, rng)
-        y, tokens, q_rows, path = self.root, [], [], 1.0
+        y, tokens, q_rows, gate = self.root, [], [], ChainGate(self.stop)
         for i in range(k):
             logits = self.vocab.logits(self.model.out(y[None]))  # [1, N]
             q = None if params.greedy else draft_distribution(logits, self.vocab, params)[0]  # [n_vocab]
-            if self.stop is not None:
-                top = top_probability(logits[0], q)
-                if not self.stop.allows(path, top):
-                    break  # decided from q, before drawing (stopping.py)
+            if not gate.opens(logits[0], q):
+                break  # decided from q, before drawing (stopping.py)
             tokens.append(draft_argmax(logits[0], self.vocab) if q is None else draw(q, rng))
+            gate.drew(tokens[-1], q)
             if q is not None:
                 q_rows.append(q)
-            if self.stop is not None:
-                path *= top if q is None else float(q[tokens[-1]])
             if i + 1 < k:  # feed (predicted feature, drafted token); its output predicts the next one
                 self.calls += 1
                 y = self.model.step(y[None], self.wte[tokens[-1]][None], self.cache)[0]

@@ -35,7 +35,7 @@ from ..interfaces import Proposal
 from ..model.kernels import Linear, linear
 from ..sampling import draw
 from .heads import DraftVocab, draft_argmax, draft_distribution, head_cross_entropy, load_heads
-from .stopping import ConfidenceStop, top_probability
+from .stopping import ChainGate, ConfidenceStop
 from .trees import dynamic_tree
 
 F32 = np.float32
@@ -178,15 +178,13 @@ class MedusaDrafter:
     def _chain(self, logits, params, rng) -> Proposal:
         """Head i's argmax, or a draw from head i's q, for each head; `stop` may end the chain sooner."""
         q = None if params.greedy else draft_distribution(logits, self.vocab, params)  # [depth, n_vocab]
-        tokens, path = [], 1.0
+        tokens, gate = [], ChainGate(self.stop)
         for i, row in enumerate(logits):
-            if self.stop is not None:
-                top = top_probability(row, None if q is None else q[i])
-                if not self.stop.allows(path, top):
-                    break  # decided from q, before drawing (stopping.py)
-            tokens.append(draft_argmax(row, self.vocab) if q is None else draw(q[i], rng))
-            if self.stop is not None:
-                path *= top if q is None else float(q[i, tokens[-1]])
+            q_i = None if q is None else q[i]
+            if not gate.opens(row, q_i):
+                break  # decided from q, before drawing (stopping.py)
+            tokens.append(draft_argmax(row, self.vocab) if q_i is None else draw(q_i, rng))
+            gate.drew(tokens[-1], q_i)
         return Proposal.chain(tokens, None if q is None else q[: len(tokens)])
 
     def propose(self, ids, k, params, rng, nodes=None):

@@ -64,10 +64,31 @@ class ConfidenceStop:
             raise ValueError(f"draft_confidence (a bar on the draft's confidence) must lie in (0, 1], "
                              f"got {self.bar}")  # fmt: skip
 
-    def allows(self, path: float, top: float) -> bool:
-        """Whether to draft the next position: `path` (the drawn tokens' probabilities so far, multiplied)
-        times `top`, the largest probability of the distribution the next token would come from."""
-        return path * top >= self.bar
+
+
+class ChainGate:
+    """One chain's path confidence under a stop (None: the gate never closes), kept as the chain is drafted;
+    every drafter's chain loop reads the rule through it:
+
+        gate = ChainGate(self.stop)
+        for each position:  q = ...;  if not gate.opens(logits, q): break;  token = draw...;  gate.drew(token, q)
+    """
+
+    def __init__(self, stop: ConfidenceStop | None):
+        self.stop, self.path, self.top = stop, 1.0, 1.0  # path: the drawn tokens' probabilities, multiplied
+
+    def opens(self, logits: np.ndarray, q: np.ndarray | None) -> bool:
+        """Whether to draft the next position, from its distribution alone, before anything is drawn there:
+        the path so far times that distribution's largest probability (top_probability) reaches the bar."""
+        if self.stop is None:
+            return True
+        self.top = top_probability(logits, q)
+        return self.path * self.top >= self.stop.bar
+
+    def drew(self, token: int, q: np.ndarray | None) -> None:
+        """The position just opened drew `token`: its probability joins the path (greedy's is the top)."""
+        if self.stop is not None:
+            self.path *= self.top if q is None else float(q[token])
 
 
 def parse_confidence(text: str) -> float | str:
