@@ -26,7 +26,7 @@ from .checkpoints.download import DownloadError
 from .checkpoints.load import load_folder, load_model
 from .checkpoints.safetensors import CheckpointError
 from .costmodel import AdaptiveK, CostModelK, FixedK, best_k, expected_tokens_per_round, predicted_speedup
-from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter
+from .drafters import EarlyExitDrafter, LookupFirst, ModelDrafter, NgramDrafter
 from .drafters.stopping import ConfidenceStop
 from .interfaces import Drafter, KPolicy, Proposal
 from .model.base import CausalLM
@@ -59,6 +59,7 @@ __all__ = [
     "ModelDrafter",
     "NgramDrafter",
     "EarlyExitDrafter",
+    "LookupFirst",
     "ConfidenceStop",
     "KPolicy",
     "FixedK",

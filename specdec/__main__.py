@@ -93,7 +93,9 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
              "first L layers), 'eagle' (the EAGLE head shipped for "
              f"{', '.join(sorted({t for t, k in registry.SHIPPED_HEADS if k == 'eagle'}))}), "
              f"{shipped_draft.NAME} (for {shipped_draft.TARGET}: a one-block Llama distilled on its replies, shipped "
-             "with specdec), or 'medusa:DIR' / 'eagle:DIR' (trained heads) (default: %(default)s)")
+             "with specdec), 'medusa:DIR' / 'eagle:DIR' (trained heads), or 'ngram[:N]+X' with X one of early_exit:L, "
+             "eagle, medusa:DIR, eagle:DIR (prompt lookup of 2..N tokens where it matches, X elsewhere) "
+             "(default: %(default)s)")
     add("--ngram_max", type=int, default=3, help="longest suffix 'ngram' matches (default: %(default)s)")
     add("--K", default="4", help="draft tokens per round: an integer 1..32, 'auto' (chosen from measured costs and "
         "the running acceptance rate) or 'adaptive' (grow on full acceptance, shrink on rejection) "

@@ -48,7 +48,7 @@ from functools import partial
 import numpy as np
 
 from .costmodel import AdaptiveK, FixedK, make_k_policy
-from .drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter, make_drafter
+from .drafters import EarlyExitDrafter, LookupFirst, ModelDrafter, NgramDrafter, make_drafter
 from .drafters.specs import parse_draft
 from .interfaces import KPolicy, Proposal, features_asked
 from .model.base import CausalLM, LanguageModel
@@ -268,12 +268,14 @@ def make_batch_drafts(draft, target):
         if draft.model is not target:
             raise ValueError("this early-exit drafter was built on a different target model")
         return BatchModelDraft(target, n_layer=draft.n_layer)
-    if isinstance(draft, NgramDrafter):
+    if isinstance(draft, (NgramDrafter, LookupFirst)):
+        draft.fresh()  # refused now, before any row runs, where a row cannot have its own (lookup_first.py)
         return PerRowDrafts(draft.fresh, target)
     if isinstance(draft, str):
         drafter = make_drafter(draft, target)  # checks the spec; head files are read here, once for the batch
         if parse_draft(draft).kind == "early_exit":
             return BatchModelDraft(target, n_layer=drafter.n_layer)
+        drafter.fresh()  # as above
         return PerRowDrafts(drafter.fresh, target)  # each row: its own drafting state, the weights shared
     raise ValueError(
         f"a batch needs its draft as a model, 'ngram[:N]', 'early_exit:L', 'medusa:DIR' or 'eagle:DIR' (each row then "

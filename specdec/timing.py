@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from .drafters import make_drafter
+from .drafters import LookupFirst, make_drafter
 from .interfaces import features_asked
 from .model.base import CausalLM
 from .model.cache import KVCache
@@ -139,7 +139,8 @@ def measure_costs(target: CausalLM, draft, context: list[int], m_max: int = 9, r
 
     draft: anything speculative_sample accepts, or None (nothing to draft). The draft
     step is the drafter's own `propose` of one token, whatever the drafter is: a
-    model step, an early-exit step, an n-gram lookup.
+    model step, an early-exit step, an n-gram lookup; for a lookup-first drafter
+    ("ngram+eagle"), its second drafter's step.
 
         costs = measure_costs(target, draft, ids)
         costs.c, costs.r, costs.note
@@ -165,6 +166,8 @@ def _pass_and_draft_calls(target: CausalLM, draft, context: list[int], m_max: in
     "draft": one draft step}, and the `after` that rolls the target's cache back to the context."""
     cache = target.new_cache()
     drafter = make_drafter(draft, target) if draft is not None else None
+    if isinstance(drafter, LookupFirst):
+        drafter = drafter.then  # priced by the step a round pays where the lookup finds nothing (lookup_first.py)
     if drafter is not None:
         drafter.begin(target, cache, context)
     if len(context) > 1:

@@ -307,6 +307,28 @@ def test_a_draft_confidence_bar_from_the_command_line(checkpoints, capsys, bar):
     assert "best K" not in out and "tau expected" not in out  # eq. 1 on the sure drafts' alpha would overstate
 
 
+def test_lookup_first_from_the_command_line(checkpoints, capsys):
+    code, out, err = run_main(
+        capsys, "--target_model_size", str(checkpoints / "target"), "--draft", "ngram+early_exit:1",
+        "--prompt", "the cat sat on the mat and the cat sat on the", "--n_tokens_to_generate", "16", "--K", "4",
+        "--draft_confidence", "auto", "--repeats", "1", "--no_warmup",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "n-gram lookup (2 <= n <= 3), else the target's first 1 layer" in out
+    assert out.split("identical text at temperature 0")[1].split()[0] == "yes"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--draft", "ngram+124M"], "not a model name"),
+    (["--draft", "ngram+eagle", "--ngram_max", "4"], "only applies to --draft ngram"),
+    (["--draft", "ngram+early_exit:1", "--siblings", "iid", "--tree", "4"], "only applies to a draft model"),
+])  # fmt: skip
+def test_a_lookup_first_spec_it_cannot_run_is_refused(checkpoints, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main.main(["--target_model_size", str(checkpoints / "target"), *argv])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--draft", "ngram", "--draft_confidence", "0.3"], "proposes certain tokens"),
     (["--draft_confidence", "0.3", "--tree", "4"], "tree is already grown"),

@@ -50,6 +50,7 @@ from .. import flags
 from ..autoregressive import autoregressive_sample
 from ..drafters import make_drafter
 from ..costmodel import confidence_bar
+from ..drafters.specs import parse_draft
 from ..drafters.stopping import ConfidenceStop, parse_confidence
 from ..model.tokenizer import chat_prompt
 from ..timing import measure_costs
@@ -457,7 +458,7 @@ def main(argv=None) -> int:
             prompt = chat_prompt(target.tokenizer, first) if args.chat else encode(target, first)
             for label in args.drafts.split(","):
                 name, at, bar = label.partition("@")
-                model_free = name.split(":")[0] in ("ngram", "early_exit", "medusa", "eagle")
+                model_free = parse_draft(name).kind != "model"
                 draft = name if model_free else target if name == args.target else load(name)
                 drafts[label] = with_bar(label, draft, target, bar, prompt, progress) if at else draft
             progress(f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "

@@ -12,7 +12,9 @@ three drafters implement it:
                      the current suffix (prompt lookup decoding)
 
 and, for a draft model with ANOTHER tokenizer, CrossVocabDrafter (crossvocab.py):
-its drafts re-spelt in the target's vocabulary by Timor et al.'s exact rules.
+its drafts re-spelt in the target's vocabulary by Timor et al.'s exact rules; and
+LookupFirst (lookup_first.py, "ngram+eagle"): prompt lookup where it finds a match,
+another drafter elsewhere.
 
 Asked for a tree (`nodes` given), each grows one with trees.py: the two model
 drafters by EAGLE-2's expansion (`tree_width` children for the most confident
@@ -34,6 +36,7 @@ from ..model.cache import KVCache
 from ..sampling import SamplingParams, draw, greedy, probabilities
 from .crossvocab import CrossVocabDrafter, check_rule
 from .eagle import EagleDrafter
+from .lookup_first import SHORTEST_MATCH, LookupFirst
 from .medusa import MedusaDrafter
 from .specs import parse_draft
 from .stopping import ChainGate, ConfidenceStop
@@ -241,7 +244,8 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblin
 
     A GPT2 or a Llama becomes a ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with
     n_max N (default 3); "early_exit:L" an EarlyExitDrafter over the target's
-    first L layers; a Drafter (interfaces.py) is used as it is.
+    first L layers; "ngram+X" (X early_exit:L, medusa:DIR or eagle[:DIR]) a LookupFirst: the lookup
+    where it finds a match, X elsewhere; a Drafter (interfaces.py) is used as it is.
     cross_vocab ("tli", "slem" or "slrs"): the draft model's tokenizer differs from the target's, and
     its drafts are re-spelt in the target's vocabulary by that rule (crossvocab.py).
     siblings ("iid" or "without replacement"; None: the drafter's default): how the two drafters
@@ -249,7 +253,8 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblin
     for any other draft.
     confidence (a bar in (0, 1]; None: the papers' fixed K): a chain ends before the position where the
     draft's own confidence that the chain survives falls below the bar (stopping.py), for the drafters
-    that draw from a distribution (a model, early exit, Medusa and EAGLE heads); refused for any other.
+    that draw from a distribution (a model, early exit, Medusa and EAGLE heads, the second drafter of
+    "ngram+X"); refused for any other.
     "auto": checked the same way, built without a bar; the caller sets `drafter.stop` once the costs that
     set the bar are measured (costmodel.confidence_bar; speculative_sample and race do).
     """
@@ -321,6 +326,10 @@ def _as_drafter(draft, target: CausalLM, siblings: str, stop: ConfidenceStop | N
         spec = parse_draft(draft)
         if spec.kind == "ngram":
             return NgramDrafter(target.n_vocab, n_max=spec.arg)
+        if spec.kind == "lookup_first":
+            lookup, then = spec.parts()
+            looker = NgramDrafter(target.n_vocab, lookup.arg, min(SHORTEST_MATCH, lookup.arg))
+            return LookupFirst(looker, _as_drafter(str(then), target, siblings, stop))
         if spec.kind == "early_exit":
             return EarlyExitDrafter(target, spec.arg, siblings=siblings, stop=stop)
         if spec.kind == "eagle" and spec.arg == "":  # the head shipped inside specdec for this target
@@ -329,7 +338,7 @@ def _as_drafter(draft, target: CausalLM, siblings: str, stop: ConfidenceStop | N
             return (MedusaDrafter if spec.kind == "medusa" else EagleDrafter).load(spec.arg, target, stop=stop)
         raise ValueError(
             f"unknown drafter {draft!r}: use 'ngram', 'ngram:N', 'early_exit:L', 'medusa:DIR', 'eagle:DIR', "
-            f"or load the model first and pass it (load_model({draft!r}))"
+            f"'ngram+eagle', or load the model first and pass it (load_model({draft!r}))"
         )
     if isinstance(draft, Drafter):
         return draft

@@ -3,6 +3,8 @@
     draft spec   "ngram" | "ngram:N" | "early_exit:L" | "medusa:DIR" | "eagle:DIR" (trained heads)
                  | "eagle" (the EAGLE head shipped for the target: checkpoints/registry.SHIPPED_HEADS)
                  | a model (a name such as 124M, a Hub repo id owner/name, or a local folder)
+                 | "ngram+X" | "ngram:N+X": prompt lookup first, X (early_exit:L, medusa:DIR, eagle[:DIR]) where
+                   the lookup finds nothing (lookup_first.py); a draft model after the lookup is built in Python
 
 The CLI parses flags with this before it downloads anything; make_drafter turns
 the parsed spec into a drafter. (The K spec is parsed in costmodel.parse_k.)
@@ -16,23 +18,33 @@ from ..words import plural
 
 NGRAM_DEFAULT = 3  # "ngram" alone matches suffixes of up to 3 tokens
 HEADS = {"medusa": "Medusa", "eagle": "EAGLE"}  # draft specs kind:DIR for heads trained on the target
+LOOKUP_FIRST = "+"  # "ngram+eagle": prompt lookup first, the EAGLE head where it finds nothing
 
 
 @dataclass(frozen=True)
 class DraftSpec:
     """A parsed draft spec: kind "ngram" (arg = n_max), "early_exit" (arg = L), "medusa" or "eagle"
-    (arg = the heads' folder) or "model" (arg = the name)."""
+    (arg = the heads' folder), "model" (arg = the name) or "lookup_first" (arg = the whole spec, whose
+    two parts are `parts()`)."""
 
     kind: str
     arg: int | str
 
     def __str__(self) -> str:
-        if self.kind == "model":
+        if self.kind in ("model", "lookup_first"):
             return self.arg
         return f"{self.kind}:{self.arg}" if self.arg != "" else self.kind
 
+    def parts(self) -> tuple[DraftSpec, DraftSpec]:
+        """A lookup-first spec's two drafters: the n-gram lookup, then the drafter used where it finds nothing."""
+        first, _, then = str(self.arg).partition(LOOKUP_FIRST)
+        return parse_draft(first), parse_draft(then)
+
     def describe(self) -> str:
         """In words, for a report header."""
+        if self.kind == "lookup_first":
+            lookup, then = self.parts()
+            return f"n-gram lookup ({min(2, lookup.arg)} <= n <= {lookup.arg}), else {then.describe()}"
         if self.kind == "ngram":
             return f"n-gram lookup (n <= {self.arg})"
         if self.kind == "early_exit":
@@ -47,7 +59,12 @@ def parse_draft(spec: str) -> DraftSpec:
 
     >>> parse_draft("ngram:4"), parse_draft("early_exit:6"), parse_draft("124M")
     (DraftSpec(kind='ngram', arg=4), DraftSpec(kind='early_exit', arg=6), DraftSpec(kind='model', arg='124M'))
+    >>> parse_draft("ngram+eagle").parts()
+    (DraftSpec(kind='ngram', arg=3), DraftSpec(kind='eagle', arg=''))
     """
+    first, plus, then = str(spec).partition(LOOKUP_FIRST)
+    if plus and first.partition(":")[0] == "ngram":
+        return _lookup_first(spec, parse_draft(first), then)
     kind, sep, arg = str(spec).partition(":")
     if kind == "ngram":
         n_max = _positive(arg, "ngram:N needs N >= 1, the longest suffix matched") if sep else NGRAM_DEFAULT
@@ -63,6 +80,17 @@ def parse_draft(spec: str) -> DraftSpec:
     if not spec:
         raise ValueError("the draft spec is empty: use a model name, 'ngram', 'ngram:N' or 'early_exit:L'")
     return DraftSpec("model", str(spec))
+
+
+def _lookup_first(spec: str, lookup: DraftSpec, then: str) -> DraftSpec:
+    """ngram[:N]+X, checked: X must be a drafter that needs no model loaded by name (the CLI loads one model)."""
+    kind = parse_draft(then).kind if then else "nothing"
+    if kind not in ("early_exit", "medusa", "eagle"):
+        what = {"model": "a model name", "ngram": "another lookup", "lookup_first": "another lookup"}.get(kind, kind)
+        raise ValueError(f"{spec!r}: after 'ngram+' comes the drafter used where the lookup finds nothing, "
+                         f"early_exit:L, medusa:DIR, eagle or eagle:DIR (not {what}); for a draft model, build "
+                         "LookupFirst(NgramDrafter(n_vocab), ModelDrafter(model)) in Python")  # fmt: skip
+    return DraftSpec("lookup_first", f"{lookup}{LOOKUP_FIRST}{then}")
 
 
 def _positive(text: str, need: str) -> int:

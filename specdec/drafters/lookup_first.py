@@ -1,0 +1,92 @@
+"""Prompt lookup first, a drafter that reads the model where the lookup finds nothing.
+
+Why: the two kinds of draft are good at different text. Prompt lookup (NgramDrafter) is free and, where
+the reply repeats itself or the prompt, often right for several tokens in a row; elsewhere it proposes
+nothing. A trained head (EAGLE) or a draft model proposes everywhere, but each draft costs a step and is
+right less often. On SmolLM2's chat replies at temperature 0 (docs/smollm2.md) prompt lookup keeps about
+half of its drafts in the rounds where it finds a match, the EAGLE head about four in ten, and together
+they beat either alone. Cascade Speculative Drafting (Chen et al., arXiv 2312.11462) puts a statistical
+lookup below its smallest draft model in the same spirit; this is its simplest form: per round, not per
+position.
+
+The rule, each round:
+
+    lookup = the tokens that followed the latest earlier occurrence of the text's last 3 tokens, else of its
+             last 2 (NgramDrafter.lookup with n_min = SHORTEST_MATCH)
+    propose lookup's chain (or trie) if it found one, else whatever the second drafter proposes
+
+A lone matching token is weak evidence: on the suite's chat replies at temperature 0, lookup-first with
+1-token matches allowed kept fewer tokens per second than with matches of 2 or more (1.11x against 1.17x
+over plain decoding, docs/smollm2.md), as the head drafts better than a copy after a common token.
+
+Exactness: which drafter proposes is decided from the text so far alone, before anything is drawn in this
+round, so for every position the sampler sees a draft drawn from the q it is given (a point mass for a
+looked-up token, the model's q for a model's draft) and judges it against the target's p as it would for
+either drafter alone; each position's output is then p exactly (verify/chain.py). The second drafter
+still reads every target pass (commit), so an EAGLE head keeps its features current through lookup rounds.
+
+A confidence bar (draft_confidence) cuts the second drafter's chains only: a looked-up token is certain,
+and its confidence is always 1. The bar "auto" and K "auto" are priced by the second drafter's step
+(timing.measure_costs), the step a round pays when the lookup finds nothing.
+"""
+
+from __future__ import annotations
+
+from ..interfaces import Drafter, Proposal
+
+SHORTEST_MATCH = 2  # "ngram+X" looks up suffixes of 2..N tokens (N >= 2); where none matches, X drafts
+
+
+class LookupFirst:
+    """Prompt lookup where the text's tail has occurred before, `then` (a model, early exit, Medusa or EAGLE
+    heads) everywhere else. Both see every pass; each round asks the lookup first.
+
+        LookupFirst(NgramDrafter(target.n_vocab), EagleDrafter.load(folder, target))   # or draft="ngram+eagle"
+    """
+
+    def __init__(self, lookup, then: Drafter):
+        if lookup.n_vocab != then.n_vocab:
+            raise ValueError(f"the lookup has {lookup.n_vocab} tokens and the drafter after it {then.n_vocab}: "
+                             "both must have the target's vocabulary")  # fmt: skip
+        self.lookup, self.then = lookup, then
+        self.n_vocab = then.n_vocab
+        self.n_ctx = then.n_ctx
+        self.looked_up = 0  # rounds the lookup proposed (the rest were the second drafter's)
+
+    @property
+    def calls(self) -> int:
+        return self.lookup.calls + self.then.calls  # the lookup makes no passes: the second drafter's
+
+    @property
+    def stop(self):
+        return getattr(self.then, "stop", None)
+
+    @stop.setter
+    def stop(self, stop) -> None:  # a bar cuts the second drafter's chains (speculative_sample sets "auto")
+        self.then.stop = stop
+
+    @property
+    def hidden_layers(self):
+        return getattr(self.then, "hidden_layers", None)  # what the second drafter reads (EAGLE-3's layers)
+
+    def fresh(self) -> LookupFirst:
+        """A drafter for another sequence (a batch gives each row one): a fresh lookup and second drafter."""
+        if not hasattr(self.then, "fresh"):
+            raise ValueError(f"a batch gives each row its own drafter, and {type(self.then).__name__} has no "
+                             "per-row copy: use ngram+eagle or ngram+medusa:DIR with --batch")  # fmt: skip
+        return LookupFirst(self.lookup.fresh(), self.then.fresh())
+
+    def begin(self, target, cache, prompt) -> None:
+        self.lookup.begin(target, cache, prompt)
+        self.then.begin(target, cache, prompt)
+
+    def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
+        found = self.lookup.propose(ids, k, params, rng, nodes)  # decided by the text alone: nothing drawn yet
+        if len(found):
+            self.looked_up += 1
+            return found
+        return self.then.propose(ids, k, params, rng, nodes)
+
+    def commit(self, ids, features) -> None:
+        self.lookup.commit(ids, features)
+        self.then.commit(ids, features)
