@@ -159,6 +159,10 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         check_names(args)  # by the names alone: nothing is fetched yet
         if args.batch is not None:
             whole_number(args.batch, "--batch", 1)
+            if args.draft_spec.kind == "lookup_first" and args.draft_spec.parts()[1].kind == "early_exit":
+                raise ValueError(f"--batch gives each row its own lookup and drafter, and early exit drafts a batch in "
+                                 f"batched passes instead: use --draft ngram+eagle or ngram+medusa:DIR, or "
+                                 f"{args.draft_spec.parts()[1]} alone, with --batch")  # fmt: skip
             if args.tree is not None or args.K == "auto":
                 raise ValueError("--batch drafts chains with an integer K or --K adaptive: leave out --tree and "
                                  "--K auto (the best K per batch size: python -m specdec.bench --only batch)")  # fmt: skip
@@ -193,6 +197,8 @@ def check_cli_verification(args) -> None:
 def check_names(args) -> None:
     """Refuse a pair, layer or length that the models' names already rule out (checkpoints/names.py)."""
     spec, speculative = args.draft_spec, args.only != "autoregressive"
+    if spec.kind == "lookup_first":
+        spec = spec.parts()[1]  # the drafter after the lookup is the one the names can rule out
     widest = max(args.tree if isinstance(args.tree, int) else 0, args.K if isinstance(args.K, int) else args.k_max)
     try:
         names.check_pair(

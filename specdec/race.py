@@ -42,7 +42,7 @@ from .costmodel import (
     speedup_from_rounds,
     verify_cost,
 )
-from .drafters import make_drafter
+from .drafters import LookupFirst, make_drafter
 from .drafters.stopping import ConfidenceStop
 from .model.base import CausalLM
 from .request import TREES_REFUSED, Request, check_seed, make_request, make_rng, whole_number, with_settings
@@ -246,8 +246,10 @@ class RaceReport:
         if k:
             out["verify_cost_ratio"] = verify_cost(k + 1, r)
         # NOTE: with a draft confidence bar, alpha is of the drafts the bar let through, the sure ones: eq. 1 on it
-        # (every round drafting k such drafts) would overstate, so it is left out.
-        if k and not math.isnan(alpha) and self.settings.get("draft_confidence_bar") is None:
+        # (every round drafting k such drafts) would overstate, so it is left out; so with lookup first, whose
+        # rounds mix free looked-up drafts with the second drafter's, at two acceptance rates.
+        if k and not math.isnan(alpha) and self.settings.get("draft_confidence_bar") is None \
+                and not self.settings.get("lookup_first"):
             out["tau_expected"] = expected_tokens_per_round(alpha, k)  # from alpha and k alone
             out["predicted_speedup"] = predicted_speedup(alpha, k, c, r)
             out["predicted_speedup_if_r_were_1"] = predicted_speedup(alpha, k, c, None)
@@ -354,7 +356,8 @@ def race(
                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
                     verification=verification, cross_vocab=cross_vocab, siblings=siblings,
                     draft_confidence=draft_confidence,
-                    draft_confidence_bar=getattr(getattr(drafter, "stop", None), "bar", None))  # fmt: skip
+                    draft_confidence_bar=getattr(getattr(drafter, "stop", None), "bar", None),
+                    lookup_first=isinstance(drafter, LookupFirst))  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
 
     def run_once(name: str, n: int, stream: TokenCallback | None) -> Run:

@@ -322,6 +322,8 @@ def test_lookup_first_from_the_command_line(checkpoints, capsys):
     (["--draft", "ngram+124M"], "not a model name"),
     (["--draft", "ngram+eagle", "--ngram_max", "4"], "only applies to --draft ngram"),
     (["--draft", "ngram+early_exit:1", "--siblings", "iid", "--tree", "4"], "only applies to a draft model"),
+    (["--draft", "ngram+early_exit:2", "--prompt", "x", "--n_tokens_to_generate", "8"], "L < 2"),  # before loading
+    (["--draft", "ngram+early_exit:1", "--batch", "2", "--prompt_file", __file__], "ngram+eagle"),
 ])  # fmt: skip
 def test_a_lookup_first_spec_it_cannot_run_is_refused(checkpoints, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:

@@ -42,6 +42,7 @@ from .. import costmodel, flags
 from ..batch import BatchModelDraft, Row, autoregressive_sample_batch, speculative_sample_batch
 from ..checkpoints.load import load_model
 from ..drafters import NgramDrafter
+from ..drafters.specs import parse_draft
 from ..model import kernels
 from ..model.shapes import GPT2_SHAPES, random_model
 from ..request import Request, check_request
@@ -86,10 +87,13 @@ def draft_step_call(model, draft: str, prompts: list[list[int]]):
     params = SamplingParams(0.0)
     rows = [Row(Request(p, 1, params), model.new_cache(), np.random.default_rng(0), DecodeResult(), index=i)
             for i, p in enumerate(prompts)]  # fmt: skip
-    if draft.startswith("ngram"):
-        drafters = [NgramDrafter(model.n_vocab) for _ in rows]
+    spec = parse_draft(draft)
+    if spec.kind == "ngram":
+        drafters = [NgramDrafter(model.n_vocab, spec.arg) for _ in rows]
         return lambda: [d.propose(row.ids, 1, params, row.rng) for d, row in zip(drafters, rows)]
-    n_layer = int(draft.split(":")[1])  # early_exit:L
+    if spec.kind != "early_exit":
+        raise ValueError(f"the batch section drafts with ngram[:N] or early_exit:L, not {draft}")
+    n_layer = spec.arg
     drafts = BatchModelDraft(model, n_layer=n_layer)
     drafts.begin(rows)
     for row in rows:  # a real context in each row's cache, then one drafted token per call

@@ -36,6 +36,7 @@ from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
 from ..drafters import eagle, make_drafter, medusa
 from ..drafters.heads import DraftVocab
+from ..drafters.specs import parse_draft
 from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, HParams, random_weights
 from ..model.shapes import GPT2_SHAPES
@@ -110,7 +111,7 @@ def accept(target: CausalLM, drafts: list[str], prompts: list[list[int]], n_toke
             ar_time += time.perf_counter() - start
         for spec in drafts:
             progress(f"acceptance: T={t:g}, drafter {spec}, {len(prompts)} prompts")
-            drafter = make_drafter(spec if ":" in spec or spec in ("ngram",) else load_model(spec, progress=False),
+            drafter = make_drafter(spec if parse_draft(spec).kind != "model" else load_model(spec, progress=False),
                                    target)  # fmt: skip
             speculative_sample(target, drafter, prompts[0], n_tokens, K=K, temperature=t, seed=0)  # warm-up
             judged = accepted = new = rounds = draft_calls = 0

@@ -356,7 +356,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", default="355M", help="suite: the target model (default: %(default)s)")
     p.add_argument("--drafts", default="124M,ngram,early_exit:12",
                    help="suite: comma-separated drafters, model names or folders, 'ngram', 'ngram:N', "
-                        "'early_exit:L', 'eagle'; NAME@P cuts NAME's chains by a draft confidence bar P "
+                        "'early_exit:L', 'eagle', 'ngram+eagle' (lookup first); NAME@P cuts NAME's chains by a "
+                        "draft confidence bar P "
                         "(speculative_sample's draft_confidence: a number in (0, 1] or auto), e.g. eagle,eagle@auto "
                         "(default: %(default)s)")  # fmt: skip
     p.add_argument("--prompts", help="a JSON prompt suite in prompts.json's layout (default: the committed one)")

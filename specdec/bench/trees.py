@@ -30,6 +30,7 @@ import numpy as np
 from .. import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
+from ..drafters.specs import parse_draft
 from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, random_weights
 from ..speculative import speculative_sample
@@ -108,7 +109,7 @@ def section_tau(args, out) -> dict:
             autoregressive_sample(target, prompt, args.n_tokens, **sampling)
         ar_seconds = time.perf_counter() - start
         for draft_name in args.drafts:
-            draft = draft_name if ":" in draft_name or draft_name == "ngram" else model(draft_name, args.models_dir)
+            draft = draft_name if parse_draft(draft_name).kind != "model" else model(draft_name, args.models_dir)
             for tree in args.trees:
                 args.progress(f"tau: T={temperature:g}, draft {draft_name}, tree {tree}, {len(prompts)} prompts")
                 tokens = accepted = drafted = rounds = 0

@@ -206,6 +206,7 @@ def draft_step_cost(drafter, target) -> float:
     L blocks of the target for early exit). 0 for a drafter without a model
     (n-gram); OTHER_DRAFT_COST for a drafter whose model cannot count them. Pass a
     TreePolicy with measured costs instead where timings exist (main.py and race do)."""
+    drafter = getattr(drafter, "then", drafter)  # lookup first (drafters/lookup_first.py): its second drafter's step
     model = getattr(drafter, "model", None)
     if model is None:
         return 0.0

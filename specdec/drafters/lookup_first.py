@@ -16,8 +16,8 @@ The rule, each round:
     propose lookup's chain (or trie) if it found one, else whatever the second drafter proposes
 
 A lone matching token is weak evidence: on the suite's chat replies at temperature 0, lookup-first with
-1-token matches allowed kept fewer tokens per second than with matches of 2 or more (1.11x against 1.17x
-over plain decoding, docs/smollm2.md), as the head drafts better than a copy after a common token.
+1-token matches allowed was slower than with matches of 2 or more (1.11x against 1.18x over plain decoding,
+docs/smollm2.md), as the head drafts better than a copy after a common token.
 
 Exactness: which drafter proposes is decided from the text so far alone, before anything is drawn in this
 round, so for every position the sampler sees a draft drawn from the q it is given (a point mass for a
@@ -41,7 +41,8 @@ class LookupFirst:
     """Prompt lookup where the text's tail has occurred before, `then` (a model, early exit, Medusa or EAGLE
     heads) everywhere else. Both see every pass; each round asks the lookup first.
 
-        LookupFirst(NgramDrafter(target.n_vocab), EagleDrafter.load(folder, target))   # or draft="ngram+eagle"
+        LookupFirst(NgramDrafter(target.n_vocab, 3, SHORTEST_MATCH), EagleDrafter.load(folder, target))
+        # the same as draft="eagle:FOLDER" after "ngram+"; a bar: EagleDrafter.load(..., stop=ConfidenceStop(P))
     """
 
     def __init__(self, lookup, then: Drafter):

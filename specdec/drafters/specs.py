@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..words import plural
+from .lookup_first import SHORTEST_MATCH
 
 NGRAM_DEFAULT = 3  # "ngram" alone matches suffixes of up to 3 tokens
 HEADS = {"medusa": "Medusa", "eagle": "EAGLE"}  # draft specs kind:DIR for heads trained on the target
@@ -44,7 +45,7 @@ class DraftSpec:
         """In words, for a report header."""
         if self.kind == "lookup_first":
             lookup, then = self.parts()
-            return f"n-gram lookup ({min(2, lookup.arg)} <= n <= {lookup.arg}), else {then.describe()}"
+            return f"n-gram lookup ({min(SHORTEST_MATCH, lookup.arg)} <= n <= {lookup.arg}), else {then.describe()}"
         if self.kind == "ngram":
             return f"n-gram lookup (n <= {self.arg})"
         if self.kind == "early_exit":
@@ -89,7 +90,7 @@ def _lookup_first(spec: str, lookup: DraftSpec, then: str) -> DraftSpec:
         what = {"model": "a model name", "ngram": "another lookup", "lookup_first": "another lookup"}.get(kind, kind)
         raise ValueError(f"{spec!r}: after 'ngram+' comes the drafter used where the lookup finds nothing, "
                          f"early_exit:L, medusa:DIR, eagle or eagle:DIR (not {what}); for a draft model, build "
-                         "LookupFirst(NgramDrafter(n_vocab), ModelDrafter(model)) in Python")  # fmt: skip
+                         "LookupFirst(NgramDrafter(n_vocab, 3, 2), ModelDrafter(model)) in Python")  # fmt: skip
     return DraftSpec("lookup_first", f"{lookup}{LOOKUP_FIRST}{then}")
 
 

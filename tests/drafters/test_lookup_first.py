@@ -16,6 +16,7 @@ from specdec.drafters.specs import DraftSpec, parse_draft
 from specdec.drafters.stopping import ConfidenceStop
 from specdec.interfaces import Proposal
 from specdec.sampling import SamplingParams
+from specdec.costmodel.trees import draft_step_cost
 from specdec.timing import measure_costs
 
 T1, GREEDY = SamplingParams(1.0), SamplingParams(0.0)
@@ -53,7 +54,7 @@ def test_a_spec_it_cannot_build_is_refused_in_one_line(spec, message):
         parse_draft(spec)
     assert "\n" not in str(error.value)
     if "model name" in message:
-        assert "LookupFirst(NgramDrafter(n_vocab), ModelDrafter(model))" in str(error.value)  # what to do instead
+        assert "LookupFirst(NgramDrafter(n_vocab, 3, 2), ModelDrafter(model))" in str(error.value)  # what instead
 
 
 def test_each_round_asks_the_lookup_first_and_the_second_drafter_where_it_finds_nothing(pair):
@@ -102,7 +103,7 @@ def test_greedy_with_lookup_first_equals_greedy_autoregressive(kind):
             out = speculative_sample(target, drafter, prompt, 10, K=3)
             assert out.tokens == plain, (kind, prompt, bar)
             looked_up += drafter.looked_up
-            drafted += len(out.k_per_round) - drafter.looked_up
+            drafted += sum(k > 0 for k in out.k_per_round) - drafter.looked_up  # rounds the second drafter drafted
     assert looked_up > 0 and drafted > 0, (looked_up, drafted)
 
 
@@ -164,5 +165,84 @@ def test_the_costs_price_the_second_drafter_s_step(pair):
     and K auto are about the rounds where the model drafts."""
     target, draft = pair
     then = ModelDrafter(draft)
-    costs = measure_costs(target, LookupFirst(NgramDrafter(target.n_vocab, 3, 2), then), [1, 2, 3, 1, 2], repeats=2)
-    assert then.calls > 0 and costs.draft_step > 0
+    measure_costs(target, LookupFirst(NgramDrafter(target.n_vocab, 3, 2), then), [1, 2, 3, 1, 2], repeats=2)
+    assert then.calls > 0  # the lookup would have found [1, 2] and drafted without a pass
+    deeper = small_model(seed=10, n_layer=2)  # and the tree cost model's estimate without timings
+    alone = draft_step_cost(EarlyExitDrafter(deeper, 1), deeper)
+    assert alone > 0 and draft_step_cost(LookupFirst(NgramDrafter(6), EarlyExitDrafter(deeper, 1)), deeper) == alone
+
+
+def test_the_race_leaves_out_eq_1_whose_rounds_lookup_first_does_not_have(pair):
+    """Eq. 1 assumes every round drafts k tokens at one acceptance rate and cost c; lookup first mixes free looked-up
+    rounds with the model's. The figures priced from the run's own rounds stay."""
+    from specdec.race import race
+
+    target, draft = pair
+    report = race(target, LookupFirst(NgramDrafter(target.n_vocab, 3, 1), ModelDrafter(draft)), [1, 2, 3, 1, 2], 8,
+                  K=2, repeats=1, warmup=False)  # fmt: skip
+    summary = report.explain()
+    assert report.settings["lookup_first"] and summary["predicted_speedup_from_rounds"] > 0
+    assert not {"predicted_speedup", "tau_expected", "best_k"} & set(summary)
+    plain = race(target, ModelDrafter(draft), [1, 2, 3, 1, 2], 8, K=2, repeats=1, warmup=False)
+    assert {"predicted_speedup", "tau_expected", "best_k"} <= set(plain.explain())  # the check can fail
+
+
+class LooksUpWhenTheModelAgrees(LookupFirst):
+    """BROKEN: draws the model's first draft, then proposes the lookup's chain only if it starts with that token
+    (else the model's). The choice now depends on a draw: looked-up tokens are proposed more often where the model
+    favours them, yet judged as point masses."""
+
+    def propose(self, ids, k, params, rng, nodes=None):
+        drawn = self.then.propose(ids, k, params, rng)
+        found = self.lookup.propose(ids, k, params, rng)
+        if len(found) and len(drawn) and found.tokens[0] == drawn.tokens[0]:
+            self.looked_up += 1
+            return found
+        return drawn
+
+
+@pytest.mark.slow
+def test_choosing_by_a_draw_fails_where_choosing_by_the_text_passes():
+    """The exactness argument's control: a far draft, a prompt whose tail recurs, 2 tokens at K=1, so the lookup's
+    token and the draft's first draw often compete. Deciding from the text passes; deciding from the draw fails."""
+    target = small_model(seed=10)
+    draft, prompt = perturbed(target, 2.0, seed=3), [1, 2, 1]
+    exact = exact_continuations(target, prompt, 2, T1)
+    for make, should_pass in ((LookupFirst, True), (LooksUpWhenTheModelAgrees, False)):
+        drafter = make(NgramDrafter(target.n_vocab, 3, 1), ModelDrafter(draft))
+
+        def run(rng):
+            return speculative_sample(target, drafter, prompt, 2, K=1, temperature=1.0, rng=rng)
+
+        ok, stat, df = chi_square_passes(sample_many(run, n_samples=8000), exact)
+        assert ok == should_pass, f"{make.__name__}: chi2={stat:.1f} df={df}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setup", ["eagle, bar 0.3", "eagle, block verification", "eagle, tree 4", "medusa, bar 0.4",
+                                   "early exit, tree 4, traversal"])  # fmt: skip
+def test_sampling_with_lookup_first_keeps_the_target_distribution_for_every_path(setup):
+    """The second drafter's own chain loops (with a bar), block verification of either kind of round, and trees
+    (the lookup's trie or the second drafter's tree) at T=1."""
+    from test_stopping import eagle_with_stop
+
+    target = small_model(seed=10, n_layer=2)
+    exact = exact_continuations(target, [1, 2, 3], 3, T1)
+    then = {
+        "eagle": lambda: eagle_with_stop(target, std=0.2, bar=0.3),
+        "medusa": lambda: random_medusa(target),
+        "early exit": lambda: EarlyExitDrafter(target, 1),
+    }[setup.split(",")[0]]()
+    then.stop = ConfidenceStop(0.3 if "eagle" in setup else 0.4) if "bar" in setup else None
+    drafter = LookupFirst(NgramDrafter(target.n_vocab, 3, 1), then)
+    options = dict(verification="block") if "block" in setup else {}
+    if "tree" in setup:
+        options = dict(tree=4, verification="traversal" if "traversal" in setup else "token")
+
+    def run(rng):
+        return speculative_sample(target, drafter, [1, 2, 3], 3, K=2, temperature=1.0, rng=rng, **options)
+
+    samples = sample_many(run, n_samples=3000)
+    assert drafter.looked_up > 100, drafter.looked_up
+    ok, stat, df = chi_square_passes(samples, exact)
+    assert ok, f"{setup}: chi2={stat:.1f} df={df}"
