@@ -322,13 +322,18 @@ def test_lookup_first_from_the_command_line(checkpoints, capsys):
     (["--draft", "ngram+124M"], "not a model name"),
     (["--draft", "ngram+eagle", "--ngram_max", "4"], "only applies to --draft ngram"),
     (["--draft", "ngram+early_exit:1", "--siblings", "iid", "--tree", "4"], "only applies to a draft model"),
-    (["--draft", "ngram+early_exit:2", "--prompt", "x", "--n_tokens_to_generate", "8"], "L < 2"),  # before loading
     (["--draft", "ngram+early_exit:1", "--batch", "2", "--prompt_file", __file__], "ngram+eagle"),
 ])  # fmt: skip
 def test_a_lookup_first_spec_it_cannot_run_is_refused(checkpoints, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
         main.main(["--target_model_size", str(checkpoints / "target"), *argv])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_layers_after_the_lookup_are_checked_by_the_target_s_name(capsys):
+    with pytest.raises(SystemExit) as exit_:  # before anything loads: stdlib-6L's 6 layers are known by name
+        main.main(["--target_model_size", "stdlib-6L", "--draft", "ngram+early_exit:6", "--prompt", "x"])
+    assert exit_.value.code == 2 and "L < 6" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,message", [
