@@ -265,8 +265,8 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblin
                          + (" with cross_vocab" if cross_vocab is not None else "")
                          + (" (an n-gram's drafts are certain: their confidence is always 1)"
                             if isinstance(draft, str) and parse_draft(draft).kind == "ngram" else "")
-                         + (" (a drafter object: build it with stop=ConfidenceStop(bar), or a LookupFirst's "
-                            "second drafter so)" if isinstance(draft, Drafter) else ""))  # fmt: skip
+                         + (" (a drafter object: build it with stop=ConfidenceStop(bar); a LookupFirst: its "
+                            "second drafter)" if isinstance(draft, Drafter) else ""))  # fmt: skip
     if siblings is not None:
         check_siblings(siblings)
         early_exit = isinstance(draft, str) and parse_draft(draft).kind == "early_exit"

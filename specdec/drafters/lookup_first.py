@@ -4,8 +4,8 @@ Why: the two kinds of draft are good at different text. Prompt lookup (NgramDraf
 the reply repeats itself or the prompt, often right for several tokens in a row; elsewhere it proposes
 nothing. A trained head (EAGLE) or a draft model proposes everywhere, but each draft costs a step and is
 right less often. On SmolLM2's chat replies at temperature 0 (docs/smollm2.md) prompt lookup keeps about
-half of its drafts in the rounds where it finds a match, the EAGLE head about four in ten, and together
-they beat either alone. Cascade Speculative Drafting (Chen et al., arXiv 2312.11462) puts a statistical
+half of its drafts (alpha 0.51), the EAGLE head drafting 4 a round about four in ten (0.38), and together,
+with the head's chains cut by its confidence, they keep 0.65 and beat either alone. Cascade Speculative Drafting (Chen et al., arXiv 2312.11462) puts a statistical
 lookup below its smallest draft model in the same spirit; this is its simplest form: per round, not per
 position.
 
@@ -42,7 +42,7 @@ class LookupFirst:
     heads) everywhere else. Both see every pass; each round asks the lookup first.
 
         LookupFirst(NgramDrafter(target.n_vocab, 3, SHORTEST_MATCH), EagleDrafter.load(folder, target))
-        # the same as draft="eagle:FOLDER" after "ngram+"; a bar: EagleDrafter.load(..., stop=ConfidenceStop(P))
+        # what draft="ngram+eagle:FOLDER" builds; with a bar: EagleDrafter.load(..., stop=ConfidenceStop(P))
     """
 
     def __init__(self, lookup, then: Drafter):
