@@ -183,6 +183,7 @@ def test_the_race_leaves_out_eq_1_whose_rounds_lookup_first_does_not_have(pair):
     summary = report.explain()
     assert report.settings["lookup_first"] and summary["predicted_speedup_from_rounds"] > 0
     assert not {"predicted_speedup", "tau_expected", "best_k"} & set(summary)
+    assert "predicted speedup from this run's own rounds" in str(report) and "best K" not in str(report)
     plain = race(target, ModelDrafter(draft), [1, 2, 3, 1, 2], 8, K=2, repeats=1, warmup=False)
     assert {"predicted_speedup", "tau_expected", "best_k"} <= set(plain.explain())  # the check can fail
 
