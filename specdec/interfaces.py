@@ -158,6 +158,13 @@ class KPolicy(Protocol):
         """What happened in a round that drafted k > 0 tokens: n_accepted of them were accepted."""
 
 
+def priced_drafter(drafter):
+    """The drafter whose step prices a round's drafts (measure_costs times it, the tree cost model counts its
+    weights): the drafter itself, or the one it names in its optional `priced` attribute (LookupFirst: its
+    second drafter, since a looked-up draft costs no pass)."""
+    return getattr(drafter, "priced", None) or drafter
+
+
 def features_asked(drafter) -> bool | list[int]:
     """What the round asks the target's pass for, as model.forward's return_hidden: the final hidden
     state (True), or the layers a drafter lists in its optional `hidden_layers` (EAGLE-3's heads)."""

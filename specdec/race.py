@@ -32,7 +32,6 @@ from .costmodel import (
     CostModelK,
     TreePolicy,
     best_k,
-    confidence_bar,
     expected_tokens_per_round,
     make_k_policy,
     make_tree_policy,
@@ -43,12 +42,11 @@ from .costmodel import (
     verify_cost,
 )
 from .drafters import LookupFirst, make_drafter
-from .drafters.stopping import ConfidenceStop
 from .model.base import CausalLM
 from .request import TREES_REFUSED, Request, check_seed, make_request, make_rng, whole_number, with_settings
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams
-from .speculative import decode_speculative
+from .speculative import auto_stop, decode_speculative
 from .timing import Costs, implausible, measure_costs, plausible
 
 DECODERS = ("autoregressive", "speculative")
@@ -163,6 +161,14 @@ class RaceReport:
         return "speculative tokens/s / autoregressive tokens/s"
 
     @property
+    def rounds_only(self) -> bool:
+        """Whether the speculative run is priced over its own rounds only, eq. 1 left out: with a draft confidence
+        bar alpha is of the drafts the bar let through, the sure ones; with lookup first it mixes free looked-up
+        drafts with the second drafter's, at two rates. Eq. 1 (every round drafting k drafts at one rate) would
+        misprice either."""
+        return self.settings.get("draft_confidence_bar") is not None or bool(self.settings.get("lookup_first"))
+
+    @property
     def speedup(self) -> float:
         """The median of the per-repeat speedups (nan unless both decoders ran)."""
         return float(np.median(self.speedups)) if self.speedups else math.nan
@@ -245,11 +251,7 @@ class RaceReport:
         k = round(k_mean) if not math.isnan(k_mean) else 0
         if k:
             out["verify_cost_ratio"] = verify_cost(k + 1, r)
-        # NOTE: with a draft confidence bar, alpha is of the drafts the bar let through, the sure ones: eq. 1 on it
-        # (every round drafting k such drafts) would overstate, so it is left out; so with lookup first, whose
-        # rounds mix free looked-up drafts with the second drafter's, at two acceptance rates.
-        if k and not math.isnan(alpha) and self.settings.get("draft_confidence_bar") is None \
-                and not self.settings.get("lookup_first"):
+        if k and not math.isnan(alpha) and not self.rounds_only:
             out["tau_expected"] = expected_tokens_per_round(alpha, k)  # from alpha and k alone
             out["predicted_speedup"] = predicted_speedup(alpha, k, c, r)
             out["predicted_speedup_if_r_were_1"] = predicted_speedup(alpha, k, c, None)
@@ -351,7 +353,7 @@ def race(
         except KeyboardInterrupt:
             raise RaceInterrupted(None, "measuring the costs") from None
         if draft_confidence == "auto":  # the bar these costs set
-            drafter.stop = ConfidenceStop(confidence_bar(costs.c, costs.r))
+            drafter.stop = auto_stop(costs)
     settings = dict(prompt_tokens=len(request.prompt), n_tokens=n_tokens, draft=_name(draft), K=K,
                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
                     verification=verification, cross_vocab=cross_vocab, siblings=siblings,

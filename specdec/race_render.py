@@ -139,10 +139,7 @@ def summary_lines(report) -> list[str]:
     if bar is not None:
         how = "set by the costs, c + r(2) - 1" if report.settings.get("draft_confidence") == "auto" else "given"
         rows.append(("draft confidence bar (chains cut below it)", f"{bar:g}  ({how})"))
-    if (bar is not None or report.settings.get("lookup_first")) and "predicted_speedup_from_rounds" in summary:
-        # NOTE: alpha here is of the drafts the bar let through, the sure ones, or (lookup first) of two drafters'
-        # drafts at two rates: eq. 1 on it (tau expected, best K) would price every round as drafting k such
-        # drafts. Only this run's own rounds are priced (race.explain).
+    if report.rounds_only and "predicted_speedup_from_rounds" in summary:  # eq. 1 left out (RaceReport.rounds_only)
         drafting = sum(drafts > 0 for drafts in r.k_per_round)
         rows.append(("k, mean drafts per round that drafted",
                      f"{fmt(summary['mean_k'])}  ({drafting} of {plural(r.rounds, 'round')} drafted)"))  # fmt: skip

@@ -99,10 +99,15 @@ def speculative_sample(
     if draft_confidence == "auto":
         if tree is not None:
             raise ValueError(TREES_REFUSED)
-        drafter.stop = ConfidenceStop(confidence_bar(costs().c, costs().r))
+        drafter.stop = auto_stop(costs())
     k_policy = make_k_policy(K, costs=costs)
     tree_policy = make_tree_policy(tree, drafter, target)
     return decode_speculative(target, drafter, request, k_policy, tree_policy, rng, on_token, on_round)
+
+
+def auto_stop(costs) -> ConfidenceStop:
+    """draft_confidence="auto": a stop at the bar these measured costs set (costmodel.confidence_bar: c + r(2) - 1)."""
+    return ConfidenceStop(confidence_bar(costs.c, costs.r))
 
 
 def decode_speculative(

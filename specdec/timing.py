@@ -28,8 +28,8 @@ from typing import Callable
 
 import numpy as np
 
-from .drafters import LookupFirst, make_drafter
-from .interfaces import features_asked
+from .drafters import make_drafter
+from .interfaces import features_asked, priced_drafter
 from .model.base import CausalLM
 from .model.cache import KVCache
 from .sampling import SamplingParams
@@ -166,8 +166,7 @@ def _pass_and_draft_calls(target: CausalLM, draft, context: list[int], m_max: in
     "draft": one draft step}, and the `after` that rolls the target's cache back to the context."""
     cache = target.new_cache()
     drafter = make_drafter(draft, target) if draft is not None else None
-    if isinstance(drafter, LookupFirst):
-        drafter = drafter.then  # priced by the step a round pays where the lookup finds nothing (lookup_first.py)
+    drafter = priced_drafter(drafter) if drafter is not None else None  # lookup first: its second drafter
     if drafter is not None:
         drafter.begin(target, cache, context)
     if len(context) > 1:

@@ -11,6 +11,7 @@ import heapq
 
 import numpy as np
 
+from ..interfaces import priced_drafter
 from ..verify.trees import children_of
 from .chain import verify_cost
 
@@ -206,7 +207,7 @@ def draft_step_cost(drafter, target) -> float:
     L blocks of the target for early exit). 0 for a drafter without a model
     (n-gram); OTHER_DRAFT_COST for a drafter whose model cannot count them. Pass a
     TreePolicy with measured costs instead where timings exist (main.py and race do)."""
-    drafter = getattr(drafter, "then", drafter)  # lookup first (drafters/lookup_first.py): its second drafter's step
+    drafter = priced_drafter(drafter)  # lookup first (drafters/lookup_first.py): its second drafter's step
     model = getattr(drafter, "model", None)
     if model is None:
         return 0.0

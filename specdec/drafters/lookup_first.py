@@ -5,9 +5,9 @@ the reply repeats itself or the prompt, often right for several tokens in a row;
 nothing. A trained head (EAGLE) or a draft model proposes everywhere, but each draft costs a step and is
 right less often. On SmolLM2's chat replies at temperature 0 (docs/smollm2.md) prompt lookup keeps about
 half of its drafts (alpha 0.51), the EAGLE head drafting 4 a round about four in ten (0.38), and together,
-with the head's chains cut by its confidence, they keep 0.65 and beat either alone. Cascade Speculative Drafting (Chen et al., arXiv 2312.11462) puts a statistical
-lookup below its smallest draft model in the same spirit; this is its simplest form: per round, not per
-position.
+with the head's chains cut by its confidence, they keep 0.65 and beat either alone. Cascade Speculative
+Drafting (Chen et al., arXiv 2312.11462) puts a statistical lookup below its smallest draft model in the
+same spirit; this is its simplest form: per round, not per position.
 
 The rule, each round:
 
@@ -27,7 +27,7 @@ still reads every target pass (commit), so an EAGLE head keeps its features curr
 
 A confidence bar (draft_confidence) cuts the second drafter's chains only: a looked-up token is certain,
 and its confidence is always 1. The bar "auto" and K "auto" are priced by the second drafter's step
-(timing.measure_costs), the step a round pays when the lookup finds nothing.
+(`priced`, read by timing.measure_costs), the step a round pays when the lookup finds nothing.
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ class LookupFirst:
     @property
     def calls(self) -> int:
         return self.lookup.calls + self.then.calls  # the lookup makes no passes: the second drafter's
+
+    @property
+    def priced(self) -> Drafter:
+        return self.then  # the step a round pays where the lookup finds nothing (interfaces.priced_drafter)
 
     @property
     def stop(self):

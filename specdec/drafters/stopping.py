@@ -65,7 +65,6 @@ class ConfidenceStop:
                              f"got {self.bar}")  # fmt: skip
 
 
-
 class ChainGate:
     """One chain's path confidence under a stop (None: the gate never closes), kept as the chain is drafted;
     every drafter's chain loop reads the rule through it:
