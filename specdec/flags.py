@@ -87,7 +87,8 @@ def refuse_ignored(parser: Parser, args: argparse.Namespace, rules: list[tuple[s
     typed = given(args)
     for dest, ignored, why in rules:
         if dest in typed and ignored:
-            parser.error(f"--{dest} {why}")
+            spelled = [s for action in parser._actions if action.dest == dest for s in action.option_strings]
+            parser.error(f"{spelled[0] if spelled else '--' + dest} {why}")  # as typed: --init-head, --n_tokens...
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None, stdin=None) -> str:

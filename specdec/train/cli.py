@@ -63,6 +63,9 @@ def main(argv=None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.*")
     parser.add_argument("--init", metavar="DIR", help="with --data: start from the weights of an earlier run of the "
                         "same kind (its --out folder), e.g. to go on training on data that has grown")  # fmt: skip
+    parser.add_argument("--init-head", metavar="DIR", help="with --block eagle3: start from a trained EAGLE head "
+                        "with a Llama block (its folder, or 'eagle' for the shipped one): its weights, and the fused "
+                        "layers fitted to stand in for the final feature it read")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     flags.refuse_ignored(parser, args, [("heads", args.kind != "medusa", "only applies to medusa: EAGLE trains one "
@@ -70,14 +73,14 @@ def main(argv=None) -> int:
     flags.refuse_ignored(parser, args, [(name, args.kind != "draft", "only applies to draft (a distilled draft model)")
                                         for name in ("layers", "n_ff", "loss")]
                          + [(name, args.kind == "draft", "only applies to eagle (a draft model is Llama blocks)")
-                            for name in ("block", "ttt")])  # fmt: skip
+                            for name in ("block", "ttt", "init_head")])  # fmt: skip
     if (args.tokens is None) == (args.data is None):
         parser.error("give either --tokens N (generate data) or --data DIR (distillation shards), not both")
     if args.data is not None:
         return data_train_main(parser, args)
     if args.kind not in ("medusa", "eagle"):
         parser.error(f"{args.kind} heads train on distillation shards: give --data DIR")
-    with_data = ("epochs", "batch_tokens", "held_out", "max_rows", "block", "ttt", "states_cache", "init")
+    with_data = ("epochs", "batch_tokens", "held_out", "max_rows", "block", "ttt", "states_cache", "init", "init_head")
     flags.refuse_ignored(parser, args, [(name, True, "only applies with --data DIR") for name in with_data])
     try:
         from ..checkpoints.load import load_model
@@ -129,8 +132,8 @@ def data_train_main(parser, args) -> int:
         train_from_data(
             args.kind, target, args.data, args.out, vocab_top=args.vocab_top, epochs=args.epochs, steps=args.steps,
             batch_tokens=args.batch_tokens, lr=args.lr or 1e-3, held_out=args.held_out, max_rows=args.max_rows,
-            seed=args.seed, resume=args.resume, init=args.init, save_every=args.save_every, progress=not args.quiet,
-            command=command_line(), states_cache=args.states_cache,
+            seed=args.seed, resume=args.resume, init=args.init, init_head=args.init_head, save_every=args.save_every,
+            progress=not args.quiet, command=command_line(), states_cache=args.states_cache,
             options={"block": args.block or "gpt2", "ttt": args.ttt, "layers": args.layers, "n_ff": args.n_ff,
                      "loss": args.loss},
         )  # fmt: skip

@@ -55,11 +55,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..drafters.eagle import CE_WEIGHT, llama_param_shapes
-from ..drafters.heads import DraftVocab, cross_entropy, smooth_l1
+from ..drafters.eagle import CE_WEIGHT, head_shapes, llama_param_shapes
+from ..drafters.heads import DraftVocab, cross_entropy, load_heads, smooth_l1
 from ..model.llama import Llama, LlamaHParams
 from . import llama_grad as lg
-from .features import eagle3_layers
+from .features import eagle3_layers, hidden_states
 
 F32 = np.float32
 BLK = "blk."  # the block's params are blk.attn_q, ...
@@ -302,6 +302,48 @@ def two_step_logits(params, target, block: str, vocab: DraftVocab, batch) -> tup
 
 
 # ---------------------------------------------------------------------------
+# EAGLE-3 started from a trained EAGLE head (--init-head).
+# ---------------------------------------------------------------------------
+
+RIDGE = 1e-3  # fuse's fit: the ridge, relative to each input dimension's mean square
+FIT_ROWS = 64  # training rows whose every position fits fuse (tens of thousands of positions for 3e weights a column)
+
+
+def fit_fuse(fused: np.ndarray, final: np.ndarray, ridge: float = RIDGE) -> tuple[np.ndarray, float]:
+    """The linear map that best predicts the final feature from the three fused layers: (fuse [e, 3e], R^2).
+
+    fused [n, 3e] (low, mid, high layers), final [n, e] (after the final norm), the same n positions.
+    Least squares with a small ridge, each input dimension's relative to its own mean square (the
+    layers' outlier dimensions are tens of times the others, and make X^T X ill-conditioned):
+        fuse^T = (X^T X + ridge * diag(X^T X))^-1 X^T F,   in float64.
+    R^2 = 1 - |X fuse^T - F|^2 / |F - mean F|^2, over the same positions.
+    """
+    x, f = fused.astype(np.float64), final.astype(np.float64)
+    gram = x.T @ x
+    gram[np.diag_indices_from(gram)] *= 1.0 + ridge
+    w = np.linalg.solve(gram, x.T @ f)  # [3e, e]
+    r2 = 1.0 - float(((x @ w - f) ** 2).sum() / ((f - f.mean(0)) ** 2).sum())
+    return np.ascontiguousarray(w.T, F32), r2
+
+
+def eagle3_from_eagle(eagle: dict[str, np.ndarray], fused: np.ndarray, final: np.ndarray) -> tuple[dict, float]:
+    """EAGLE-3 parameters that start where a trained EAGLE head (block "llama") stands: (params, fuse's R^2).
+
+    fc and the block are the EAGLE head's. fuse maps the three layers to the final feature the
+    EAGLE head was trained to read (fit_fuse), so step 0 reads nearly what it read. EAGLE's output
+    y was trained to be a final feature, scored by the LM head as it is; EAGLE-3 scores
+    rms_norm(y) * norm instead, so norm's gain is the final features' median RMS: the logits of a
+    y of typical size are unchanged. The training-time test feeds y back as EAGLE's --ttt did.
+    """
+    fuse, r2 = fit_fuse(fused, final)
+    rms = np.sqrt(np.mean(final.astype(np.float64) ** 2, axis=-1))
+    params = {name: np.array(w, F32) for name, w in eagle.items()}
+    params["fuse"] = fuse
+    params["norm"] = np.full(final.shape[-1], np.median(rms), F32)
+    return params, r2
+
+
+# ---------------------------------------------------------------------------
 # The two as the trainer's head kinds (heads_train.HeadKind).
 # ---------------------------------------------------------------------------
 
@@ -349,3 +391,24 @@ class LlamaEagleKind:
 
     def two_logits(self, params, target, config, vocab, batch):
         return two_step_logits(params, target, self.block, vocab, batch)
+
+    def read_init_head(self, folder, target) -> dict[str, np.ndarray]:
+        """--init-head: the weights of a trained EAGLE head with a Llama block, read by the checked loader."""
+        if self.block != "eagle3":
+            raise ValueError("--init-head starts an EAGLE-3 head from a trained EAGLE head: give --block eagle3 (to "
+                             "go on training a head of the same kind, use --init with its run's folder)")  # fmt: skip
+        config, params, _ = load_heads(folder, "eagle", target, head_shapes(folder, target))
+        if config.get("block") != "llama":
+            raise ValueError(f"--init-head {folder}: its block is {config.get('block')!r}; EAGLE-3 starts from an "
+                             f"EAGLE head with a Llama block (--block llama), such as the shipped one ('eagle')")  # fmt: skip
+        return params
+
+    def start_from_head(self, eagle: dict, target, data, rows: list[int], states: dict) -> tuple[dict, float, int]:
+        """EAGLE-3's starting weights from an EAGLE head (eagle3_from_eagle), fuse fitted on the first FIT_ROWS
+        training rows: (params, fuse's R^2, positions fitted). Those rows' final features are computed here."""
+        fit = rows[:FIT_ROWS]
+        final = dict(hidden_states(target, data, [target.hparams.n_layer], fit))
+        fused = np.concatenate([np.concatenate(list(states[r]), axis=-1) for r in fit])  # [n, 3e]
+        wanted = np.concatenate([final[r][0] for r in fit])  # [n, e]
+        params, r2 = eagle3_from_eagle(eagle, fused, wanted)
+        return params, r2, len(wanted)

@@ -42,6 +42,8 @@ import numpy as np
 from tqdm import tqdm
 
 from ..checkpoints import locks
+from ..checkpoints.pairs import read_json
+from ..checkpoints.registry import shipped_heads
 from ..drafters import eagle
 from ..drafters.heads import DraftVocab, head_cross_entropy, model_fingerprint, save_heads, smooth_l1, top_tokens
 from ..model.base import CausalLM
@@ -183,6 +185,7 @@ def train_from_data(
     seed: int = 0,
     resume: bool = False,
     init: str | Path | None = None,
+    init_head: str | Path | None = None,
     save_every: int = 100,
     options: dict | None = None,
     progress: bool = True,
@@ -193,9 +196,14 @@ def train_from_data(
     """Train a head of kind `kind_name` on the distillation data in data_dir; write it into out. Returns its config.
     states_cache: a folder keeping the target's hidden states between runs (row_states).
     init: the --out folder of an earlier run of the same kind: start from its last checkpoint's weights (with a
-    fresh optimizer and schedule), for instance to go on training on data that has grown since."""
+    fresh optimizer and schedule), for instance to go on training on data that has grown since.
+    init_head: for an EAGLE-3 head, a trained EAGLE head's folder (block llama), or "eagle" for the one
+    shipped for the target: start from its weights (LlamaEagleKind.start_from_head)."""
     if init is not None and resume:
         raise ValueError("--init starts a new run from another run's weights, --resume continues this one: not both")
+    if init_head is not None and (init is not None or resume):
+        raise ValueError("--init-head starts a new run from a head's weights: not with --init or --resume (a run "
+                         "started with --init-head resumes with --resume alone)")  # fmt: skip
     kind = head_kind(kind_name, options or {})
     if not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
         raise ValueError(f"--epochs must be a number > 0, got {epochs!r}")
@@ -236,6 +244,12 @@ def train_from_data(
             raise ValueError(f"--init {init} is the --out folder itself, whose checkpoint this run would overwrite; "
                              f"give the new run another --out")  # fmt: skip
         start_from = read_init(init_dir, settings, shapes)
+    head_params, head_dir = None, None
+    if init_head is not None:  # checked before --out is made, as --init is
+        if not hasattr(kind, "read_init_head"):
+            raise ValueError("--init-head starts an EAGLE-3 head from a trained EAGLE head: give --block eagle3")
+        head_dir = shipped_heads(target.name, "eagle") if str(init_head) == "eagle" else Path(init_head).expanduser()
+        head_params = kind.read_init_head(head_dir, target)
     out.mkdir(parents=True, exist_ok=True)
     with locks.exclusive(out / LOCK_FILE, wait=False) as held:
         if not held:
@@ -273,6 +287,16 @@ def train_from_data(
                                                         batch_tokens)}  # fmt: skip
             log(f"starting from {init} (step {record['step']}, {record.get('rows')} rows): held-out top-1 "
                 f"{init_card['top1_top5']['top1']:.3f}")  # fmt: skip
+        if head_params is not None:
+            weights, r2, fitted = kind.start_from_head(head_params, target, data, train_rows, states)
+            for name, w in opt.params.items():
+                w[...] = weights[name]
+            init_card = {"head": head_dir.resolve().name, "weights_sha256": read_json(head_dir / "heads.json").get(
+                "weights_sha256"), "fuse_r2": round(r2, 4), "fit_positions": fitted,
+                "top1_top5": held_out_accuracy(kind, params, target, config, vocab, data, eval_rows, states,
+                                               batch_tokens)}  # fmt: skip
+            log(f"starting from the head in {head_dir} (fuse fitted on {fitted:,} positions, R^2 {r2:.3f}): held-out "
+                f"top-1 {init_card['top1_top5']['top1']:.3f}")  # fmt: skip
         before = held_out_accuracy(kind, initial, target, config, vocab, data, eval_rows, states, batch_tokens)
 
         checkpointed = settings if init_card is None else {**settings, "init": init_card}  # what checkpoints record

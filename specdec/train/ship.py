@@ -60,8 +60,13 @@ def card_text(kind: str, target: CausalLM, config: dict, size: int) -> str:
     d, h = config.get("data", {}), config.get("held_out", {})
     after, before = h.get("trained", {}), h.get("untrained", {})
     init = config.get("init")  # a run that started from another run's weights (--init)
-    started = [f"started from: {init['folder']} (step {init['step']}, {init['rows']} rows; held-out top-1 "
-               f"{init['top1_top5']['top1']:.3f})"] if init else []  # fmt: skip
+    if init and "head" in init:  # an EAGLE-3 head started from an EAGLE head (--init-head)
+        started = [f"started from: the EAGLE head {init['head']} (its fc and block; fuse fitted to the final feature "
+                   f"it read, R^2 {init['fuse_r2']:.3f} on {init['fit_positions']:,} positions; held-out top-1 "
+                   f"{init['top1_top5']['top1']:.3f})"]  # fmt: skip
+    else:
+        started = [f"started from: {init['folder']} (step {init['step']}, {init['rows']} rows; held-out top-1 "
+                   f"{init['top1_top5']['top1']:.3f})"] if init else []  # fmt: skip
     lines = [
         f"{kind} head for {target.name}" + (f", {config['block']} block" if "block" in config else "")
         + f" (float16, {size / 2**20:.1f} MiB; computed in float32)",

@@ -458,3 +458,100 @@ def test_the_trainer_refuses_a_llama_block_for_a_gpt2_target_in_one_line(tmp_pat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs a Llama target" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+# --- EAGLE-3 started from a trained EAGLE head (--init-head) -------------------------------------
+
+
+def test_fuse_fits_a_linear_map_exactly_and_finds_nothing_in_noise():
+    rng = np.random.default_rng(0)
+    fused = rng.standard_normal((4000, 24)).astype(F32)
+    fused[:, 5] *= 40  # an outlier dimension, as residual streams have
+    mapping = rng.standard_normal((8, 24)).astype(F32)
+    fuse, r2 = el.fit_fuse(fused, fused @ mapping.T)
+    assert r2 > 0.9999 and np.allclose(fuse, mapping, atol=2e-2)
+    _, r2_noise = el.fit_fuse(fused, rng.standard_normal((4000, 8)).astype(F32))
+    assert r2_noise < 0.02
+
+
+def test_eagle3_from_eagle_keeps_the_heads_weights_and_scales_its_norm_to_the_features():
+    rng = np.random.default_rng(1)
+    target = random_llama(TINY, seed=1)
+    eagle = el.init_params(target, "llama", rng)
+    fused = rng.standard_normal((500, 96)).astype(F32)
+    final = 3.0 * rng.standard_normal((500, 32)).astype(F32)
+    params, _ = el.eagle3_from_eagle(eagle, fused, final)
+    assert set(params) == set(llama_param_shapes(TINY, "eagle3"))
+    assert all(np.array_equal(params[name], w) for name, w in eagle.items())
+    rms = np.sqrt((final.astype(np.float64) ** 2).mean(-1))
+    assert np.allclose(params["norm"], np.median(rms)) and 2.7 < params["norm"][0] < 3.3
+    y = final[:4]  # an output of typical size: EAGLE-3's normed output is (nearly) EAGLE's own
+    normed, _ = el.lg.rms_norm(y, params["norm"], TINY.rms_eps)
+    assert np.allclose(normed, y * (np.median(rms) / np.sqrt((y**2).mean(-1, keepdims=True))), rtol=1e-4)
+
+
+def _eagle_head_run(tmp_path, monkeypatch):
+    """A tiny chat model, its distillation data, and an EAGLE head (block llama) trained on it by the CLI."""
+    import specdec.checkpoints.load as load
+    from test_distill import POOL, SETTINGS, chat_model
+
+    from specdec.train.cli import main
+    from specdec.train.distill import make_data
+
+    model = chat_model(scale=1.0)
+    make_data(model, tmp_path / "data", 200, POOL, **{**SETTINGS, "max_reply": 16, "greedy_frac": 0.75})
+    monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)
+    common = ["--model", "tiny", "--data", str(tmp_path / "data"), "--vocab-top", "100", "--batch-tokens", "256",
+              "--held-out", "0.3", "--quiet"]  # fmt: skip
+    assert main(["eagle", *common, "--out", str(tmp_path / "eagle"), "--block", "llama", "--steps", "30",
+                 "--lr", "3e-3"]) == 0  # fmt: skip
+    return model, main, common
+
+
+def test_an_eagle3_head_starts_from_an_eagle_head_trains_ships_and_drafts(tmp_path, capsys, monkeypatch):
+    import json
+
+    model, main, common = _eagle_head_run(tmp_path, monkeypatch)
+    eagle_card = json.loads((tmp_path / "eagle" / "heads.json").read_text())
+    out = tmp_path / "eagle3"
+    assert main(["eagle", *common, "--out", str(out), "--block", "eagle3", "--steps", "2", "--lr", "1e-4",
+                 "--init-head", str(tmp_path / "eagle")]) == 0, capsys.readouterr().err  # fmt: skip
+    card = json.loads((out / "heads.json").read_text())
+    init = card["init"]
+    assert card["block"] == "eagle3" and init["head"] == "eagle" and init["fit_positions"] > 100
+    assert init["weights_sha256"] == eagle_card["weights_sha256"] and init["fuse_r2"] <= 1
+    # The tiny model has 2 layers, so the fused layers include the final feature itself: fuse fits it exactly
+    # (R^2 1) and the start ranks tokens as the EAGLE head does (its norm scales each output by a positive
+    # number), on the same held-out rows; an untrained head (a copy that failed) ranks them at random.
+    started, untrained = init["top1_top5"]["top1"], card["held_out"]["untrained"]["top1"]
+    assert init["fuse_r2"] > 0.999 and started == pytest.approx(eagle_card["held_out"]["trained"]["top1"], abs=1e-9)
+    assert started > untrained
+    assert main(["ship", "--model", "tiny", "--head", str(out), "--out", str(tmp_path / "shipped")]) == 0
+    assert "started from: the EAGLE head eagle (its fc and block" in (tmp_path / "shipped" / "CARD.txt").read_text()
+    prompt = model.tokenizer.encode("Hi there")
+    expected = autoregressive_sample(model, prompt, 16).tokens
+    assert speculative_sample(model, f"eagle:{tmp_path / 'shipped'}", prompt, 16, K=3).tokens == expected
+
+
+@pytest.mark.parametrize("case", ["llama block", "eagle3 head", "with --init", "no shipped head", "draft"])
+def test_init_head_is_refused_in_one_line_before_anything_is_made(case, tmp_path, capsys, monkeypatch):
+    model, main, common = _eagle_head_run(tmp_path, monkeypatch)
+    if case == "eagle3 head":  # a head that is not EAGLE's with a Llama block
+        assert main(["eagle", *common, "--out", str(tmp_path / "e3"), "--block", "eagle3", "--steps", "1"]) == 0
+    capsys.readouterr()
+    args = {"llama block": ["eagle", "--block", "llama", "--init-head", str(tmp_path / "eagle")],
+            "eagle3 head": ["eagle", "--block", "eagle3", "--init-head", str(tmp_path / "e3")],
+            "with --init": ["eagle", "--block", "eagle3", "--init-head", str(tmp_path / "eagle"), "--init",
+                            str(tmp_path / "eagle")],
+            "no shipped head": ["eagle", "--block", "eagle3", "--init-head", "eagle"],
+            "draft": ["draft", "--init-head", str(tmp_path / "eagle")]}[case]  # fmt: skip
+    try:
+        code = main([args[0], *common, "--out", str(tmp_path / "o"), *args[1:]])
+    except SystemExit as e:  # refused by the argument parser
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert {"llama block": "--block eagle3", "eagle3 head": "its block is 'eagle3'", "with --init": "not with --init",
+            "no shipped head": "no eagle head is shipped for", "draft": "--init-head only applies to eagle"}[case] in err, err
+    assert not (tmp_path / "o").exists()

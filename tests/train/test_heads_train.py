@@ -274,12 +274,14 @@ def test_cli_refuses_mixed_or_wrong_flags_in_one_line(shards, tmp_path, capsys):
         (["medusa", "--model", "x", "--out", str(tmp_path), "--data", str(folder)], "--data trains EAGLE"),
         (["eagle", "--model", "x", "--out", str(tmp_path), "--tokens", "5", "--epochs", "2"], "only applies with --data"),
         # the distilled draft's own flags (train/draft_model.py)
-        (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--n-ff", "8"], "only applies to draft"),
+        (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--n-ff", "8"], "--n-ff only applies to draft"),
         (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--loss", "tvd"], "only applies to draft"),
         (["draft", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--block", "llama"], "only applies to eagle"),
         (["draft", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--layers", "0,a"], "separated by commas"),
         (["draft", "--model", "x", "--out", str(tmp_path), "--tokens", "5"], "train on distillation shards"),
         (["eagle", "--model", "x", "--out", str(tmp_path), "--tokens", "5", "--init", "x"], "only applies with --data"),
+        (["eagle", "--model", "x", "--out", str(tmp_path), "--tokens", "5", "--init-head", "x"],
+         "--init-head only applies with --data"),  # the flag as it is spelled, not its dest
     ):  # fmt: skip
         with pytest.raises(SystemExit) as e:
             main(bad)
