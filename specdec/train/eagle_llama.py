@@ -399,8 +399,8 @@ class LlamaEagleKind:
                              "go on training a head of the same kind, use --init with its run's folder)")  # fmt: skip
         config, params, _ = load_heads(folder, "eagle", target, head_shapes(folder, target))
         if config.get("block") != "llama":
-            raise ValueError(f"--init-head {folder}: its block is {config.get('block')!r}; EAGLE-3 starts from an "
-                             f"EAGLE head with a Llama block (--block llama), such as the shipped one ('eagle')")  # fmt: skip
+            raise ValueError(f"--init-head {folder}: its block is {config.get('block')!r}; EAGLE-3 starts from "
+                             f"an EAGLE head with a Llama block (--block llama), such as the shipped one ('eagle')")
         return params
 
     def start_from_head(self, eagle: dict, target, data, rows: list[int], states: dict) -> tuple[dict, float, int]:

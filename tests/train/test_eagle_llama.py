@@ -553,5 +553,6 @@ def test_init_head_is_refused_in_one_line_before_anything_is_made(case, tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert {"llama block": "--block eagle3", "eagle3 head": "its block is 'eagle3'", "with --init": "not with --init",
-            "no shipped head": "no eagle head is shipped for", "draft": "--init-head only applies to eagle"}[case] in err, err
+            "no shipped head": "no eagle head is shipped for",
+            "draft": "--init-head only applies to eagle"}[case] in err, err
     assert not (tmp_path / "o").exists()

@@ -274,7 +274,8 @@ def test_cli_refuses_mixed_or_wrong_flags_in_one_line(shards, tmp_path, capsys):
         (["medusa", "--model", "x", "--out", str(tmp_path), "--data", str(folder)], "--data trains EAGLE"),
         (["eagle", "--model", "x", "--out", str(tmp_path), "--tokens", "5", "--epochs", "2"], "only applies with --data"),
         # the distilled draft's own flags (train/draft_model.py)
-        (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--n-ff", "8"], "--n-ff only applies to draft"),
+        (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--n-ff", "8"],
+         "--n-ff only applies to draft"),  # the flag as it is spelled
         (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--loss", "tvd"], "only applies to draft"),
         (["draft", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--block", "llama"], "only applies to eagle"),
         (["draft", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--layers", "0,a"], "separated by commas"),
