@@ -36,7 +36,7 @@ def main():
     args = parser.parse_args()
 
     target = load_model("smollm2-135m")
-    data = load_distill_data(args.data, target)
+    data = load_distill_data(args.data, target, complete=False)  # (the whole shards of a run still going too)
     rows = [r for r, held in enumerate(held_out_rows(data, args.held_out)[: args.max_rows]) if held]
     n_tokens = sum(len(data.replies[r]) for r in rows)
     print(f"{args.data}: {len(data.replies)} rows, {len(rows)} held out ({n_tokens:,} reply tokens)")
