@@ -62,3 +62,31 @@ def test_the_shipped_eagle_head_loads_drafts_and_keeps_smollm2s_greedy_output(sm
     sd = speculative_sample(target.astype(np.float64), "eagle", prompt, 24, K=4, temperature=0.0, chat=True)
     assert sd.tokens == ar.tokens
     assert sd.accepted > 0  # a trained head: some of its drafts are kept
+
+
+@pytest.mark.slow
+def test_the_committed_eagle3_head_loads_drafts_and_keeps_smollm2s_greedy_output(smollm2_gguf):
+    """EAGLE-3's head for SmolLM2, committed beside the package (heads/), through the checked loader."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from specdec import load_model
+    from specdec.autoregressive import autoregressive_sample
+    from specdec.drafters.eagle import EagleDrafter, head_block
+    from specdec.speculative import speculative_sample
+
+    folder = Path(__file__).resolve().parents[2] / "heads" / "eagle3-smollm2-135m"
+    target = load_model("smollm2-135m", progress=False)
+    assert head_block(folder) == "eagle3"
+    drafter = EagleDrafter.load(folder, target)
+    assert drafter.model.fuse is not None and len(drafter.vocab.ids) == 8192
+    card = (folder / "CARD.txt").read_text()
+    assert "started from: the EAGLE head eagle-smollm2-135m" in card and "held-out teacher-forced top-1" in card
+    prompt = "Name three fruits."
+    ar = autoregressive_sample(target.astype(np.float64), prompt, 24, temperature=0.0, chat=True)
+    for nodes in (None, 8):  # a chain, and EAGLE-2's dynamic tree
+        sd = speculative_sample(target.astype(np.float64), f"eagle:{folder}", prompt, 24, K=4, temperature=0.0,
+                                chat=True, tree=nodes)  # fmt: skip
+        assert sd.tokens == ar.tokens, nodes
+        assert sd.accepted > 0  # a trained head: some of its drafts are kept
