@@ -347,9 +347,14 @@ def test_smollm2_as_a_hugging_face_folder_equals_the_gguf_and_transformers(smoll
 # --- the same-family pair: a 135M-shaped draft for a 360M-shaped target, by their short names ---------------
 
 
-def test_a_135m_shaped_draft_speculates_for_a_360m_shaped_target_by_their_names(fake_hub, tmp_path):
+def test_a_135m_shaped_draft_speculates_for_a_360m_shaped_target_by_their_names(fake_hub, tmp_path, monkeypatch):
     """SmolLM2-135M's and -360M's real widths, heads and KV heads (2 layers each instead of 30 and 32, and a tiny
     vocabulary), served as the Hub's repos and loaded by the short names."""
+    from specdec.model import tuning
+
+    # Timing these widths' products for a fresh models folder took 22 s of the test's 27; which threads multiply
+    # is tested in tests/model/test_tuning.py, and changes no value here.
+    monkeypatch.setattr(tuning, "tune", lambda *args, **kwargs: None)
     draft = tiny_llama(seed=4, n_ctx=128, n_embd=576, n_head=9, n_kv_head=3, n_ff=1536)
     target = tiny_llama(seed=5, n_ctx=128, n_embd=960, n_head=15, n_kv_head=5, n_ff=2560)
     fake_hub.add_checkpoint(hub_repos()["smollm2-135m-bf16"], write_hf_folder(tmp_path / "d", draft, "BF16"))
