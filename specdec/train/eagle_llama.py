@@ -392,8 +392,8 @@ class LlamaEagleKind:
     def two_logits(self, params, target, config, vocab, batch):
         return two_step_logits(params, target, self.block, vocab, batch)
 
-    def read_init_head(self, folder, target) -> dict[str, np.ndarray]:
-        """--init-head: the weights of a trained EAGLE head with a Llama block, read by the checked loader."""
+    def read_init_head(self, folder, target) -> tuple[dict, dict[str, np.ndarray]]:
+        """--init-head: (config, weights) of a trained EAGLE head with a Llama block, read by the checked loader."""
         if self.block != "eagle3":
             raise ValueError("--init-head starts an EAGLE-3 head from a trained EAGLE head: give --block eagle3 (to "
                              "go on training a head of the same kind, use --init with its run's folder)")  # fmt: skip
@@ -401,7 +401,7 @@ class LlamaEagleKind:
         if config.get("block") != "llama":
             raise ValueError(f"--init-head {folder}: its block is {config.get('block')!r}; EAGLE-3 starts from "
                              f"an EAGLE head with a Llama block (--block llama), such as the shipped one ('eagle')")
-        return params
+        return config, params
 
     def start_from_head(self, eagle: dict, target, data, rows: list[int], states: dict) -> tuple[dict, float, int]:
         """EAGLE-3's starting weights from an EAGLE head (eagle3_from_eagle), fuse fitted on the first FIT_ROWS

@@ -42,7 +42,6 @@ import numpy as np
 from tqdm import tqdm
 
 from ..checkpoints import locks
-from ..checkpoints.pairs import read_json
 from ..checkpoints.registry import shipped_heads
 from ..drafters import eagle
 from ..drafters.heads import DraftVocab, head_cross_entropy, model_fingerprint, save_heads, smooth_l1, top_tokens
@@ -244,12 +243,12 @@ def train_from_data(
             raise ValueError(f"--init {init} is the --out folder itself, whose checkpoint this run would overwrite; "
                              f"give the new run another --out")  # fmt: skip
         start_from = read_init(init_dir, settings, shapes)
-    head_params, head_dir = None, None
+    head_config, head_params, head_dir = None, None, None
     if init_head is not None:  # checked before --out is made, as --init is
         if not hasattr(kind, "read_init_head"):
             raise ValueError("--init-head starts an EAGLE-3 head from a trained EAGLE head: give --block eagle3")
         head_dir = shipped_heads(target.name, "eagle") if str(init_head) == "eagle" else Path(init_head).expanduser()
-        head_params = kind.read_init_head(head_dir, target)
+        head_config, head_params = kind.read_init_head(head_dir, target)
     out.mkdir(parents=True, exist_ok=True)
     with locks.exclusive(out / LOCK_FILE, wait=False) as held:
         if not held:
@@ -291,8 +290,8 @@ def train_from_data(
             weights, r2, fitted = kind.start_from_head(head_params, target, data, train_rows, states)
             for name, w in opt.params.items():
                 w[...] = weights[name]
-            init_card = {"head": head_dir.resolve().name, "weights_sha256": read_json(head_dir / "heads.json").get(
-                "weights_sha256"), "fuse_r2": round(r2, 4), "fit_positions": fitted,
+            init_card = {"head": head_dir.resolve().name, "weights_sha256": head_config.get("weights_sha256"),
+                "fuse_r2": round(r2, 4), "fit_positions": fitted,
                 "top1_top5": held_out_accuracy(kind, params, target, config, vocab, data, eval_rows, states,
                                                batch_tokens)}  # fmt: skip
             log(f"starting from the head in {head_dir} (fuse fitted on {fitted:,} positions, R^2 {r2:.3f}): held-out "
