@@ -42,7 +42,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
         resolve_model,
     )
     from specdec.checkpoints.load import load_model, tuned
-    from specdec.model import tuning
+    from specdec.model.fast import tuning
     from specdec.checkpoints.pins import WHEELS
     from specdec.cli.batch import run_batch
     from specdec.cli.cache import cache
@@ -175,7 +175,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):
             if name is not None and name not in (*WHEELS, shipped_draft.NAME) and not name.lower().endswith(".gguf"):
                 resolve_model(name, args.models_dir)
-        tuning.env_mode()  # SPECDEC_KERNELS, before anything is loaded
+        tuning.kernels_mode()  # SPECDEC_KERNELS, before anything is loaded
     except ValueError as e:
         p.error(f"--{e}" if str(e).startswith(("K ", "draft_confidence ")) else str(e))
     refuse_ignored(p, args)

@@ -52,7 +52,7 @@ from .drafters import EarlyExitDrafter, LookupFirst, ModelDrafter, NgramDrafter,
 from .drafters.specs import parse_draft
 from .interfaces import KPolicy, Proposal, features_asked
 from .model.base import CausalLM, LanguageModel
-from .model.cache import KVCache
+from .model.attention import KVCache
 from .request import check_seed, make_request
 from .result import DecodeResult
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities

@@ -22,7 +22,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .model.base import CausalLM
-    from .model.cache import KVCache
+    from .model.attention import KVCache
     from .sampling import SamplingParams
 
 

@@ -43,7 +43,7 @@ from .drafters import make_drafter
 from .drafters.stopping import ConfidenceStop
 from .interfaces import Drafter, KPolicy, Proposal, features_asked
 from .model.base import CausalLM
-from .model.cache import KVCache
+from .model.attention import KVCache
 from .request import TREES_REFUSED, Request, make_request, make_rng
 from .result import DecodeResult, TokenCallback
 from .sampling import SamplingParams, check_finite_logits

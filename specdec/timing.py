@@ -31,7 +31,7 @@ import numpy as np
 from .drafters import make_drafter
 from .interfaces import features_asked, priced_drafter
 from .model.base import CausalLM
-from .model.cache import KVCache
+from .model.attention import KVCache
 from .sampling import SamplingParams
 
 

@@ -128,7 +128,7 @@ def test_download_through_a_loopback_hub(fake_hub, tmp_path, capsys):
 
 def test_every_model_the_command_line_loads_gets_this_machine_s_threads(checkpoints, capsys, monkeypatch):
     """GPT-2 folders are read by the command line itself (not load_model): they get the plan too."""
-    from specdec.model import tuning
+    from specdec.model.fast import tuning
 
     tuned = []
     monkeypatch.setattr(tuning, "tune", lambda model, folder, say=None: tuned.append(model.name) or {})

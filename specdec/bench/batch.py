@@ -43,7 +43,7 @@ from ..batch import BatchModelDraft, Row, autoregressive_sample_batch, speculati
 from ..checkpoints.load import load_model
 from ..drafters import NgramDrafter
 from ..drafters.specs import parse_draft
-from ..model import kernels
+from ..model.fast import kernels
 from ..model.shapes import GPT2_SHAPES, random_model
 from ..request import Request, check_request
 from ..result import DecodeResult

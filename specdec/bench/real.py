@@ -39,8 +39,8 @@ from ..checkpoints.load import load_model
 from ..checkpoints.settings import default_models_dir
 from ..drafters import make_drafter
 from ..drafters.specs import parse_draft
-from ..model import tuning
-from ..model.kernels import Linear
+from ..model.fast import tuning
+from ..model.linear import Linear
 from ..model.shapes import random_model
 from ..request import check_request
 from ..timing import measure_costs, pass_calls, time_calls

@@ -32,7 +32,7 @@ import numpy as np
 from ..checkpoints.registry import shipped_heads
 from ..interfaces import Drafter, Proposal
 from ..model.base import CausalLM, LanguageModel
-from ..model.cache import KVCache
+from ..model.attention import KVCache
 from ..sampling import SamplingParams, draw, greedy, probabilities
 from .crossvocab import CrossVocabDrafter, check_rule
 from .eagle import EagleDrafter
