@@ -194,7 +194,7 @@ def test_a_bad_specdec_kernels_exits_2_with_one_line_before_any_download(fake_hu
         main.main(["--models_dir", str(tmp_path), "--draft", "ngram"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2
-    assert "SPECDEC_KERNELS must be 'rules'" in err and len(err.strip().splitlines()) == 1, err
+    assert "SPECDEC_KERNELS must be one of plan, measure, rules, plain" in err and len(err.strip().splitlines()) == 1, err
     assert fake_hub.requests == [] and list(tmp_path.iterdir()) == [], "nothing is fetched or written"
 
 
