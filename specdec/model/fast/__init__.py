@@ -19,6 +19,9 @@ changing:
     "rules"    the fast products by fixed rules, nothing timed
     "plain"    NumPy's own `x @ W + b`, nothing of this package running: for
                reading, and the reference the fast products are tested against
+
+May import: NumPy, model/linear.py (what it runs faster) and the modules of model/fast/ itself; the model files
+never import it (checkpoints/load.py applies the mode when a model loads).
 """
 
 from .spin import OPENBLAS_SPIN  # isort: skip (first: it sets OpenBLAS's spin before NumPy loads OpenBLAS)
