@@ -2,10 +2,11 @@
 
 This file is pure math: hyperparameters, weights as plain float32 arrays named as in
 the checkpoint, and GPT-2's own part of the forward pass (embedding, block, final
-LayerNorm). What every architecture shares lives beside it: the KV cache (cache.py),
-attention and the tree mask (attention.py), the ragged batch (packing.py), and the
-model class's plumbing, `forward` and `forward_batch` (base.py). Reading checkpoints
-from disk lives in checkpoints/gpt2_folder.py; nothing here does I/O.
+LayerNorm). Every projection is written `x @ lin`: exactly x @ W + b (linear.py).
+What every architecture shares lives beside it: attention, the tree mask and the KV
+cache (attention.py), and the model class's plumbing, `forward` over a chain, a tree
+or a ragged batch (base.py). Reading checkpoints from disk lives in
+checkpoints/gpt2_folder.py; nothing here does I/O.
 
 A block over a packed batch (`packed_block`): x holds the new tokens of every
 sequence of the batch, one after the other (n_tok = the sum of their n_seq).
