@@ -47,13 +47,13 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.cli.batch import run_batch
     from specdec.cli.cache import cache
     from specdec.cli.terminal import Status, Stream, shorten
-    from specdec.costmodel import K_LIMIT, parse_k
+    from specdec.costmodel import K_LIMIT
     from specdec.drafters import make_drafter
     from specdec.drafters.crossvocab import check_rule
     from specdec.drafters.specs import DraftSpec, parse_draft
     from specdec.drafters.stopping import parse_confidence
     from specdec.race import RaceInterrupted, race
-    from specdec.request import check_seed, check_verification, make_request, whole_number
+    from specdec.config import Config, check_seed, check_verification, make_request, parse_k, whole_number
     from specdec.words import human_size as human
     from specdec.words import plural
 except KeyboardInterrupt:
@@ -402,7 +402,7 @@ def checked_request(target, prompt: str, args):
     """The prompt as the samplers will see it (request.make_request: control strings typed in it stay
     text), for the lines that describe it; its errors are bad input."""
     try:
-        return make_request(target, prompt, args.n_tokens_to_generate, chat=args.chat)
+        return make_request(target, prompt, args.n_tokens_to_generate, Config(chat=args.chat))
     except ValueError as e:
         raise BadRequest(str(e).replace("n_tokens (", "--n_tokens_to_generate (")) from None
 

@@ -12,7 +12,7 @@ from helpers import near_tie_model, perturbed
 
 sys.path.insert(0, str(ROOT))
 from specdec import __main__ as main  # noqa: E402
-from specdec.request import check_request
+from specdec.config import check_request
 
 
 @pytest.fixture(scope="module")

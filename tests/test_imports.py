@@ -138,7 +138,7 @@ MAY_IMPORT = {
     "model": set(),
     "checkpoints": {"model", WORDS},
     "drafters": {"model", "checkpoints", WORDS} | ROUND_RULES,
-    "train": {"model", "checkpoints", "drafters", "specdec.autoregressive", "specdec.request", "specdec.sampling", "specdec.flags", WORDS},
+    "train": {"model", "checkpoints", "drafters", "specdec.autoregressive", "specdec.config", "specdec.sampling", "specdec.flags", WORDS},
     WORDS: set(),
     "specdec.verify": {"specdec.interfaces", "specdec.sampling"},
     "specdec.costmodel": {"specdec.interfaces", "specdec.verify"},

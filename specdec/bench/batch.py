@@ -45,7 +45,7 @@ from ..drafters import NgramDrafter
 from ..drafters.specs import parse_draft
 from ..model.fast import kernels
 from ..model.shapes import GPT2_SHAPES, random_model
-from ..request import Request, check_request
+from ..config import Request, check_request
 from ..result import DecodeResult
 from ..sampling import SamplingParams
 from ..timing import time_calls

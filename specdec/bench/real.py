@@ -42,7 +42,7 @@ from ..drafters.specs import parse_draft
 from ..model.fast import tuning
 from ..model.linear import Linear
 from ..model.shapes import random_model
-from ..request import check_request
+from ..config import check_request
 from ..timing import measure_costs, pass_calls, time_calls
 from .progress import Progress, add_quiet
 from .suite import load_prompts

@@ -7,7 +7,7 @@
                    the lookup finds nothing (lookup_first.py); a draft model after the lookup is built in Python
 
 The CLI parses flags with this before it downloads anything; make_drafter turns
-the parsed spec into a drafter. (The K spec is parsed in costmodel.parse_k.)
+the parsed spec into a drafter. (K is parsed in config.parse_k.)
 """
 
 from __future__ import annotations

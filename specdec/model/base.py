@@ -267,7 +267,7 @@ class Row:
 
 
 def check_rows(tokens: list, caches: list[KVCache]) -> None:
-    """A batch needs at least one row, one cache of its own per row, and at least one new token in every row."""
+    """At least one row, one cache of its own per row, and at least one new token in every row."""
     if len(tokens) == 0 or len(tokens) != len(caches):
         raise ValueError(f"a batch needs one cache per row and at least one row, got {len(tokens)} rows and "
                          f"{len(caches)} caches")  # fmt: skip
