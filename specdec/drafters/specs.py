@@ -1,10 +1,12 @@
 """The draft spec, the small language a user types to name a drafter, parsed in one place.
 
-    draft spec   "ngram" | "ngram:N" | "ngram:M..N" (suffixes of M..N tokens) | "early_exit:L" | "medusa:DIR" | "eagle:DIR" (trained heads)
+    draft spec   "ngram" | "ngram:N" | "ngram:M..N" (lookup of suffixes of M..N tokens)
+                 | "early_exit:L" | "medusa:DIR" | "eagle:DIR" (trained heads)
                  | "eagle" (the EAGLE head shipped for the target: checkpoints/registry.SHIPPED_HEADS)
                  | a model (a name such as 124M, a Hub repo id owner/name, or a local folder)
-                 | "ngram+X" | "ngram:N+X" | "ngram:M..N+X": prompt lookup first, X (early_exit:L, medusa:DIR, eagle[:DIR]) where
-                   the lookup finds nothing (lookup_first.py); a draft model after the lookup is built in Python
+                 | "ngram+X" | "ngram:N+X" | "ngram:M..N+X": prompt lookup first, X (early_exit:L, medusa:DIR,
+                   eagle[:DIR]) where the lookup finds nothing (lookup_first.py); a draft model after the lookup
+                   is built in Python
 
 The CLI parses flags with this before it downloads anything; make_drafter turns
 the parsed spec into a drafter. (The K spec is parsed in costmodel.parse_k.)
