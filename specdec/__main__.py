@@ -368,7 +368,11 @@ def refuse_ignored(p, args) -> None:
             isinstance(args.K, int) and args.k_max < args.K,
             f"{args.k_max} is below --K {args.K}: it bounds --K auto or adaptive; with a fixed K leave it out",
         ),
-        ("cross_vocab", spec.kind != "model", f"verifies a draft model with another tokenizer; the draft is {draft}"),
+        (
+            "cross_vocab",
+            spec.kind != "model",
+            f"verifies a draft model with another tokenizer; the draft here is {draft}",
+        ),
         ("cross_vocab", batch, "is not offered with --batch"),
         (
             "draft_confidence",
