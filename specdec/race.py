@@ -23,8 +23,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-import numpy as np
-
 from . import race_render
 from .autoregressive import decode_autoregressive
 from .costmodel import (

@@ -30,12 +30,9 @@ class DefaultRun:
     prompt: str  # --prompt (a user message when chat)
 
     def describe(self) -> str:
-        """One line for the run's header: what runs and how to run the GPT-2 pair instead."""
-        return (
-            f"(no model named: {self.target}, fetched once with pip (no Hub needed), drafted by {self.draft}"
-            + (f" with --draft_confidence {self.draft_confidence}" if self.draft_confidence else "")
-            + f"; the GPT-2 pair: specdec {GPT2_PAIR})"
-        )
+        """One line for the run's header: which model runs, and how to run the GPT-2 pair instead (the lines
+        after it say which drafter and request)."""
+        return f"(no model named: {self.target}, fetched once with pip, no Hub; the GPT-2 pair: specdec {GPT2_PAIR})"
 
 
 DEFAULT_RUN = DefaultRun(
