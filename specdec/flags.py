@@ -106,14 +106,14 @@ def note_redundant(
 
         prog: note: --seed has no effect at temperature 0 (greedy decoding draws nothing); ignored
     """
-    typed, notes = given(args), []
+    typed, notes = given(args), {}
     for dest, redundant, why, used in rules:
-        if dest in typed and redundant:
-            notes.append(f"{parser.prog}: note: {_spelled(parser, dest)} {why}; ignored")
+        if dest in typed and redundant and dest not in notes:  # one note per flag: its first reason
+            notes[dest] = f"{parser.prog}: note: {_spelled(parser, dest)} {why}; ignored"
             setattr(args, dest, used)
-    for note in dict.fromkeys(notes):  # one note per flag and reason
+    for note in notes.values():
         print(note, file=out or sys.stderr)
-    return notes
+    return list(notes.values())
 
 
 def _spelled(parser: Parser, dest: str) -> str:

@@ -174,3 +174,11 @@ def test_train_refuses_heads_for_eagle(capsys):
     with pytest.raises(SystemExit) as exit_:
         train_cli.main(["eagle", "--model", "x", "--tokens", "10", "--out", "o", "--heads", "3"])
     assert exit_.value.code == 2 and "--heads only applies to medusa" in capsys.readouterr().err
+
+
+def test_one_note_per_redundant_flag(capsys):
+    """--k_max with --only autoregressive and a fixed K is redundant twice over: one note, its first reason."""
+    args = main.parse_args([*OFFLINE, *ONLY_AR, "--K", "3", "--k_max", "6", "--seed", "2"])
+    notes = capsys.readouterr().err.splitlines()
+    assert [note.split()[2] for note in notes] == ["--seed", "--draft_model_size", "--K", "--k_max"], notes
+    assert "--only autoregressive" in notes[3] and (args.K, args.k_max, args.seed) == (4, 8, 0)
