@@ -383,12 +383,14 @@ def refuse_ignored(p, args) -> None:
         (
             "draft_confidence",
             args.cross_vocab is not None,
-            "is not offered with --cross_vocab (the drafts are re-spelt in the target's vocabulary once drawn)",
+            "is not offered with --cross_vocab (the drafts are re-spelt in the target's vocabulary after they are "
+            "drawn)",
         ),
         (
             "draft_confidence",
             tree,
-            "cuts chains; a tree is grown by the draft's confidence already (EAGLE-2's expansion): give one or other",
+            "cuts chains; a tree is already grown by the draft's confidence (EAGLE-2's expansion): give one or "
+            "the other",
         ),
         ("draft_confidence", batch, "is not offered with --batch"),
         ("ngram_max", spec.kind != "ngram", f"only applies to --draft ngram; the draft here is {draft}"),
