@@ -3,9 +3,9 @@
 Not part of specdec, its tests or its requirements: run it in a throwaway
 virtual environment that has torch and transformers as well as specdec.
 
-    python -m venv /tmp/torchvenv
-    /tmp/torchvenv/bin/pip install torch==2.13.0 transformers -e .
-    /tmp/torchvenv/bin/python docs/compare_torch.py --sizes 124M,355M
+    python -m venv torchvenv
+    torchvenv/bin/pip install torch==2.13.0 transformers -e .
+    torchvenv/bin/python docs/compare_torch.py --sizes 124M,355M
 
 It writes random-weight checkpoints (the Hub's file layout; a forward pass's
 cost depends only on the shapes) under --models-dir, then times each engine in
@@ -32,6 +32,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def result(load: float, passes: dict, greedy: float, lookup: float, prompt_pass:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="124M,355M", help="GPT-2 shapes (default %(default)s)")
-    p.add_argument("--models-dir", default="/tmp/specdec-compare",
+    p.add_argument("--models-dir", default=str(Path(tempfile.gettempdir()) / "specdec-compare"),
                    help="where the checkpoints go (default %(default)s)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per engine (default %(default)s)")
     p.add_argument("--repeats", type=int, default=10, help="timed passes per m in each process (default %(default)s)")

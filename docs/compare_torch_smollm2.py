@@ -6,8 +6,8 @@ caches. Each measurement runs in a fresh process, and the two engines alternate,
 so a burst of load from elsewhere hits both. Only the decode loop is timed
 (after the prompt pass), and both must write the same tokens.
 
-    python3 -m venv /tmp/ref && /tmp/ref/bin/pip install torch==2.13.0 transformers gguf accelerate
-    /tmp/ref/bin/python docs/compare_torch_smollm2.py PATH/TO/SmolLM2-135M-Instruct.Q4_1.gguf \\
+    python3 -m venv ref && ref/bin/pip install torch==2.13.0 transformers gguf accelerate
+    ref/bin/python docs/compare_torch_smollm2.py PATH/TO/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --specdec-python .venv/bin/python --rounds 3
 
 Not part of the library or its tests (they never import torch).

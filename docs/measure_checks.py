@@ -1,8 +1,8 @@
 """What the checks on specdec's own files cost (docs/checkpoints.md): loads with and without the kept
 layout, the layout's check alone, a first load, the model fingerprint, a whole load_heads.
 
-    python -m specdec.bench --write-checkpoints /tmp/files-bench --sizes 124M,355M
-    python docs/measure_checks.py load /tmp/files-bench/124M /tmp/files-bench/355M
+    python -m specdec.bench --write-checkpoints files-bench --sizes 124M,355M
+    python docs/measure_checks.py load files-bench/124M files-bench/355M
     python docs/measure_checks.py scan|first|fingerprint|heads FOLDER...
 
 Run it with PYTHONPATH set to the checkout being measured. Every number is a median of

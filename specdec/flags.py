@@ -5,10 +5,12 @@ What it adds over argparse:
 - every flag in both spellings: `--k-max` and `--k_max` are the same flag (the help
   shows the spelling the command declared); `--only=a,b` forms work with either;
 - one line per error and exit code 2, not a usage dump;
-- `given(args)`: the flags the user typed, so a command can refuse a flag it would
-  ignore (`refuse_ignored`) instead of dropping it without a word;
+- `given(args)`: the flags the user typed, so a command can refuse a flag that contradicts
+  the others (`refuse_ignored`) and accept one that is merely redundant with a note
+  on standard error (`note_redundant`: `--seed 1` at temperature 0), instead of
+  dropping either without a word;
 - `read_prompt`: where a prompt's text comes from (`--prompt -` is standard input,
-  `--prompt_file PATH` a file), in one place.
+  `--prompt_file PATH` a file or a pipe), in one place; a read that waits says so.
 
     p = flags.Parser(prog="python -m specdec.train", description="...")
     p.add_argument("--seq-len", type=int, default=64)
@@ -19,10 +21,14 @@ What it adds over argparse:
 from __future__ import annotations
 
 import argparse
+import stat
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 PROMPT_FILE_LIMIT = 1 << 20  # bytes: a prompt is text for a context of at most a few thousand tokens
+WAIT_NOTICE_SECONDS = 1.0  # a prompt read from a pipe that has waited this long says what it waits for
 
 
 class Parser(argparse.ArgumentParser):
@@ -83,12 +89,37 @@ def at_least_one(text: str) -> int:
 
 
 def refuse_ignored(parser: Parser, args: argparse.Namespace, rules: list[tuple[str, bool, str]]) -> None:
-    """rules: (dest, ignored, why): a flag the user typed that would be ignored is refused with one line."""
+    """rules: (dest, ignored, why): a flag the user typed that contradicts the others (it asks for something
+    this run cannot do, or would mislead) is refused with one line."""
     typed = given(args)
     for dest, ignored, why in rules:
         if dest in typed and ignored:
-            spelled = [s for action in parser._actions if action.dest == dest for s in action.option_strings]
-            parser.error(f"{spelled[0] if spelled else '--' + dest} {why}")  # as typed: --init-head, --n_tokens...
+            parser.error(f"{_spelled(parser, dest)} {why}")
+
+
+def note_redundant(
+    parser: Parser, args: argparse.Namespace, rules: list[tuple[str, bool, str, object]], out=None
+) -> list[str]:
+    """rules: (dest, redundant, why, used): a flag the user typed that changes nothing here (`--seed` at
+    temperature 0: greedy decoding draws nothing) is accepted, not refused, since a script passing it must
+    not break: one note on standard error says so, and the run uses `used` in its place. Returns the notes.
+
+        prog: note: --seed has no effect at temperature 0 (greedy decoding draws nothing); ignored
+    """
+    typed, notes = given(args), {}
+    for dest, redundant, why, used in rules:
+        if dest in typed and redundant and dest not in notes:  # one note per flag: its first reason
+            notes[dest] = f"{parser.prog}: note: {_spelled(parser, dest)} {why}; ignored"
+            setattr(args, dest, used)
+    for note in notes.values():
+        print(note, file=out or sys.stderr)
+    return list(notes.values())
+
+
+def _spelled(parser: Parser, dest: str) -> str:
+    """A flag as the command declared it first (--init-head, --n_tokens_to_generate)."""
+    spelled = [s for action in parser._actions if action.dest == dest for s in action.option_strings]
+    return spelled[0] if spelled else "--" + dest
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None, stdin=None) -> str:
@@ -106,9 +137,12 @@ def read_prompt(prompt: str | None, prompt_file: str | None, stdin=None) -> str:
             raise ValueError(f"{where}: is a folder; give a text file")
         # NOTE: read at most one byte past the limit rather than trust st_size, which is 0 for a pipe
         # (`--prompt_file <(cmd)`) and for files such as /proc/self/mem, whose read then fails.
+        # subtle: opening a named pipe (mkfifo) waits until something opens it to write: say so if it takes long.
         try:
-            with open(prompt_file, "rb") as f:
-                data = f.read(PROMPT_FILE_LIMIT + 1)
+            waiting = f"({where} is a pipe: waiting for text to be written to it; Ctrl-C to stop)"
+            with _said_if_slow(waiting if _is_pipe(prompt_file) else None):
+                with open(prompt_file, "rb") as f:
+                    data = f.read(PROMPT_FILE_LIMIT + 1)
         except FileNotFoundError:
             raise ValueError(f"{where}: no such file") from None
         except OSError as e:  # no permission, a file the kernel refuses to read this way, ...
@@ -118,6 +152,8 @@ def read_prompt(prompt: str | None, prompt_file: str | None, stdin=None) -> str:
         return _text(data, where)
     if prompt == "-":
         stream = sys.stdin if stdin is None else stdin
+        if getattr(stream, "isatty", lambda: False)():  # a person types it: say how to end it
+            print("(--prompt -: type the prompt, then Ctrl-D at the start of a line)", file=sys.stderr, flush=True)
         data = stream.buffer.read(PROMPT_FILE_LIMIT + 1) if hasattr(stream, "buffer") else stream.read()
         if isinstance(data, str):
             return data
@@ -157,3 +193,26 @@ def _text(data: bytes, where: str) -> str:
     text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the prompt
     # NOTE: one final line break is the file's (or echo's), not the prompt's: GPT-2 would continue after it.
     return text.removesuffix("\n").removesuffix("\r")
+
+
+def _is_pipe(path: str) -> bool:
+    try:
+        return stat.S_ISFIFO(Path(path).stat().st_mode)
+    except OSError:
+        return False  # opening it says what is wrong
+
+
+@contextmanager
+def _said_if_slow(notice: str | None):
+    """Print `notice` on standard error if the block is still running after WAIT_NOTICE_SECONDS: a read
+    that waits for a writer says so instead of hanging silently."""
+    if notice is None:
+        yield
+        return
+    timer = threading.Timer(WAIT_NOTICE_SECONDS, lambda: print(notice, file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

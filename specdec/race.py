@@ -23,8 +23,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-import numpy as np
-
 from . import race_render
 from .autoregressive import decode_autoregressive
 from .config import Config, Request, check_seed, make_config, make_rng, setup, whole_number
@@ -138,7 +136,8 @@ class RaceReport:
         """One speedup per repeat: speculative tokens per second / autoregressive tokens per second of
         the two runs of that repeat, which ran back to back (> 1: speculative is faster). With the same
         tokens (greedy, or a shared seed) this is the ratio of the times; where a chat reply ends early,
-        or sampling gives the two decoders different lengths, the rates keep it fair."""
+        or sampling gives the two decoders different lengths, the rates keep it fair. Their range is the
+        spread; the speedup itself is the ratio of the two median runs (`speedup`)."""
         return [s.tokens_per_second / a.tokens_per_second for a, s in zip(self.autoregressive, self.speculative)]
 
     @property
@@ -164,8 +163,13 @@ class RaceReport:
 
     @property
     def speedup(self) -> float:
-        """The median of the per-repeat speedups (nan unless both decoders ran)."""
-        return float(np.median(self.speedups)) if self.speedups else math.nan
+        """The median speculative run's tokens per second over the median autoregressive run's: the ratio of the
+        two rates the summary prints, so a reader can check it (nan unless both decoders ran). It lies within
+        the per-repeat speedups' range: if every repeat's speculative run beat its neighbour by a factor s,
+        the median run does too (order statistics keep a pointwise order)."""
+        if not (self.ar and self.spec):
+            return math.nan
+        return self.spec.tokens_per_second / self.ar.tokens_per_second
 
     @property
     def spread(self) -> tuple[float, float]:
@@ -181,10 +185,31 @@ class RaceReport:
         return max(NOISE_FLOOR, (high - low) / self.speedup) if self.speedups else math.nan
 
     @property
+    def passes_bound(self) -> float:
+        """The most the speculative run's passes allow over plain decoding, by the cost model on the measured c and
+        r(m) (nan without a speculative run that had rounds). Plain decoding pays one target step a token; the
+        speculative run paid r(k + 1) for each round's verification pass and c for each draft step
+        (costmodel.speedup_from_rounds): tokens per step is the most it can be faster, before the sampler's own
+        work. The prompt's pass, which both decoders make, is left out: it only draws a ratio towards 1, so the
+        bound is at least 1 (when the passes saved nothing, plain decoding's prompt pass still costs the same).
+
+        For example, 40 tokens in 36 rounds (4 tokens drafted in all) cost at least 36 steps: at most 1.11x.
+        """
+        spec = self.spec
+        if spec is None or self.costs is None or not spec.result.rounds:
+            return math.nan
+        r, c, curve = spec.result, self.costs.c, self.curve()[0]
+        return max(1.0, speedup_from_rounds(len(r.tokens), r.k_per_round, r.draft_steps, c, curve))
+
+    @property
     def verdict(self) -> str:
-        """"faster", "slower" or "within noise": the median speedup against 1x, give or take the margin."""
+        """"faster", "slower" or "within noise": the speedup against 1x, give or take the margin; "noise" when the
+        measured speedup exceeds what the passes allow (passes_bound) by more than the margin: no run is faster
+        than its passes, so such a figure is the timings' noise, not a speed-up."""
         if not self.speedups:
             return "-"
+        if self.speedup > self.passes_bound * (1 + self.margin):
+            return "noise"
         if self.speedup > 1 + self.margin:
             return "faster"
         if self.speedup < 1 / (1 + self.margin):
@@ -226,6 +251,7 @@ class RaceReport:
             "r": r,
             "mean_k": k_mean,
             "measured_speedup": self.speedup,
+            "passes_bound": self.passes_bound,
             "depth_acceptance": res.acceptance_by_position,
         }
         if self.settings.get("tree") is not None and res.rounds:
@@ -282,11 +308,11 @@ def race(target: CausalLM, draft, prompt, n_tokens: int, K=4, temperature: float
 
     prompt, draft, K and any other setting of a Config (by name or config=): as speculative_sample's.
     decoders: which to run. Every repeat uses the same seed, so repeats produce the same tokens and
-    differ only in time: report.speedup is the median of the repeats' speedups, report.spread their
-    range and report.verdict the call in words. on_token(token, kind) streams the first repeat;
-    on_decoder(name) is called before each decoder's streamed run; on_status(text) is told what the
-    race is doing (for a status line). request: `prompt` made into a Request already (config.setup).
-    Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far.
+    differ only in time: report.speedup is the ratio of the two median runs' rates, report.spread the
+    range of the repeats' own ratios and report.verdict the call in words. on_token(token, kind) streams
+    the first repeat; on_decoder(name) is called before each decoder's streamed run; on_status(text) is
+    told what the race is doing (for a status line). request: `prompt` made into a Request already
+    (config.make_request). Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far.
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup, report.spread, report.verdict

@@ -205,10 +205,16 @@ def test_a_bad_flag_from_the_shell_is_one_line_without_a_traceback():
                                   "got 0 (see --help)"
 
 
-def test_unwritable_models_dir(capsys, monkeypatch):
+def test_a_models_dir_that_cannot_be_a_folder_is_bad_input(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    code, out, err = run_main(capsys, "--target_model_size", "124M", "--models_dir", "/dev/null/models")
-    assert code == 1 and "check --models_dir" in err and len(err.strip().splitlines()) == 1
+    (tmp_path / "a_file").write_text("not a folder")
+    cases = [("/dev/null/models", "lies inside /dev/null, which is not a folder"), (str(tmp_path / "a_file"), "")]
+    for models_dir, why in cases:
+        with pytest.raises(SystemExit) as exit_:
+            main.main(["--target_model_size", "124M", "--models_dir", models_dir])
+        out, err = capsys.readouterr()
+        assert exit_.value.code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert f"--models_dir {models_dir} {why or 'is not a folder'}: give a folder" in err
 
 
 def strict_json(text):
@@ -341,7 +347,6 @@ def test_the_layers_after_the_lookup_are_checked_by_the_target_s_name(capsys):
     (["--draft_confidence", "0.3", "--tree", "4"], "tree is already grown"),
     (["--draft_confidence", "auto", "--tree", "4"], "tree is already grown"),
     (["--draft_confidence", "1.5"], "(0, 1] or 'auto'"),
-    (["--draft_confidence", "0.3", "--only", "autoregressive"], "does not run"),
 ])  # fmt: skip
 def test_a_draft_confidence_bar_is_refused_where_it_would_do_nothing(checkpoints, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:

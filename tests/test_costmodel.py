@@ -1,5 +1,7 @@
 """The cost model (Leviathan et al., section 3) and the K policies built on it."""
 
+import math
+
 import numpy as np
 import pytest
 from conftest import tiny_model
@@ -57,6 +59,15 @@ def test_best_k():
     k, s = best_k(0.9, 0.4, r=[1.0] + [3.0] * 9)  # a CPU where verifying costs 3 steps: nothing wins
     assert (k, s) == (0, 1.0)
     assert best_k(0.5, 0.01)[0] < best_k(0.95, 0.01)[0]  # more acceptance, longer drafts
+
+
+@pytest.mark.parametrize("alpha", [1.5, -0.1, 4.0])
+def test_an_alpha_that_is_not_a_probability_is_refused(alpha):
+    """best_k(alpha=1.5) used to answer (8, 6.43x): an acceptance rate above 1 priced as if every draft passed."""
+    for formula in (lambda: best_k(alpha, 0.05), lambda: predicted_speedup(alpha, 4, 0.05)):
+        with pytest.raises(ValueError, match=r"alpha is an acceptance rate, a probability in \[0, 1\]"):
+            formula()
+    assert best_k(1.0, 0.05)[0] == 8 and math.isnan(predicted_speedup(math.nan, 4, 0.05))  # the edges still answer
 
 
 def test_cost_model_k_policy_tracks_acceptance():

@@ -79,8 +79,10 @@ def test_race_first_difference_and_noise_warning(models):
     predicted = report.explain()["predicted_speedup_from_rounds"]  # the headline's prediction
     report.autoregressive[0].seconds = report.speculative[0].seconds * predicted  # measured == predicted
     assert "NOTE" not in str(report)
-    report.autoregressive[0].seconds *= 3  # a burst of noise in one run
+    report.autoregressive[0].seconds /= 3  # a burst of noise in one run: measured a third of predicted
     assert "differ by more than 1.5x" in str(report)
+    report.autoregressive[0].seconds *= 9  # three times predicted: more than the passes allow, said in the verdict
+    assert report.verdict == "noise" and "more than these passes allow" in str(report)
 
 
 def test_race_checks_the_request_before_measuring(models):

@@ -90,3 +90,59 @@ def test_a_tree_race_is_priced_by_the_cost_models_own_reading_of_r():
     assert summary["tree_verify_cost_ratio"] == verify_cost(3.5, r)
     passes = summary["draft_passes_per_round"]
     assert summary["tree_predicted_speedup"] == predicted_tree_speedup(summary["tau"], 2.5, report.costs.c * passes, r)
+
+
+def sparse_drafting_record(ar_seconds: list[float], spec_seconds: list[float]) -> RaceReport:
+    """A run priced over its own rounds (a draft confidence bar: eq. 1 left out) that drafted 4 tokens in 36 rounds
+    of 40 tokens, with one draft pass a round: its passes allow at most about 1.07x over plain decoding."""
+    k = [1] * 4 + [0] * 32  # drafts per round, every one accepted
+    spec = DecodeResult(list(range(40)), target_calls=37, draft_calls=36, k_per_round=k, accepted_per_round=k, k_max=4)
+    ar = DecodeResult(tokens=list(range(40)), target_calls=40)
+    costs = Costs(target_step=0.02, draft_step=0.0004, r=[1.0, 1.13, 1.2, 1.3, 1.4])
+    settings = {"temperature": 0.0, "K": 4, "draft_confidence": "auto", "draft_confidence_bar": 0.15}
+    runs = lambda result, seconds: [Run(result, s) for s in seconds]  # noqa: E731
+    return RaceReport(settings, costs, runs(ar, ar_seconds), runs(spec, spec_seconds))
+
+
+def test_a_speedup_above_what_the_passes_allow_is_called_noise_with_the_bound():
+    """Measured 1.64x where 36 verification passes and 36 draft steps for 40 tokens allow at most 1.07x: the
+    verdict is noise, never "faster", and the row gives the bound; the bound is the cost model's count."""
+    report = sparse_drafting_record([4.39, 4.2, 4.5], [2.68, 2.6, 2.9])
+    c, r = report.costs.c, report.costs.r
+    steps = 36 * c + 32 * r[0] + 4 * r[1]  # draft steps at c, then a pass over k + 1 tokens a round
+    assert report.passes_bound == pytest.approx(40 / steps) and 1.06 < report.passes_bound < 1.08
+    assert report.speedup == pytest.approx(4.39 / 2.68) and report.verdict == "noise"
+    rows = {line.split("  ")[0]: line for line in str(report).splitlines()}
+    verdict = next(line for key, line in rows.items() if key.startswith("verdict"))
+    assert "noise  (1.64x is more than these passes allow, at most 1.07x: 40 tokens for 36 verification" in verdict
+    assert "faster" not in str(report)
+    summary = report.to_dict()["summary"]
+    assert summary["verdict"] == "noise" and summary["passes_bound"] == pytest.approx(40 / steps)
+    # Within the margin of what the passes allow, the usual verdict stands: 1.25x is not above 1.07x * 1.2.
+    assert sparse_drafting_record([1.25] * 3, [1.0] * 3).verdict == "faster"
+    assert sparse_drafting_record([1.05] * 3, [1.0] * 3).verdict == "within noise"
+
+
+def test_measured_far_below_the_rounds_prediction_is_noted_where_eq_1_is_left_out():
+    """The summary of a run with a draft confidence bar prices only its own rounds (no eq. 1 prediction): the
+    note that measured and predicted differ must still fire against that prediction."""
+    report = sparse_drafting_record([1.0] * 3, [2.0] * 3)  # measured 0.5x against 1.07x predicted
+    assert report.rounds_only and "predicted_speedup" not in report.explain()
+    assert "NOTE: the measured and predicted speedups differ by more than 1.5x" in str(report)
+    assert "differ by more than" not in str(sparse_drafting_record([1.0] * 3, [1.0] * 3))  # 1.0x: near enough
+
+
+def test_the_speedup_is_the_ratio_of_the_two_medians_printed_above_it():
+    """Repeats of 1, 2 and 3 s against 3, 1 and 2 s: the median of the per-repeat ratios is 1.5x, while the two
+    medians printed above the summary are 2.00 s and 2.00 s. The line prints the figure a reader can check
+    (1.00x, the ratio of those two), says so, and keeps the repeats' spread beside it."""
+    report = record([1.0, 1.1, 1.3, 1.5, 1.7], [4] * 5, [2] * 5)
+    ar, spec = report.autoregressive[0].result, report.speculative[0].result
+    report.autoregressive = [Run(ar, s) for s in (1.0, 2.0, 3.0)]
+    report.speculative = [Run(spec, s) for s in (3.0, 1.0, 2.0)]
+    text = str(report)
+    times = [float(line.split(" in ")[1].split(" s ")[0]) for line in text.splitlines() if " tokens in " in line[:30]]
+    row = next(line for line in text.splitlines() if line.startswith("speedup ("))
+    assert times == [2.0, 2.0] and report.speedup == pytest.approx(times[0] / times[1]) and "1.00x  (" in row
+    assert "(2.00 s / 2.00 s, the medians above; each repeat's own ratio 0.33x .. 2.00x)" in row
+    assert sorted(report.speedups) == pytest.approx([1 / 3, 1.5, 2.0])  # the median of these would say 1.50x

@@ -2,7 +2,7 @@
 
     python -m specdec.bench --only batch                          # 124M and 355M shapes, SmolLM2-135M; B = 1..16
     python -m specdec.bench --only batch --models 124M --batches 1,4 --tokens 16 --repeats 3
-    python -m specdec.bench --only batch --json /tmp/batch.json
+    python -m specdec.bench --only batch --json batch.json
 
 For each model and batch size B (B prompts of different lengths, decoded greedily
 together by batch.py):

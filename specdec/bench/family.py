@@ -21,7 +21,7 @@ Three tables:
 Commands:
     python -m specdec.bench --only family               # the tables in docs/family.md (19 min at load 6-17 on 2 vCPUs)
     python -m specdec.bench --only family --prompts 8 --tokens 32 --no-gpt2   # a quicker look (4 min, same machine)
-    python -m specdec.bench --only family --json /tmp/family.json
+    python -m specdec.bench --only family --json family.json
 """
 
 from __future__ import annotations

@@ -39,6 +39,8 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike | None = None
     models_dir None: default_models_dir().
     """
     name = str(name_or_path)
+    if not name.strip():  # NOTE: Path("") is ".", the current folder, which would then be read as a model folder
+        raise ValueError(f"the model name is empty: use {registry.known_models()}")
     if models_dir is not None and not isinstance(models_dir, (str, os.PathLike)):
         raise ValueError(f"models_dir must be a folder path (a str or os.PathLike) or None, got {models_dir!r:.80}")
     if models_dir is not None and not str(models_dir):

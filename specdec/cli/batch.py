@@ -12,7 +12,7 @@ import numpy as np
 from ..batch import autoregressive_sample_batch, speculative_sample_batch
 from ..race_render import jsonable
 from ..timing import time_calls
-from .terminal import shorten
+from .terminal import shorten, visible
 
 
 def run_batch(args, target, draft, draft_label: str) -> int:
@@ -44,7 +44,7 @@ def run_batch(args, target, draft, draft_label: str) -> int:
     for i, prompt in enumerate(args.prompts):
         shown = outs.get("speculative", outs.get("autoregressive"))[i]
         print(f"\n── row {i + 1}: {shorten(prompt, 120)!r}")
-        print(shown.text if shown.text is not None else shown.tokens)
+        print(visible(shown.text) if shown.text is not None else shown.tokens)
         if "speculative" in outs:
             spec = outs["speculative"][i]
             same = ("; identical to autoregressive: " + ("yes" if spec.tokens == outs["autoregressive"][i].tokens

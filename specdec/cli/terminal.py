@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 import os
 import sys
+import unicodedata
 from collections.abc import Callable
 
 from ..model.tokenizer import control_ids
@@ -67,12 +68,12 @@ class Stream:
         print(f"\n── {title} " + "─" * max(3, 70 - len(title)), file=self.out)
         if decoder == "speculative" and self.colour:
             print("legend: " + "  ".join(f"{COLOURS[k]}{v}{RESET}" for k, v in LEGEND.items()), file=self.out)
-        self.out.write(shorten(a.prompt) + ("\n" if a.chat else ""))  # a chat reply starts on its own line
+        self.out.write(visible(shorten(a.prompt)) + ("\n" if a.chat else ""))  # a chat reply starts on its own line
 
     def __call__(self, token: int, kind: str) -> None:
         if token in self.control:
             return
-        text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token))
+        text = visible(self.decoder.decode(self.tokenizer.decode_single_token_bytes(token)))
         if self.colour and self.kind == "speculative":
             text = f"{COLOURS[kind]}{text}{RESET}"
         self.out.write(text)
@@ -80,10 +81,23 @@ class Stream:
 
     def finish(self) -> None:
         if self.decoder is not None:
-            self.out.write(self.decoder.decode(b"", final=True) + "\n")
+            self.out.write(visible(self.decoder.decode(b"", final=True)) + "\n")
             self.decoder = None
 
 
 def shorten(text: str, limit: int = 300) -> str:
     """A long prompt is echoed by its start and end only."""
     return text if len(text) <= limit else f"{text[:limit // 2]} [...] {text[-limit // 2:]}"
+
+
+def visible(text: str) -> str:
+    """Text as it may be shown on a terminal: control characters (ESC starting a colour or a cursor move, a
+    carriage return, a bell; C0, DEL and C1) written as Python escapes, so that a prompt or a reply cannot
+    drive the terminal. Line breaks and tabs stay.
+
+    >>> visible("red \\x1b[31mtext\\r\\n")
+    'red \\\\x1b[31mtext\\\\r\\n'
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) != "Cc" else repr(ch)[1:-1] for ch in text)

@@ -35,7 +35,11 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
     A round emits the accepted drafts plus one target token: 1 + alpha + ... + alpha^k.
 
         expected_tokens_per_round(0.8, 4)  # 3.36
+
+    alpha is a probability: one outside [0, 1] (1.5, a ratio typed by mistake) is a ValueError, not an answer.
     """
+    if alpha < 0 or alpha > 1:  # (nan passes: "nothing was drafted", and every formula then gives nan)
+        raise ValueError(f"alpha is an acceptance rate, a probability in [0, 1]; got {alpha}")
     if alpha >= 1:
         return k + 1.0
     return (1 - alpha ** (k + 1)) / (1 - alpha)

@@ -22,8 +22,9 @@ nodes of each layer), the n-gram drafter as a trie of every earlier occurrence.
 
 `make_drafter(draft, target, cross_vocab, siblings, confidence)` turns what a caller
 passed as `draft` into a drafter for `target`: a GPT2 or a Llama becomes a
-ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with n_max N (default 3);
-"early_exit:L" an EarlyExitDrafter over the target's first L layers; "eagle" the
+ModelDrafter; "ngram", "ngram:N" or "ngram:M..N" an NgramDrafter with n_max N
+(default 3) and n_min M (default 1); "early_exit:L" an EarlyExitDrafter over the
+target's first L layers; "eagle" the
 EAGLE head shipped for the target, "eagle:DIR" or "medusa:DIR" heads trained by
 `python -m specdec.train`; "ngram+X" (X one of those) a LookupFirst; a Drafter
 (interfaces.py) is used as it is.
@@ -55,10 +56,10 @@ from ..model.attention import KVCache
 from ..sampling import SamplingParams, draw, greedy, probabilities
 from .crossvocab import CrossVocabDrafter, check_rule
 from .eagle import EagleDrafter
-from .lookup_first import SHORTEST_MATCH, LookupFirst
+from .lookup_first import LookupFirst
 from .medusa import MedusaDrafter
-from .specs import parse_draft
 from .ngram import NgramDrafter
+from .specs import lookup_shortest, parse_draft
 from .stopping import ChainGate, ConfidenceStop
 from .trees import SIBLINGS, model_tree
 
@@ -265,10 +266,10 @@ def _as_drafter(draft, target: CausalLM, siblings: str, stop: ConfidenceStop | N
     if isinstance(draft, str):
         spec = parse_draft(draft)
         if spec.kind == "ngram":
-            return NgramDrafter(target.n_vocab, n_max=spec.arg)
+            return NgramDrafter(target.n_vocab, n_max=spec.arg, n_min=spec.n_min or 1)
         if spec.kind == "lookup_first":
             lookup, then = spec.parts()
-            looker = NgramDrafter(target.n_vocab, lookup.arg, min(SHORTEST_MATCH, lookup.arg))
+            looker = NgramDrafter(target.n_vocab, lookup.arg, lookup_shortest(lookup))
             return LookupFirst(looker, _as_drafter(str(then), target, siblings, stop))
         if spec.kind == "early_exit":
             return EarlyExitDrafter(target, spec.arg, siblings=siblings, stop=stop)

@@ -1,10 +1,12 @@
 """The draft spec, the small language a user types to name a drafter, parsed in one place.
 
-    draft spec   "ngram" | "ngram:N" | "early_exit:L" | "medusa:DIR" | "eagle:DIR" (trained heads)
+    draft spec   "ngram" | "ngram:N" | "ngram:M..N" (lookup of suffixes of M..N tokens)
+                 | "early_exit:L" | "medusa:DIR" | "eagle:DIR" (trained heads)
                  | "eagle" (the EAGLE head shipped for the target: checkpoints/registry.SHIPPED_HEADS)
                  | a model (a name such as 124M, a Hub repo id owner/name, or a local folder)
-                 | "ngram+X" | "ngram:N+X": prompt lookup first, X (early_exit:L, medusa:DIR, eagle[:DIR]) where
-                   the lookup finds nothing (lookup_first.py); a draft model after the lookup is built in Python
+                 | "ngram+X" | "ngram:N+X" | "ngram:M..N+X": prompt lookup first, X (early_exit:L, medusa:DIR,
+                   eagle[:DIR]) where the lookup finds nothing (lookup_first.py); a draft model after the lookup
+                   is built in Python
 
 The CLI parses flags with this before it downloads anything; make_drafter turns
 the parsed spec into a drafter. (K is parsed in config.parse_k.)
@@ -12,7 +14,7 @@ the parsed spec into a drafter. (K is parsed in config.parse_k.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..words import plural
 from .lookup_first import SHORTEST_MATCH
@@ -24,17 +26,35 @@ LOOKUP_FIRST = "+"  # "ngram+eagle": prompt lookup first, the EAGLE head where i
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """A parsed draft spec: kind "ngram" (arg = n_max), "early_exit" (arg = L), "medusa" or "eagle"
-    (arg = the heads' folder), "model" (arg = the name) or "lookup_first" (arg = the whole spec, whose
-    two parts are `parts()`)."""
+    """A parsed draft spec: kind "ngram" (arg = n_max; n_min the shortest suffix matched, None for the
+    drafter's own default), "early_exit" (arg = L), "medusa" or "eagle" (arg = the heads' folder), "model"
+    (arg = the name) or "lookup_first" (arg = the whole spec, whose two parts are `parts()`)."""
 
     kind: str
     arg: int | str
+    n_min: int | None = None
 
     def __str__(self) -> str:
         if self.kind in ("model", "lookup_first"):
             return self.arg
+        if self.n_min is not None:
+            return f"{self.kind}:{self.n_min}..{self.arg}"
         return f"{self.kind}:{self.arg}" if self.arg != "" else self.kind
+
+    def with_shortest(self, n_min: int) -> DraftSpec:
+        """The same spec with its lookup matching suffixes of n_min tokens or more (--prompt_lookup_min).
+
+        >>> str(parse_draft("ngram+eagle").with_shortest(1)), str(parse_draft("ngram:4").with_shortest(2))
+        ('ngram:1..3+eagle', 'ngram:2..4')
+        """
+        if self.kind == "lookup_first":
+            lookup, then = self.parts()
+            return DraftSpec("lookup_first", f"{lookup.with_shortest(n_min)}{LOOKUP_FIRST}{then}")
+        if self.kind != "ngram":
+            raise ValueError(f"a shortest n-gram applies to prompt lookup (ngram, ngram+X), not to {self}")
+        if not 1 <= n_min <= self.arg:
+            raise ValueError(f"the shortest n-gram matched must be 1..{self.arg} (the longest), got {n_min}")
+        return replace(self, n_min=n_min)
 
     def parts(self) -> tuple[DraftSpec, DraftSpec]:
         """A lookup-first spec's two drafters: the n-gram lookup, then the drafter used where it finds nothing."""
@@ -45,9 +65,10 @@ class DraftSpec:
         """In words, for a report header."""
         if self.kind == "lookup_first":
             lookup, then = self.parts()
-            return f"n-gram lookup ({min(SHORTEST_MATCH, lookup.arg)} <= n <= {lookup.arg}), else {then.describe()}"
+            return f"n-gram lookup ({lookup_shortest(lookup)} <= n <= {lookup.arg}), else {then.describe()}"
         if self.kind == "ngram":
-            return f"n-gram lookup (n <= {self.arg})"
+            shortest = f"{self.n_min} <= " if self.n_min is not None else ""
+            return f"n-gram lookup ({shortest}n <= {self.arg})"
         if self.kind == "early_exit":
             return f"the target's first {plural(self.arg, 'layer')}"
         if self.kind in HEADS:
@@ -58,18 +79,27 @@ class DraftSpec:
 def parse_draft(spec: str) -> DraftSpec:
     """Parse a draft spec; anything that is neither n-gram nor early exit names a model.
 
-    >>> parse_draft("ngram:4"), parse_draft("early_exit:6"), parse_draft("124M")
-    (DraftSpec(kind='ngram', arg=4), DraftSpec(kind='early_exit', arg=6), DraftSpec(kind='model', arg='124M'))
+    >>> parse_draft("ngram:4"), parse_draft("ngram:2..4")
+    (DraftSpec(kind='ngram', arg=4, n_min=None), DraftSpec(kind='ngram', arg=4, n_min=2))
+    >>> parse_draft("early_exit:6"), parse_draft("124M")
+    (DraftSpec(kind='early_exit', arg=6, n_min=None), DraftSpec(kind='model', arg='124M', n_min=None))
     >>> parse_draft("ngram+eagle").parts()
-    (DraftSpec(kind='ngram', arg=3), DraftSpec(kind='eagle', arg=''))
+    (DraftSpec(kind='ngram', arg=3, n_min=None), DraftSpec(kind='eagle', arg='', n_min=None))
     """
     first, plus, then = str(spec).partition(LOOKUP_FIRST)
     if plus and first.partition(":")[0] == "ngram":
         return _lookup_first(spec, parse_draft(first), then)
     kind, sep, arg = str(spec).partition(":")
     if kind == "ngram":
-        n_max = _positive(arg, "ngram:N needs N >= 1, the longest suffix matched") if sep else NGRAM_DEFAULT
-        return DraftSpec("ngram", n_max)
+        low, dots, high = arg.partition("..")  # "ngram:N" or "ngram:M..N"
+        longest = high if dots else arg
+        n_max = _positive(longest, "ngram:N needs N >= 1, the longest suffix matched") if sep else NGRAM_DEFAULT
+        if not dots:
+            return DraftSpec("ngram", n_max)
+        n_min = _positive(low, "ngram:M..N needs M >= 1, the shortest suffix matched")
+        if n_min > n_max:
+            raise ValueError(f"ngram:M..N needs M <= N (the shortest suffix matched, then the longest), got {arg!r}")
+        return DraftSpec("ngram", n_max, n_min)
     if kind == "early_exit":
         return DraftSpec("early_exit", _positive(arg, "early_exit:L needs L >= 1, the target layers the draft uses"))
     if kind == "eagle" and not sep:
@@ -92,6 +122,11 @@ def _lookup_first(spec: str, lookup: DraftSpec, then: str) -> DraftSpec:
                          f"early_exit:L, medusa:DIR, eagle or eagle:DIR (not {what}); for a draft model, build "
                          "LookupFirst(NgramDrafter(n_vocab, 3, 2), ModelDrafter(model)) in Python")  # fmt: skip
     return DraftSpec("lookup_first", f"{lookup}{LOOKUP_FIRST}{then}")
+
+
+def lookup_shortest(lookup: DraftSpec) -> int:
+    """The shortest suffix the lookup of "ngram+X" matches: as given (ngram:M..N+X), else SHORTEST_MATCH."""
+    return lookup.n_min if lookup.n_min is not None else min(SHORTEST_MATCH, lookup.arg)
 
 
 def _positive(text: str, need: str) -> int:

@@ -114,7 +114,7 @@ def test_help_states_download_and_kept_layout(capsys):
     with pytest.raises(SystemExit):
         main.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "the default pair is a 2.1 GB download plus 1.5 GB of kept layout" in text and "cache" in text
+    assert "the GPT-2 pair is a 2.1 GB download plus 1.5 GB of kept layout" in text and "cache" in text
 
 
 def rows_of(out: str) -> dict[tuple[str, str], str]:

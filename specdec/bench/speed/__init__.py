@@ -11,7 +11,7 @@ Commands:
     python -m specdec.bench                          # 124M and 355M, all sections but io
     python -m specdec.bench --sizes 124M --repeats 5 # 17 min on 2 shared vCPUs at load average 10-15
                                                      # (drafters 6 min, costcheck 7 min, decode 2 min)
-    python -m specdec.bench --json /tmp/bench.json   # also write every measurement as one JSON object
+    python -m specdec.bench --json bench.json   # also write every measurement as one JSON object
     python -m specdec.bench --json -                 # JSON on stdout, the tables on stderr
     python -m specdec.bench --sizes 124M,355M,1558M  # 774M / 1558M on request (1558M: 6.2 GB of weights)
     python -m specdec.bench --only decode,verify --repeats 50
