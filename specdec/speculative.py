@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import verify
+from . import verify as rules
 from .config import Config, Request, Setup, make_config, make_rng, setup
 from .interfaces import Proposal, features_asked
 from .model.attention import KVCache
@@ -159,16 +159,7 @@ class Sequence:
 def settle(seq: Sequence, proposal: Proposal, logits: np.ndarray) -> list[int]:
     """Steps 3-5 on the target's logits over [ids[-1], *proposal.tokens]; returns the accepted path (node indices)."""
     request, n_past = seq.request, len(seq.ids) - 1  # the cache's length before the pass
-    # Steps 3-4 ("determine the number of accepted guesses n"; "adjust the distribution from M_p if needed").
-    if proposal.is_chain and request.verification == "token" and request.acceptance == "exact":  # the papers' rule
-        if request.params.greedy:
-            n_accepted, last = verify.greedy_chain(proposal.tokens, logits)
-        else:
-            p = probabilities(logits, request.params)  # [k+1, n_vocab], filtered as the draft's q was
-            n_accepted, last = verify.sampled_chain(proposal.tokens, proposal.q, p, seq.rng)
-        path = list(range(n_accepted))
-    else:  # block, tree, SpecTr, traversal or typical acceptance (verify/)
-        path, last = verify.verify(proposal, logits, request.params, seq.rng, request.acceptance, request.verification)
+    path, last = verify(proposal, logits, request.params, seq.rng, request.acceptance, request.verification)
     leaf = proposal.ends_at_leaf(path)  # after a leaf (all of a chain accepted) the target's token is a bonus
     kinds = ["draft"] * len(path) + ["bonus" if leaf and len(proposal) else "target"]
     seq.emit([proposal.tokens[i] for i in path] + [last], kinds)
@@ -179,5 +170,22 @@ def settle(seq: Sequence, proposal: Proposal, logits: np.ndarray) -> list[int]:
     # NOTE: a tree's accepted path lies among rejected siblings: its rows move together first (a chain's are in place).
     if not proposal.is_chain:
         seq.cache.keep(n_past, [0, *(i + 1 for i in path)])
-    seq.cache.rollback(n_past + 1 + len(path))
+    keep_accepted(seq, n_past, len(path))
     return path
+
+
+def verify(proposal: Proposal, logits: np.ndarray, params, rng, acceptance: str, verification: str):
+    """Steps 3-4 ("determine the number of accepted guesses n"; "adjust the distribution from M_p if needed"):
+    (the accepted path, the target's token after it). The papers' rule for a chain; the others in verify/."""
+    if proposal.is_chain and verification == "token" and acceptance == "exact":
+        if params.greedy:
+            n_accepted, last = rules.greedy_chain(proposal.tokens, logits)
+        else:  # p: [k+1, n_vocab], filtered as the draft's q was
+            n_accepted, last = rules.sampled_chain(proposal.tokens, proposal.q, probabilities(logits, params), rng)
+        return list(range(n_accepted)), last
+    return rules.verify(proposal, logits, params, rng, acceptance, verification)  # block, trees, SpecTr, typical
+
+
+def keep_accepted(seq: Sequence, n_past: int, n_accepted: int) -> None:
+    """Step 5's length: the cache keeps ids[-1] and ITS accepted drafts. NOTE: in a batch every row has its own."""
+    seq.cache.rollback(n_past + 1 + n_accepted)

@@ -217,7 +217,7 @@ def costs_for(target: CausalLM, draft, drafter, context: list[int], m_max: int, 
     _, widest, costs = timed.get(key, (None, 0, None))
     if costs is None or m_max > widest or kernels_mode() == "measure":
         say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-        say(f"timing {target.name}'s passes over 1..{m_max} tokens and one draft step (once in this process)")
+        say(f"measuring the forward-pass costs (c and r(m) for m = 1..{m_max}; once in this process)")
         costs = measure_costs(target, drafter, context, m_max=m_max, repeats=REPEATS)
         timed[key] = (draft, m_max, costs)
     return costs

@@ -61,7 +61,7 @@ def test_json_output(checkpoints, capsys):
 def test_the_prompt_is_checked_once_per_run(checkpoints, capsys, monkeypatch):
     """The command line checks the request before loading the draft and hands it to the race, which
     takes its prompt as it is (request.check_request encodes the text and applies any chat template)."""
-    from specdec import request
+    from specdec import config as request
 
     checks = []
     monkeypatch.setattr(request, "check_request", lambda *a, **kw: checks.append(a[1]) or check_request(*a, **kw))

@@ -233,8 +233,9 @@ def check_drafting(draft, cross_vocab: str | None, siblings: str | None, confide
 def same_tokenizer(a, b) -> bool:
     """Whether two models' tokenizers give the same ids for the same text (a probe of digits, unicode, a control)."""
     probe = "Tokenizers must agree: 123 \u00fcn\u00efcode <|endoftext|>\n\tdef f(x):  return x"
-    same = a.tokenizer is b.tokenizer or _spells(a.tokenizer, probe) == _spells(b.tokenizer, probe)
-    return a.n_vocab == b.n_vocab and same
+    if a.n_vocab != b.n_vocab:
+        return False  # (and a tokenizer may fail on ids the other's vocabulary lacks)
+    return a.tokenizer is b.tokenizer or _spells(a.tokenizer, probe) == _spells(b.tokenizer, probe)
 
 
 def _spells(tokenizer, text: str):

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import specdec.bench.speed as bench
-from specdec.model.linear import Linear
 from specdec.costmodel import best_k, predicted_speedup
 
 ALL = "decode,verify,predict,drafters,costcheck,overhead,io"
