@@ -46,6 +46,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.checkpoints.pins import WHEELS
     from specdec.cli.batch import run_batch
     from specdec.cli.cache import cache
+    from specdec.cli.equivalent import ENGINES, equivalent
     from specdec.cli.terminal import Status, Stream, shorten
     from specdec.costmodel import K_LIMIT, parse_k
     from specdec.drafters import make_drafter
@@ -137,6 +138,8 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     add("--float64", action="store_true", help="run the target in float64: greedy speculative output then equals "
         "greedy autoregressive output even where float32 would see a near-tie (about 1.8-1.9x slower per step)")
     add("--json", action="store_true", help="print the measurements as one JSON object instead of text")  # fmt: skip
+    add("--equivalent", choices=ENGINES, metavar="ENGINE", help="print the command or snippet that runs this "
+        f"experiment on another engine ({', '.join(ENGINES)}; docs/engines.md) and exit, loading no model")
     args = p.parse_args(argv)
 
     try:  # the API's own checks (autoregressive.py, sampling.py, ...), so both refuse alike
@@ -263,6 +266,9 @@ def main(argv=None, prog: str = "specdec") -> int:
     if argv[:1] == ["cache"]:
         return cache(argv[1:], f"{prog} cache")
     args = parse_args(argv, prog)
+    if args.equivalent:  # text only: no model is loaded
+        print(equivalent(args, args.equivalent))
+        return 0
     try:
         return run(args)
     except BadRequest as e:  # bad input that only the loaded model could judge: exit 2, as a bad flag
