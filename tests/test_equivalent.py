@@ -212,6 +212,17 @@ def test_what_has_no_counterpart_is_named(printed):
     assert "num_assistant_tokens_schedule = 'heuristic'" in printed(*auto, "--equivalent", "transformers")
 
 
+def test_the_shipped_family_loads_in_transformers_only(printed):
+    """transformers reads the stdlib folders as they ship (config.json's model_type); convert_hf_to_gguf.py and the
+    servers need the architecture (and llama.cpp n_ctx) that their config.json leaves out."""
+    pair = ["--target_model_size", "stdlib-6L", "--draft", "stdlib-2L", "--prompt", "def parse(line):"]
+    out = printed(*pair, "--equivalent", "transformers")
+    assert "weights/stdlib-6L'" in out and "weights/stdlib-2L'" in out and gaps(out).startswith("none")
+    for engine in ("vllm", "sglang", "llama.cpp"):
+        missing = gaps(printed(*pair, "--equivalent", engine))
+        assert "stdlib-6L's folder as shipped" in missing and "stdlib-2L's folder as shipped" in missing
+
+
 def test_early_exit_and_plain_decoding(printed):
     out = printed("--draft", "early_exit:6", "--equivalent", "transformers")
     assert "assistant_early_exit=6," in out and "model.generation_config.num_assistant_tokens = 4" in out

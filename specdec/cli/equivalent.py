@@ -39,6 +39,7 @@ class Checkpoint:
     hub: str | None = None  # a Hugging Face Hub repo id holding these weights (or, with `gguf`, the unquantized ones)
     folder: Path | None = None  # a local folder in Hugging Face's layout
     gguf: Path | None = None  # a GGUF file: the pinned smollm2-135m file, or a path the user gave
+    shipped: bool = False  # a folder inside specdec (the stdlib family): transformers reads it, the others cannot
 
     def gguf_name(self) -> str:
         """The GGUF file llama.cpp reads: the file itself, or the one convert_hf_to_gguf.py writes."""
@@ -60,7 +61,7 @@ def checkpoint(name: str, models_dir: Path) -> Checkpoint | None:
     if card is not None and card.source == registry.HUB:
         return Checkpoint(name, hub=card.where, folder=resolve_model(name, models_dir)[0])
     if card is not None and card.source == registry.SHIPPED:
-        return None if card.base else Checkpoint(name, folder=registry.shipped_folder(card.name))
+        return None if card.base else Checkpoint(name, folder=registry.shipped_folder(card.name), shipped=True)
     if name.lower().endswith(".gguf"):
         return Checkpoint(name, gguf=Path(name))
     if Path(name).is_dir():
@@ -163,6 +164,9 @@ def equivalent(args, engine: str, models_dir: Path | None = None) -> str:
     else:
         lines, gaps = WRITERS[engine](e)
     gaps = e.common_gaps() + gaps
+    if engine != "transformers":
+        shipped = [c.name for c in (e.target, e.draft) if c is not None and c.shipped]
+        gaps += [f"{name}'s folder as shipped (its config.json names no architecture and no n_ctx)" for name in shipped]
     return "\n".join(
         lines + [f"# no counterpart in {NAMES[engine]}: {'; '.join(gaps) or 'none, every setting above maps'}"]
     )
@@ -212,6 +216,8 @@ def _transformers(e: Experiment) -> tuple[list[str], list[str]]:
         bar = e.confidence if isinstance(e.confidence, float) else 0
         note = "  # the draft's probability of each token (specdec: of the chain)" if bar else "  # 0: never cut"
         settings.append(f"{owner}.generation_config.assistant_confidence_threshold = {bar}{note}")
+    if isinstance(e.confidence, float) and owner is None:
+        gaps.append("--draft_confidence (a bar for a draft model's chains)")
     if e.tree is not None:
         gaps.append("--tree (assisted generation verifies chains)")
     if e.verification == "block":
@@ -443,6 +449,8 @@ def _llama_cpp(e: Experiment) -> tuple[list[str], list[str]]:
             gaps.append(f"matches shorter than {e.draft_arg} tokens (ngram-simple matches exactly size-n tokens)")
     elif e.draft_kind in ("early_exit", "eagle", "medusa"):
         gaps.append(f"--draft {e.draft_text}")
+    if isinstance(e.confidence, float) and not (e.draft_kind == "model" and e.draft is not None):
+        gaps.append("--draft_confidence (--spec-draft-p-min cuts a draft model's chains)")
     if e.draft_kind != "none" and not isinstance(e.K, int):
         gaps.append(f"--K {e.K} (--spec-draft-n-max is fixed per run)")
     if e.tree is not None:
