@@ -50,6 +50,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.cli.batch import run_batch
     from specdec.cli.cache import cache
     from specdec.cli.defaults import DEFAULT_RUN, GPT2_DRAFT, GPT2_PAIR, GPT2_PROMPT
+    from specdec.cli.equivalent import ENGINES, equivalent
     from specdec.cli.terminal import Status, Stream, shorten
     from specdec.costmodel import K_LIMIT
     from specdec.drafters import make_drafter
@@ -172,6 +173,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
     sample("--seed", type=int, default=0, metavar="N", help="random seed, >= 0 (default: 0)")
     output = p.add_argument_group("output").add_argument
     output("--json", action="store_true", help="print the measurements as one JSON object instead of text")
+    output("--equivalent", choices=ENGINES, metavar="ENGINE", help=f"print this run for {'/'.join(ENGINES)}; exit")
     storage = p.add_argument_group("models and storage").add_argument
     storage("--models_dir", metavar="DIR", help=f"where models are kept (default: {default_models_dir()})")
     args = p.parse_args(argv)
@@ -477,6 +479,9 @@ def main(argv=None, prog: str = "specdec") -> int:
     except KeyboardInterrupt:  # while a prompt is read from a pipe that has no writer yet, say
         print("\ninterrupted", file=sys.stderr)
         return 130
+    if args.equivalent:  # text only: no model is loaded
+        print(equivalent(args, args.equivalent))
+        return 0
     try:
         return run(args)
     except BadRequest as e:  # bad input that only the loaded model could judge: exit 2, as a bad flag

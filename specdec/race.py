@@ -101,6 +101,16 @@ class Run:
         return len(self.result.tokens) / self.seconds if self.seconds else math.nan
 
     @property
+    def drafted_per_second(self) -> float:
+        """Drafts proposed per second of the whole run: vLLM's "drafted throughput"."""
+        return self.result.drafted / self.seconds if self.seconds else math.nan
+
+    @property
+    def accepted_per_second(self) -> float:
+        """Drafts accepted per second of the whole run: vLLM's "accepted throughput"."""
+        return self.result.accepted / self.seconds if self.seconds else math.nan
+
+    @property
     def sampler_seconds(self) -> float:
         """Everything but drafting and verifying: the sampler's own bookkeeping."""
         return self.seconds - self.draft_seconds - self.verify_seconds

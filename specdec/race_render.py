@@ -45,6 +45,13 @@ def to_dict(report) -> dict:
                 "draft_seconds": run.draft_seconds, "verify_seconds": run.verify_seconds,
                 "sampler_seconds": run.sampler_seconds,
             })  # fmt: skip
+            out[name].update(  # the same rounds as the serving engines count them (engine_rows)
+                draft_acceptance_rate=r.draft_acceptance_rate,
+                mean_acceptance_length=r.mean_acceptance_length,
+                acceptance_by_position_per_round=r.acceptance_by_position_per_round,
+                drafted_per_second=run.drafted_per_second,
+                accepted_per_second=run.accepted_per_second,
+            )
     c = report.costs
     out["costs"] = None if c is None else {
         "target_step_seconds": c.target_step, "draft_step_seconds": c.draft_step, "c": c.c, "r": c.r, "note": c.note,
@@ -128,6 +135,7 @@ def summary_lines(report) -> list[str]:
         ("draft / target passes", f"{r.draft_calls} / {r.target_calls}"),
         ("cost of a draft step, c = draft / target", costs),
     ]  # fmt: skip
+    rows += engine_rows(spec)
     if "tree_predicted_speedup" in summary:
         n = summary["mean_nodes"]
         rows += [
@@ -193,6 +201,23 @@ def summary_lines(report) -> list[str]:
     width = max(len(key) for key, _ in rows)
     return [f"{key:<{width}}  {value}" for key, value in rows] + lines_after
 
+
+
+def engine_rows(run) -> list[tuple[str, str]]:
+    """The speculative run's rounds as the serving engines count them (docs/engines.md): vLLM's SpecDecoding
+    log line and llama.cpp's llama-server divide by every draft proposed and by the rounds that drafted."""
+    r = run.result
+    drafting = sum(k > 0 for k in r.k_per_round)
+    rate = f"{fmt(r.draft_acceptance_rate)}  ({r.accepted} of {r.drafted}, unjudged drafts counted)"
+    length = f"{fmt(r.mean_acceptance_length)}  ({drafting} of {plural(r.rounds, 'round')} drafted)"
+    by_position = "  ".join(fmt(a) for a in r.acceptance_by_position_per_round) or "-"
+    throughput = f"{run.drafted_per_second:.1f} / {run.accepted_per_second:.1f}"
+    return [
+        ("accepted / drafted (vLLM, llama.cpp: draft acceptance)", rate),
+        ("1 + accepted / rounds that drafted (mean acceptance length)", length),
+        ("first i drafts accepted / rounds, i = 1..K (vLLM's per position)", by_position),
+        ("drafted / accepted tokens per second", throughput),
+    ]
 
 
 def speedup_rows(report, predicted: float) -> list[tuple[str, str]]:

@@ -133,6 +133,32 @@ class DecodeResult:
         # A round judged depths 1..judged: acceptance_by_position with k = judged counts exactly those.
         return acceptance_by_position(self.judged, self.accepted_per_round, self.k_max)[0].tolist()
 
+    # The same rounds under the names the serving engines print them (docs/engines.md): vLLM's SpecDecoding
+    # log line (v1/spec_decode/metrics.py), llama.cpp's llama-server and llama-speculative-simple.
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        """accepted / drafted, every proposed draft counted, judged or not: vLLM's "draft acceptance rate",
+        llama.cpp's "accept". Below alpha whenever a rejection leaves later drafts unjudged. nan: nothing drafted."""
+        return self.accepted / self.drafted if self.drafted else math.nan
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """1 + accepted / rounds that drafted: vLLM's "mean acceptance length", llama-server's "mean len". tau
+        counts every round; this leaves out the rounds that drafted nothing (an n-gram miss, a cut chain), so it
+        equals tau when every round drafted. nan: no round drafted."""
+        drafting = sum(k > 0 for k in self.k_per_round)
+        return 1 + self.accepted / drafting if drafting else math.nan
+
+    @property
+    def acceptance_by_position_per_round(self) -> list[float]:
+        """[i-1] = rounds that accepted drafts 1..i / rounds that drafted, i = 1..k_max: vLLM's "per-position
+        acceptance rate" (unconditional: position i counts only after 1..i-1 were accepted). The product of
+        acceptance_by_position's first i rates when every round drafts k_max; [] when no round drafted."""
+        drafting = [n for k, n in zip(self.k_per_round, self.accepted_per_round) if k > 0]
+        width = max([self.k_max, *self.k_per_round]) if drafting else 0
+        return [sum(n >= i for n in drafting) / len(drafting) for i in range(1, width + 1)]
+
     @property
     def kinds(self) -> list[str]:
         """How each token was produced: "draft", "target" or "bonus" (as on_token was told).
