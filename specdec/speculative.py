@@ -145,15 +145,16 @@ class Sequence:
         """The whole text so far; ids[-1] is in no cache yet."""
         return self.request.prompt + self.result.tokens
 
-    def emit(self, tokens: list[int], kinds: list[str]) -> None:
-        """Append tokens (telling on_token each), up to the end of a chat reply."""
-        for token, kind in zip(tokens, kinds):
+    def emit(self, tokens: list[int], kinds: list[str]) -> int:
+        """Append tokens (telling on_token each), up to the end of a chat reply; returns how many."""
+        for n, (token, kind) in enumerate(zip(tokens, kinds), start=1):
             self.result.tokens.append(token)
             if self.on_token:
                 self.on_token(token, kind)
             if token == self.request.stop:
                 self.ended = True
-                return
+                return n
+        return len(tokens)
 
 
 def settle(seq: Sequence, proposal: Proposal, logits: np.ndarray) -> list[int]:
@@ -162,10 +163,10 @@ def settle(seq: Sequence, proposal: Proposal, logits: np.ndarray) -> list[int]:
     path, last = verify(proposal, logits, request.params, seq.rng, request.acceptance, request.verification)
     leaf = proposal.ends_at_leaf(path)  # after a leaf (all of a chain accepted) the target's token is a bonus
     kinds = ["draft"] * len(path) + ["bonus" if leaf and len(proposal) else "target"]
-    seq.emit([proposal.tokens[i] for i in path] + [last], kinds)
+    n_drafts = min(len(path), seq.emit([proposal.tokens[i] for i in path] + [last], kinds))  # fewer: a reply ended
     seq.result.k_per_round.append(len(proposal))
-    seq.result.accepted_per_round.append(len(path))
-    seq.result.judged_per_round.append(len(path) + (not leaf))  # depths tested: a rejected one too
+    seq.result.accepted_per_round.append(n_drafts)
+    seq.result.judged_per_round.append(n_drafts + (n_drafts == len(path) and not leaf))  # and a rejected depth
     # Step 5: the cache keeps row 0 of the pass (ids[-1]) and the accepted rows; `last` is fed next round.
     # NOTE: a tree's accepted path lies among rejected siblings: its rows move together first (a chain's are in place).
     if not proposal.is_chain:
