@@ -224,27 +224,33 @@ def with_settings(request: Request, config: Config, drafter=None) -> Request:
 def check_request(model: CausalLM, prompt, n_tokens: int, chat: bool = False, allow_special: bool = False) -> list[int]:
     """The prompt as the model reads it, a list of ints: the rules of the module docstring, checked."""
     if chat:
-        end_of_reply(model)  # checks that the model has a chat template
-        if not isinstance(prompt, str):
-            raise ValueError("chat=True wraps a text prompt as a user message: pass text, not token ids")
-        prompt = chat_prompt(model.tokenizer, prompt, allow_special=allow_special)
+        prompt = chat_text(model, prompt, allow_special)
     if isinstance(prompt, str):
         if model.tokenizer is None:
-            raise ValueError(
-                "the prompt is text but this model has no tokenizer: pass token ids (encode the text with "
-                "the tokenizer the model was trained with)"
-            )
+            raise ValueError("the prompt is text but this model has no tokenizer: pass token ids (encode the text "
+                             "with the tokenizer the model was trained with)")  # fmt: skip
         prompt = encode_text(model.tokenizer, prompt, allow_special)
-    prompt = check_token_ids(prompt, model.n_vocab)
-    if not prompt:
-        if ENDOFTEXT not in getattr(model.tokenizer, "special_tokens_set", ()):
-            raise ValueError("the prompt is empty and this model has no end-of-text token to start from: give the "
-                             "model at least one token to condition on")  # fmt: skip
-        prompt = [model.tokenizer.eot_token]
+    prompt = check_token_ids(prompt, model.n_vocab) or start_token(model)
     n_tokens = whole_number(n_tokens, "n_tokens", 1)
     if len(prompt) + n_tokens > model.n_ctx:
         raise ValueError(too_long(len(prompt), n_tokens, model.n_ctx))
     return prompt
+
+
+def chat_text(model: CausalLM, prompt, allow_special: bool) -> str:
+    """A user message wrapped in the model's chat template (ChatML), refused unless text to a chat model."""
+    end_of_reply(model)  # checks that the model has a chat template
+    if not isinstance(prompt, str):
+        raise ValueError("chat=True wraps a text prompt as a user message: pass text, not token ids")
+    return chat_prompt(model.tokenizer, prompt, allow_special=allow_special)
+
+
+def start_token(model: CausalLM) -> list[int]:
+    """What an empty prompt starts from: the model's end-of-text token, as GPT-2 samples unconditionally."""
+    if ENDOFTEXT not in getattr(model.tokenizer, "special_tokens_set", ()):
+        raise ValueError("the prompt is empty and this model has no end-of-text token to start from: give the "
+                         "model at least one token to condition on")  # fmt: skip
+    return [model.tokenizer.eot_token]
 
 
 def too_long(n_prompt: int, n_tokens: int, n_ctx: int) -> str:
@@ -291,8 +297,7 @@ def array_ids(ids: np.ndarray) -> list:
 
 
 def whole_number(value, name: str, low: int = 0, high: int | None = None) -> int:
-    """value as an int if it is a whole number in low..high (an int or NumPy integer, never a bool), else a
-    ValueError naming it. The CLI checks its flags with this too (name "--seed"), so both say the same."""
+    """value as an int if a whole number in low..high (int or NumPy integer, no bool), else a ValueError naming it."""
     ok = not isinstance(value, bool) and isinstance(value, numbers.Integral)
     if ok and value >= low and (high is None or value <= high):
         return int(value)
