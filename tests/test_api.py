@@ -118,7 +118,7 @@ def test_models_dir_must_be_a_path(models_dir):
 
 
 def test_the_cli_and_the_api_refuse_a_seed_with_the_same_message(target, capsys):
-    from specdec.__main__ import main
+    from specdec.cli.main import main
 
     with pytest.raises(ValueError) as api:
         autoregressive_sample(target, [1, 2], 3, seed=-1)

@@ -11,7 +11,7 @@ from conftest import ROOT, TINY_HPARAMS, tiny_model, write_checkpoint
 from helpers import near_tie_model, perturbed
 
 sys.path.insert(0, str(ROOT))
-from specdec import __main__ as main  # noqa: E402
+from specdec.cli import main  # noqa: E402
 from specdec.config import check_request
 
 

@@ -133,17 +133,19 @@ def readers_of(graph: dict[str, set[str]]) -> set[str]:
 
 # What each layer may import besides itself (each subpackage's __init__.py says so in words).
 ROUND_RULES = {"specdec.interfaces", "specdec.sampling", "specdec.verify"}
-WORDS = "specdec.words"  # plain-text helpers that import nothing of specdec
+ROUND = {"specdec.speculative", "specdec.autoregressive", "specdec.batch", "specdec.config", "specdec.result",
+         "specdec.timing", "specdec.costmodel"} | ROUND_RULES  # fmt: skip
 MAY_IMPORT = {
     "model": set(),
-    "checkpoints": {"model", WORDS},
-    "drafters": {"model", "checkpoints", WORDS} | ROUND_RULES,
-    "train": {"model", "checkpoints", "drafters", "specdec.autoregressive", "specdec.config", "specdec.sampling", "specdec.flags", WORDS},
-    WORDS: set(),
+    "checkpoints": {"model"},
+    "drafters": {"model", "checkpoints"} | ROUND_RULES,
+    # train/ takes the strict flag parser (cli/flags.py) and nothing else of the command line
+    "train": {"model", "checkpoints", "drafters", "specdec.autoregressive", "specdec.config", "specdec.sampling", "cli"},
+    "race": {"model", "checkpoints", "drafters"} | ROUND,
     "specdec.verify": {"specdec.interfaces", "specdec.sampling"},
     "specdec.costmodel": {"specdec.interfaces", "specdec.verify"},
 }
-SUBPACKAGES = ("model", "checkpoints", "drafters", "train", "bench")
+SUBPACKAGES = ("model", "checkpoints", "drafters", "train", "bench", "cli", "race")
 
 
 def layer(module: str) -> str:

@@ -12,7 +12,7 @@ from helpers import perturbed
 
 from specdec import autoregressive_sample, load_folder, speculative_sample
 from specdec.race import race
-from specdec.race_render import jsonable
+from specdec.race.render import jsonable
 from specdec.result import KIND_COLOURS, DecodeResult, sparkline
 
 

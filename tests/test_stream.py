@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specdec import __main__ as main
+from specdec.cli import main
 
 race_module = importlib.import_module("specdec.race")  # (specdec.race is also the function's name)
 

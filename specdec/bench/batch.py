@@ -38,7 +38,8 @@ import time
 
 import numpy as np
 
-from .. import costmodel, flags
+from .. import costmodel
+from ..cli import flags
 from ..batch import BatchModelDraft, Row, autoregressive_sample_batch, speculative_sample_batch
 from ..checkpoints.load import load_model
 from ..drafters import NgramDrafter

@@ -32,7 +32,7 @@ import sys
 
 import numpy as np
 
-from .. import flags
+from ..cli import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints.download import DownloadError
 from ..checkpoints.load import load_model

@@ -46,7 +46,7 @@ from typing import Callable, TextIO
 
 import numpy as np
 
-from .. import flags
+from ..cli import flags
 from ..autoregressive import autoregressive_sample
 from ..drafters import make_drafter
 from ..drafters.specs import parse_draft
@@ -474,7 +474,7 @@ def main(argv=None) -> int:
         say(f"python -m specdec.bench: error: {e}")
         return 1
     if args.json:
-        from ..race_render import jsonable
+        from ..race.render import jsonable
 
         Path(args.json).write_text(json.dumps(jsonable(numbers), indent=1, allow_nan=False) + "\n")
     return 0

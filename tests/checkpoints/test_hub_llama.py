@@ -372,7 +372,7 @@ def test_a_135m_shaped_draft_speculates_for_a_360m_shaped_target_by_their_names(
 
 
 def test_the_cli_runs_the_smollm2_names_and_says_a_download_only_once(fake_hub, tmp_path, capsys):
-    from specdec import __main__ as cli
+    from specdec.cli import main as cli
 
     fake_hub.add_checkpoint(hub_repos()["smollm2-1.7b"], write_hf_folder(tmp_path / "t", tiny_llama(seed=6, n_ctx=128)))
     fake_hub.add_checkpoint(hub_repos()["smollm2-360m"], write_hf_folder(tmp_path / "d", tiny_llama(seed=7, n_ctx=128)))

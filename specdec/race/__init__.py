@@ -13,7 +13,11 @@ rounds, so a race of the autoregressive decoder alone measures none.
     report.to_dict()         # the same as plain JSON values (main.py --json)
 
 This module runs the race and holds its statistics (the speedup per repeat, its spread,
-the verdict, what the cost model predicts); race_render.py shows a report as text, JSON and HTML.
+the verdict, what the cost model predicts); render.py shows a report as text, JSON and HTML.
+
+Layer: tooling above the round. May import model/, checkpoints/, drafters/ and the round's modules
+(speculative.py, autoregressive.py, config.py, result.py, timing.py, costmodel/, verify/); the
+command line and the benchmark import it, nothing below them.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from . import race_render
-from .autoregressive import decode_autoregressive
-from .config import Config, Request, check_seed, make_config, make_rng, setup, whole_number
-from .costmodel import (
+from . import render
+from ..autoregressive import decode_autoregressive
+from ..config import Config, Request, check_seed, make_config, make_rng, setup, whole_number
+from ..costmodel import (
     CostModelK,
     best_k,
     expected_tokens_per_round,
@@ -35,11 +39,11 @@ from .costmodel import (
     speedup_from_rounds,
     verify_cost,
 )
-from .drafters import LookupFirst
-from .model.base import CausalLM
-from .result import DecodeResult, TokenCallback
-from .speculative import decode_speculative
-from .timing import Costs, implausible, plausible
+from ..drafters import LookupFirst
+from ..model.base import CausalLM
+from ..result import DecodeResult, TokenCallback
+from ..speculative import decode_speculative
+from ..timing import Costs, implausible, plausible
 
 DECODERS = ("autoregressive", "speculative")
 # The smallest margin a speedup must clear to be called faster or slower: identical runs on a busy
@@ -297,17 +301,17 @@ class RaceReport:
         return [(name, run, all_runs) for name, run, all_runs in runs if run is not None]
 
     def to_dict(self) -> dict:
-        """Everything as plain JSON values (nan -> None), as main.py --json prints it (race_render.to_dict)."""
-        return race_render.to_dict(self)
+        """Everything as plain JSON values (nan -> None), as main.py --json prints it (render.to_dict)."""
+        return render.to_dict(self)
 
     def __str__(self) -> str:
-        return race_render.text(self)
+        return render.text(self)
 
     def __repr__(self) -> str:
-        return race_render.one_line(self)
+        return render.one_line(self)
 
     def _repr_html_(self) -> str:
-        return race_render.to_html(self)
+        return render.to_html(self)
 
 
 def race(target: CausalLM, draft, prompt, n_tokens: int, K=4, temperature: float = 0.0, *, seed: int | None = 0,
