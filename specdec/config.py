@@ -91,9 +91,10 @@ class Config:
         return SamplingParams(self.temperature, self.top_k, self.top_p)
 
 
-def make_config(config: Config | None = None, **settings) -> Config:
-    """`config` (default Config()) with these settings by name (a name a Config lacks is a TypeError)."""
-    return replace(config or Config(), **settings)
+def make_config(config: Config | None = None, K=None, temperature: float | None = None, **settings) -> Config:
+    """`config` (default Config()) with these settings by name; K and temperature None: as the config has them."""
+    given = {name: value for name, value in (("K", K), ("temperature", temperature)) if value is not None}
+    return replace(config or Config(), **given, **settings)
 
 
 def parse_k(spec) -> int | str:

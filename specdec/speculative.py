@@ -56,16 +56,17 @@ from .sampling import check_finite_logits, probabilities
 RoundCallback = Callable[[Proposal, np.ndarray], None]
 
 
-def speculative_sample(target: CausalLM, draft, prompt_ids, n_tokens: int, K=4, temperature: float = 0.0, *,
-                       seed: int | None = None, rng: np.random.Generator | None = None,
+def speculative_sample(target: CausalLM, draft, prompt_ids, n_tokens: int, K=None, temperature: float | None = None,
+                       *, seed: int | None = None, rng: np.random.Generator | None = None,
                        on_token: TokenCallback | None = None, on_round: RoundCallback | None = None,
                        config: Config | None = None, **settings) -> DecodeResult:  # fmt: skip
     """Generate n_tokens after prompt_ids (ids, or text) by speculative sampling: exactly the target's distribution.
 
     draft: a model with the target's vocabulary, a drafter spec ("ngram", "early_exit:L", "eagle", "ngram+eagle",
-    ...) or a Drafter. K: drafts per round, an int, "adaptive", "auto" or a KPolicy. Any other setting of a Config
-    (top_k, top_p, chat, tree, verification, draft_confidence, ...) by name, or config= (config.py says each).
-    on_token(token, kind): told each emitted token; on_round(proposal, logits): each verification pass.
+    ...) or a Drafter. K: drafts per round, 4 by default, or "adaptive", "auto" or a KPolicy; temperature 0
+    (the default) is greedy. Any other setting of a Config (top_k, top_p, chat, tree, verification,
+    draft_confidence, ...) by name, or config= (config.py says each). on_token(token, kind): told each
+    emitted token; on_round(proposal, logits): each verification pass.
 
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """

@@ -91,3 +91,14 @@ def test_setup_builds_the_run_once():
     assert autoregressive_sample(target, [5, 6, 7], 8).tokens == speculative_sample(target, draft, [5, 6, 7], 8).tokens
     with pytest.raises(ValueError, match="tree"):
         setup(target, None, [5, 6, 7], 8, Config(tree=4))
+
+
+def test_a_config_s_k_and_temperature_hold_unless_given_by_name():
+    """config=Config(K=3, temperature=1.0) is not overridden by the samplers' defaults; a name given beside it is."""
+    target, draft = tiny_model(seed=1), tiny_model(seed=2)
+    config = Config(K=3, temperature=1.0)
+    out = speculative_sample(target, draft, [5, 6, 7], 12, config=config, seed=1)
+    assert max(out.k_per_round) == 3 and out.k_max == 3
+    assert out.tokens == speculative_sample(target, draft, [5, 6, 7], 12, K=3, temperature=1.0, seed=1).tokens
+    assert max(speculative_sample(target, draft, [5, 6, 7], 12, 2, config=config, seed=1).k_per_round) == 2
+    assert make_config(config, K=None).K == 3 and make_config(config, temperature=0.0).temperature == 0.0

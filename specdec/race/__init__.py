@@ -314,8 +314,8 @@ class RaceReport:
         return render.to_html(self)
 
 
-def race(target: CausalLM, draft, prompt, n_tokens: int, K=4, temperature: float = 0.0, *, seed: int | None = 0,
-         repeats: int = 3, warmup: bool = True, decoders=DECODERS, on_token: TokenCallback | None = None,
+def race(target: CausalLM, draft, prompt, n_tokens: int, K=None, temperature: float | None = None, *,
+         seed: int | None = 0, repeats: int = 3, warmup: bool = True, decoders=DECODERS, on_token: TokenCallback | None = None,
          on_decoder: Callable[[str], None] | None = None, on_status: Callable[[str], None] | None = None,
          request: Request | None = None, config: Config | None = None, **settings) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request, interleaved, and time them.
@@ -352,7 +352,7 @@ def race(target: CausalLM, draft, prompt, n_tokens: int, K=4, temperature: float
         raise RaceInterrupted(None, "measuring the costs") from None
     drafter, costs, request = run.drafter, run.costs, run.request
     settings = dict(prompt_tokens=len(request.prompt), n_tokens=n_tokens, draft=_name(draft), K=config.K,
-                    temperature=temperature, top_k=config.top_k, top_p=config.top_p, seed=seed, repeats=repeats,
+                    temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, seed=seed, repeats=repeats,
                     tree=config.tree, verification=config.verification, cross_vocab=config.cross_vocab,
                     siblings=config.siblings, draft_confidence=config.draft_confidence,
                     draft_confidence_bar=getattr(getattr(drafter, "stop", None), "bar", None),
