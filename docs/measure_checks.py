@@ -26,7 +26,7 @@ from specdec.checkpoints.load import load_folder
 from specdec.checkpoints.safetensors import read_safetensors
 from specdec.drafters import eagle
 from specdec.drafters.heads import DraftVocab, load_heads, model_fingerprint, save_heads
-from specdec.model import kernels
+from specdec.model.fast import kernels
 
 
 def median(f, repeats: int, before=lambda: None) -> str:

@@ -17,8 +17,8 @@ cost model. Tooling lives in its own modules: the race that times both decoders 
 (`python -m specdec.bench`).
 """
 
-# First, before anything here imports NumPy: how long OpenBLAS's idle threads spin (model/spin.py).
-from .model.spin import OPENBLAS_SPIN  # isort: skip (it must come first)
+# First, before anything here imports NumPy: how long OpenBLAS's idle threads spin (model/fast/spin.py).
+from .model.fast import OPENBLAS_SPIN, set_kernels  # isort: skip (it must come first)
 
 from .autoregressive import autoregressive_sample
 from .batch import autoregressive_sample_batch, speculative_sample_batch
@@ -30,7 +30,7 @@ from .drafters import EarlyExitDrafter, LookupFirst, ModelDrafter, NgramDrafter
 from .drafters.stopping import ConfidenceStop
 from .interfaces import Drafter, KPolicy, Proposal
 from .model.base import CausalLM
-from .model.cache import KVCache
+from .model.attention import KVCache
 from .model.gpt2 import GPT2, HParams, random_weights
 from .model.llama import Llama, LlamaHParams
 from .model.shapes import GPT2_SHAPES, random_model
@@ -88,6 +88,7 @@ __all__ = [
     "DownloadError",
     # the machine
     "OPENBLAS_SPIN",
+    "set_kernels",
 ]
 
 

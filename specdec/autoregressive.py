@@ -1,7 +1,7 @@
 """Plain autoregressive sampling: one target forward pass per new token.
 
 The baseline speculative decoding is measured against, and the reference its
-output distribution must equal. A request is checked in request.py.
+output distribution must equal. A request is checked in config.py.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from .model.base import CausalLM
-from .request import Request, make_request, make_rng
+from .config import Request, make_config, make_rng, setup
 from .result import DecodeResult, TokenCallback
-from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
+from .sampling import check_finite_logits, draw, greedy, probabilities
 
 
 def autoregressive_sample(
@@ -30,14 +30,15 @@ def autoregressive_sample(
 
         out = autoregressive_sample(model, ids, n_tokens=40, temperature=0.8, top_p=0.95, seed=0)
     """
-    request = make_request(model, prompt_ids, n_tokens, SamplingParams(temperature, top_k, top_p), chat, allow_special)
-    return decode_autoregressive(model, request, make_rng(seed, rng), on_token)
+    config = make_config(temperature=temperature, top_k=top_k, top_p=top_p, chat=chat, allow_special=allow_special)
+    return decode_autoregressive(model, setup(model, None, prompt_ids, n_tokens, config).request, make_rng(seed, rng),
+                                 on_token)  # fmt: skip
 
 
 def decode_autoregressive(
     model: CausalLM, request: Request, rng: np.random.Generator, on_token: TokenCallback | None = None
 ) -> DecodeResult:
-    """The loop of autoregressive_sample on a checked request (request.make_request)."""
+    """The loop of autoregressive_sample on a checked request (config.setup)."""
     params, stop = request.params, request.stop
     result = DecodeResult(tokenizer=model.tokenizer)
     cache = model.new_cache()

@@ -47,16 +47,15 @@ from functools import partial
 
 import numpy as np
 
-from .costmodel import AdaptiveK, FixedK, make_k_policy
-from .drafters import EarlyExitDrafter, LookupFirst, ModelDrafter, NgramDrafter, make_drafter
-from .drafters.specs import parse_draft
+from .config import Config, check_seed, make_config, setup
+from .costmodel import AdaptiveK, FixedK
+from .drafters import EarlyExitDrafter, LookupFirst, ModelDrafter, NgramDrafter
 from .interfaces import KPolicy, Proposal, features_asked
 from .model.base import CausalLM, LanguageModel
-from .model.cache import KVCache
-from .request import check_seed, make_request
+from .model.attention import KVCache
 from .result import DecodeResult
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
-from .speculative import Sequence, count_draft_passes, kept_rows, settle
+from .speculative import Sequence, settle
 from .verify import VERIFICATION
 
 # on_token(row, token, kind): as speculative_sample's on_token, with the prompt's index first.
@@ -103,15 +102,18 @@ def make_rngs(n_rows: int, seed, rng: np.random.Generator | None) -> list[np.ran
     return [np.random.default_rng(check_seed(seed)) for _ in range(n_rows)]
 
 
-def start_batch(model, prompts, n_tokens: int, seed, rng, on_token: BatchTokenCallback | None, **settings) -> list[Row]:
-    """Check every prompt with the settings every row shares (request.make_request, as the unbatched
-    samplers do) and give each its Row."""
+def start_batch(model, draft, prompts, n_tokens: int, seed, rng, on_token: BatchTokenCallback | None,
+                config: Config) -> tuple[list[Row], object]:  # fmt: skip
+    """Check every prompt and the draft with the settings every row shares (config.setup, as the unbatched
+    samplers do) and give each prompt its Row. Returns the rows and the built drafter (None without a draft)."""
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts (each text or token ids)")
-    requests = [make_request(model, prompt, n_tokens, **settings) for prompt in prompts]
+    run = setup(model, draft, prompts[0], n_tokens, config)
+    requests = [run.request, *(run.request_for(prompt) for prompt in prompts[1:])]
     rngs = make_rngs(len(requests), seed, rng)
-    return [Row(r, model.new_cache(), rngs[i], DecodeResult(tokenizer=model.tokenizer),
+    rows = [Row(r, model.new_cache(), rngs[i], DecodeResult(tokenizer=model.tokenizer),
                 on_token and partial(on_token, i), index=i) for i, r in enumerate(requests)]  # fmt: skip
+    return rows, run.drafter
 
 
 # ---------------------------------------------------------------------------
@@ -130,9 +132,9 @@ def autoregressive_sample_batch(
     Row b's tokens are those autoregressive_sample(model, prompts[b], n_tokens, ..., seed=seed)
     gives (same seed rule; see the module docstring).
     """
-    params = SamplingParams(temperature, top_k, top_p)
-    rows = start_batch(model, prompts, n_tokens, seed, rng, on_token, params=params, chat=chat,
-                       allow_special=allow_special)  # fmt: skip
+    config = make_config(temperature=temperature, top_k=top_k, top_p=top_p, chat=chat, allow_special=allow_special)
+    params = config.params
+    rows, _ = start_batch(model, None, prompts, n_tokens, seed, rng, on_token, config)
     new = {row.index: row.prompt for row in rows}  # what each row feeds next: its prompt, then its last token
     active = [row for row in rows if n_tokens > 0]
     while active:
@@ -141,7 +143,7 @@ def autoregressive_sample_batch(
             row_logits = check_finite_logits(row_logits[0], model.name)  # [n_vocab]
             row.result.target_calls += 1
             token = greedy(row_logits) if params.greedy else draw(probabilities(row_logits[None], params)[0], row.rng)
-            row.emit([token], ["target"], row.request.stop)
+            row.emit([token], ["target"])
             row.finish(n_tokens)
             new[row.index] = [token]
         active = [row for row in active if not row.done]  # finished rows leave the batch
@@ -216,7 +218,7 @@ class PerRowDrafts:
     state) over weights read once for the whole batch (the drafters' `fresh`).
     The target's pass is still one batched pass per round; only the drafting is per row.
     A row's draft passes are its drafter's, proposing and committing, counted as an unbatched run
-    counts them (speculative.count_draft_passes) after every call on the row's drafter.
+    counts them (speculative.decode_speculative) after every call on the row's drafter.
     """
 
     def __init__(self, make: Callable[[], object], target):
@@ -251,40 +253,23 @@ class PerRowDrafts:
         self.count(row)
 
     def count(self, row: Row) -> None:
-        count_draft_passes(row, self.drafters[row.index], self.calls_before[row.index])
+        """Every draft pass the row's drafter made for it so far, proposing and committing (as speculative.py counts)."""
+        row.result.draft_calls = self.drafters[row.index].calls - self.calls_before[row.index]
 
 
-def make_batch_drafts(draft, target):
-    """What `draft` means for a batch: a model or early exit drafts in batched passes; a lookup or heads per row."""
-    if isinstance(draft, LanguageModel):
-        make_drafter(draft, target)  # the checks (a shared vocabulary)
-        return BatchModelDraft(draft)
-    if isinstance(draft, (ModelDrafter, EarlyExitDrafter)) and draft.stop is not None:
-        raise ValueError("a batch drafts a model's or early exit's chains in batched passes, K for every row: "
-                         "a draft confidence bar (stop=) is not offered there; build the drafter without one")  # fmt: skip
-    if isinstance(draft, ModelDrafter):
-        return make_batch_drafts(draft.model, target)
-    if isinstance(draft, EarlyExitDrafter):
-        if draft.model is not target:
-            raise ValueError("this early-exit drafter was built on a different target model")
-        return BatchModelDraft(target, n_layer=draft.n_layer)
-    if isinstance(draft, (NgramDrafter, LookupFirst)):
-        draft.fresh()  # refused now, before any row runs, where a row cannot have its own (lookup_first.py)
-        return PerRowDrafts(draft.fresh, target)
-    if isinstance(draft, str):
-        drafter = make_drafter(draft, target)  # checks the spec; head files are read here, once for the batch
-        if parse_draft(draft).kind == "early_exit":
-            return BatchModelDraft(target, n_layer=drafter.n_layer)
-        drafter.fresh()  # as above
-        return PerRowDrafts(drafter.fresh, target)  # each row: its own drafting state, the weights shared
-    raise ValueError(
-        f"a batch needs its draft as a model, 'ngram[:N]', 'early_exit:L', 'medusa:DIR' or 'eagle:DIR' (each row then "
-        f"gets its own drafter state), not a {type(draft).__name__} object, whose state the rows would share"
-    )
+def batch_drafts(drafter, target):
+    """How a built drafter drafts for a batch: a model or early exit in batched passes; a lookup or heads per row."""
+    if isinstance(drafter, ModelDrafter):
+        return BatchModelDraft(drafter.model)
+    if isinstance(drafter, EarlyExitDrafter):
+        return BatchModelDraft(target, n_layer=drafter.n_layer)
+    drafter.fresh()  # refused now, before any row runs, where a row cannot have its own (lookup_first.py)
+    return PerRowDrafts(drafter.fresh, target)  # each row: its own drafting state, the weights shared
 
 
-def make_row_k_policy(K):
+def make_row_k_policy(config: Config):
     """A fresh K policy for one row: K is an int or 'adaptive' (each row adapts to its own acceptances)."""
+    K = config.K
     if K == "auto" or isinstance(K, KPolicy) and not isinstance(K, (FixedK, AdaptiveK)):
         raise ValueError("a batch takes K as an int or 'adaptive' (one policy per row); for the best K per batch "
                          "size see costmodel.best_k_batch and `python -m specdec.bench --only batch`")  # fmt: skip
@@ -292,7 +277,7 @@ def make_row_k_policy(K):
         return FixedK(K.k)
     if isinstance(K, AdaptiveK):
         return AdaptiveK(K.k, K.k_min, K.k_max)
-    return make_k_policy(K)
+    return AdaptiveK(min(4, config.k_max), 1, config.k_max) if K == "adaptive" else FixedK(K)
 
 
 # ---------------------------------------------------------------------------
@@ -320,12 +305,22 @@ def speculative_sample_batch(
         raise ValueError("a batch drafts chains only (tree=None); trees run one prompt at a time: speculative_sample")
     if verification not in VERIFICATION:
         raise ValueError(f"a batch judges chains: verification must be 'token' or 'block', got {verification!r}")
-    params = SamplingParams(temperature, top_k, top_p)
-    drafts = make_batch_drafts(draft, target)
-    rows = start_batch(target, prompts, n_tokens, seed, rng, on_token, params=params, chat=chat,
-                       allow_special=allow_special, acceptance=acceptance, verification=verification)  # fmt: skip
+    config = make_config(K=K, temperature=temperature, top_k=top_k, top_p=top_p, chat=chat,
+                         allow_special=allow_special, acceptance=acceptance, verification=verification)  # fmt: skip
+    params = config.params
+    make_row_k_policy(config)  # refused before any row runs where a row cannot have its own
+    if isinstance(draft, (ModelDrafter, EarlyExitDrafter)) and draft.stop is not None:
+        raise ValueError("a batch drafts a model's or early exit's chains in batched passes, K for every row: "
+                         "a draft confidence bar (stop=) is not offered there; build the drafter without one")  # fmt: skip
+    if not isinstance(draft, (str, LanguageModel, ModelDrafter, EarlyExitDrafter, NgramDrafter, LookupFirst)):
+        raise ValueError(
+            f"a batch needs its draft as a model, 'ngram[:N]', 'early_exit:L', 'medusa:DIR' or 'eagle:DIR' (each row "
+            f"then gets its own drafter state), not a {type(draft).__name__} object, whose state the rows would share"
+        )
+    rows, drafter = start_batch(target, draft, prompts, n_tokens, seed, rng, on_token, config)
+    drafts = batch_drafts(drafter, target)
     for row in rows:
-        row.k_policy = make_row_k_policy(K)
+        row.k_policy = make_row_k_policy(config)
         row.result.k_max = row.k_policy.k_max
     drafts.begin(rows)
     n_ctx = min(target.n_ctx, drafts.n_ctx or target.n_ctx)
@@ -367,7 +362,7 @@ def speculative_sample_batch(
             # As speculative.py: the drafter gets every pass's kept rows (the round that completes the row's
             # tokens included, so a row's draft passes are those of the row decoded alone), unless the reply ended.
             if not row.ended:
-                drafts.commit(row, row_hidden[kept_rows(path)])
+                drafts.commit(row, row_hidden[[0, *(i + 1 for i in path)]])  # the rows kept: ids[-1] and the accepted
                 if len(proposal):
                     row.k_policy.update(len(proposal), len(path))
             row.finish(n_tokens)

@@ -22,7 +22,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .model.base import CausalLM
-    from .model.cache import KVCache
+    from .model.attention import KVCache
     from .sampling import SamplingParams
 
 
@@ -38,6 +38,9 @@ class Proposal:
     from, given its path and its earlier siblings. The acceptance test reads
     exactly these rows, so they must be the drawing distributions, not some
     other estimate of them. None under greedy decoding (which never reads q).
+
+        Proposal.chain([464, 3290]).parents             # [-1, 0]
+        Proposal([5, 6, 7], [-1, -1, 0]).pass_parents()  # [-1, 0, 0, 1]: the pass's row 0 is the text's last token
     """
 
     tokens: list[int]  # [n] drafted token ids, parents before children
@@ -52,11 +55,7 @@ class Proposal:
 
     @classmethod
     def chain(cls, tokens: list[int], q: np.ndarray | None = None) -> "Proposal":
-        """A chain: each token follows the one before it.
-
-        >>> Proposal.chain([464, 3290]).parents
-        [-1, 0]
-        """
+        """A chain: each token follows the one before it."""
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), q)
 
     @property
@@ -67,13 +66,7 @@ class Proposal:
         return len(self.tokens)
 
     def pass_parents(self) -> list[int] | None:
-        """`parents` for the target's verification pass over [ids[-1], *tokens]: that
-        pass's row 0 is the text's last token, so node i sits at row i + 1 and a
-        parent -1 becomes row 0. None (the causal default) for a chain.
-
-        >>> Proposal([5, 6, 7], [-1, -1, 0]).pass_parents()
-        [-1, 0, 0, 1]
-        """
+        """`parents` for the verification pass over [ids[-1], *tokens] (node i at row i + 1); None for a chain."""
         return None if self.is_chain else [-1, *(p + 1 for p in self.parents)]
 
     @property
@@ -85,11 +78,8 @@ class Proposal:
         return max(depths, default=0)
 
     def ends_at_leaf(self, path: list[int]) -> bool:
-        """Whether an accepted path ends at a node with no children (the root when the path is empty).
-
-        Then the target's token after it is a bonus; otherwise the last node's
-        children were all tested and rejected. For a chain: all drafts accepted.
-        """
+        """Whether an accepted path ends at a node with no children (then the target's token after it is a bonus;
+        otherwise the last node's children were all tested and rejected). For a chain: all drafts accepted."""
         return (path[-1] if path else -1) not in self.parents
 
 

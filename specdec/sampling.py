@@ -4,6 +4,22 @@ Both samplers (autoregressive.py, speculative.py) and every drafter go through
 these few functions, so the target and the draft are always filtered the same
 way. Turning logits into probabilities is kept apart from drawing a token,
 because speculative sampling needs the probabilities themselves.
+
+`probabilities` gives filtered tokens probability exactly 0, and every row sums
+to 1. It shifts the logits by their max before dividing by the temperature: the
+largest is then exactly 0, and a tiny temperature can only push the others
+towards -inf, never to nan.
+
+`draw` inverts the cumulative sum, taken in float64 so that rounding cannot shift
+mass between tokens: a token with probability 0 can never be drawn.
+
+`check_finite_logits`: loading refuses non-finite weights, but a model built in
+memory (or weights so large that float32 overflows) can still produce NaN or
+infinite logits; without the check greedy decoding emits token 0 forever and
+sampling fails deep inside. It costs one pass over n_vocab floats per call.
+
+    p = probabilities(model.forward(ids, model.new_cache()), SamplingParams(0.8, top_p=0.95))  # [n_seq, n_vocab]
+    token = draw(p[-1], np.random.default_rng(0))
 """
 
 from __future__ import annotations
@@ -47,15 +63,8 @@ class SamplingParams:
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """[n_rows, n_vocab] logits -> [n_rows, n_vocab] float32 probabilities.
-
-    Filtered tokens get probability exactly 0, and every row sums to 1.
-
-        p = probabilities(model.forward(ids, model.new_cache()), SamplingParams(0.8, top_p=0.95))  # [n_seq, n_vocab]
-    """
+    """[n_rows, n_vocab] logits -> [n_rows, n_vocab] float32 probabilities, temperature, top-k and top-p applied."""
     assert not params.greedy, "greedy decoding takes the argmax of the logits, not probabilities"
-    # Shift by the max before dividing: the largest z is then exactly 0, and a
-    # tiny temperature can only push the others towards -inf, never to nan.
     with np.errstate(over="ignore"):
         z = (logits - logits.max(axis=-1, keepdims=True)) / np.float32(params.temperature)  # [n_rows, n_vocab]
     if params.top_k is not None and params.top_k < z.shape[-1]:
@@ -96,13 +105,7 @@ def greedy(logits: np.ndarray) -> int:
 
 
 def draw(p: np.ndarray, rng: np.random.Generator) -> int:
-    """One token from a [n_vocab] probability row, by inverting the cumulative sum.
-
-    The cumulative sum is taken in float64 so that rounding cannot shift mass
-    between tokens; a token with probability 0 can never be returned.
-
-        token = draw(p[-1], np.random.default_rng(0))
-    """
+    """One token from a [n_vocab] probability row, by inverting its cumulative sum (in float64)."""
     cdf = np.cumsum(p, dtype=np.float64)
     token = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     assert token < len(p), "probabilities must be finite and sum to more than 0"
@@ -117,16 +120,7 @@ def point_mass(token: int, n_vocab: int) -> np.ndarray:
 
 
 def check_finite_logits(logits: np.ndarray, model_name: str) -> np.ndarray:
-    """Return `logits` unchanged, or raise ValueError naming the model if any is NaN or infinite.
-
-    Loading refuses non-finite weights, but a model built in memory (or weights
-    so large that float32 overflows) can still produce them; without this
-    check greedy decoding emits token 0 forever and sampling fails deep inside.
-    Costs one pass over n_vocab floats per call.
-
-    >>> check_finite_logits(np.array([[0.0, np.nan]], np.float32), "124M")  # doctest: +SKIP
-    ValueError: model 124M produced NaN or infinite logits ...
-    """
+    """`logits` unchanged, or a ValueError naming the model if any is NaN or infinite (the module docstring)."""
     if not np.isfinite(logits).all():
         raise ValueError(
             f"model {model_name} produced NaN or infinite logits: its weights or config.json are broken "

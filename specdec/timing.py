@@ -18,11 +18,19 @@ where it must grow) and measures again, with more repeats, before anything uses
 it; a curve that stays implausible is repaired (capped at m, at least 1, made
 non-decreasing) and says so in Costs.note. The prompt passes through the model
 once: every timed pass, in every measurement, rolls the cache back to it.
+
+Timing takes a few seconds, longer than a short generation: `costs_for` times a
+(target, draft) pair once per process and hands the same Costs to every later
+call, race and batch that asks (K="auto", draft_confidence="auto", the race's
+pricing). SPECDEC_KERNELS=measure times every call again; measure_costs always
+times.
 """
 
 from __future__ import annotations
 
+import sys
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,8 +38,9 @@ import numpy as np
 
 from .drafters import make_drafter
 from .interfaces import features_asked, priced_drafter
+from .model.attention import KVCache
 from .model.base import CausalLM
-from .model.cache import KVCache
+from .model.fast.tuning import kernels_mode
 from .sampling import SamplingParams
 
 
@@ -191,3 +200,24 @@ def _measure(calls: dict, after: Callable, repeats: int, rng) -> Costs:
     times = time_calls(calls, repeats, rng, after=after)
     draft_step = float(np.median(times["draft"])) if "draft" in times else 0.0
     return Costs(target_step=float(np.median(times[1])), draft_step=draft_step, r=verify_curve(times))
+
+
+# Costs timed in this process: {target: {draft key: (the draft, the widest pass asked for, its Costs)}}. The draft
+# is kept beside its costs so that the key, the draft's id() where it is an object, is not reused while it lives.
+_TIMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+REPEATS = 3  # interleaved repeats of a timing (measure_costs measures again, with more, if the curve is implausible)
+
+
+def costs_for(target: CausalLM, draft, drafter, context: list[int], m_max: int, say=None) -> Costs:
+    """The costs of `target` with `draft` (the spec or object a caller passed; `drafter` what it was built
+    into), timed once per process up to an m_max pass and reused afterwards; timed again for a wider pass,
+    or on every call under SPECDEC_KERNELS=measure. say(line): told before a timing (default: stderr)."""
+    key = draft if isinstance(draft, str) else id(draft)
+    timed = _TIMED.setdefault(target, {})
+    _, widest, costs = timed.get(key, (None, 0, None))
+    if costs is None or m_max > widest or kernels_mode() == "measure":
+        say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        say(f"measuring the forward-pass costs (c and r(m) for m = 1..{m_max}; once in this process)")
+        costs = measure_costs(target, drafter, context, m_max=m_max, repeats=REPEATS)
+        timed[key] = (draft, m_max, costs)
+    return costs

@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 
 from specdec.model.gpt2 import GPT2, Block, HParams, Weights, random_weights
-from specdec.model.kernels import Linear
+from specdec.model.linear import Linear
 from specdec.interfaces import Proposal
 from specdec.sampling import SamplingParams, draw, probabilities
 

@@ -11,7 +11,8 @@ from conftest import tiny_model
 
 import specdec
 from specdec import autoregressive_sample, speculative_sample
-from specdec.costmodel import K_LIMIT, make_k_policy, parse_k
+from specdec.config import Config, parse_k, setup
+from specdec.costmodel import K_LIMIT
 from specdec.drafters.specs import DraftSpec, parse_draft
 from specdec.race import race
 
@@ -117,7 +118,7 @@ def test_models_dir_must_be_a_path(models_dir):
 
 
 def test_the_cli_and_the_api_refuse_a_seed_with_the_same_message(target, capsys):
-    from specdec.__main__ import main
+    from specdec.cli.main import main
 
     with pytest.raises(ValueError) as api:
         autoregressive_sample(target, [1, 2], 3, seed=-1)
@@ -139,16 +140,17 @@ def test_spec_parsers():
             parse_k(bad)
 
 
-def test_k_policies_from_specs():
-    assert make_k_policy(3).next_k() == 3
-    adaptive = make_k_policy("adaptive", k_max=6)
+def test_k_policies_from_specs(target):
+    run = setup(target, target, [1, 2, 3], 8, Config(K=3))
+    assert run.k_policy() is None and run.config.K == 3  # a fixed K: every round drafts 3, no policy object
+    adaptive = setup(target, target, [1, 2, 3], 8, Config(K="adaptive", k_max=6)).k_policy()
     assert (adaptive.next_k(), adaptive.k_max) == (4, 6)
-    with pytest.raises(ValueError, match="measured costs"):
-        make_k_policy("auto")
+    auto = setup(target, target, [1, 2, 3], 8, Config(K="auto", k_max=5))  # timed once here
+    assert auto.costs is not None and auto.k_policy().k_max == 5
     with pytest.raises(ValueError, match="k_max"):
-        make_k_policy("adaptive", k_max=K_LIMIT + 1)
+        Config(K="adaptive", k_max=K_LIMIT + 1)
     policy = specdec.AdaptiveK(2, 1, 5)
-    assert make_k_policy(policy) is policy
+    assert setup(target, target, [1, 2, 3], 8, Config(K=policy)).k_policy() is policy
 
 
 def test_k_as_a_word_in_the_sampler(target):

@@ -282,7 +282,7 @@ def test_an_rng_gives_each_row_its_own_stream(gpt2_pair):
 def test_cli_batch_decodes_the_first_n_lines_together(tmp_path, capsys):
     import json
 
-    from specdec import __main__ as main
+    from specdec.cli import main
 
     path = tmp_path / "prompts.txt"
     path.write_text("def parse(line):\n\n   \nimport os\nclass Point:\n")
@@ -310,7 +310,7 @@ def test_cli_batch_decodes_the_first_n_lines_together(tmp_path, capsys):
     ],
 )
 def test_cli_batch_refusals_are_one_line(extra, why, tmp_path, capsys):
-    from specdec import __main__ as main
+    from specdec.cli import main
 
     path = tmp_path / "prompts.txt"
     path.write_text("a\nb\n\nc\n")

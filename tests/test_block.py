@@ -292,7 +292,7 @@ def test_the_command_line_takes_verification_block(tmp_path, capsys):
     from conftest import tiny_model as tiny_gpt2
     from conftest import write_checkpoint
 
-    from specdec import __main__ as cli
+    from specdec.cli import main as cli
 
     folder = write_checkpoint(tmp_path / "tiny", tiny_gpt2(seed=1))
     args = ["--target_model_size", str(folder), "--draft", "ngram", "--prompt", "the cat the cat the",

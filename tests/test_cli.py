@@ -11,8 +11,8 @@ from conftest import ROOT, TINY_HPARAMS, tiny_model, write_checkpoint
 from helpers import near_tie_model, perturbed
 
 sys.path.insert(0, str(ROOT))
-from specdec import __main__ as main  # noqa: E402
-from specdec.request import check_request
+from specdec.cli import main  # noqa: E402
+from specdec.config import check_request
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_json_output(checkpoints, capsys):
 def test_the_prompt_is_checked_once_per_run(checkpoints, capsys, monkeypatch):
     """The command line checks the request before loading the draft and hands it to the race, which
     takes its prompt as it is (request.check_request encodes the text and applies any chat template)."""
-    from specdec import request
+    from specdec import config as request
 
     checks = []
     monkeypatch.setattr(request, "check_request", lambda *a, **kw: checks.append(a[1]) or check_request(*a, **kw))
@@ -128,7 +128,7 @@ def test_download_through_a_loopback_hub(fake_hub, tmp_path, capsys):
 
 def test_every_model_the_command_line_loads_gets_this_machine_s_threads(checkpoints, capsys, monkeypatch):
     """GPT-2 folders are read by the command line itself (not load_model): they get the plan too."""
-    from specdec.model import tuning
+    from specdec.model.fast import tuning
 
     tuned = []
     monkeypatch.setattr(tuning, "tune", lambda model, folder, say=None: tuned.append(model.name) or {})
@@ -194,7 +194,7 @@ def test_a_bad_specdec_kernels_exits_2_with_one_line_before_any_download(fake_hu
         main.main(["--models_dir", str(tmp_path), "--draft", "ngram"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2
-    assert "SPECDEC_KERNELS must be 'rules'" in err and len(err.strip().splitlines()) == 1, err
+    assert "SPECDEC_KERNELS must be one of plan, measure, rules, plain" in err and len(err.strip().splitlines()) == 1, err
     assert fake_hub.requests == [] and list(tmp_path.iterdir()) == [], "nothing is fetched or written"
 
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, TINY_HPARAMS, write_checkpoint
 from helpers import perturbed
 
-from specdec import __main__ as main
+from specdec.cli import main
 from specdec import __version__, flags, load_model
 from specdec.cli.defaults import DEFAULT_RUN, GPT2_PAIR, GPT2_PROMPT
 from specdec.drafters import LookupFirst, NgramDrafter, make_drafter

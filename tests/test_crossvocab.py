@@ -361,7 +361,7 @@ def test_the_bench_measures_the_mass_on_shared_tokens(target, draft):
 
 @pytest.mark.slow  # SmolLM2 loads in a few seconds
 def test_the_cli_refuses_slrs_sampling_it_cannot_afford(smollm2_gguf, capsys):
-    from specdec import __main__ as main
+    from specdec.cli import main
 
     argv = ["--target_model_size", str(smollm2_gguf), "--draft", "stdlib-2L", "--cross_vocab", "slrs"]
     assert main.main([*argv, "--temperature", "1"]) == 2

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT))
-from specdec import __main__ as main  # noqa: E402
+from specdec.cli import main  # noqa: E402
 from specdec.cli.defaults import GPT2_PROMPT  # noqa: E402
 from specdec.cli.equivalent import ENGINES  # noqa: E402
 from specdec.model.tokenizer import DEFAULT_SYSTEM  # noqa: E402

@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-from specdec import __main__ as main
+from specdec.cli import main
 from specdec import flags
 from specdec.bench import speed, suite, trees
 from specdec.cli import defaults

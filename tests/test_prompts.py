@@ -11,8 +11,8 @@ import pytest
 from conftest import SHARED_TOKENIZER
 
 import specdec
-from specdec import __main__ as main
-from specdec.request import check_request
+from specdec.cli import main
+from specdec.config import check_request
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 from specdec.model.tokenizer import chat_prompt, encode_text, load_tokenizer
 from specdec.race import race

@@ -98,7 +98,7 @@ def test_race_checks_the_request_before_measuring(models):
 def test_a_race_takes_a_made_request_and_checks_its_settings(models):
     """request= (made once by request.make_request, as the command line does): the same runs as from the
     prompt; the drafting settings are still checked, and a request made for another length is refused."""
-    from specdec.request import make_request
+    from specdec.config import make_request
 
     target, draft = models
     settings = {"K": 2, "temperature": 1.0, "top_k": 20, "repeats": 1, "warmup": False}

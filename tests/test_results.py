@@ -12,7 +12,7 @@ from helpers import perturbed
 
 from specdec import autoregressive_sample, load_folder, speculative_sample
 from specdec.race import race
-from specdec.race_render import jsonable
+from specdec.race.render import jsonable
 from specdec.result import KIND_COLOURS, DecodeResult, sparkline
 
 
@@ -165,3 +165,29 @@ def test_the_printed_summary_agrees_with_itself(tiny_checkpoint, tree):  # noqa:
     broken = report.spec.result
     broken.k_per_round.append(3), broken.accepted_per_round.append(0)
     assert sum(broken.accepted_histogram) != rounds
+
+
+@pytest.mark.parametrize("stop_at", [0, 1, 3])
+def test_a_reply_that_ends_inside_a_round_records_only_the_drafts_it_emitted(stop_at):
+    """A chat reply's end among the accepted drafts (or as the round's own token): the record counts the drafts
+    emitted up to it, so tokens, kinds and the per-round counts agree."""
+    import numpy as np
+
+    from specdec.config import Request
+    from specdec.interfaces import Proposal
+    from specdec.sampling import SamplingParams
+    from specdec.speculative import Sequence, settle
+
+    model, drafts = tiny_model(seed=1), [7, 8, 9]
+    logits = np.full((4, model.n_vocab), -10.0, np.float32)
+    for row, token in enumerate([*drafts, 11]):  # greedy: every draft accepted, then the bonus 11
+        logits[row, token] = 10.0
+    stop = [*drafts, 11][stop_at]
+    kinds = []
+    request = Request([1, 2], 8, SamplingParams(0.0), stop=stop)
+    seq = Sequence(request, model.new_cache(), np.random.default_rng(0), DecodeResult(), lambda t, k: kinds.append(k))
+    model.forward([1, 2, *drafts], seq.cache)  # the prompt, then the pass over [ids[-1], *drafts], as a round has it
+    settle(seq, Proposal.chain(drafts), logits)
+    r = seq.result
+    assert seq.ended and r.tokens == [*drafts, 11][: stop_at + 1] and len(kinds) == len(r.tokens)
+    assert r.accepted_per_round == [min(stop_at + 1, len(drafts))] and r.judged == r.accepted_per_round

@@ -208,7 +208,7 @@ def test_cli_tree(tmp_path, capsys, tree):
     from conftest import ROOT, write_checkpoint
 
     sys.path.insert(0, str(ROOT))
-    from specdec import __main__ as main
+    from specdec.cli import main
 
     target = tiny_model(seed=1)
     write_checkpoint(tmp_path / "target", target)

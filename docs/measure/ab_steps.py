@@ -14,7 +14,7 @@ repeats = int(sys.argv[1]); ms = [1, 2, 3, 5, 9, 17]
 models = {"smollm2": load_model("smollm2-135m"), "gpt2-124M": random_model("124M")}
 try:  # a checkout with measured product paths: the random shape gets them too, as load_model gives them
     from specdec.checkpoints.settings import default_models_dir
-    from specdec.model import tuning
+    from specdec.model.fast import tuning
     tuning.tune(models["gpt2-124M"], default_models_dir())
 except ImportError:
     pass

@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-from specdec.__main__ import parse_args
+from specdec.cli.args import parse_args
 from specdec.autoregressive import autoregressive_sample
 from specdec.checkpoints.load import load_model
 from specdec.cli.equivalent import equivalent

@@ -1,8 +1,8 @@
 """Per-matrix cost of each few-token path, over enough copies of each shape that W streams from RAM."""
 import sys, time, json
 import numpy as np
-from specdec.model import kernels, threads
-from specdec.model.kernels import Linear, RowPart, linear, part_product, split_edges
+from specdec.model.fast import kernels, threads
+from specdec.model.fast.kernels import Linear, RowPart, linear, part_product, split_edges
 
 SHAPES = {"q/out 576x576": (576, 576), "qkv 960x576": (960, 576), "gate_up 3072x576": (3072, 576),
           "down 576x1536": (576, 1536), "lm_head 49152x576": (49152, 576),

@@ -2,7 +2,7 @@
 import json, os, sys
 import numpy as np
 from specdec.checkpoints.load import load_model
-from specdec.model import kernels
+from specdec.model.fast import kernels
 from specdec.model.shapes import random_model
 from specdec.timing import pass_calls, time_calls
 repeats = int(sys.argv[1]); ms = [1, 2, 3, 5, 9, 17]

@@ -5,7 +5,7 @@
 import sys, time
 import numpy as np
 from specdec.checkpoints.settings import default_models_dir
-from specdec.model import kernels, tuning
+from specdec.model.fast import kernels, tuning
 from specdec.model.shapes import random_model
 shape, repeats = sys.argv[1], int(sys.argv[2])
 model = random_model(shape)

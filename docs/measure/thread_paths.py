@@ -1,7 +1,7 @@
 """Per matrix and m, each way to multiply (specdec's workers, OpenBLAS one product, one per token, one thread) and a
 split-free chunked variant, over enough copies of each shape that W streams from RAM; microseconds, medians of 5."""
-from specdec.model import threads, kernels
-from specdec.model.kernels import Linear, RowPart, part_product
+from specdec.model.fast import threads, kernels
+from specdec.model.fast.kernels import Linear, RowPart, part_product
 rng = np.random.default_rng(0)
 SH = {"out":(576,576),"qkv":(960,576),"gate_up":(3072,576),"down":(576,1536),"lm":(49152,576)}
 def blas_gemv(x, l):

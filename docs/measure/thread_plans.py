@@ -4,7 +4,7 @@ interleaved, 5 repeats.   SPECDEC_HOME=... python docs/measure/thread_plans.py""
 import time, numpy as np, os
 os.environ["SPECDEC_KERNELS"] = "rules"
 from specdec.checkpoints.load import load_model
-from specdec.model import tuning, kernels
+from specdec.model.fast import tuning, kernels
 m = load_model("smollm2-135m")
 lins = [l for l in tuning.linears_of(m.weights) if len(l.parts) > 1]
 lm = m.weights.lm_head

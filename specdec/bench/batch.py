@@ -38,14 +38,15 @@ import time
 
 import numpy as np
 
-from .. import costmodel, flags
+from .. import costmodel
+from ..cli import flags
 from ..batch import BatchModelDraft, Row, autoregressive_sample_batch, speculative_sample_batch
 from ..checkpoints.load import load_model
 from ..drafters import NgramDrafter
 from ..drafters.specs import parse_draft
-from ..model import kernels
+from ..model.fast import kernels
 from ..model.shapes import GPT2_SHAPES, random_model
-from ..request import Request, check_request
+from ..config import Request, check_request
 from ..result import DecodeResult
 from ..sampling import SamplingParams
 from ..timing import time_calls

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from .. import flags
+from ..cli import flags
 from ..checkpoints import family
 from ..checkpoints.load import load_model
 from ..sampling import SamplingParams, probabilities

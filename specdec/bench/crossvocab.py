@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import flags
+from ..cli import flags
 from ..checkpoints import family
 from ..checkpoints.load import load_model
 from ..drafters.crossvocab import SLRS_MAX_PASSES

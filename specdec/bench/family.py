@@ -32,13 +32,14 @@ import sys
 
 import numpy as np
 
-from .. import costmodel, flags
+from .. import costmodel
+from ..cli import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints import family
 from ..checkpoints.load import load_model
 from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, random_weights
-from ..race_render import jsonable
+from ..race.render import jsonable
 from ..speculative import speculative_sample
 from ..timing import measure_costs, time_calls
 from .progress import Progress, add_quiet

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import flags
+from ..cli import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
 from ..drafters import eagle, make_drafter, medusa

@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from .. import flags
+from ..cli import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints import family
 from ..checkpoints.load import load_model

@@ -46,17 +46,18 @@ from typing import Callable, TextIO
 
 import numpy as np
 
-from .. import flags
+from ..cli import flags
 from ..autoregressive import autoregressive_sample
 from ..drafters import make_drafter
 from ..drafters.specs import parse_draft
-from ..drafters.stopping import parse_confidence
+from ..costmodel import confidence_bar
+from ..drafters.stopping import ConfidenceStop, parse_confidence
 from ..model.tokenizer import chat_prompt
 from ..timing import measure_costs
 from ..model.base import CausalLM
 from ..model.gpt2 import GPT2, HParams
 from ..sampling import SamplingParams, probabilities
-from ..speculative import auto_stop, speculative_sample
+from ..speculative import speculative_sample
 from .progress import Progress, add_quiet
 
 # The released GPT-2 family, smallest first (distilgpt2 has 6 layers of 124M's width).
@@ -406,7 +407,7 @@ def with_bar(label: str, draft, target: CausalLM, text: str, prompt: list[int], 
     drafter = make_drafter(draft, target, confidence=confidence)
     if confidence == "auto":
         costs = measure_costs(target, drafter, prompt)
-        drafter.stop = auto_stop(costs)
+        drafter.stop = ConfidenceStop(confidence_bar(costs.c, costs.r))
         say(f"{label}: bar {drafter.stop.bar:g} (c {costs.c:.3f}, r(2) {costs.r[1]:.2f})")
     return drafter
 
@@ -473,7 +474,7 @@ def main(argv=None) -> int:
         say(f"python -m specdec.bench: error: {e}")
         return 1
     if args.json:
-        from ..race_render import jsonable
+        from ..race.render import jsonable
 
         Path(args.json).write_text(json.dumps(jsonable(numbers), indent=1, allow_nan=False) + "\n")
     return 0

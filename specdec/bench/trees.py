@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from .. import flags
+from ..cli import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
 from ..drafters.specs import parse_draft

@@ -26,7 +26,7 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
-from ..words import human_size
+from .sizes import human_size
 from .locks import exclusive
 from .registry import without_the_hub
 

@@ -14,7 +14,7 @@ import hashlib
 import numpy as np
 
 from ..model.base import CausalLM
-from ..model.kernels import Linear
+from ..model.linear import Linear
 from ..model.llama import LlamaBlock
 
 F32 = np.float32

@@ -40,7 +40,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ..model.kernels import Linear
+from ..model.linear import Linear
 from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
 from ..model.qwen2 import Qwen2
 from ..model.tokenizer import gguf_encoding

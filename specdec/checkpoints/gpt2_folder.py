@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ..model.gpt2 import GPT2, Block, HParams, Weights
-from ..model.kernels import Linear
+from ..model.fast.kernels import transposed_copy
+from ..model.linear import Linear
 from ..model.tokenizer import load_tokenizer
 from . import layout
 from .folders import CHECKPOINT_FILES
@@ -141,11 +142,11 @@ def weights_from_tensors(
         def w(suffix):
             return named[f"h.{i}.{suffix}"]
 
-        def linear(name):  # stored transposed for speed: a one-time copy (see kernels.Linear)
+        def linear(name):  # stored transposed for speed: a one-time copy (model/linear.py)
             if transposed is not None:  # or kept from an earlier load (layout.py)
                 return Linear(transposed[f"h.{i}.{name}.weight"], w(f"{name}.bias"))
             weight = w(f"{name}.weight")
-            lin = Linear.from_checkpoint(weight, w(f"{name}.bias"))
+            lin = Linear(transposed_copy(weight), w(f"{name}.bias"))
             release_pages(weight)  # the copy is what we keep: do not hold the file's pages too
             return lin
 

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model.kernels import Linear
+from ..model.linear import Linear
 from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
 from ..model.tokenizer import hf_tokenizer_encoding
 from .folders import INDEX, WEIGHTS, checkpoint_files, shard_files

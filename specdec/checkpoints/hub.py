@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from . import registry
-from ..words import human_size
+from .sizes import human_size
 from .download import DownloadError, RemoteFileMissing, download_file
 from .folders import CHECKPOINT_FILES, INDEX, WEIGHTS, check_download, checkpoint_files, missing_files, model_kind
 from .registry import LOCAL_MODELS, without_the_hub

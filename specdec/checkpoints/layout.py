@@ -61,7 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model import kernels, threads
+from ..model.fast import kernels, threads
 from . import locks
 from .safetensors import CheckpointError, header_sha256, read_metadata, read_safetensors, write_safetensors
 from .settings import default_models_dir

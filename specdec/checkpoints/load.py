@@ -20,7 +20,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..model import tuning
+from ..model import fast
+from ..model.fast import tuning
 from ..model.base import CausalLM
 from . import draft, registry, wheel
 from .folders import model_kind
@@ -54,7 +55,7 @@ def load_model(
     Every name and what it is: registry.MODELS.
 
     The loaded model's weight matrices get this machine's measured product paths
-    (model/tuning.py): read from models_dir's plan file, or timed once (a few
+    (model/fast/tuning.py): read from models_dir's plan file, or timed once (a few
     seconds) and written there.
 
     >>> model = load_model("124M")          # doctest: +SKIP
@@ -66,9 +67,10 @@ def load_model(
 
 
 def tuned(model: CausalLM, models_dir: str | os.PathLike | None = None, progress: bool = True) -> CausalLM:
-    """The model, its matrices' shapes given this machine's measured threads (model/tuning.py) from the plan file
+    """The model, its matrices' shapes given this machine's measured threads (model/fast/tuning.py) from the plan file
     in models_dir (default: default_models_dir()), timed now if it lacks them; progress: say so on stderr."""
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else None
+    fast.use(tuning.kernels_mode())  # the products SPECDEC_KERNELS (or specdec.set_kernels) names: model/fast/
     tuning.tune(model, default_models_dir() if models_dir is None else models_dir, say)
     return model
 

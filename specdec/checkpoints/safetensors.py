@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ..model import kernels, threads
+from ..model.fast import kernels, threads
 
 _MAX_HEADER_BYTES = 100_000_000  # the reference implementation's own limit
 _MAX_DEPTH = 8  # {name: {"shape": [...]}} is 3 deep

@@ -31,7 +31,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..words import human_size
+from .sizes import human_size
 from . import draft, layout, registry, wheel
 from .folders import missing_files
 from .hub import _folder_name

@@ -44,7 +44,7 @@ import zipfile
 from pathlib import Path
 from typing import BinaryIO
 
-from ..words import human_size
+from .sizes import human_size
 from . import layout
 from .download import DownloadError, _open_partial, log
 from .locks import exclusive

@@ -10,7 +10,7 @@ import json
 import numpy as np
 
 from ..batch import autoregressive_sample_batch, speculative_sample_batch
-from ..race_render import jsonable
+from ..race.render import jsonable
 from ..timing import time_calls
 from .terminal import shorten, visible
 

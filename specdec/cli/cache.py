@@ -8,10 +8,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import flags
+from . import flags
 from ..checkpoints import store
 from ..checkpoints.hub import default_models_dir
-from ..words import human_size as human
+from ..checkpoints.sizes import human_size as human
 
 
 def cache(argv: list[str], prog: str) -> int:

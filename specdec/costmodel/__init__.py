@@ -5,8 +5,7 @@ Pure arithmetic, shared by the timing harness, the benchmark and `--K auto`. One
 of round, every name importable from here (`from specdec.costmodel import verify_cost`):
     chain.py    the paper's formulas (tokens per round, a round's cost, predicted_speedup, best_k,
                 verify_cost: r(m) from a measured curve) and the K policies (the KPolicy interface
-                of interfaces.py): FixedK, AdaptiveK, CostModelK, made from the K spec a user types
-                by make_k_policy
+                of interfaces.py): FixedK, AdaptiveK, CostModelK (config.Setup.k_policy makes one)
     trees.py    tokens per pass of a drafted tree (TreeAcceptance), the node budget that pays
                 (TreePolicy), c from the models' weights (draft_step_cost), make_tree_policy
     batches.py  B rows per pass: the best k per batch size, and a batch run's rounds priced
@@ -36,8 +35,6 @@ from .chain import (
     confidence_bar,
     drafts_judged,
     expected_tokens_per_round,
-    make_k_policy,
-    parse_k,
     predicted_speedup,
     round_cost,
     speedup_from_rounds,
@@ -70,8 +67,6 @@ __all__ = [
     "FixedK",
     "AdaptiveK",
     "CostModelK",
-    "parse_k",
-    "make_k_policy",
     # trees
     "TreeAcceptance",
     "predicted_tree_speedup",

@@ -1,20 +1,18 @@
 """The chain cost model (Leviathan et al., arXiv 2211.17192, section 3) and the K policies built on it.
 
 Formulas: tokens per round, a round's cost, the predicted speedup, the best k, the draft confidence bar
-that pays (confidence_bar). K policies (the
-KPolicy interface of interfaces.py): FixedK, AdaptiveK, CostModelK, made from the K spec a user
-types by make_k_policy. Notation in costmodel/__init__.py (times in 1-token target steps).
+that pays (confidence_bar). K policies (the KPolicy interface of interfaces.py): FixedK, AdaptiveK,
+CostModelK; config.Setup.k_policy makes one from the K a user typed (config.parse_k reads it).
+Notation in costmodel/__init__.py (times in 1-token target steps).
 """
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from ..interfaces import KPolicy
 
 K_LIMIT = 32  # the most drafts a round may ask for: a verification pass over 33 tokens is far past any gain
 K_NAMES = ("adaptive", "auto")
@@ -200,44 +198,3 @@ class CostModelK:
     def update(self, k: int, n_accepted: int) -> None:
         self.accepted = self.decay * self.accepted + n_accepted
         self.judged = self.decay * self.judged + drafts_judged(k, n_accepted)
-
-
-def parse_k(spec) -> int | str:
-    """An int in 1..K_LIMIT, "adaptive" or "auto", from a string, an int or a NumPy int.
-
-    >>> parse_k("4"), parse_k(6), parse_k("auto")
-    (4, 6, 'auto')
-    """
-    if isinstance(spec, str):
-        if spec in K_NAMES:
-            return spec
-        spec = int(spec) if spec.strip().lstrip("-").isdigit() else spec
-    if isinstance(spec, bool) or not isinstance(spec, numbers.Integral):
-        raise ValueError(f"K must be an integer >= 1, 'adaptive' or 'auto', not {spec!r}")
-    if spec < 1:
-        raise ValueError(f"K must be at least 1 (it is the number of draft tokens per round), got {spec}")
-    if spec > K_LIMIT:
-        raise ValueError(f"K must be at most {K_LIMIT} (a verification pass over K+1 tokens), got {spec}")
-    return int(spec)
-
-
-def make_k_policy(spec, k_max: int = 8, costs: Callable | None = None) -> KPolicy:
-    """A fresh K policy for one run.
-
-    spec: an int (FixedK), "adaptive" (AdaptiveK from min(4, k_max) within 1..k_max),
-    "auto" (CostModelK: best predicted speedup for the measured costs and the running
-    acceptance rate; `costs()` is called to measure them), or a KPolicy, used as it is.
-    """
-    if isinstance(spec, KPolicy):
-        return spec
-    spec = parse_k(spec)
-    if not 1 <= k_max <= K_LIMIT:
-        raise ValueError(f"k_max must be in 1..{K_LIMIT}, got {k_max}")
-    if spec == "adaptive":
-        return AdaptiveK(min(4, k_max), 1, k_max)
-    if spec == "auto":
-        if costs is None:
-            raise ValueError("K='auto' needs measured costs (c, r): pass costs=, or use race(), which measures them")
-        measured = costs()
-        return CostModelK(measured.c, measured.r, k_max=k_max)
-    return FixedK(spec)

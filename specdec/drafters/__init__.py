@@ -2,23 +2,43 @@
 
 Speculative sampling only needs, from a drafter, up to k proposed tokens and the
 distribution q each was drawn from (Leviathan et al., Algorithm 1, step 1). The
-interface is `Drafter` in interfaces.py (begin / propose -> Proposal / commit);
-three drafters implement it:
+interface is `Drafter` in interfaces.py (begin / propose -> Proposal / commit).
+This file holds the two drafters that run a model, and `make_drafter`:
 
     ModelDrafter     a smaller model with its own KV cache (the papers' setting)
     EarlyExitDrafter the target itself through its first L layers, writing into
                      the target's KV cache (self-speculative decoding)
-    NgramDrafter     no model: copy what followed the last earlier occurrence of
-                     the current suffix (prompt lookup decoding)
 
-and, for a draft model with ANOTHER tokenizer, CrossVocabDrafter (crossvocab.py):
-its drafts re-spelt in the target's vocabulary by Timor et al.'s exact rules; and
-LookupFirst (lookup_first.py, "ngram+eagle"): prompt lookup where it finds a match,
-another drafter elsewhere.
+Beside them, one file each: NgramDrafter (ngram.py: prompt lookup, no model),
+MedusaDrafter and EagleDrafter (medusa.py, eagle.py: heads that read the target's
+hidden states), CrossVocabDrafter (crossvocab.py: a draft model with ANOTHER
+tokenizer, its drafts re-spelt in the target's vocabulary by Timor et al.'s exact
+rules) and LookupFirst (lookup_first.py, "ngram+eagle": prompt lookup where it
+finds a match, another drafter elsewhere).
 
 Asked for a tree (`nodes` given), each grows one with trees.py: the two model
 drafters by EAGLE-2's expansion (`tree_width` children for the most confident
 nodes of each layer), the n-gram drafter as a trie of every earlier occurrence.
+
+`make_drafter(draft, target, cross_vocab, siblings, confidence)` turns what a caller
+passed as `draft` into a drafter for `target`: a GPT2 or a Llama becomes a
+ModelDrafter; "ngram", "ngram:N" or "ngram:M..N" an NgramDrafter with n_max N
+(default 3) and n_min M (default 1); "early_exit:L" an EarlyExitDrafter over the
+target's first L layers; "eagle" the
+EAGLE head shipped for the target, "eagle:DIR" or "medusa:DIR" heads trained by
+`python -m specdec.train`; "ngram+X" (X one of those) a LookupFirst; a Drafter
+(interfaces.py) is used as it is.
+- cross_vocab ("tli", "slem" or "slrs"): the draft model's tokenizer differs from
+  the target's, and its drafts are re-spelt in the target's vocabulary by that rule.
+- siblings ("iid" or "without replacement"; None: the drafter's default): how the two
+  drafters that sample a tree's children (a model, early exit) draw the siblings of one
+  node; refused for any other draft.
+- confidence (a bar in (0, 1]; None: the papers' fixed K): a chain ends before the
+  position where the draft's own confidence that the chain survives falls below the bar
+  (stopping.py), for the drafters that draw from a distribution (a model, early exit,
+  Medusa and EAGLE heads, the second drafter of "ngram+X"); refused for any other.
+  "auto": checked the same way, built without a bar; config.setup sets `drafter.stop`
+  once the costs that set the bar are measured (costmodel.confidence_bar).
 
 Layer: above model/ and checkpoints/. May import model/, checkpoints/ (head files), the
 round's rule modules interfaces.py, sampling.py and verify/, words.py (message text), and drafters/ itself;
@@ -32,29 +52,31 @@ import numpy as np
 from ..checkpoints.registry import shipped_heads
 from ..interfaces import Drafter, Proposal
 from ..model.base import CausalLM, LanguageModel
-from ..model.cache import KVCache
+from ..model.attention import KVCache
 from ..sampling import SamplingParams, draw, greedy, probabilities
 from .crossvocab import CrossVocabDrafter, check_rule
 from .eagle import EagleDrafter
 from .lookup_first import LookupFirst
 from .medusa import MedusaDrafter
+from .ngram import NgramDrafter
 from .specs import lookup_shortest, parse_draft
 from .stopping import ChainGate, ConfidenceStop
-from .trees import SIBLINGS, model_tree, ngram_tree, point_masses
+from .trees import SIBLINGS, model_tree
 
 
 def _draft_chain(step, new: list[int], k: int, params: SamplingParams, rng: np.random.Generator,
                  stop: ConfidenceStop | None = None) -> Proposal:  # fmt: skip
-    """Up to k autoregressive draft steps. step(tokens) feeds tokens, returns the last row's logits.
-    stop: end the chain before a position where the draft's path confidence falls below its bar."""
-    tokens, q_rows, gate = [], [], ChainGate(stop)
+    """Up to k autoregressive draft steps (step(tokens) feeds tokens, returns the last row's logits), each token
+    drawn from exactly the q the acceptance test will read. stop: a confidence bar that may end the chain early."""
+    tokens, q_rows, gate = [], [], stop and ChainGate(stop)
     for _ in range(k):
         logits = step(new)  # [n_vocab]
         q = None if params.greedy else probabilities(logits[None], params)[0]  # [n_vocab], filtered like the target
-        if not gate.opens(logits, q):
+        if gate and not gate.opens(logits, q):
             break  # decided from q, before drawing (stopping.py)
         token = greedy(logits) if q is None else draw(q, rng)
-        gate.drew(token, q)
+        if gate:
+            gate.drew(token, q)
         if q is not None:
             q_rows.append(q)
         tokens.append(token)
@@ -69,7 +91,7 @@ def check_siblings(siblings: str) -> str:
 
 
 class ModelDrafter:
-    """A draft GPT-2: k autoregressive steps, each drawn from its filtered distribution.
+    """A smaller model: k autoregressive steps, each drawn from its filtered distribution.
 
     NOTE: the token is drawn from exactly the q that the acceptance test later
     reads; testing against any other q (say, an unfiltered one) breaks
@@ -166,99 +188,31 @@ class EarlyExitDrafter:
         pass  # the target's own cache is the only state
 
 
-class NgramDrafter:
-    """Prompt lookup: propose what followed the most recent earlier match of the text's tail.
-
-    For n from `n_max` down to `n_min`, look for the last n tokens of the text
-    earlier in the text; at the most recent match, propose the (up to k) tokens
-    that followed it. No match: no proposal, and the round is a plain target step.
-
-    The proposal is deterministic, so its distribution q is a point mass on the
-    proposed token x. Leviathan et al.'s rule then reads:
-        accept x with probability min(1, p(x) / q(x)) = min(1, p(x) / 1) = p(x)
-        on rejection draw from norm(max(0, p - q)):
-            for y != x: max(0, p(y) - 0) = p(y);  for x: max(0, p(x) - 1) = 0
-        i.e. from p with x removed, renormalised by 1 - p(x).
-    The output is still exactly p: P(x) = p(x) (accepted), and for y != x,
-    P(y) = (1 - p(x)) * p(y) / (1 - p(x)) = p(y). The same general code in
-    verify/ handles it, with q given as one-hot rows.
-    """
-
-    def __init__(self, n_vocab: int, n_max: int = 3, n_min: int = 1):
-        if not 1 <= n_min <= n_max:
-            raise ValueError(f"n-gram sizes need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
-        self.n_vocab = n_vocab
-        self.n_max, self.n_min = n_max, n_min
-        self.n_ctx = None  # no context limit of its own
-        self.calls = 0
-
-    def lookup(self, ids: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the tail of ids.
-
-        The copy may run past the end of the text into its own output, as in
-        LZ77: in a loop of period P the latest match starts P tokens back, and
-        copying on continues the loop for all k tokens instead of stopping after P.
-
-        >>> NgramDrafter(10).lookup([7, 1, 2, 1, 2], 5)  # tail [1, 2] last seen at 1, period 2
-        [1, 2, 1, 2, 1]
-        """
-        text = np.asarray(ids)
-        for n in range(min(self.n_max, len(ids) - 1), self.n_min - 1, -1):
-            tail = text[-n:]
-            # Windows starting at 0 .. len-n-1 (the tail itself excluded).
-            windows = np.lib.stride_tricks.sliding_window_view(text[:-1], n)  # [len-n, n]
-            hits = np.flatnonzero((windows == tail).all(axis=1))
-            if len(hits):
-                follow = int(hits[-1]) + n  # the token after the most recent match
-                out: list[int] = []
-                for i in range(k):
-                    j = follow + i
-                    out.append(int(text[j]) if j < len(text) else out[j - len(text)])
-                return out
-        return []
-
-    def fresh(self) -> NgramDrafter:
-        """A drafter for another sequence (a batch gives each row one): the same n-gram sizes."""
-        return NgramDrafter(self.n_vocab, self.n_max, self.n_min)
-
-    def begin(self, target: CausalLM, cache: KVCache, prompt: list[int]) -> None:
-        pass  # stateless: the text itself is the table
-
-    def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
-        # A chain: the latest occurrence; a tree: a trie of them all. Either is deterministic,
-        # so q is a point mass on each token (see above).
-        if nodes is None:
-            tokens, parents = self.lookup(ids, k), None
-        else:
-            tokens, parents = ngram_tree(ids, k, nodes, self.n_max, self.n_min)
-        q = None if params.greedy or not tokens else point_masses(tokens, self.n_vocab)
-        return Proposal.chain(tokens, q) if parents is None else Proposal(tokens, parents, q)
-
-    def commit(self, ids, features) -> None:
-        pass
-
-
 def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblings: str | None = None,
                  confidence: float | None = None) -> Drafter:  # fmt: skip
-    """Turn what a caller passed as `draft` into a drafter for `target`.
-
-    A GPT2 or a Llama becomes a ModelDrafter; "ngram", "ngram:N" or "ngram:M..N" an NgramDrafter with
-    n_max N (default 3) and n_min M (default 1); "early_exit:L" an EarlyExitDrafter over the target's
-    first L layers; "ngram+X" (X early_exit:L, medusa:DIR or eagle[:DIR]) a LookupFirst: the lookup
-    where it finds a match, X elsewhere; a Drafter (interfaces.py) is used as it is.
-    cross_vocab ("tli", "slem" or "slrs"): the draft model's tokenizer differs from the target's, and
-    its drafts are re-spelt in the target's vocabulary by that rule (crossvocab.py).
-    siblings ("iid" or "without replacement"; None: the drafter's default): how the two drafters
-    that sample a tree's children (a model, early exit) draw the siblings of one node; refused
-    for any other draft.
-    confidence (a bar in (0, 1]; None: the papers' fixed K): a chain ends before the position where the
-    draft's own confidence that the chain survives falls below the bar (stopping.py), for the drafters
-    that draw from a distribution (a model, early exit, Medusa and EAGLE heads, the second drafter of
-    "ngram+X"); refused for any other.
-    "auto": checked the same way, built without a bar; the caller sets `drafter.stop` once the costs that
-    set the bar are measured (costmodel.confidence_bar; speculative_sample and race do).
-    """
+    """What a caller passed as `draft`, made into a drafter for `target` (the module docstring lists every kind)."""
+    if cross_vocab is not None or siblings is not None or confidence is not None:
+        check_drafting(draft, cross_vocab, siblings, confidence)
+    if cross_vocab is not None:
+        return _cross_vocab_drafter(draft, target, cross_vocab)
     stop = None if confidence in (None, "auto") else ConfidenceStop(confidence)
+    if isinstance(draft, LanguageModel):  # even draft is target works: it gets its own cache
+        if draft.tokenizer and target.tokenizer and not same_tokenizer(draft, target):
+            raise ValueError(f"the draft {draft.name} tokenizes text differently from the target {target.name}: pass "
+                             "cross_vocab='tli' (any temperature) or 'slem' (greedy) to verify its drafts across "
+                             "tokenizers (--cross_vocab tli|slem)")  # fmt: skip
+        drafter = ModelDrafter(draft, siblings=siblings or "without replacement", stop=stop)
+    else:
+        drafter = _as_drafter(draft, target, siblings or "without replacement", stop)
+    if drafter.n_vocab != target.n_vocab:
+        raise ValueError(f"draft and target must share a vocabulary: the draft has {drafter.n_vocab} tokens, the "
+                         f"target {target.n_vocab}; pick a draft from the target's family (GPT-2 models all have "
+                         "50257)")  # fmt: skip
+    return drafter
+
+
+def check_drafting(draft, cross_vocab: str | None, siblings: str | None, confidence) -> None:
+    """Refuse, in one line, a confidence bar or a way of drawing siblings for a draft they do not apply to."""
     if confidence is not None and (cross_vocab is not None or not _stoppable(draft)):
         raise ValueError(f"a draft confidence bar cuts the chains of a draft model, early_exit:L, medusa:DIR or "
                          f"eagle: it does not apply to {draft if isinstance(draft, str) else type(draft).__name__}"
@@ -274,27 +228,14 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblin
             raise ValueError(f"siblings applies to a draft model or early_exit:L, which sample a tree's children; "
                              f"not to {draft if isinstance(draft, str) else type(draft).__name__}"
                              + (" with cross_vocab" if cross_vocab is not None else ""))  # fmt: skip
-    if cross_vocab is not None:
-        return _cross_vocab_drafter(draft, target, cross_vocab)
-    drafter = _as_drafter(draft, target, siblings or "without replacement", stop)
-    if isinstance(draft, LanguageModel) and draft.tokenizer and target.tokenizer and not same_tokenizer(draft, target):
-        raise ValueError(f"the draft {draft.name} tokenizes text differently from the target {target.name}: pass "
-                         "cross_vocab='tli' (any temperature) or 'slem' (greedy) to verify its drafts across "
-                         "tokenizers (--cross_vocab tli|slem)")  # fmt: skip
-    if drafter.n_vocab != target.n_vocab:
-        raise ValueError(
-            f"draft and target must share a vocabulary: the draft has {drafter.n_vocab} tokens, "
-            f"the target {target.n_vocab}; pick a draft from the target's family (GPT-2 models all have 50257)"
-        )
-    return drafter
 
 
 def same_tokenizer(a, b) -> bool:
-    """Whether two models with tokenizers read text the same way (the same ids for the same text)."""
-    if a.tokenizer is b.tokenizer:
-        return a.n_vocab == b.n_vocab
+    """Whether two models' tokenizers give the same ids for the same text (a probe of digits, unicode, a control)."""
     probe = "Tokenizers must agree: 123 \u00fcn\u00efcode <|endoftext|>\n\tdef f(x):  return x"
-    return a.n_vocab == b.n_vocab and _spells(a.tokenizer, probe) == _spells(b.tokenizer, probe)
+    if a.n_vocab != b.n_vocab:
+        return False  # (and a tokenizer may fail on ids the other's vocabulary lacks)
+    return a.tokenizer is b.tokenizer or _spells(a.tokenizer, probe) == _spells(b.tokenizer, probe)
 
 
 def _spells(tokenizer, text: str):
@@ -320,8 +261,9 @@ def _stoppable(draft) -> bool:
 
 
 def _as_drafter(draft, target: CausalLM, siblings: str, stop: ConfidenceStop | None = None) -> Drafter:
+    """A drafter from a spec string or a Drafter object (make_drafter makes a model's itself)."""
     if isinstance(draft, LanguageModel):
-        return ModelDrafter(draft, siblings=siblings, stop=stop)  # even draft is target works: it gets its own cache
+        return ModelDrafter(draft, siblings=siblings, stop=stop)
     if isinstance(draft, str):
         spec = parse_draft(draft)
         if spec.kind == "ngram":

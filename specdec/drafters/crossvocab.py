@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..interfaces import Proposal
-from ..model.cache import KVCache
+from ..model.attention import KVCache
 from ..model.tokenizer import control_ids
 from ..sampling import SamplingParams, draw, probabilities
 from .vocabmap import (

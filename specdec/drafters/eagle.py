@@ -50,13 +50,12 @@ import numpy as np
 
 from ..checkpoints.pairs import read_json, show
 from ..interfaces import Proposal
-from ..model.cache import KVCache
+from ..model.attention import KVCache
 from ..model.attention import softmax
 from ..model.gpt2 import _GELU_A, _GELU_C, Block, HParams, gelu, transformer_block
-from ..model.kernels import Linear
-from ..model.kernels import linear as gpt2_linear
+from ..model.linear import Linear
 from ..model.llama import LlamaBlock, LlamaHParams, llama_block, rms_norm, rope_tables
-from ..model.packing import Row
+from ..model.base import Row
 from ..sampling import draw
 from .heads import CONFIG_FILE, DraftVocab, HeadFileError, draft_argmax, draft_distribution, head_cross_entropy, load_heads, smooth_l1
 from .stopping import ChainGate, ConfidenceStop
@@ -293,7 +292,7 @@ class EagleModel:
         positions of its own; LlamaEagleModel's rotary block reads them).
         """
         n, n_past = len(f), cache.length
-        u = gpt2_linear(np.concatenate([f, emb], axis=-1), self.fc)  # [n, 2e] -> [n, e]
+        u = np.concatenate([f, emb], axis=-1) @ self.fc  # [n, 2e] -> [n, e]
         cache.reserve(n_past + n)
         y = transformer_block(u, self.block, self.hparams, cache, 0, attention_bias(seen, n, n_past))
         cache.length = n_past + n
@@ -328,7 +327,7 @@ class LlamaEagleModel:
 
     def read(self, features: np.ndarray) -> np.ndarray:
         """[n, e] final features (EAGLE), or [n, 3e] low, mid, high layers fused to [n, e] (EAGLE-3)."""
-        return features if self.fuse is None else gpt2_linear(features, self.fuse)
+        return features if self.fuse is None else features @ self.fuse
 
     def out(self, y: np.ndarray) -> np.ndarray:
         return y if self.norm is None else rms_norm(y, self.norm, self.hparams.rms_eps)
@@ -337,7 +336,7 @@ class LlamaEagleModel:
         """As EagleModel.step; positions [n]: each pair's rotary position (None: the next cache slots, a chain)."""
         n, n_past = len(f), cache.length
         h = self.hparams
-        u = gpt2_linear(np.concatenate([f, emb], axis=-1), self.fc)  # [n, 2e] -> [n, e]
+        u = np.concatenate([f, emb], axis=-1) @ self.fc  # [n, 2e] -> [n, e]
         cache.reserve(n_past + n)
         positions = n_past + np.arange(n) if positions is None else np.asarray(positions)
         cos, sin = rope_tables(positions, h.d_head, h.rope_theta)  # [n, d_head] each

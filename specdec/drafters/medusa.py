@@ -32,7 +32,7 @@ import copy
 import numpy as np
 
 from ..interfaces import Proposal
-from ..model.kernels import Linear, linear
+from ..model.linear import Linear
 from ..sampling import draw
 from .heads import DraftVocab, draft_argmax, draft_distribution, head_cross_entropy, load_heads
 from .stopping import ChainGate, ConfidenceStop
@@ -152,7 +152,7 @@ class MedusaDrafter:
         product, then every head's features through the LM head in one more.
         """
         h = self.hidden[None]  # [1, n_embd]
-        z = linear(h, self.fused).reshape(self.n_heads, -1)[:depth]  # [depth, n_embd]
+        z = (h @ self.fused).reshape(self.n_heads, -1)[:depth]  # [depth, n_embd]
         r = h + z * sigmoid(z)  # the ResBlocks: h + SiLU(h W_i + b_i)
         return self.vocab.logits(r)  # [depth, N]
 

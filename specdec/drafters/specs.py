@@ -9,14 +9,13 @@
                    is built in Python
 
 The CLI parses flags with this before it downloads anything; make_drafter turns
-the parsed spec into a drafter. (The K spec is parsed in costmodel.parse_k.)
+the parsed spec into a drafter. (K is parsed in config.parse_k.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..words import plural
 from .lookup_first import SHORTEST_MATCH
 
 NGRAM_DEFAULT = 3  # "ngram" alone matches suffixes of up to 3 tokens
@@ -70,7 +69,7 @@ class DraftSpec:
             shortest = f"{self.n_min} <= " if self.n_min is not None else ""
             return f"n-gram lookup ({shortest}n <= {self.arg})"
         if self.kind == "early_exit":
-            return f"the target's first {plural(self.arg, 'layer')}"
+            return f"the target's first {self.arg} layer{'' if self.arg == 1 else 's'}"
         if self.kind in HEADS:
             return f"{HEADS[self.kind]} heads from {self.arg}" if self.arg else f"the {HEADS[self.kind]} head shipped for the target"
         return str(self.arg)

@@ -34,7 +34,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..model.cache import KVCache
+from ..model.attention import KVCache
 from ..model.attention import softmax
 from ..model.base import CausalLM
 from ..sampling import SamplingParams, point_mass, probabilities

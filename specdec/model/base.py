@@ -19,17 +19,61 @@ architecture supplies only what differs:
     cast(convert)                                  a copy of the model with `convert` applied to every weight
 
 Shape notation as in gpt2.py.
+
+`forward(tokens, cache)` runs n_seq new tokens after the cache's n_past tokens
+and returns float32 logits [n_seq, n_vocab]. Its options:
+- `last_only`: logits of the last new token only, [1, n_vocab] (the LM head is
+  the largest matrix in the model, so skipping rows nobody reads matters).
+- `n_layer`: only the first n_layer blocks before the final norm and the LM head:
+  the early-exit draft of self-speculative decoding. It writes keys and values for
+  those layers only, so its caller rolls the cache back before a full pass.
+- `parents` ([n_seq] ints, attention.tree_mask) makes the new tokens a tree: node
+  i attends to the cache, its ancestors and itself, and sits at position
+  n_past + depth(i). The cache then holds one entry per node in this flat order;
+  `KVCache.keep` compacts the accepted path afterwards.
+- `return_hidden`: (logits, hidden) instead, hidden [n_seq, n_embd] the final
+  hidden state after the final norm (what the LM head reads, and what learned
+  draft heads read), for every new token even when `last_only` trims the logits.
+  It may instead list layers (0 the embeddings, l the residual stream after l
+  blocks, n_layer the final state after the norm): hidden is then
+  [n_seq, len(layers) * n_embd], those states side by side (EAGLE-3's features).
+
+`forward_batch(tokens, caches)` is the same over a ragged batch, and `forward` is
+it for a batch of one row: row b brings its own new tokens, its own KV cache and
+its own cache length, so rows may differ in both (after a round of speculative
+decoding they do). The rows' new tokens are packed into one [n_tok, n_embd]
+matrix (`pack`; n_tok = the sum of the rows' n_seq), so each weight matrix is ONE
+product for the whole batch, where decoding spends its time; attention runs per
+row against the row's own cache (a `Row` says which rows of the packed matrix are
+whose, where its cache stands and what its tokens may see), and rolling back
+stays per row. `lm_head_rows` splits the logits back into rows. A long prompt, or
+a batch of them, runs as consecutive passes of at most PREFILL_CHUNK new tokens in
+all (`in_chunks`): the same results, and attention's scores never larger than
+[n_head, PREFILL_CHUNK, n_kv]. Trees are never cut (a tree is a verification
+pass: a few tokens).
+
+NOTE: `forward` calls LanguageModel's own forward_batch, never a subclass's
+override, so a subclass that post-processes logits (restricted.py) does it once.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .cache import KVCache
-from .kernels import Linear, pass_threads
-from .packing import PREFILL_CHUNK, in_chunks, lm_head_rows, pack
+from . import linear
+from .attention import KVCache, tree_mask
+from .linear import Linear
+
+F32 = np.float32
+
+# New tokens per pass of a long prompt or a batch of them (`in_chunks`): attention's scores are then at most
+# [n_head, PREFILL_CHUNK, n_kv] and its mask [PREFILL_CHUNK, n_kv], never [n_kv, n_kv]
+# (an 8,000-token prompt on SmolLM2: 147 MB instead of 2.3 GB per layer). Each chunk is still
+# hundreds of rows per product, where the matrix-matrix kernel runs at full speed.
+PREFILL_CHUNK = 512
 
 
 def weights_per_step(n_layer: int, block_weights: int, head_rows: int, n_embd: int) -> int:
@@ -157,87 +201,42 @@ class LanguageModel:
 
     def forward(self, tokens, cache: KVCache, last_only: bool = False, n_layer: int | None = None,
                 return_hidden: bool = False, parents=None):  # fmt: skip
-        """Run n_seq new tokens after the cache's n_past tokens: `forward_batch` of one row.
-
-        tokens: [n_seq] int.  Returns float32 logits, [n_seq, n_vocab], or [1, n_vocab]
-        for the last new token only when `last_only` (the LM head is the largest
-        matrix in the model, so skipping rows nobody reads matters).
-
-        A chain of more than PREFILL_CHUNK tokens (a long prompt) runs as consecutive
-        passes of at most that many (packing.in_chunks): the same results, and attention's
-        scores never larger than [n_head, PREFILL_CHUNK, n_kv].
-
-        `n_layer` runs only the first n_layer blocks before the final norm and the LM
-        head: the early-exit draft of self-speculative decoding. It writes keys/values
-        for those layers only, so its caller must roll the cache back before a full pass.
-
-        `parents` ([n_seq] ints, see attention.tree_mask) makes the new tokens a tree:
-        node i attends to the cache, its ancestors and itself, and sits at position
-        n_past + depth(i). None is a chain, parents = [-1, 0, 1, ...]. The cache then
-        holds one entry per node in this flat order; `KVCache.keep` compacts the
-        accepted path afterwards.
-
-        `return_hidden` returns (logits, hidden) instead, hidden [n_seq, n_embd] being
-        the final hidden state after the final norm (what the LM head reads; what
-        learned draft heads read), for every new token even when `last_only` trims the logits.
-        `return_hidden` may instead list layers (features.py's numbering: 0 the embeddings,
-        l the residual stream after l blocks, n_layer the final state after the norm):
-        hidden is then [n_seq, len(layers) * n_embd], those states side by side (EAGLE-3's
-        low, middle and high features).
-
-        NOTE: this calls LanguageModel's own methods, never a subclass's override, so a
-        subclass that post-processes logits (drafters/restricted.py) does it once.
-        """
+        """[n_seq] new tokens after the cache's -> [n_seq, n_vocab] logits (options: the module docstring)."""
         out = LanguageModel.forward_batch(self, [tokens], [cache], last_only, n_layer, return_hidden, [parents])
         return (out[0][0], out[1][0]) if return_hidden else out[0]
 
     def forward_batch(self, tokens: list, caches: list[KVCache], last_only: bool = False,
                       n_layer: int | None = None, return_hidden: bool = False, parents: list | None = None):  # fmt: skip
-        """A ragged batch: row b's new tokens tokens[b] ([n_seq_b] ints) after caches[b]'s n_past_b tokens.
-
-        Each row brings its own tokens, its own KV cache and its own cache length,
-        so rows may differ in both (after a round of speculative decoding they do:
-        each row accepted a different number of drafts). The rows' new tokens are
-        packed into one [n_tok, n_embd] matrix, n_tok = sum of n_seq_b, so every
-        weight matrix is read once for the whole batch; attention runs per row
-        against the row's own cache. Rolling back stays per row: caches[b].rollback(n).
-
-        Returns a list with one [n_seq_b, n_vocab] logits array per row ([1, n_vocab]
-        with `last_only`), or (logits list, hidden list) with `return_hidden`.
-        `n_layer`, `parents` (one entry per row, None for a chain) and the rest: as
-        in `forward`, which is this function for a batch of one.
-
-        Chains of more than PREFILL_CHUNK new tokens in all (long prompts, or many
-        prompts) run as consecutive passes of at most PREFILL_CHUNK tokens in all
-        (packing.in_chunks says how the rows are cut, and why the budget is per pass),
-        so neither attention's scores nor the packed activations grow with the batch.
-        Trees are never cut (a tree's nodes are a verification pass: a few tokens).
-        """
-        n_layer = self.n_layer if n_layer is None else n_layer
-        if not 1 <= n_layer <= self.n_layer:
-            raise ValueError(f"n_layer must be in 1..{self.n_layer}, got {n_layer}")
-        layers = None if isinstance(return_hidden, bool) else [int(layer) for layer in return_hidden]
-        if layers is not None and not all(0 <= layer <= n_layer for layer in layers):
-            raise ValueError(f"hidden states are of layers 0..{n_layer}, not {layers}")
-        chains = parents is None or all(row_parents is None for row_parents in parents)
-        if chains and sum(len(row_tokens) for row_tokens in tokens) > PREFILL_CHUNK:  # long prompts: in passes
+        """Row b's new tokens[b] after caches[b]'s, in one pass -> one logits array per row (and hidden states)."""
+        n_layer, layers = self.check_pass(n_layer, return_hidden)
+        if all(p is None for p in parents or [None]) and sum(map(len, tokens)) > PREFILL_CHUNK:  # a long prompt
 
             def run(parts, part_caches):  # one pass of at most PREFILL_CHUNK tokens, after what earlier ones cached
                 return LanguageModel.forward_batch(self, parts, part_caches, last_only, n_layer, return_hidden)
 
             return in_chunks(run, tokens, caches, last_only, return_hidden, PREFILL_CHUNK)
         flat, positions, rows = pack(self.hparams, tokens, caches, parents)  # [n_tok], [n_tok], one Row per row
-        with pass_threads(len(flat)):  # OpenBLAS on one thread for a few tokens (kernels.pass_threads)
+        with linear.PRODUCTS.pass_of(len(flat)):  # nothing, or what the fast products set for a pass (fast/)
             states = None if layers is None else {layer: None for layer in layers if layer < self.n_layer}
             x = self.embed_and_run(flat, positions, rows, n_layer, states)  # [n_tok, n_embd]
             for row in rows:
                 row.cache.length = row.n_past + row.stop - row.start
             out = lm_head_rows(x, rows, last_only, bool(return_hidden), self.final_norm, self.weights.lm_head)
-            if layers is None:
-                return out
-            final = np.concatenate(out[1])  # [n_tok, n_embd] after the final norm (layer n_layer)
-            wide = np.concatenate([final if layer == self.n_layer else states[layer] for layer in layers], axis=1)
-            return out[0], [wide[row.start : row.stop] for row in rows]
+        if layers is None:
+            return out
+        final = np.concatenate(out[1])  # [n_tok, n_embd] after the final norm (layer n_layer)
+        wide = np.concatenate([final if layer == self.n_layer else states[layer] for layer in layers], axis=1)
+        return out[0], [wide[row.start : row.stop] for row in rows]
+
+    def check_pass(self, n_layer: int | None, return_hidden) -> tuple[int, list[int] | None]:
+        """n_layer checked (None: all), and the layers return_hidden lists (None when it is a bool)."""
+        n_layer = self.n_layer if n_layer is None else n_layer
+        if not 1 <= n_layer <= self.n_layer:
+            raise ValueError(f"n_layer must be in 1..{self.n_layer}, got {n_layer}")
+        layers = None if isinstance(return_hidden, bool) else [int(layer) for layer in return_hidden]
+        if layers is not None and not all(0 <= layer <= n_layer for layer in layers):
+            raise ValueError(f"hidden states are of layers 0..{n_layer}, not {layers}")
+        return n_layer, layers
 
     def __call__(self, tokens) -> np.ndarray:
         """[n_seq] token ids -> [n_seq, n_vocab] float32 logits, no cache kept."""
@@ -245,3 +244,112 @@ class LanguageModel:
         if not 1 <= len(tokens) <= self.n_ctx:
             raise ValueError(f"need 1..{self.n_ctx} tokens, got {len(tokens)}")
         return self.forward(tokens, self.new_cache(len(tokens)))
+
+
+# ---------------------------------------------------------------------------
+# A ragged batch in one matrix (the module docstring).
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    """One sequence of a packed ragged batch (`forward_batch`), as the attention of a block sees it.
+
+    Its n_seq new tokens are rows start:stop of the packed [n_tok, n_embd] matrix;
+    their keys and values go into `cache` at n_past .. n_past + n_seq - 1.
+    """
+
+    start: int  # first row of this sequence in the packed matrix
+    stop: int  # one past its last row
+    cache: KVCache  # this sequence's own KV cache
+    n_past: int  # cache.length before the pass
+    bias: np.ndarray | None  # [n_seq, n_past + n_seq] attention mask (see `attention`), None for one token
+
+
+def check_rows(tokens: list, caches: list[KVCache]) -> None:
+    """At least one row, one cache of its own per row, and at least one new token in every row."""
+    if len(tokens) == 0 or len(tokens) != len(caches):
+        raise ValueError(f"a batch needs one cache per row and at least one row, got {len(tokens)} rows and "
+                         f"{len(caches)} caches")  # fmt: skip
+    if len({id(c) for c in caches}) != len(caches):
+        raise ValueError("every row of a batch needs its own KV cache: two rows were given the same one")
+    if any(len(row_tokens) < 1 for row_tokens in tokens):
+        raise ValueError("forward needs at least one new token (in every row of a batch)")
+
+
+def pack(hparams, tokens: list, caches: list[KVCache], parents: list | None) -> tuple[np.ndarray, np.ndarray, list]:
+    """Check a ragged batch and lay it out: packed token ids [n_tok], their positions [n_tok], one Row per row."""
+    check_rows(tokens, caches)
+    rows, positions, start = [], [], 0
+    for row_tokens, cache, row_parents in zip(tokens, caches, parents or [None] * len(tokens)):
+        n_seq, n_past = len(row_tokens), cache.length
+        cache.reserve(n_past + n_seq)
+        # Which new tokens each new token sees: a chain's lower triangle, or a tree's path (attention.tree_mask).
+        visible = np.tri(n_seq, dtype=bool) if row_parents is None else tree_mask(row_parents, n_seq)
+        # NOTE: a token's position is n_past + its depth: a chain's index, but a tree node's depth, not its index.
+        positions.append(n_past + visible.sum(axis=1) - 1)  # [n_seq]
+        seen = np.concatenate([np.ones((n_seq, n_past), dtype=bool), visible], axis=1)  # [n_seq, n_kv]
+        bias = np.where(seen, F32(0), F32(-np.inf)) if n_seq > 1 else None  # 0 where i may attend to j, else -inf
+        rows.append(Row(start, start + n_seq, cache, n_past, bias))
+        start += n_seq
+    flat = np.concatenate([np.asarray(t).reshape(-1) for t in tokens])  # [n_tok]
+    if flat.min() < 0 or flat.max() >= hparams.n_vocab:
+        raise ValueError(f"token ids must lie in 0..{hparams.n_vocab - 1}")
+    return flat, np.concatenate(positions), rows
+
+
+def lm_head_rows(x: np.ndarray, rows: list[Row], last_only: bool, return_hidden: bool, norm, lm_head: Linear):
+    """The final norm and the LM head over a packed batch, split back into rows: each row's logits (its last
+    token's only, with last_only) and, with return_hidden, each row's hidden states after the norm."""
+    h = norm(x)  # [n_tok, n_embd]
+    logits = h[[row.stop - 1 for row in rows]] @ lm_head if last_only else h @ lm_head  # [n_rows or n_tok, n_vocab]
+    per_row = [logits[i : i + 1] if last_only else logits[row.start : row.stop] for i, row in enumerate(rows)]
+    return (per_row, [h[row.start : row.stop] for row in rows]) if return_hidden else per_row
+
+
+def in_chunks(run, tokens: list, caches: list[KVCache], last_only: bool, return_hidden, chunk: int = PREFILL_CHUNK):
+    """A batch of chains as consecutive passes of at most `chunk` new tokens in all, each after what the passes
+    before it cached: run(parts, part_caches) is the model's forward_batch over the rows a pass holds.
+
+    The rows' new tokens are laid end to end and cut every `chunk` tokens, so a pass
+    holds the rest of one row, whole rows, and the start of another; a row leaves once
+    its tokens are done. Token i of a row attends to exactly the positions it would in
+    one pass (every earlier one of its row), so logits, hidden states and caches equal
+    one pass's up to float32 rounding (the products' blocking differs). Returns what
+    one pass returns: one logits array per row, [n_seq_b, n_vocab] ([1, n_vocab] with
+    last_only: the row's last pass's), or (logits list, hidden list). A pass that
+    fails leaves every cache where it was.
+
+        lengths [20, 5, 13], chunk 8  ->  passes  row 0 [0:8] | row 0 [8:16] | row 0 [16:20], row 1 [0:4]
+                                                  | row 1 [4:5], row 2 [0:7] | row 2 [7:13]
+
+    NOTE: the budget is per pass, not per row. Attention runs row by row, so its
+    scores are at most [n_head, chunk, n_kv_b] either way; but the packed activations
+    ([n_tok, n_ff] and wider) grow with the pass's total, and a budget per row would
+    let 16 rows make a pass of 16 x chunk tokens. A pass of `chunk` tokens in all is as
+    large as a single long prompt's, and already long enough for full-speed products.
+    """
+    check_rows(tokens, caches)
+    n_pasts = [cache.length for cache in caches]
+    for cache, n_past, row_tokens in zip(caches, n_pasts, tokens):
+        cache.reserve(n_past + len(row_tokens))  # once, not once per pass
+    lengths = [len(row_tokens) for row_tokens in tokens]
+    ends = np.cumsum(lengths)  # the rows end to end: row b is tokens starts[b] .. ends[b] - 1 of that stream
+    starts = ends - lengths
+    logits, hidden = [[] for _ in tokens], [[] for _ in tokens]  # each row's pieces, pass by pass
+    try:
+        for lo in range(0, int(ends[-1]), chunk):
+            hi = lo + chunk
+            in_pass = [b for b in range(len(tokens)) if starts[b] < hi and ends[b] > lo]
+            parts = [tokens[b][max(lo - starts[b], 0) : hi - starts[b]] for b in in_pass]
+            out = run(parts, [caches[b] for b in in_pass])
+            out_logits, out_hidden = out if return_hidden else (out, [None] * len(in_pass))
+            for b, row_logits, row_hidden in zip(in_pass, out_logits, out_hidden):
+                logits[b].append(row_logits)
+                hidden[b].append(row_hidden)
+    except BaseException:
+        for cache, n_past in zip(caches, n_pasts):
+            cache.rollback(n_past)
+        raise
+    logits = [pieces[-1] if last_only else np.concatenate(pieces) for pieces in logits]  # [n_seq_b (or 1), n_vocab]
+    return (logits, [np.concatenate(pieces) for pieces in hidden]) if return_hidden else logits

@@ -2,10 +2,20 @@
 
 This file is pure math: hyperparameters, weights as plain float32 arrays named as in
 the checkpoint, and GPT-2's own part of the forward pass (embedding, block, final
-LayerNorm). What every architecture shares lives beside it: the KV cache (cache.py),
-attention and the tree mask (attention.py), the ragged batch (packing.py), and the
-model class's plumbing, `forward` and `forward_batch` (base.py). Reading checkpoints
-from disk lives in checkpoints/gpt2_folder.py; nothing here does I/O.
+LayerNorm). Every projection is written `x @ lin`: exactly x @ W + b (linear.py).
+What every architecture shares lives beside it: attention, the tree mask and the KV
+cache (attention.py), and the model class's plumbing, `forward` over a chain, a tree
+or a ragged batch (base.py). Reading checkpoints from disk lives in
+checkpoints/gpt2_folder.py; nothing here does I/O.
+
+A block over a packed batch (`packed_block`): x holds the new tokens of every
+sequence of the batch, one after the other (n_tok = the sum of their n_seq).
+Everything but attention acts on each token alone, so each weight matrix is ONE
+product over the whole batch: that is where decoding's time goes (reading the
+weights), and why a batch is cheap. Attention mixes tokens, so it runs per
+sequence, each against its own cache: no padding, no mask between sequences. A
+block writes its layer's new keys and values into each row's cache at
+[n_past, n_past + n_seq); forward advances cache.length once after all layers.
 
 What it adds over a minimal NumPy GPT-2 (such as picoGPT): a KV cache that is
 explicit data with O(1) rollback, a forward pass over *several* new tokens at
@@ -33,11 +43,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .attention import attention
-from .base import LanguageModel, weights_per_step
-from .cache import KVCache
-from .kernels import Linear, linear
-from .packing import Row
+from .attention import KVCache, attention
+from .base import LanguageModel, Row, weights_per_step
+from .linear import Linear
 
 F32 = np.float32
 
@@ -148,25 +156,15 @@ def transformer_block(
 
 
 def packed_block(x: np.ndarray, block: Block, hparams: HParams, rows: list[Row], layer: int) -> np.ndarray:
-    """One pre-LayerNorm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)), over a packed batch.  [n_tok, n_embd]
-
-    x holds the new tokens of every sequence of the batch, one after the other
-    (n_tok = the sum of their n_seq). Everything but attention acts on each
-    token alone, so each weight matrix is ONE product over the whole batch:
-    that is where decoding's time goes (reading the weights), and why a batch
-    is cheap. Attention mixes tokens, so it runs per sequence, each against its
-    own cache: no padding, no mask between sequences.
-
-    Writes this layer's new keys and values into each row's cache at
-    [n_past, n_past + n_seq); the caller advances cache.length once after all layers.
-    """
+    """One pre-LayerNorm block over a packed batch: x + attn(ln_1(x)), then x + mlp(ln_2(x)).  [n_tok, n_embd]
+    Each product is one for the whole batch; attention runs per row, writing the row's new keys and values."""
     n_embd = x.shape[1]
     n_head, d_head = hparams.n_head, hparams.d_head
     eps = hparams.layer_norm_epsilon
 
     # Multi-head causal self-attention.
     h = layer_norm(x, block.ln_1_weight, block.ln_1_bias, eps)  # [n_tok, n_embd]
-    qkv = linear(h, block.attn_c_attn)  # [n_tok, 3*n_embd]: one product for the whole batch
+    qkv = h @ block.attn_c_attn  # [n_tok, 3*n_embd]: one product for the whole batch
     a = np.empty_like(x)  # [n_tok, n_embd]: every row's attention output, packed like x
     for row in rows:
         n_seq, n_kv = row.stop - row.start, row.n_past + row.stop - row.start
@@ -178,12 +176,12 @@ def packed_block(x: np.ndarray, block: Block, hparams: HParams, rows: list[Row],
         v = row.cache.v[layer, :, :n_kv]  # [n_head, n_kv, d_head]
         out = attention(q, k, v, row.bias)  # [n_head, n_seq, d_head]
         a[row.start : row.stop] = out.transpose(1, 0, 2).reshape(n_seq, n_embd)  # merge heads
-    x = x + linear(a, block.attn_c_proj)
+    x = x + a @ block.attn_c_proj
 
     # Position-wise feed-forward network.
     h = layer_norm(x, block.ln_2_weight, block.ln_2_bias, eps)  # [n_tok, n_embd]
-    h = gelu(linear(h, block.mlp_c_fc))  # [n_tok, 4*n_embd]
-    return x + linear(h, block.mlp_c_proj)  # [n_tok, n_embd]
+    h = gelu(h @ block.mlp_c_fc)  # [n_tok, 4*n_embd]
+    return x + h @ block.mlp_c_proj  # [n_tok, n_embd]
 
 
 class GPT2(LanguageModel):

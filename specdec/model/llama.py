@@ -27,9 +27,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .attention import attention
-from .base import LanguageModel
-from .kernels import Linear, linear
-from .packing import Row
+from .base import LanguageModel, Row
+from .linear import Linear
 
 F32 = np.float32
 
@@ -233,7 +232,7 @@ def llama_block(x, block: LlamaBlock, h: LlamaHParams, rows: list[Row], layer: i
     """
     n_tok, dq, dkv = x.shape[0], h.n_head * h.d_head, h.n_kv_head * h.d_head  # widths of q and of k, v
     a = rms_norm(x, block.attn_norm, h.rms_eps)  # [n_tok, n_embd]
-    qkv = linear(a, block.attn_qkv)  # [n_tok, dq + 2 * dkv]: q, k, v in one product
+    qkv = a @ block.attn_qkv  # [n_tok, dq + 2 * dkv]: q, k, v in one product
     # q's and k's heads side by side, each token turned by its own position's angles, in one call.
     # NOTE: keys are cached AFTER rotation, so a cached key carries its position for good.
     qk = qkv[:, : dq + dkv].reshape(n_tok, h.n_head + h.n_kv_head, h.d_head).transpose(1, 0, 2)
@@ -249,12 +248,12 @@ def llama_block(x, block: LlamaBlock, h: LlamaHParams, rows: list[Row], layer: i
         o = grouped_attention(q[:, s], row.cache.k[layer, :, :n_kv], row.cache.v[layer, :, :n_kv], row.bias,
                               h.n_kv_head)  # fmt: skip
         out[s] = o.transpose(1, 0, 2).reshape(n_seq, h.n_embd)  # [n_head, n_seq, d] -> [n_seq, n_embd]
-    x = x + linear(out, block.attn_output)
+    x = x + out @ block.attn_output
 
     f = rms_norm(x, block.ffn_norm, h.rms_eps)  # [n_tok, n_embd]
-    gate_up = linear(f, block.ffn_gate_up)  # [n_tok, 2 * n_ff]: gate and up in one product
+    gate_up = f @ block.ffn_gate_up  # [n_tok, 2 * n_ff]: gate and up in one product
     gated = silu(gate_up[:, : h.n_ff]) * gate_up[:, h.n_ff :]  # [n_tok, n_ff]
-    return x + linear(gated, block.ffn_down)  # [n_tok, n_embd]
+    return x + gated @ block.ffn_down  # [n_tok, n_embd]
 
 
 class Llama(LanguageModel):

@@ -20,7 +20,7 @@ bias is a learned offset that turns with the key's position.
 Everything but the biases is a number the file gives (checkpoints/gguf.py reads
 `qwen2.*` where a Llama's file says `llama.*`), so the math is llama.py's:
 LlamaBlock.fuse stacks b_q | b_k | b_v like their matrices into attn_qkv's bias,
-and the one fused product in llama.llama_block, `linear(a, block.attn_qkv)`, adds
+and the one fused product in llama.llama_block, `a @ block.attn_qkv`, adds
 them. (The released configs' sliding-window attention is switched off,
 use_sliding_window false, and llama.cpp does not implement it for Qwen2 either.)
 """

@@ -24,7 +24,9 @@ import numpy as np
 
 from .base import CausalLM, LanguageModel
 from .gpt2 import GPT2
-from .kernels import MAX_CHUNKED_ROWS, Linear, linear
+from .linear import Linear
+
+FEW_ROWS = 16  # rows scored through the Linear (a draft step, a tree layer); more (training) multiply plainly
 from .llama import Llama
 
 F32 = np.float32
@@ -41,7 +43,7 @@ class DraftVocab:
     ids: np.ndarray  # [N] int64
     w: np.ndarray  # [N, n_embd] float32
     n_vocab: int  # the full vocabulary, for scattering q back
-    head: Linear | None = None  # w as a bias-free Linear, for drafting (gpt2.linear's fast few-row path)
+    head: Linear | None = None  # w as a bias-free Linear, for drafting (the fast products' few-row path)
 
     def __post_init__(self):
         if self.head is None and self.w.dtype == F32:
@@ -66,11 +68,11 @@ class DraftVocab:
 
         NOTE: drafting is memory-bound like decoding: w is read from RAM once per
         call whatever n is, so score several rows (all Medusa heads, a tree layer)
-        in one call. gpt2.linear does that for float32; training (many rows, or
-        float64 in the gradient checks) takes the plain product.
+        in one call, as a Linear's product does for float32 (model/fast/); training
+        (many rows, or float64 in the gradient checks) takes the plain product.
         """
-        if self.head is not None and r.dtype == F32 and len(r) <= MAX_CHUNKED_ROWS:
-            return linear(r, self.head)
+        if self.head is not None and r.dtype == F32 and len(r) <= FEW_ROWS:
+            return r @ self.head
         return r @ self.w.T
 
     def full(self, logits: np.ndarray) -> np.ndarray:

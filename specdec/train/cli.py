@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import flags
+from ..cli import flags
 from .draft_model import LOSSES
 from .heads_train import KINDS
 from .loop import check_settings, train

@@ -49,7 +49,7 @@ import numpy as np
 
 from ..checkpoints.pairs import sha256_of, show, write_atomically
 from ..drafters.heads import model_fingerprint
-from ..model.cache import KVCache
+from ..model.attention import KVCache
 from ..model.tokenizer import DEFAULT_SYSTEM, chat_prompt
 from ..sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
 from .requests import OVERLAP_N, RequestPool

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model import gpt2, llama
-from ..model.packing import pack
+from ..model.base import pack
 
 F32 = np.float32
 

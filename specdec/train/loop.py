@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..request import whole_number
+from ..config import whole_number
 from ..checkpoints import locks
 from ..checkpoints.pairs import read_json, show, weights_named, write_pair
 from ..checkpoints.safetensors import read_safetensors

@@ -201,7 +201,7 @@ def test_the_batch_pass_grid_straddles_the_kernel_switch_and_spreads_tokens_even
     """Every r_B(m) point is timed, and both sides of kernels.linear's switch to OpenBLAS's product, so a
     ragged round is never priced by a line drawn across the jump."""
     from specdec.bench.batch import M_MAX, pass_grid, spread
-    from specdec.model import kernels
+    from specdec.model.fast import kernels
 
     switch = kernels.MAX_CHUNKED_ROWS
     for b in (1, 2, 3, 4, 8, 16):

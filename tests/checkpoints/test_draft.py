@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from specdec.__main__ import main
+from specdec.cli.main import main
 from specdec.checkpoints import draft, names, registry
 from specdec.checkpoints.pairs import write_pair
 from specdec.checkpoints.registry import known_models

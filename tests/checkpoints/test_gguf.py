@@ -327,7 +327,7 @@ def test_counts_the_file_cannot_hold_are_refused_before_reading_items(tmp_path):
 
 
 def test_the_command_line_says_cleanly_that_a_gguf_has_no_tokenizer(tmp_path, capsys):
-    from specdec import __main__ as main
+    from specdec.cli import main
 
     tiny_llama_gguf(tmp_path / "m.gguf", small_llama())  # llama.vocab_size, no tokenizer.ggml.* keys
     code = main.main(["--target_model_size", str(tmp_path / "m.gguf"), "--draft", "ngram", "--prompt", "hi"])

@@ -21,7 +21,7 @@ from specdec.checkpoints.load import load_folder, load_model
 from specdec.checkpoints.pins import WHEELS
 from specdec.checkpoints.registry import hub_repos
 from specdec.checkpoints.safetensors import CheckpointError, read_safetensors, write_safetensors
-from specdec.model.kernels import Linear
+from specdec.model.linear import Linear
 from specdec.model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights, random_llama
 from specdec.model.tokenizer import byte_decoder, chat_prompt
 
@@ -350,7 +350,7 @@ def test_smollm2_as_a_hugging_face_folder_equals_the_gguf_and_transformers(smoll
 def test_a_135m_shaped_draft_speculates_for_a_360m_shaped_target_by_their_names(fake_hub, tmp_path, monkeypatch):
     """SmolLM2-135M's and -360M's real widths, heads and KV heads (2 layers each instead of 30 and 32, and a tiny
     vocabulary), served as the Hub's repos and loaded by the short names."""
-    from specdec.model import tuning
+    from specdec.model.fast import tuning
 
     # Timing these widths' products for a fresh models folder took 22 s of the test's 27; which threads multiply
     # is tested in tests/model/test_tuning.py, and changes no value here.
@@ -372,7 +372,7 @@ def test_a_135m_shaped_draft_speculates_for_a_360m_shaped_target_by_their_names(
 
 
 def test_the_cli_runs_the_smollm2_names_and_says_a_download_only_once(fake_hub, tmp_path, capsys):
-    from specdec import __main__ as cli
+    from specdec.cli import main as cli
 
     fake_hub.add_checkpoint(hub_repos()["smollm2-1.7b"], write_hf_folder(tmp_path / "t", tiny_llama(seed=6, n_ctx=128)))
     fake_hub.add_checkpoint(hub_repos()["smollm2-360m"], write_hf_folder(tmp_path / "d", tiny_llama(seed=7, n_ctx=128)))

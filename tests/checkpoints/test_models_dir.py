@@ -62,7 +62,7 @@ def test_no_empty_folder_is_left_after_a_failed_download(fake_hub, tmp_path):
 
 
 def test_main_times_the_download_apart_from_the_load(fake_hub, tmp_path, capsys):
-    from specdec import __main__ as main
+    from specdec.cli import main
 
     fake_hub.add_checkpoint("org/tiny", write_checkpoint(tmp_path / "src", tiny_model()))
     argv = ["--target_model_size", "org/tiny", "--draft", "ngram", "--models_dir", str(tmp_path / "models"),

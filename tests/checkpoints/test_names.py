@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from specdec import __main__ as main
+from specdec.cli import main
 from specdec.checkpoints import family, names, registry
 from specdec.checkpoints.hub import resolve_model
 from specdec.model.shapes import GPT2_SHAPES

@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import ROOT
 
-from specdec import __main__ as main
+from specdec.cli import main
 from specdec.checkpoints import store
 from specdec.checkpoints.locks import exclusive
 

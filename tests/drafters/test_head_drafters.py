@@ -297,7 +297,7 @@ def test_tree_sampling_with_head_drafters_keeps_the_target_distribution(small_ta
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_cost_measurement_works_with_head_drafters(trained, kind):
     """The harness times a draft step as propose + an empty commit; the drafters take it in their stride."""
-    from specdec.race import measure_costs
+    from specdec.timing import measure_costs
 
     target, out = trained
     costs = measure_costs(target, f"{kind}:{out / kind}", [63, 1, 2, 3, 4], m_max=3, repeats=2)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import tiny_model, write_checkpoint
 
-from specdec.__main__ import main
+from specdec.cli.main import main
 from specdec.checkpoints.safetensors import read_safetensors, write_safetensors
 from specdec.drafters import eagle, make_drafter, medusa
 from specdec.drafters.heads import DraftVocab, HeadFileError, model_fingerprint, save_heads

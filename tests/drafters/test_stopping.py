@@ -245,12 +245,12 @@ def test_the_cost_model_sets_the_bar_a_draft_must_clear():
 
 
 def test_auto_takes_the_bar_from_the_costs_it_measures(monkeypatch):
-    from specdec import speculative
+    from specdec import timing
     from specdec.timing import Costs
 
     target, seen = tiny_model(seed=1), []
     costs = Costs(target_step=0.01, draft_step=0.0005, r=[1.0, 1.4, 1.6, 1.7, 1.8])  # c = 0.05: the bar 0.45
-    monkeypatch.setattr(speculative, "measure_costs", lambda target, drafter, *rest: seen.append(drafter) or costs)
+    monkeypatch.setattr(timing, "measure_costs", lambda target, drafter, *rest, **kw: seen.append(drafter) or costs)
     out = speculative_sample(target, tiny_model(seed=2), [5, 40, 7], 12, K="auto", draft_confidence="auto")
     assert len(seen) == 1 and seen[0].stop == ConfidenceStop(0.45)  # measured once, for the bar and for K
     assert out.tokens == autoregressive_sample(target, [5, 40, 7], 12).tokens

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec.model import kernels, llama, threads
-from specdec.model.kernels import Linear
+from specdec.model import llama
+from specdec.model.fast import kernels, threads
+from specdec.model.linear import Linear
 from specdec.model.llama import LlamaBlock, LlamaHParams, random_llama
 
 

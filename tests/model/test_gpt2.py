@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, TINY_HPARAMS, tiny_model
 
+from specdec.model.linear import Linear
 from specdec.checkpoints.load import load_folder
-from specdec.model.cache import KVCache
+from specdec.model.attention import KVCache
 from specdec.model.attention import softmax
 from specdec.model.gpt2 import HParams, gelu, layer_norm
 
@@ -179,15 +180,15 @@ def test_bad_inputs_are_clear_errors(model):
 
 def test_chunked_multi_token_linear_matches_plain_matmul(monkeypatch):
     """The stacked matrix-vector path (2..16 tokens), with several chunks and leftover rows."""
-    import specdec.model.kernels as kernels
+    import specdec.model.fast.kernels as kernels
 
     monkeypatch.setattr(kernels, "CHUNK_BYTES", 4096)  # 48 inputs x 4 bytes: 21 rows per chunk
     monkeypatch.setattr(kernels, "SMALL_BYTES", 0)
     rng = np.random.default_rng(6)
     w = rng.standard_normal((48, 1000), dtype=np.float32)
     b = rng.standard_normal(1000, dtype=np.float32)
-    lin = kernels.Linear.from_checkpoint(w, b)
-    part = lin.parts[0]
+    lin = Linear.from_checkpoint(w, b)
+    part = kernels.split(lin).parts[0]
     n_chunks, _, chunk, _ = part.chunks.shape
     assert n_chunks > 1 and n_chunks * chunk < part.stop - part.start, "the test must exercise chunks and leftover rows"
     for n_seq in range(1, 20):
@@ -199,12 +200,12 @@ def test_chunked_multi_token_linear_matches_plain_matmul(monkeypatch):
 
 def test_cache_equivalence_through_the_chunked_path(monkeypatch):
     """The KV-cache equivalence again, with every matrix taking the chunked path."""
-    import specdec.model.kernels as kernels
+    import specdec.model.fast.kernels as kernels
 
     monkeypatch.setattr(kernels, "CHUNK_BYTES", 2048)
     monkeypatch.setattr(kernels, "SMALL_BYTES", 0)
     model = tiny_model(seed=8)  # built after the patch: its Linears are chunked
-    assert model.weights.blocks[0].mlp_c_fc.parts[0].chunks.shape[0] > 1
+    assert kernels.split(model.weights.blocks[0].mlp_c_fc).parts[0].chunks.shape[0] > 1
     tokens = np.random.default_rng(9).integers(0, model.n_vocab, size=17)
     cache, rows = model.new_cache(), []
     for start, stop in ((0, 5), (5, 6), (6, 14), (14, 17)):

@@ -9,7 +9,7 @@ import pytest
 
 from specdec.model import base, gpt2, llama
 from specdec.model.llama import LlamaHParams, random_llama
-from specdec.model.packing import in_chunks
+from specdec.model.base import in_chunks
 from specdec.model.shapes import random_model
 
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(0, 64, size=45)]

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from helpers import near_tie_model
 
-from specdec.model import kernels
+from specdec.model.linear import Linear
+from specdec.model.fast import kernels
 from specdec.model.gpt2 import GPT2, HParams, random_weights
 
 
@@ -48,7 +49,7 @@ def test_transposed_copy_reads_a_memory_map(tmp_path):
     w.tofile(tmp_path / "w.bin")
     mapped = np.memmap(tmp_path / "w.bin", dtype=np.float32, mode="r", shape=w.shape)
     assert np.array_equal(kernels.transposed_copy(mapped), w.T)
-    assert np.array_equal(kernels.Linear.from_checkpoint(mapped, None).weight, w)
+    assert np.array_equal(Linear.from_checkpoint(mapped, None).weight, w)
 
 
 # --- the row split over specdec's own threads ----------------------------------------------
@@ -68,9 +69,9 @@ def test_split_linear_matches_plain_matmul(monkeypatch, n_parts, n_in, n_out, sm
     rng = np.random.default_rng(n_parts)
     w = rng.standard_normal((n_in, n_out), dtype=np.float32)
     b = rng.standard_normal(n_out, dtype=np.float32)
-    lin = kernels.Linear.from_checkpoint(w, b)
-    assert len(lin.parts) == min(n_parts, n_out // 16)
-    assert [p.start for p in lin.parts[1:]] == [p.stop for p in lin.parts[:-1]] and lin.parts[-1].stop == n_out
+    lin = Linear.from_checkpoint(w, b)
+    assert len(kernels.split(lin).parts) == min(n_parts, n_out // 16)
+    assert [p.start for p in kernels.split(lin).parts[1:]] == [p.stop for p in kernels.split(lin).parts[:-1]] and kernels.split(lin).parts[-1].stop == n_out
     for n_seq in range(1, 20):
         x = rng.standard_normal((n_seq, n_in), dtype=np.float32)
         y = kernels.linear(x, lin)
@@ -79,15 +80,15 @@ def test_split_linear_matches_plain_matmul(monkeypatch, n_parts, n_in, n_out, sm
 
 
 def test_openblas_is_single_threaded_only_inside_a_split_product(monkeypatch):
-    from specdec.model import threads
+    from specdec.model.fast import threads
 
     if threads.BLAS is None:
         pytest.skip("NumPy's OpenBLAS was not found: linear() does not split")
     monkeypatch.setattr(kernels, "SPLIT_PARTS", 2)
     monkeypatch.setattr(kernels, "SMALL_BYTES", 1 << 16)
     seen = []
-    lin = kernels.Linear.from_checkpoint(np.ones((64, 512), np.float32), None)  # 128 kB, over 64 kB: split in 2
-    assert len(lin.parts) == 2
+    lin = Linear.from_checkpoint(np.ones((64, 512), np.float32), None)  # 128 kB, over 64 kB: split in 2
+    assert len(kernels.split(lin).parts) == 2
     original = kernels.part_product
 
     def spy(x, part, out):
@@ -106,7 +107,7 @@ def test_openblas_is_single_threaded_only_inside_a_split_product(monkeypatch):
 
 
 def test_an_error_in_a_worker_reaches_the_caller_and_the_pool_still_works():
-    from specdec.model import threads
+    from specdec.model.fast import threads
 
     pool = threads.Workers(3, threads.BLAS)
     done = []
@@ -129,7 +130,7 @@ def test_linear_from_several_threads_at_once(monkeypatch):
     monkeypatch.setattr(kernels, "SMALL_BYTES", 0)
     rng = np.random.default_rng(3)
     w = rng.standard_normal((64, 2000), dtype=np.float32)
-    lin = kernels.Linear.from_checkpoint(w, None)
+    lin = Linear.from_checkpoint(w, None)
     xs = [rng.standard_normal((1 + i % 5, 64), dtype=np.float32) for i in range(8)]
     expected = [x @ w for x in xs]
     errors = []

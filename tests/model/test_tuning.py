@@ -9,8 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from specdec.model import kernels, threads, tuning
-from specdec.model.kernels import M_BUCKETS, PATHS, Linear
+from specdec.model.fast import kernels, threads, tuning
+from specdec.model.fast.kernels import M_BUCKETS, PATHS
+from specdec.model.linear import Linear
 from specdec.model.llama import LlamaHParams, random_llama
 from specdec.model.shapes import random_model
 
@@ -48,11 +49,11 @@ def test_every_path_gives_the_same_product(monkeypatch, n_seq):
 
 def test_a_plan_maps_each_pass_length_to_its_bucket():
     lin = Linear(np.ones((64, 8), np.float32), None)
-    kernels.PLANS[lin.key] = tuple(f"p{m}" for m in M_BUCKETS)
-    assert [lin.path(n) for n in (1, 2, 4, 5, 8, 16, 17, 64, 65, 512)] == [
+    kernels.PLANS[kernels.shape_key(lin)] = tuple(f"p{m}" for m in M_BUCKETS)
+    assert [kernels.path_of(lin, n) for n in (1, 2, 4, 5, 8, 16, 17, 64, 65, 512)] == [
         "p1", "p2", "p3", "p5", "p5", "p9", "p17", "p33", "p65", "p65"]  # fmt: skip
-    del kernels.PLANS[lin.key]
-    assert lin.path(1) == kernels.default_path(1, len(lin.parts))
+    del kernels.PLANS[kernels.shape_key(lin)]
+    assert kernels.path_of(lin, 1) == kernels.default_path(1, len(kernels.split(lin).parts))
 
 
 def test_linears_of_lists_every_matrix_once_in_pass_order():
@@ -83,7 +84,7 @@ def test_measure_picks_openblas_s_faster_way_per_bucket_and_gives_up_on_a_stalli
     linears = tuning.linears_of(model.weights)
     plan = tuning.measure(linears, repeats=3, clock=lambda: now[0])
     expected = ["gemvs" if m in (2, 3) else "blas" for m in M_BUCKETS]
-    assert plan == {lin.key: expected for lin in linears}
+    assert plan == {kernels.shape_key(lin): expected for lin in linears}
     n = len(linears)
     # Buckets 2..MAX_GEMVS (2, 3, 5, 9) are timed, 3 sweeps a way. At 2 and 3, only the first blas sweep
     # (nothing faster known yet) goes through: the other two stop after one product.
@@ -96,7 +97,7 @@ def test_measure_picks_openblas_s_faster_way_per_bucket_and_gives_up_on_a_stalli
 def test_the_plan_file_is_written_then_trusted_only_after_its_checks(monkeypatch, tmp_path):
     model = split_llama(monkeypatch)
     measured = []
-    fake = {k: ["one"] * len(M_BUCKETS) for k in {lin.key for lin in tuning.linears_of(model.weights)}}
+    fake = {k: ["one"] * len(M_BUCKETS) for k in {kernels.shape_key(lin) for lin in tuning.linears_of(model.weights)}}
 
     def fake_measure(linears, repeats=tuning.REPEATS, clock=None):
         measured.append(len(linears))
@@ -108,9 +109,9 @@ def test_the_plan_file_is_written_then_trusted_only_after_its_checks(monkeypatch
     assert tuning.tune(model, tmp_path) == fake and len(measured) == 1
     path = tuning.plan_file(tmp_path)
     assert path.exists() and [p.name for p in tmp_path.iterdir()] == [path.name], "no temporary file left"
-    assert all(lin.path(m) == "one" for lin in tuning.linears_of(model.weights) for m in (1, 5, 100))
+    assert all(kernels.path_of(lin, m) == "one" for lin in tuning.linears_of(model.weights) for m in (1, 5, 100))
     head = tuning.linears_of(model.weights)[0]
-    assert Linear(head.w_t.copy(), None).path(1) == "one", "another matrix of a planned shape follows the plan"
+    assert kernels.path_of(Linear(head.w_t.copy(), None), 1) == "one", "another matrix of a planned shape follows the plan"
 
     tuning.tune(split_llama(monkeypatch), tmp_path)
     assert len(measured) == 1, "a valid plan file is read, not measured again"
@@ -143,9 +144,9 @@ def test_the_plan_file_is_written_then_trusted_only_after_its_checks(monkeypatch
     kernels.PLANS.clear()
     fresh = split_llama(monkeypatch)
     assert tuning.tune(fresh, tmp_path) == {} and kernels.PLANS == {}
-    assert all(lin.path(m) == kernels.default_path(m, 2) for lin in tuning.linears_of(fresh.weights) for m in M_BUCKETS)
+    assert all(kernels.path_of(lin, m) == kernels.default_path(m, 2) for lin in tuning.linears_of(fresh.weights) for m in M_BUCKETS)
     monkeypatch.setenv(tuning.ENV, "fastest")
-    with pytest.raises(ValueError, match="SPECDEC_KERNELS must be 'rules'.*or unset; not 'fastest'"):
+    with pytest.raises(ValueError, match="SPECDEC_KERNELS must be one of plan, measure, rules, plain .or unset: 'plan'.; not 'fastest'"):
         tuning.tune(fresh, tmp_path)
 
 
@@ -162,13 +163,13 @@ def test_whole_passes_decide_between_openblas_s_plan_and_the_rules(monkeypatch):
 
     def fake_forward(tokens, cache):
         passes.append(len(tokens))
-        path, m = linears[0].path(len(tokens)), len(tokens)
+        path, m = kernels.path_of(linears[0], len(tokens)), len(tokens)
         now[0] += (0.5 if m == 5 else 2.0) if path == "workers" else 1.0
 
     monkeypatch.setattr(model, "forward", fake_forward)
     monkeypatch.setattr(model, "new_cache", Cache)
     blas = ["gemvs" if m in (2, 3) else "blas" for m in M_BUCKETS]
-    measured = {lin.key: blas for lin in linears}
+    measured = {kernels.shape_key(lin): blas for lin in linears}
     kept = tuning.confirm(model, linears, measured, repeats=3, clock=lambda: now[0])
     rules = [kernels.default_path(m, 2) for m in M_BUCKETS]  # workers up to MAX_SPLIT_ROWS, then blas
     fits = [tuning.CONTEXT + m <= model.n_ctx for m in M_BUCKETS]  # 33 and 65 new tokens do not fit this toy
@@ -182,10 +183,10 @@ def test_whole_passes_decide_between_openblas_s_plan_and_the_rules(monkeypatch):
 @needs_blas
 def test_a_model_loaded_later_keeps_the_plans_of_shapes_already_known(monkeypatch, tmp_path):
     model = split_llama(monkeypatch)
-    keys = {lin.key for lin in tuning.linears_of(model.weights)}
+    keys = {kernels.shape_key(lin) for lin in tuning.linears_of(model.weights)}
     new_shape = Linear(np.ones((80, 32), np.float32), None)  # a shape the model does not have
     answers = [{k: ["one"] * len(M_BUCKETS) for k in keys},
-               {k: ["blas"] * len(M_BUCKETS) for k in keys | {new_shape.key}}]  # fmt: skip
+               {k: ["blas"] * len(M_BUCKETS) for k in keys | {kernels.shape_key(new_shape)}}]  # fmt: skip
     monkeypatch.setattr(tuning, "measure", lambda linears, repeats=None, clock=None: answers.pop(0))
     monkeypatch.setattr(tuning, "confirm", lambda model, linears, plan: plan)
     monkeypatch.delenv(tuning.ENV, raising=False)
@@ -194,7 +195,7 @@ def test_a_model_loaded_later_keeps_the_plans_of_shapes_already_known(monkeypatc
     other.weights.lm_head = new_shape  # so this model is measured
     known = tuning.tune(other, tmp_path)
     assert all(known[k] == ["one"] * len(M_BUCKETS) for k in keys), "the first model's threads stay as they were"
-    assert known[new_shape.key] == ["blas"] * len(M_BUCKETS) and kernels.PLANS[keys.pop()][0] == "one"
+    assert known[kernels.shape_key(new_shape)] == ["blas"] * len(M_BUCKETS) and kernels.PLANS[keys.pop()][0] == "one"
 
 
 @needs_blas
@@ -220,7 +221,7 @@ def test_confirm_takes_its_plans_off_the_matrices_even_when_a_pass_fails(monkeyp
             raise KeyboardInterrupt
 
     monkeypatch.setattr(model, "forward", failing_forward)
-    measured = {lin.key: ["blas"] * len(M_BUCKETS) for lin in linears}
+    measured = {kernels.shape_key(lin): ["blas"] * len(M_BUCKETS) for lin in linears}
     kernels.PLANS["another model's shape"] = ("one",) * len(M_BUCKETS)
     with pytest.raises(KeyboardInterrupt):
         tuning.confirm(model, linears, measured)
@@ -278,7 +279,7 @@ def test_a_tuned_model_gives_the_logits_of_an_untuned_one(monkeypatch, tmp_path)
     np.testing.assert_allclose(model.forward(tokens, model.new_cache()), reference, atol=1e-5)
     for path in PATHS:  # each path everywhere, for a pass of each length
         for lin in tuning.linears_of(model.weights):
-            kernels.PLANS[lin.key] = (path,) * len(M_BUCKETS)
+            kernels.PLANS[kernels.shape_key(lin)] = (path,) * len(M_BUCKETS)
         cache = model.new_cache()
         logits = np.concatenate([model.forward(tokens[:20], cache), model.forward(tokens[20:25], cache),
                                  model.forward(tokens[25:], cache)])  # fmt: skip

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from helpers import assert_grads_match
 
-from specdec.model.cache import KVCache
+from specdec.model.attention import KVCache
 from specdec.model.llama import LlamaHParams, llama_block, rope_tables
-from specdec.model.packing import Row
+from specdec.model.base import Row
 from specdec.train import llama_grad as lg
 
 # Grouped-query attention with 2 query heads per key/value head, as SmolLM2 has 3.

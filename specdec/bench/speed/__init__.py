@@ -55,8 +55,8 @@ from typing import Callable
 
 import numpy as np
 
-from ... import flags
-from ...race_render import jsonable
+from ...cli import flags
+from ...race.render import jsonable
 from ..progress import add_quiet
 from .checkpoint_io import rss_child, section_io, write_random_checkpoints
 from .common import ALL_SIZES, SIZES, TEST_SIZES, VERIFY_CTX, VERIFY_M, Bench, filled_cache, stats_ms, step_bytes, table

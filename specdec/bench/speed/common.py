@@ -9,9 +9,9 @@ from typing import Callable
 import numpy as np
 
 from ...checkpoints.settings import default_models_dir
-from ...model import tuning
+from ...model.fast import tuning
 from ...model.base import CausalLM
-from ...model.cache import KVCache
+from ...model.attention import KVCache
 from ...model.gpt2 import F32, GPT2, HParams, random_weights
 from ...model.gpt2 import step_weights as gpt2_step_weights
 from ...model.shapes import GPT2_SHAPES

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...model import kernels, threads
+from ...model.fast import kernels, threads
 from ...model.gpt2 import F32, GPT2, HParams, random_weights
-from ...model.kernels import linear
+from ...model.fast.kernels import linear
 from ...timing import pass_calls, verify_curve
 from .common import ALL_SIZES, SIZES, TOKEN, VERIFY_CTX, VERIFY_M, Bench, cell, filled_cache, stats_ms, table
 

@@ -1,7 +1,8 @@
 """The fast matrix kernel: y = x @ W + b for one token or a few, on every core.
 
-gpt2.py and llama.py call `linear(x, lin)` and read as math; this file is why
-that call is fast. Decoding is memory-bound: for one token (and for the 2..16
+gpt2.py and llama.py write `x @ lin` and read as math (model/linear.py); with the
+fast products chosen, that product is `linear` here, and this file is why it is
+fast. Decoding is memory-bound: for one token (and for the 2..16
 tokens of a verification pass) the cost of a projection is reading W from RAM,
 so the kernel keeps W transposed and contiguous, splits its rows over specdec's
 worker threads (threads.py), and feeds np.matmul L2-sized chunks. The measured
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import threads
+from ..linear import Linear
 
 F32 = np.float32
 
@@ -122,48 +124,43 @@ class RowPart:
         return cls(start, stop, rows, rows[: n_chunks * chunk].reshape(n_chunks, 1, chunk, n_in))
 
 
-class Linear:
-    """A projection y = x @ W + b, with W kept transposed for speed.
+@dataclass(frozen=True)
+class Split:
+    """What the fast products keep for one Linear (in its `fast` slot): its rows in parts, one per core, and the
+    key its shape's plan is filed under."""
 
-    GPT-2's checkpoint stores W as [n_in, n_out] (its Conv1D layout). We keep
-    w_t = W.T as a contiguous [n_out, n_in] array, made once at load time,
-    because of how OpenBLAS treats a handful of rows (see `linear`), and split
-    its rows into SPLIT_PARTS parts, one per core (views, no copies).
-    `weight` gives W back as the checkpoint has it (a view, no copy).
-    """
-
-    def __init__(self, w_t: np.ndarray, b: np.ndarray | None):
-        self.w_t = np.ascontiguousarray(w_t)  # [n_out, n_in], float32 (float64 for the exact-greedy option)
-        assert self.w_t.dtype in (np.float32, np.float64), f"weights must be float32 or float64, not {w_t.dtype}"
-        self.b = b  # [n_out], or None for the bias-free LM head
-        n_out = self.w_t.shape[0]
-        n_parts = max(1, min(SPLIT_PARTS, n_out // 16)) if self.w_t.nbytes >= SMALL_BYTES else 1
-        # Part boundaries on multiples of 16 rows (whole cache lines of y), the last part takes the rest.
-        edges = split_edges(n_out, n_parts)
-        self.parts = [RowPart.of(self.w_t, a, b) for a, b in zip(edges, edges[1:])]
-        self.key = shape_key(self)
-
-    def path(self, n_seq: int) -> str:
-        """How `linear` multiplies n_seq tokens by this matrix: its shape's measured plan (PLANS), else the
-        default rules."""
-        plan = PLANS.get(self.key)
-        if plan is not None:
-            return plan[bisect_right(M_BUCKETS, n_seq) - 1]
-        return default_path(n_seq, len(self.parts))
+    parts: list[RowPart]
+    key: str  # '960x576/float32/2': rows x columns of W.T, dtype, parts; matrices with one key share a plan
 
     @classmethod
-    def from_checkpoint(cls, w: np.ndarray, b: np.ndarray | None) -> "Linear":
-        return cls(transposed_copy(w), b)  # [n_in, n_out] -> [n_out, n_in]
+    def of(cls, lin: Linear) -> "Split":
+        n_out, n_in = lin.w_t.shape
+        n_parts = max(1, min(SPLIT_PARTS, n_out // 16)) if lin.w_t.nbytes >= SMALL_BYTES else 1
+        # Part boundaries on multiples of 16 rows (whole cache lines of y), the last part takes the rest.
+        edges = split_edges(n_out, n_parts)
+        return cls([RowPart.of(lin.w_t, a, b) for a, b in zip(edges, edges[1:])],
+                   f"{n_out}x{n_in}/{lin.w_t.dtype}/{n_parts}")
 
-    @property
-    def weight(self) -> np.ndarray:
-        return self.w_t.T  # [n_in, n_out], as in the checkpoint
+
+def split(lin: Linear) -> Split:
+    """The matrix's parts and shape key, made on its first fast product and kept in lin.fast."""
+    if lin.fast is None:
+        lin.fast = Split.of(lin)
+    return lin.fast
 
 
 def shape_key(lin: Linear) -> str:
     """'960x576/float32/2': rows x columns of W.T, dtype, parts. Matrices with one key share a plan."""
-    n_out, n_in = lin.w_t.shape
-    return f"{n_out}x{n_in}/{lin.w_t.dtype}/{len(lin.parts)}"
+    return split(lin).key
+
+
+def path_of(lin: Linear, n_seq: int) -> str:
+    """How `linear` multiplies n_seq tokens by this matrix: its shape's measured plan (PLANS), else the rules."""
+    s = split(lin)
+    plan = PLANS.get(s.key)
+    if plan is not None:
+        return plan[bisect_right(M_BUCKETS, n_seq) - 1]
+    return default_path(n_seq, len(s.parts))
 
 
 def default_path(n_seq: int, n_parts: int) -> str:
@@ -179,13 +176,13 @@ def default_path(n_seq: int, n_parts: int) -> str:
 
 
 def linear(x: np.ndarray, lin: Linear, path: str | None = None) -> np.ndarray:
-    """[n_seq, n_in] @ [n_in, n_out] + [n_out] -> [n_seq, n_out], by `path` (default: the matrix's own, Linear.path)
+    """[n_seq, n_in] @ [n_in, n_out] + [n_out] -> [n_seq, n_out], by `path` (default: the matrix's own, path_of)
 
     Decoding is memory-bound: each weight matrix is read from RAM once per
     forward call, and for one token that read is the whole cost. For 2..16
     tokens, OpenBLAS's matrix-matrix kernel first repacks all of W, costing
     about 3.6x a 1-token call; instead each core takes its part of W's rows
-    (`Linear.parts`, on specdec's own threads, threads.py) and hands np.matmul
+    (`Split.parts`, on specdec's own threads, threads.py) and hands np.matmul
     a stack of matrix-vector products over L2-sized chunks of those rows
     (`part_product`). 17..MAX_SPLIT_ROWS tokens: each core one matrix-matrix
     product over its rows, so no product waits for OpenBLAS's threads. More (a
@@ -194,10 +191,11 @@ def linear(x: np.ndarray, lin: Linear, path: str | None = None) -> np.ndarray:
     may pick OpenBLAS's threads for some pass lengths where they are faster here.
     Measurements and the variants that did not help: docs/performance.md.
     """
-    path = path or lin.path(x.shape[0])
-    if path == "workers" and len(lin.parts) > 1:
+    parts = split(lin).parts
+    path = path or path_of(lin, x.shape[0])
+    if path == "workers" and len(parts) > 1:
         y = np.empty((x.shape[0], lin.w_t.shape[0]), dtype=np.result_type(x, lin.w_t))
-        jobs = [lambda part=part: part_product(x, part, y[:, part.start : part.stop]) for part in lin.parts]
+        jobs = [lambda part=part: part_product(x, part, y[:, part.start : part.stop]) for part in parts]
         threads.workers(len(jobs)).run(jobs)
     elif path == "gemvs" and x.shape[0] <= MAX_GEMVS:
         y = np.empty((x.shape[0], lin.w_t.shape[0]), dtype=np.result_type(x, lin.w_t))

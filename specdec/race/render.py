@@ -16,9 +16,17 @@ import math
 
 import numpy as np
 
-from .result import fmt, sparkline, token_pieces, trace_html
-from .words import plural
+from ..result import fmt, sparkline, token_pieces, trace_html
 
+
+
+def plural(n: int, word: str) -> str:
+    """n and the noun, in the plural unless n is 1; a noun ending in s takes es.
+
+    >>> plural(1, "token"), plural(3, "round"), plural(2, "pass")
+    ('1 token', '3 rounds', '2 passes')
+    """
+    return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("s") else "s")
 
 def to_dict(report) -> dict:
     """Everything as plain JSON values (nan -> None), as main.py --json prints it."""

@@ -13,7 +13,11 @@ rounds, so a race of the autoregressive decoder alone measures none.
     report.to_dict()         # the same as plain JSON values (main.py --json)
 
 This module runs the race and holds its statistics (the speedup per repeat, its spread,
-the verdict, what the cost model predicts); race_render.py shows a report as text, JSON and HTML.
+the verdict, what the cost model predicts); render.py shows a report as text, JSON and HTML.
+
+Layer: tooling above the round. May import model/, checkpoints/, drafters/ and the round's modules
+(speculative.py, autoregressive.py, config.py, result.py, timing.py, costmodel/, verify/); the
+command line and the benchmark import it, nothing below them.
 """
 
 from __future__ import annotations
@@ -23,29 +27,23 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from . import race_render
-from .autoregressive import decode_autoregressive
-from .costmodel import (
-    K_LIMIT,
+from . import render
+from ..autoregressive import decode_autoregressive
+from ..config import Config, Request, check_seed, make_config, make_rng, setup, whole_number
+from ..costmodel import (
     CostModelK,
-    TreePolicy,
     best_k,
     expected_tokens_per_round,
-    make_k_policy,
-    make_tree_policy,
-    parse_k,
     predicted_speedup,
     predicted_tree_speedup,
     speedup_from_rounds,
     verify_cost,
 )
-from .drafters import LookupFirst, make_drafter
-from .model.base import CausalLM
-from .request import TREES_REFUSED, Request, check_seed, make_request, make_rng, whole_number, with_settings
-from .result import DecodeResult, TokenCallback
-from .sampling import SamplingParams
-from .speculative import auto_stop, decode_speculative
-from .timing import Costs, implausible, measure_costs, plausible
+from ..drafters import LookupFirst
+from ..model.base import CausalLM
+from ..result import DecodeResult, TokenCallback
+from ..speculative import decode_speculative
+from ..timing import Costs, implausible, plausible
 
 DECODERS = ("autoregressive", "speculative")
 # The smallest margin a speedup must clear to be called faster or slower: identical runs on a busy
@@ -303,117 +301,81 @@ class RaceReport:
         return [(name, run, all_runs) for name, run, all_runs in runs if run is not None]
 
     def to_dict(self) -> dict:
-        """Everything as plain JSON values (nan -> None), as main.py --json prints it (race_render.to_dict)."""
-        return race_render.to_dict(self)
+        """Everything as plain JSON values (nan -> None), as main.py --json prints it (render.to_dict)."""
+        return render.to_dict(self)
 
     def __str__(self) -> str:
-        return race_render.text(self)
+        return render.text(self)
 
     def __repr__(self) -> str:
-        return race_render.one_line(self)
+        return render.one_line(self)
 
     def _repr_html_(self) -> str:
-        return race_render.to_html(self)
+        return render.to_html(self)
 
 
-def race(
-    target: CausalLM, draft, prompt, n_tokens: int, K=4,
-    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None, seed: int | None = 0,
-    repeats: int = 3, warmup: bool = True, k_max: int = 8, decoders=DECODERS,
-    on_token: TokenCallback | None = None, on_decoder: Callable[[str], None] | None = None, tree=None,
-    chat: bool = False, on_status: Callable[[str], None] | None = None, verification: str = "token",
-    allow_special: bool = False, cross_vocab: str | None = None, siblings: str | None = None,
-    request: Request | None = None, draft_confidence: float | None = None,
-) -> RaceReport:  # fmt: skip
+def race(target: CausalLM, draft, prompt, n_tokens: int, K=None, temperature: float | None = None, *,
+         seed: int | None = 0, repeats: int = 3, warmup: bool = True, decoders=DECODERS, on_token: TokenCallback | None = None,
+         on_decoder: Callable[[str], None] | None = None, on_status: Callable[[str], None] | None = None,
+         request: Request | None = None, config: Config | None = None, **settings) -> RaceReport:  # fmt: skip
     """Run both samplers `repeats` times on the same request, interleaved, and time them.
 
-    prompt: token ids, or text when the target has a tokenizer. K: an int, "adaptive"
-    (AdaptiveK from 4 within 1..k_max) or "auto" (the cost model picks k each round
-    from the measured costs and the acceptance rate so far). decoders: which to run.
-    on_token(token, kind) streams the first repeat, as in the samplers; on_decoder(name)
-    is called before each decoder's streamed run. Every repeat uses the same seed, so
-    repeats produce the same tokens and differ only in time: report.speedup is the ratio of the two median
-    runs' rates, report.spread the range of the repeats' own ratios and report.verdict the call in words.
-    tree: None (chains), a node budget N, or "auto" (costmodel.TreePolicy on the measured c and r).
-    chat: the prompt is a user message to a chat model, and both decoders stop at the end of the reply.
-    on_status(text) is told what the race is doing (measuring, warming up, which repeat), for a status
-    line. Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far. verification:
-    speculative_sample's: "token" or "block" for a chain, "token", "spectr" or "traversal" for a tree.
-    siblings: "iid" or "without replacement", how a draft model or early exit draws a tree's children
-    (make_drafter; "spectr" needs "iid"). allow_special=True: control
-    strings typed in the text become control tokens; by default they are plain text. cross_vocab: a draft
-    model with another tokenizer, "tli", "slem" or "slrs" (speculative_sample's). request: `prompt`
-    already made into a Request for this target by request.make_request, with this n_tokens and chat
-    (the command line makes one to check the prompt before it loads a draft): the race takes its
-    prompt as it is, the template applied once, and checks the other settings here. draft_confidence: a
-    bar that cuts each round's chain where the draft is unsure (speculative_sample's).
+    prompt, draft, K and any other setting of a Config (by name or config=): as speculative_sample's.
+    decoders: which to run. Every repeat uses the same seed, so repeats produce the same tokens and
+    differ only in time: report.speedup is the ratio of the two median runs' rates, report.spread the
+    range of the repeats' own ratios and report.verdict the call in words. on_token(token, kind) streams
+    the first repeat; on_decoder(name) is called before each decoder's streamed run; on_status(text) is
+    told what the race is doing (for a status line). request: `prompt` made into a Request already
+    (config.make_request). Ctrl-C raises RaceInterrupted, whose .report holds the runs finished so far.
 
         report = race(target, "ngram", "Alan Turing theorized that", 40, K="auto", repeats=3)
         print(report); report.speedup, report.spread, report.verdict
     """
-    # Check the whole request, and build the drafter (reading any head files), once for every run.
-    params = SamplingParams(temperature, top_k, top_p)
+    # Check the whole request, and build the drafter (reading any head files) and its costs, once for every run.
     check_seed(seed)
     unknown = set(decoders) - set(DECODERS)
     if unknown or not decoders:
         raise ValueError(f"decoders must be some of {DECODERS}, got {tuple(decoders)}")
-    run_speculative = "speculative" in decoders
-    drafter = make_drafter(draft, target, cross_vocab, siblings, draft_confidence) if run_speculative else None
-    verification_run = verification if run_speculative else "token"
-    if request is None:
-        request = make_request(target, prompt, n_tokens, params, chat, allow_special, "exact", verification_run, tree,
-                               drafter)  # fmt: skip
-    elif request.n_tokens != n_tokens or (request.stop is not None) != bool(chat):
-        raise ValueError(f"request= was made for {request.n_tokens} tokens with chat={request.stop is not None}, the "
-                         f"race asks {n_tokens} with chat={chat}: make it from the same prompt, n_tokens and chat")  # fmt: skip
-    else:
-        request = with_settings(request, params, "exact", verification_run, tree, drafter)
-    if draft_confidence is not None and not run_speculative:
-        raise ValueError("draft_confidence cuts the speculative decoder's drafts: it needs 'speculative' in decoders")
-    if run_speculative:
-        if draft_confidence == "auto" and tree is not None:
-            raise ValueError(TREES_REFUSED)
-        K = parse_k(K)  # a word or an int: each run gets a fresh policy
-        make_tree_policy(tree, None, target)  # checks `tree`
-    whole_number(k_max, "k_max", 1, K_LIMIT)
     whole_number(repeats, "repeats", 1)
+    config = make_config(config, K=K, temperature=temperature, **settings)
+    run_speculative = "speculative" in decoders
+    if not run_speculative:
+        if config.draft_confidence is not None:
+            raise ValueError("draft_confidence cuts the speculative decoder's drafts: it needs 'speculative' in "
+                             "decoders")  # fmt: skip
+        config = replace(config, verification="token", cross_vocab=None, siblings=None, tree=None)
     status = on_status or (lambda text: None)
-    costs = None  # they price speculative rounds: measured only when some run
-    if run_speculative:
-        m_max = max(k_max, K if isinstance(K, int) else 0) + 1  # up to the widest verification pass
-        if tree is not None:
-            m_max = max(m_max, (tree if isinstance(tree, int) else TreePolicy(0.0).n_max) + 1)
-        status(f"measuring the forward-pass costs (c and r(m) for m = 1..{m_max})")
-        try:
-            costs = measure_costs(target, drafter, request.prompt, m_max=m_max, repeats=3)
-        except KeyboardInterrupt:
-            raise RaceInterrupted(None, "measuring the costs") from None
-        if draft_confidence == "auto":  # the bar these costs set
-            drafter.stop = auto_stop(costs)
-    settings = dict(prompt_tokens=len(request.prompt), n_tokens=n_tokens, draft=_name(draft), K=K,
-                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, repeats=repeats, tree=tree,
-                    verification=verification, cross_vocab=cross_vocab, siblings=siblings,
-                    draft_confidence=draft_confidence,
+    try:  # the costs price speculative rounds: timed (once in this process) only when some run
+        run = setup(target, draft if run_speculative else None, prompt, n_tokens, config, request,
+                    costs=run_speculative, say=lambda line: status(line))  # fmt: skip
+    except KeyboardInterrupt:
+        raise RaceInterrupted(None, "measuring the costs") from None
+    drafter, costs, request = run.drafter, run.costs, run.request
+    settings = dict(prompt_tokens=len(request.prompt), n_tokens=n_tokens, draft=_name(draft), K=config.K,
+                    temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, seed=seed, repeats=repeats,
+                    tree=config.tree, verification=config.verification, cross_vocab=config.cross_vocab,
+                    siblings=config.siblings, draft_confidence=config.draft_confidence,
                     draft_confidence_bar=getattr(getattr(drafter, "stop", None), "bar", None),
                     lookup_first=isinstance(drafter, LookupFirst))  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
 
     def run_once(name: str, n: int, stream: TokenCallback | None) -> Run:
-        run_request = replace(request, n_tokens=n)  # the warm-up asks for fewer tokens
+        one = replace(run, request=replace(request, n_tokens=n))  # the warm-up asks for fewer tokens
         rng = make_rng(seed, None)  # every run draws the same random numbers
         if name == "autoregressive":
             start = time.perf_counter()
-            result = decode_autoregressive(target, run_request, rng, stream)
+            result = decode_autoregressive(target, one.request, rng, stream)
             seconds = time.perf_counter() - start
             return Run(result, seconds, verify_seconds=seconds)
-        k_policy = make_k_policy(K, k_max, costs=lambda: costs)
-        tree_policy = make_tree_policy(TreePolicy(costs.c, costs.r) if tree == "auto" else tree, drafter, target)
+        k_policy = one.k_policy()
+        if k_policy is not None:
+            one = replace(one, config=replace(config, K=k_policy))  # kept, to report its choices
         with (
             _Stopwatch(drafter, "propose") as drafting,
             _Stopwatch(target, "forward", skip_while=drafting) as verifying,
         ):
             start = time.perf_counter()
-            result = decode_speculative(target, drafter, run_request, k_policy, tree_policy, rng, stream)
+            result = decode_speculative(one, rng, stream)
             seconds = time.perf_counter() - start
         return Run(result, seconds, drafting.seconds, verifying.seconds, k_policy)
 

@@ -42,9 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..linear import Linear
 from . import kernels, threads
+from .kernels import M_BUCKETS, PATHS
 from .spin import OPENBLAS_SPIN
-from .kernels import M_BUCKETS, PATHS, Linear
 
 FORMAT = "specdec-kernel-plan"
 MAX_FILE_BYTES = 1 << 20  # a plan file is a few kB; a larger one is not read
@@ -55,7 +56,9 @@ GIVE_UP = 3.0  # a sweep this many times slower than the fastest stops early
 CONFIRM_REPEATS = 3  # runs of whole passes per side when OpenBLAS's plan is checked against the rules (`confirm`)
 RUN = 2  # passes per run
 CONTEXT = 32  # cached tokens before those passes
-ENV = "SPECDEC_KERNELS"  # "rules": no plan; "measure": measure again and rewrite the file; unset: use the file
+ENV = "SPECDEC_KERNELS"  # one of MODES (fast/__init__.py says what each does); unset: "plan"
+MODES = ("plan", "measure", "rules", "plain")
+MODE: str | None = None  # a mode set from Python (fast.set_kernels), which outranks ENV; None: follow ENV
 
 
 def linears_of(weights) -> list[Linear]:
@@ -86,7 +89,7 @@ def sample(linears: list[Linear], per_shape: int = PER_SHAPE) -> list[Linear]:
     bytes than the CPU's caches hold (so each product streams its matrix), in a fraction of a pass's time."""
     by_shape: dict[str, list[Linear]] = {}
     for lin in linears:
-        by_shape.setdefault(lin.key, []).append(lin)
+        by_shape.setdefault(kernels.shape_key(lin), []).append(lin)
     keep = {id(group[round(i * (len(group) - 1) / max(1, per_shape - 1))])
             for group in by_shape.values() for i in range(min(per_shape, len(group)))}  # fmt: skip
     return [lin for lin in linears if id(lin) in keep]
@@ -102,7 +105,7 @@ def measure(linears: list[Linear], repeats: int = REPEATS, clock=time.perf_count
     infinitely slow. Inputs are random: a product's time does not depend on them.
     """
     rng = np.random.default_rng(0)
-    keys = [lin.key for lin in linears]
+    keys = [kernels.shape_key(lin) for lin in linears]
     plan: dict[str, list[str]] = {key: [] for key in keys}
     for m in M_BUCKETS:
         ways = candidates(m)
@@ -135,7 +138,7 @@ def measure(linears: list[Linear], repeats: int = REPEATS, clock=time.perf_count
 
 def rules(lin: Linear) -> list[str]:
     """The default rules' path for each of M_BUCKETS (kernels.default_path), as a plan."""
-    return [kernels.default_path(m, len(lin.parts)) for m in M_BUCKETS]
+    return [kernels.default_path(m, len(kernels.split(lin).parts)) for m in M_BUCKETS]
 
 
 def confirm(model, linears: list[Linear], plan: dict[str, list[str]], repeats: int = CONFIRM_REPEATS,
@@ -147,7 +150,7 @@ def confirm(model, linears: list[Linear], plan: dict[str, list[str]], repeats: i
     either plan in kernels.PLANS, interleaved; the faster median run wins the
     bucket. PLANS is as it was afterwards, even when a pass fails.
     """
-    default = {lin.key: rules(lin) for lin in linears}
+    default = {kernels.shape_key(lin): rules(lin) for lin in linears}
     kept = {key: list(rows) for key, rows in default.items()}
     context = min(CONTEXT, model.n_ctx // 2)
     if context < 1:
@@ -240,12 +243,17 @@ def write_plan(path: Path, plans: dict[str, list[str]]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def env_mode() -> str:
-    """SPECDEC_KERNELS as checked: "" (use the plan file), "rules" or "measure"; anything else is refused."""
-    mode = os.environ.get(ENV, "")
-    if mode not in ("", "rules", "measure"):
-        raise ValueError(f"{ENV} must be 'rules' (no measured plan) or 'measure' (measure again), or unset; not {mode!r}")
+def check_mode(mode) -> str:
+    """A mode as given (SPECDEC_KERNELS, or set_kernels), checked: one of MODES ("" is "plan")."""
+    mode = mode or "plan"
+    if mode not in MODES:
+        raise ValueError(f"{ENV} must be one of {', '.join(MODES)} (or unset: 'plan'); not {mode!r:.40}")
     return mode
+
+
+def kernels_mode() -> str:
+    """The mode in force: set from Python (MODE), else SPECDEC_KERNELS, else "plan"."""
+    return MODE or check_mode(os.environ.get(ENV, ""))
 
 
 def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[str]]:
@@ -258,15 +266,15 @@ def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[st
     say: called with one line before a measurement (load_model prints it where it
     shows download progress). Returns the plans used, by shape key.
     """
-    mode = env_mode()
-    if mode == "rules" or threads.BLAS is None or threads.BLAS_THREADS == 1:
+    mode = kernels_mode()
+    if mode in ("rules", "plain") or threads.BLAS is None or threads.BLAS_THREADS == 1:
         return {}  # (with OpenBLAS on one thread, specdec's workers are the only way to use both cores)
-    linears = [lin for lin in linears_of(model.weights) if len(lin.parts) > 1]
+    linears = [lin for lin in linears_of(model.weights) if len(kernels.split(lin).parts) > 1]
     if not linears:
         return {}
     path = None if folder is None else plan_file(folder)
     known = {} if path is None else read_plan(path)  # other models' shapes stay in the file
-    if mode == "measure" or any(lin.key not in known for lin in linears):
+    if mode == "measure" or any(kernels.shape_key(lin) not in known for lin in linears):
         if say is not None:
             where = "" if path is None else f"; kept in {path}"
             say(f"{getattr(model, 'name', 'model')}: timing this machine's matrix products (once: 10-20 s for a 135M model on 2 cores, longer for larger ones{where})")
@@ -281,5 +289,5 @@ def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[st
                 if say is not None:
                     say(f"could not keep the timings in {path} ({e.strerror or e}): the next run times them again")
     for lin in linears:
-        kernels.PLANS[lin.key] = tuple(known[lin.key])  # for these matrices and any other of their shapes
+        kernels.PLANS[kernels.shape_key(lin)] = tuple(known[kernels.shape_key(lin)])  # for these matrices and any other of their shapes
     return known

@@ -1,0 +1,65 @@
+"""K="auto" (and draft_confidence="auto", and the race) times the costs once per target, draft and process."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import tiny_model
+
+from specdec import speculative_sample, timing
+from specdec.race import race
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """(timings, passes): how often measure_costs ran, and every target forward pass, by call."""
+    timings, real = [], timing.measure_costs
+    monkeypatch.setattr(timing, "measure_costs", lambda *a, **k: timings.append(a[1]) or real(*a, **k))
+    monkeypatch.delenv("SPECDEC_KERNELS", raising=False)
+    return timings
+
+
+def forward_passes(model) -> list:
+    """Count the model's forward passes (both the round's and a timing's go through forward)."""
+    calls, inner = [], model.forward
+    model.forward = lambda *a, **k: calls.append(1) or inner(*a, **k)
+    return calls
+
+
+def test_a_second_auto_call_does_no_timing(counted, capsys):
+    target, draft = tiny_model(seed=1), tiny_model(seed=2)
+    passes = forward_passes(target)
+    first = speculative_sample(target, draft, [5, 6, 7], 12, K="auto")
+    assert len(counted) == 1 and "measuring the forward-pass costs" in capsys.readouterr().err
+    assert len(passes) > first.target_calls  # the timing's passes, and the run's
+    passes.clear()
+    second = speculative_sample(target, draft, [8, 9, 10, 11], 12, K="auto", draft_confidence="auto")
+    assert len(counted) == 1 and capsys.readouterr().err == ""
+    assert len(passes) == second.target_calls  # the run's passes only: nothing timed
+    report = race(target, draft, [5, 6, 7], 6, K="auto", repeats=1, warmup=False)
+    assert len(counted) == 1 and report.costs is not None  # the race reports the costs it reused
+
+
+def test_each_draft_and_each_target_is_timed_once(counted):
+    target, other = tiny_model(seed=1), tiny_model(seed=3)
+    for _ in range(2):
+        speculative_sample(target, "ngram", [1, 2, 1, 2], 8, K="auto")
+        speculative_sample(target, "early_exit:1", [1, 2, 1, 2], 8, K="auto")
+        speculative_sample(other, "ngram", [1, 2, 1, 2], 8, K="auto")
+    assert len(counted) == 3
+
+
+def test_measure_times_every_call_again(counted, monkeypatch):
+    target = tiny_model(seed=1)
+    speculative_sample(target, "ngram", [1, 2, 1, 2], 8, K="auto")
+    monkeypatch.setenv("SPECDEC_KERNELS", "measure")
+    speculative_sample(target, "ngram", [1, 2, 1, 2], 8, K="auto")
+    speculative_sample(target, "ngram", [1, 2, 1, 2], 8, K="auto")
+    assert len(counted) == 3
+
+
+def test_a_wider_pass_than_was_timed_is_timed_then(counted):
+    target = tiny_model(seed=1)
+    speculative_sample(target, "ngram", [1, 2, 1, 2], 8, K="auto", k_max=4)
+    speculative_sample(target, "ngram", [1, 2, 1, 2], 8, K="auto", k_max=4)
+    speculative_sample(target, "ngram", [1, 2, 1, 2], 8, K="auto", k_max=8)  # r(9) was never timed
+    assert len(counted) == 2
