@@ -216,7 +216,7 @@ def open_regular(path: str | os.PathLike, max_bytes: int | None = None, follow_l
         if not stat.S_ISREG(st.st_mode):
             raise Refused(f"it is not a regular file (it is {_kind(st.st_mode)})")
         if max_bytes is not None and st.st_size > max_bytes:
-            raise Refused(f"it is too large: {st.st_size:,} bytes, more than the {max_bytes:,} a file of its kind may be")
+            raise _too_large(st.st_size, max_bytes)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -231,7 +231,7 @@ def read_all(f: BinaryIO, max_bytes: int | None = None) -> bytes:
     """
     size = os.fstat(f.fileno()).st_size
     if max_bytes is not None and size > max_bytes:
-        raise Refused(f"it is too large: {size:,} bytes, more than the {max_bytes:,} a file of its kind may be")
+        raise _too_large(size, max_bytes)
     f.seek(0)
     data = f.read(size + 1)
     if len(data) != size:
@@ -302,6 +302,10 @@ def json_depth(raw: bytes) -> int:
     skeleton = np.frombuffer(_JSON_STRING.sub(b'""', raw), np.uint8)
     step = np.isin(skeleton, _OPEN).astype(np.int64) - np.isin(skeleton, _CLOSE)
     return int(np.cumsum(step).max(initial=0))
+
+
+def _too_large(size: int, max_bytes: int) -> Refused:
+    return Refused(f"it is too large: {size:,} bytes, more than the {max_bytes:,} a file of its kind may be")
 
 
 def _kind(mode: int) -> str:
