@@ -39,6 +39,7 @@ import os
 import re
 import secrets
 import stat
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -295,6 +296,31 @@ def sha256_of_file(path: str | os.PathLike, max_bytes: int | None = None, follow
     """sha256_of a file opened by open_regular."""
     with open_regular(path, max_bytes, follow_links) as f:
         return sha256_of(f)
+
+
+def open_npz(f: BinaryIO):
+    """NumPy's .npz archive in an open regular file (open_regular), for `with ... as data: data[name]`.
+
+    Refused unless it is a zip whose members, unpacked, take no more bytes than the file itself:
+    np.savez stores them as they are, so a few kB that would unpack into gigabytes (a "zip bomb") are
+    not specdec's. allow_pickle=False: a pickled object is refused, never run.
+    """
+    f.seek(0)
+    if not zipfile.is_zipfile(f):  # (np.load would try anything else as a pickle)
+        raise Refused("it is not an .npz file: truncated, or something else")
+    f.seek(0)
+    try:
+        unpacked = sum(member.file_size for member in zipfile.ZipFile(f).infolist())
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise Refused(f"it is not a readable .npz file ({e})") from None
+    size = os.fstat(f.fileno()).st_size
+    if unpacked > size:
+        raise Refused(
+            f"its arrays would unpack into {unpacked:,} bytes from a {size:,}-byte file (np.savez stores "
+            "them as they are)"
+        )
+    f.seek(0)
+    return np.load(f, allow_pickle=False)
 
 
 def json_depth(raw: bytes) -> int:

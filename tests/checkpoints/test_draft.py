@@ -122,7 +122,7 @@ def test_nan_float32_and_oversized_tensors_are_refused(tmp_path, monkeypatch):
     assert "'output_norm' is missing" in refused(tmp_path)
     saved(tmp_path)
     monkeypatch.setattr(draft, "MAX_BYTES", 1000)
-    assert "over the 1,000 a draft may be" in refused(tmp_path)
+    assert "more than the 1,000 a file of its kind may be" in refused(tmp_path)
     with pytest.raises(ValueError, match="use fewer blocks or a narrower MLP"):
         saved(tmp_path / "big")
     assert not (tmp_path / "big").exists()

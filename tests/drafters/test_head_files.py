@@ -245,18 +245,18 @@ def test_good_heads_load_and_a_tilde_is_expanded(tmp_path, monkeypatch, kind):
 def test_a_save_interrupted_between_its_two_files_leaves_the_old_pair(tmp_path, monkeypatch):
     """heads.json names its weights file (by content): the new weights file is written first, heads.json
     replaced second, so a kill in between leaves the old heads.json naming the old (still present) weights."""
-    from specdec.checkpoints import pairs
+    from specdec import safe_io
 
     folder = make_heads(tmp_path / "m", "medusa")
     old = load("medusa", folder).params["w"].copy()
-    real_replace = pairs.os.replace
+    real_replace = safe_io.os.replace
 
     def killed_before_the_json(src, dst):
         if str(dst).endswith("heads.json"):
             raise KeyboardInterrupt
         return real_replace(src, dst)
 
-    monkeypatch.setattr(pairs.os, "replace", killed_before_the_json)
+    monkeypatch.setattr(safe_io.os, "replace", killed_before_the_json)
     params = {"w": np.ones((2, 32, 32), np.float32), "b": np.zeros((2, 32), np.float32)}
     with pytest.raises(KeyboardInterrupt):
         save_heads(folder, "medusa", TARGET, params, {"n_heads": 2}, DraftVocab.of(TARGET, IDS))
