@@ -225,11 +225,13 @@ def write_safetensors(
 ) -> int:
     """Write tensors as safetensors (safe_io.replacing: whole or not at all, never through a link); returns
     the file size. Arguments as safetensors_chunks; mode: the file's permission bits."""
-    size = 0
     with safe_io.replacing(path, mode) as f:
-        for chunk in safetensors_chunks(tensors, dtype, metadata):
-            size += f.write(chunk)
-    return size
+        return write_safetensors_to(f, tensors, dtype, metadata)
+
+
+def write_safetensors_to(f: BinaryIO, tensors, dtype: str | dict = "F32", metadata: dict | None = None) -> int:
+    """safetensors_chunks written into an open binary file (safe_io.replacing's); returns the bytes written."""
+    return sum(f.write(chunk) for chunk in safetensors_chunks(tensors, dtype, metadata))
 
 
 def safetensors_chunks(

@@ -55,7 +55,7 @@ from typing import Callable
 
 import numpy as np
 
-from ... import flags
+from ... import flags, safe_io
 from ...race_render import jsonable
 from ..progress import add_quiet
 from .checkpoint_io import rss_child, section_io, write_random_checkpoints
@@ -199,6 +199,6 @@ def main(argv=None) -> dict:
         if args.json == "-":
             print(text)
         else:
-            Path(args.json).write_text(text + "\n")
+            safe_io.write_file(args.json, (text + "\n").encode())
             bench.say(f"wrote {args.json}")
     return bench.results
