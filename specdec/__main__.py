@@ -207,6 +207,7 @@ def check_names(args) -> None:
             early_exit=spec.arg if speculative and spec.kind == "early_exit" else None,
             chat=args.chat, n_tokens=args.n_tokens_to_generate, k=widest if speculative else 0,
             cross_vocab=args.cross_vocab is not None,
+            shipped_head="eagle" if speculative and spec.kind == "eagle" and not spec.arg else None,
         )  # fmt: skip
     except ValueError as e:
         if "tokenize text differently" in str(e) and "draft" not in flags.given(args):
