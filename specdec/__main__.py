@@ -44,6 +44,7 @@ try:  # NumPy and tiktoken take a moment to import: Ctrl-C then should not print
     from specdec.checkpoints.load import load_model, tuned
     from specdec.model import tuning
     from specdec.checkpoints.pins import WHEELS
+    from specdec.batch import check_batch_memory
     from specdec.cli.batch import run_batch
     from specdec.cli.cache import cache
     from specdec.cli.terminal import Status, Stream, shorten
@@ -319,6 +320,11 @@ def run(args) -> int:
                          "chat template")  # fmt: skip
     # Each prompt's ids as the samplers will see them, checked before a draft is loaded.
     prompts = args.prompts if args.batch is not None else [args.prompt]
+    if args.batch is not None:  # the rows' memory, before a single row is made (batch.check_batch_memory)
+        try:
+            check_batch_memory(target, args.batch, args.n_tokens_to_generate, f"--batch {args.batch}")
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
     requests = [checked_request(target, prompt, args) for prompt in prompts]
     spec, draft_load = args.draft_spec, 0.0
     draft, draft_label = str(spec), spec.describe()

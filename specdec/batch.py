@@ -52,7 +52,7 @@ from .drafters import EarlyExitDrafter, LookupFirst, ModelDrafter, NgramDrafter,
 from .drafters.specs import parse_draft
 from .interfaces import KPolicy, Proposal, features_asked
 from .model.base import CausalLM, LanguageModel
-from .model.cache import KVCache
+from .model.cache import KVCache, check_rows_fit
 from .request import check_seed, make_request
 from .result import DecodeResult
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
@@ -103,11 +103,18 @@ def make_rngs(n_rows: int, seed, rng: np.random.Generator | None) -> list[np.ran
     return [np.random.default_rng(check_seed(seed)) for _ in range(n_rows)]
 
 
+def check_batch_memory(model, n_rows: int, n_tokens: int, what: str) -> None:
+    """ValueError before any row is made when n_rows rows' KV caches cannot fit the memory free now: each row
+    holds at least n_tokens + 1 positions of the model's (and at least the 64 a KVCache reserves at once)."""
+    check_rows_fit(model.hparams, n_rows, max(64, n_tokens + 1), what, model.dtype)
+
+
 def start_batch(model, prompts, n_tokens: int, seed, rng, on_token: BatchTokenCallback | None, **settings) -> list[Row]:
     """Check every prompt with the settings every row shares (request.make_request, as the unbatched
     samplers do) and give each its Row."""
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts (each text or token ids)")
+    check_batch_memory(model, len(prompts), n_tokens, f"{len(prompts)} prompts decoded together")
     requests = [make_request(model, prompt, n_tokens, **settings) for prompt in prompts]
     rngs = make_rngs(len(requests), seed, rng)
     return [Row(r, model.new_cache(), rngs[i], DecodeResult(tokenizer=model.tokenizer),

@@ -52,7 +52,7 @@ from .. import safe_io
 from ..checkpoints import locks
 from ..checkpoints.pairs import show
 from ..drafters.heads import model_fingerprint
-from ..model.cache import KVCache
+from ..model.cache import KVCache, check_rows_fit
 from ..model.tokenizer import DEFAULT_SYSTEM, chat_prompt
 from ..sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
 from .requests import OVERLAP_N, RequestPool
@@ -393,6 +393,9 @@ def make_data(model, out: str | Path, n_tokens: int, pool: RequestPool, batch: i
     if model.tokenizer is None or "<|im_end|>" not in getattr(model.tokenizer, "_special_tokens", {}):
         raise ValueError(f"distillation data needs a chat model (a tokenizer with <|im_start|> and <|im_end|>, "
                          f"such as smollm2-135m); {model.name} has none")  # fmt: skip
+    # The rows decoded side by side (a shard's at most), each with a KV cache of its reply and more: their
+    # memory checked before a single row is made.
+    check_rows_fit(model.hparams, min(batch, shard_rows), max(64, max_reply + 1), f"--batch {batch}")
     log = log or (lambda line: None)
     settings = DistillSettings(model.name, model_fingerprint(model), seed, batch, max_reply, float(temperature),
                                float(greedy_frac), top_k, shard_rows, system, pool.sha256,
