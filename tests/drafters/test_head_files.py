@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 
 import numpy as np
@@ -90,6 +91,18 @@ def another_model_every_block_changed() -> GPT2:
 
 
 ESCAPE = "\x1b[2J\x1b[31mpwned\x07"
+PAGEMAP, URANDOM = "/proc/self/pagemap", "/dev/urandom"
+
+
+def replaced(path, make):
+    """Remove the file at `path` and make something else there (make(path))."""
+    path.unlink()
+    make(path)
+
+
+def link_to(target):
+    return lambda path: path.symlink_to(target)
+
 
 # name: (kind, what to do to a good folder, a piece of the message). Every one must be refused.
 HOSTILE = {
@@ -130,6 +143,14 @@ HOSTILE = {
     "model_fingerprint: a number": ("eagle", lambda f: set_config(f, model_fingerprint=7), "model_fingerprint"),
     "model_fingerprint: the old kind": ("medusa", lambda f: set_config(f, model_fingerprint="0123456789abcdef"),
                                         "train"),  # fmt: skip
+    # special files (a FIFO would hang a plain open; /proc/self/pagemap is a "regular file" of size 0 that reads
+    # for ever; /dev/zero never ends): refused at once, on the object the name leads to
+    "json: a FIFO": ("medusa", lambda f: replaced(f / "heads.json", os.mkfifo), "not a regular file"),
+    "json: a link to /proc/self/pagemap": ("eagle", lambda f: replaced(f / "heads.json", link_to(PAGEMAP)), "json"),
+    "json: a link to /dev/zero": ("medusa", lambda f: replaced(f / "heads.json", link_to("/dev/zero")), "regular"),
+    "weights: a FIFO": ("eagle", lambda f: replaced(weights_path(f), os.mkfifo), "not a regular file"),
+    "weights: a link to /proc/self/pagemap": ("eagle", lambda f: replaced(weights_path(f), link_to(PAGEMAP)), "heads-"),
+    "weights: a link to /dev/urandom": ("medusa", lambda f: replaced(weights_path(f), link_to(URANDOM)), "regular"),
     # the weights file, and heads.json's claim about it
     "weights: missing": ("medusa", lambda f: weights_path(f).unlink(), "heads"),
     "weights: not safetensors": ("eagle", lambda f: weights_path(f).write_bytes(b"\0" * 100), "heads"),
