@@ -230,6 +230,8 @@ def read_all(f: BinaryIO, max_bytes: int | None = None) -> bytes:
     NOTE: a file that yields more than its size says (/proc/self/pagemap: size 0, endless) or
     more than max_bytes is refused after reading at most one byte past the bound.
     """
+    if f.writable():
+        f.flush()
     size = os.fstat(f.fileno()).st_size
     if max_bytes is not None and size > max_bytes:
         raise _too_large(size, max_bytes)
@@ -278,7 +280,10 @@ def read_json(
 
 
 def sha256_of(f: BinaryIO) -> str:
-    """The sha256 of an open regular file's bytes, exactly its size of them (read_all's rule, in 1 MB steps)."""
+    """The sha256 of an open regular file's bytes, exactly its size of them (read_all's rule, in 1 MB steps).
+    A file being written (replacing's) is flushed first, so its size counts every byte written."""
+    if f.writable():
+        f.flush()
     size = os.fstat(f.fileno()).st_size
     digest, left = hashlib.sha256(), size
     f.seek(0)

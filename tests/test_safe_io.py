@@ -244,3 +244,16 @@ def test_the_size_bound_the_depth_and_the_type(tmp_path):
         safe_io.read_json(path)
     with pytest.raises(FileNotFoundError):
         safe_io.read_json(tmp_path / "missing.json")
+
+
+def test_what_was_written_is_hashed_whole_before_it_gets_its_name(tmp_path):
+    """sha256_of on the temporary file being written counts every byte, buffered ones included."""
+    import hashlib
+
+    data = b"x" * 100_003 + b"a tail"
+    with safe_io.replacing(tmp_path / "shard-00000.npz") as f:
+        f.write(data[:100_003])
+        f.write(data[100_003:])  # still in the file object's buffer
+        assert safe_io.sha256_of(f) == hashlib.sha256(data).hexdigest()
+        f.write(b"more")
+    assert (tmp_path / "shard-00000.npz").read_bytes() == data + b"more"
