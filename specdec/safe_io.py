@@ -18,9 +18,8 @@ where the file must not be a link) and every check is made on that open file,
 the object then read: refused unless a regular file (a FIFO, /dev/zero, a
 folder), refused when its size is over the bound its kind allows, and refused
 when it yields more bytes than its size says (/proc/self/pagemap is a "regular
-file" of size 0 that reads forever). JSON is parsed only after its nesting depth
-is counted (Python's parser recurses once per level) and must be the type asked
-for. Refusals are `Refused` (a ValueError) with a sentence that does not repeat
+file" of size 0 that reads forever). JSON's nesting depth is bounded (Python's
+parser recurses once per level) and its value must be the type asked for. Refusals are `Refused` (a ValueError) with a sentence that does not repeat
 the path: the caller names the file, as its messages do.
 
 Trusting (`untrusted`): a file that others could have planted (a kept layout, a
@@ -53,7 +52,8 @@ TEMPORARY_TRIES = 100  # random names tried before giving up (each a 64-bit draw
 _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # (absent on Windows, which has no symbolic links of this kind)
 _BINARY = getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_OPEN, _CLOSE = np.frombuffer(b"{[", np.uint8), np.frombuffer(b"}]", np.uint8)
+_STEP = np.zeros(256, np.int8)  # by byte: +1 opens a level, -1 closes one
+_STEP[list(b"{[")], _STEP[list(b"}]")] = 1, -1
 _FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
@@ -254,18 +254,21 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, follow_links: bool = Tru
 def parse_json(raw: bytes, expect: type | None = dict, max_depth: int = MAX_JSON_DEPTH):
     """JSON text -> its value, of type `expect` (None: any); Refused saying what is wrong.
 
-    NOTE: json.loads recurses once per nesting level, so 100,000 brackets would raise
-    RecursionError: the depth is counted first, without parsing.
+    NOTE: json.loads recurses once per nesting level: 100,000 brackets raise RecursionError
+    (caught here), and a value nested a few hundred deep would parse, only to raise it later in
+    whatever code compares or walks it; so the parsed value's depth is bounded too (counted
+    without recursion: a walk over the parsed containers, cheaper than a second scan of the text).
     """
-    if json_depth(raw) > max_depth:
-        raise Refused(f"it is not JSON specdec wrote (it nests deeper than {max_depth} levels)")
+    too_deep = f"it is not JSON specdec wrote (it nests deeper than {max_depth} levels)"
     try:
         value = json.loads(raw.decode("utf-8"))
     except RecursionError:
-        raise Refused("it is not JSON specdec wrote (nested too deep)") from None
+        raise Refused(too_deep) from None
     except ValueError as e:  # not UTF-8, not JSON, an integer of more than 4300 digits
         text = str(e)
         raise Refused(f"it is not valid JSON ({text if len(text) <= 120 else text[:117] + '...'})") from None
+    if _nests_deeper(value, max_depth):
+        raise Refused(too_deep)
     if expect is not None and not isinstance(value, expect):
         names = {dict: "object", list: "list"}
         raise Refused(f"expected a JSON {names.get(expect, expect.__name__)}, got a JSON {_json_type(value)}")
@@ -328,11 +331,23 @@ def open_npz(f: BinaryIO):
     return np.load(f, allow_pickle=False)
 
 
+def _nests_deeper(value, limit: int) -> bool:
+    """Whether containers nest more than `limit` levels in a parsed JSON value ([[1]] nests 2)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        inner = [child for child in children if isinstance(child, (dict, list))]
+        if inner and depth + 1 > limit:
+            return True
+        stack.extend((child, depth + 1) for child in inner)
+    return False
+
+
 def json_depth(raw: bytes) -> int:
     """How deep brackets nest in JSON text, without parsing it (brackets inside strings do not count)."""
     skeleton = np.frombuffer(_JSON_STRING.sub(b'""', raw), np.uint8)
-    step = np.isin(skeleton, _OPEN).astype(np.int64) - np.isin(skeleton, _CLOSE)
-    return int(np.cumsum(step).max(initial=0))
+    return int(np.cumsum(_STEP[skeleton], dtype=np.int64).max(initial=0))
 
 
 def _too_large(size: int, max_bytes: int) -> Refused:

@@ -257,3 +257,15 @@ def test_what_was_written_is_hashed_whole_before_it_gets_its_name(tmp_path):
         assert safe_io.sha256_of(f) == hashlib.sha256(data).hexdigest()
         f.write(b"more")
     assert (tmp_path / "shard-00000.npz").read_bytes() == data + b"more"
+
+
+def test_json_nested_deeper_than_specdec_writes_is_refused_however_deep(tmp_path):
+    """100,000 levels (Python's parser gives up: RecursionError) and 500 levels (it parses them; whatever then
+    compares or walks the value would not) are refused alike; 32 levels, the bound, are read."""
+    path = tmp_path / "manifest.json"
+    for depth in (100_000, 500, 33):
+        path.write_text("[" * depth + "]" * depth)
+        with pytest.raises(Refused, match="nests deeper than 32 levels"):
+            safe_io.read_json(path, expect=list)
+    path.write_text('{"a": ' * 31 + "[]" + "}" * 31)
+    assert isinstance(safe_io.read_json(path), dict)
