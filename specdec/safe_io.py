@@ -19,8 +19,9 @@ the object then read: refused unless a regular file (a FIFO, /dev/zero, a
 folder), refused when its size is over the bound its kind allows, and refused
 when it yields more bytes than its size says (/proc/self/pagemap is a "regular
 file" of size 0 that reads forever). JSON's nesting depth is bounded (Python's
-parser recurses once per level) and its value must be the type asked for. Refusals are `Refused` (a ValueError) with a sentence that does not repeat
-the path: the caller names the file, as its messages do.
+parser recurses once per level) and its value must be the type asked for.
+Refusals are `Refused` (a ValueError) with a sentence that does not repeat the
+path: the caller names the file, as its messages do.
 
 Trusting (`untrusted`): a file that others could have planted (a kept layout, a
 stamp, a kernel plan) is used only when it is owned by the user reading it (or

@@ -337,8 +337,8 @@ def test_a_batch_too_large_for_the_memory_free_is_one_line_before_any_row_is_mad
     path = tmp_path / "prompts.txt"
     path.write_text("import os\n" * 400)
     if how == "cli":
-        argv = ["--target_model_size", "stdlib-6L", "--draft", "stdlib-2L", "--prompt_file", str(path), "--batch",
-                "400", "--n_tokens_to_generate", "8", "--repeats", "1"]  # fmt: skip
+        argv = ["--target_model_size", "stdlib-6L", "--draft", "stdlib-2L", "--prompt_file", str(path)]
+        argv += ["--batch", "400", "--n_tokens_to_generate", "8", "--repeats", "1"]
         assert main.main(argv) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "--batch 400: 400 rows need at least 0.2 GB" in err, err
