@@ -32,7 +32,6 @@ torch is not a dependency of specdec; run this where torch is installed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict
@@ -44,12 +43,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from specdec.checkpoints.load import read_model  # noqa: E402
-from specdec.checkpoints.pairs import write_atomically  # noqa: E402
+from specdec import safe_io  # noqa: E402
 from specdec.checkpoints.settings import HubSettings  # noqa: E402
 from specdec.drafters.heads import model_fingerprint  # noqa: E402
 from specdec.model.llama import rope_tables  # noqa: E402
 from specdec.train import distill  # noqa: E402
-from specdec.train.adopt import MADE, SHARD_NAME, adopt_shards, made_record  # noqa: E402
+from specdec.train.adopt import MADE, adopt_shards, made_record  # noqa: E402
 from specdec.train.requests import RequestPool, build_requests  # noqa: E402
 
 def load_target(name: str = "smollm2-135m"):
@@ -190,7 +189,7 @@ class TorchLlama:
 
 def save_pool(out: Path, seed: int) -> None:
     pool = build_requests(seed)
-    write_atomically(out, lambda f: f.write(json.dumps(asdict(pool)).encode()), mode=0o644)
+    safe_io.write_json(out, asdict(pool), indent=None)
     print(f"{out}: {len(pool.requests):,} requests, sha256 {pool.sha256}")
 
 
@@ -200,7 +199,7 @@ def read_run(data: Path, pool_file: Path) -> tuple[distill.DistillSettings, Requ
     if manifest is None:
         raise SystemExit(f"{data}: no {distill.MANIFEST}; give the folder of the run to continue")
     settings = distill.DistillSettings(**manifest["settings"])
-    pool = RequestPool(**json.loads(pool_file.read_text()))
+    pool = RequestPool(**safe_io.read_json(pool_file, max_bytes=1 << 30))
     if pool.sha256 != settings.requests_sha256 or len(pool.requests) != settings.n_requests:
         raise SystemExit(f"{pool_file}: not the pool of this run (its sha256 differs); make it with `pool` on the "
                          f"machine that began the run")  # fmt: skip
@@ -304,9 +303,9 @@ def make(args) -> None:
             for p in procs:
                 p.terminate()
     device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    write_atomically(out / MADE, lambda f: f.write(json.dumps(made_record(
-        settings, entries, "scripts/distill_torch.py", device, torch.__version__), indent=1).encode()), mode=0o644)
-    made = sorted(int(SHARD_NAME.fullmatch(e["file"]).group(1)) for e in entries)
+    record = made_record(settings, entries, "scripts/distill_torch.py", device, torch.__version__)
+    safe_io.write_json(out / MADE, record)
+    made = sorted(int(distill.SHARD_FILE.fullmatch(e["file"]).group(1)) for e in entries)
     run = 0
     while args.first + run in made:
         run += 1

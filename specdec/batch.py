@@ -52,7 +52,7 @@ from .costmodel import AdaptiveK, FixedK
 from .drafters import EarlyExitDrafter, LookupFirst, ModelDrafter, NgramDrafter
 from .interfaces import KPolicy, Proposal, features_asked
 from .model.base import CausalLM, LanguageModel
-from .model.attention import KVCache
+from .model.attention import KVCache, check_rows_fit
 from .result import DecodeResult
 from .sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
 from .speculative import Sequence, settle
@@ -102,12 +102,19 @@ def make_rngs(n_rows: int, seed, rng: np.random.Generator | None) -> list[np.ran
     return [np.random.default_rng(check_seed(seed)) for _ in range(n_rows)]
 
 
+def check_batch_memory(model, n_rows: int, n_tokens: int, what: str) -> None:
+    """ValueError before any row is made when n_rows rows' KV caches cannot fit the memory free now: each row
+    holds at least n_tokens + 1 positions of the model's (and at least the 64 a KVCache reserves at once)."""
+    check_rows_fit(model.hparams, n_rows, max(64, n_tokens + 1), what, model.dtype)
+
+
 def start_batch(model, draft, prompts, n_tokens: int, seed, rng, on_token: BatchTokenCallback | None,
                 config: Config) -> tuple[list[Row], object]:  # fmt: skip
     """Check every prompt and the draft with the settings every row shares (config.setup, as the unbatched
     samplers do) and give each prompt its Row. Returns the rows and the built drafter (None without a draft)."""
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of prompts (each text or token ids)")
+    check_batch_memory(model, len(prompts), n_tokens, f"{len(prompts)} prompts decoded together")
     run = setup(model, draft, prompts[0], n_tokens, config)
     requests = [run.request, *(run.request_for(prompt) for prompt in prompts[1:])]
     rngs = make_rngs(len(requests), seed, rng)

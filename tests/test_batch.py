@@ -320,3 +320,32 @@ def test_cli_batch_refusals_are_one_line(extra, why, tmp_path, capsys):
         main.parse_args(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and why in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("how", ["cli", "api"])
+def test_a_batch_too_large_for_the_memory_free_is_one_line_before_any_row_is_made(how, tmp_path, capsys, monkeypatch):
+    """--batch N is checked against the memory free now before a single prompt is tokenized or a cache made
+    (the machine's memory is set small here: 400 rows of stdlib-6L's 6 KB per position, at least 64 positions
+    each, need 157 MB)."""
+    import specdec.batch as batch
+    from specdec.cli import main
+    from specdec.model import attention as cache
+
+    monkeypatch.setattr(cache, "memory_available", lambda: 100_000_000)
+    monkeypatch.setattr(batch, "setup", lambda *a, **k: pytest.fail("a row was made"))
+    monkeypatch.setattr(main, "checked_request", lambda *a, **k: pytest.fail("a prompt was tokenized"))
+    path = tmp_path / "prompts.txt"
+    path.write_text("import os\n" * 400)
+    if how == "cli":
+        argv = ["--target_model_size", "stdlib-6L", "--draft", "stdlib-2L", "--prompt_file", str(path)]
+        argv += ["--batch", "400", "--n_tokens_to_generate", "8", "--repeats", "1"]
+        assert main.main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "--batch 400: 400 rows need at least 0.2 GB" in err, err
+    else:
+        target = tiny_model(seed=1)  # 512 bytes per position: 400 rows need 13 MB
+        monkeypatch.setattr(cache, "memory_available", lambda: 10_000_000)
+        with pytest.raises(ValueError, match="400 prompts decoded together: 400 rows need at least"):
+            speculative_sample_batch(target, perturbed(target, 0.05, seed=3), [[5, 6]] * 400, 8)
+        monkeypatch.setattr(cache, "memory_available", lambda: 20_000_000)
+        batch.check_batch_memory(target, 400, 8, "the same rows fit a larger machine")

@@ -326,7 +326,7 @@ def test_lookup_first_from_the_command_line(checkpoints, capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--draft", "ngram+124M"], "not a model name"),
-    (["--draft", "ngram+eagle", "--ngram_max", "4"], "only applies to --draft ngram"),
+    (["--draft", "ngram+early_exit:1", "--ngram_max", "4"], "only applies to --draft ngram"),
     (["--draft", "ngram+early_exit:1", "--siblings", "iid", "--tree", "4"], "only applies to a draft model"),
     (["--draft", "ngram+early_exit:1", "--batch", "2", "--prompt_file", __file__], "ngram+eagle"),
 ])  # fmt: skip

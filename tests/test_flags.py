@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 
 from specdec.cli import main
-from specdec import flags
+from specdec.cli import flags
 from specdec.bench import speed, suite, trees
 from specdec.cli import defaults
 from specdec.train import cli as train_cli

@@ -258,7 +258,7 @@ def test_bytes_that_are_not_utf8_are_refused_from_the_command_line_as_from_a_fil
 
 
 def test_a_prompt_file_that_cannot_be_read_is_one_line(tmp_path, monkeypatch):
-    from specdec import flags
+    from specdec.cli import flags
 
     def refuse(*args, **kwargs):  # what a file of mode 000 gives a user other than root
         raise PermissionError(13, "Permission denied")
@@ -281,7 +281,7 @@ def test_a_prompt_file_that_cannot_be_read_is_one_line(tmp_path, monkeypatch):
 def test_files_whose_size_is_not_st_size_are_read_with_a_limit(path, message):
     from pathlib import Path
 
-    from specdec import flags
+    from specdec.cli import flags
 
     if not Path(path).exists():
         pytest.skip(f"{path} exists on Linux only")
@@ -294,7 +294,7 @@ def test_a_pipe_is_a_prompt_file(tmp_path):
     import os
     import threading
 
-    from specdec import flags
+    from specdec.cli import flags
 
     read_end, write_end = os.pipe()
     writer = threading.Thread(target=lambda: (os.write(write_end, b"from a pipe\n"), os.close(write_end)))

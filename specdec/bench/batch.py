@@ -40,6 +40,7 @@ import numpy as np
 
 from .. import costmodel
 from ..cli import flags
+from .. import safe_io
 from ..batch import BatchModelDraft, Row, autoregressive_sample_batch, speculative_sample_batch
 from ..checkpoints.load import load_model
 from ..drafters import NgramDrafter
@@ -301,8 +302,6 @@ def main(argv=None) -> int:
     load_end = os.getloadavg()
     results["load_end"] = load_end
     print(f"\nload average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}", file=out)
-    if args.json:  # whole or not at all: the text is made before the file is opened
-        text = json.dumps(results, indent=1, default=float)
-        with open(args.json, "w") as f:
-            f.write(text)
+    if args.json:  # whole or not at all
+        safe_io.write_file(args.json, json.dumps(results, indent=1, default=float).encode())
     return 0

@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import costmodel
 from ..cli import flags
+from .. import safe_io
 from ..autoregressive import autoregressive_sample
 from ..checkpoints import family
 from ..checkpoints.load import load_model
@@ -158,7 +159,5 @@ def main(argv=None) -> dict:
               ["family drafter", "GPT-2 drafter", "T", "alpha", "c", "r(K+1)", "predicted"], rows)  # fmt: skip
 
     if args.json:
-        text = json.dumps(jsonable(res), indent=1)  # made whole before the file is opened
-        with open(args.json, "w") as f:
-            f.write(text)
+        safe_io.write_file(args.json, json.dumps(jsonable(res), indent=1).encode())
     return res

@@ -47,6 +47,7 @@ from typing import Callable, TextIO
 import numpy as np
 
 from ..cli import flags
+from .. import safe_io
 from ..autoregressive import autoregressive_sample
 from ..drafters import make_drafter
 from ..drafters.specs import parse_draft
@@ -476,5 +477,5 @@ def main(argv=None) -> int:
     if args.json:
         from ..race.render import jsonable
 
-        Path(args.json).write_text(json.dumps(jsonable(numbers), indent=1, allow_nan=False) + "\n")
+        safe_io.write_json(args.json, jsonable(numbers))
     return 0

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from .sizes import human_size
+from .. import safe_io
 from .locks import exclusive
 from .registry import without_the_hub
 
@@ -125,19 +127,49 @@ def _check_status(r: requests.Response, url: str) -> None:
 
 def _digest_of(path: Path, digest, prefix: bytes = b"") -> str:
     digest.update(prefix)
-    with open(path, "rb") as f:
+    with safe_io.open_regular(path, follow_links=False) as f:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
 
 
 def _open_partial(partial: Path, append: bool):
-    """The partial file for writing, never through a symbolic link planted under its name."""
-    if partial.is_symlink():
-        partial.unlink()  # removes the link only; what it points to is untouched
-    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
-    flags |= os.O_APPEND if append else os.O_TRUNC
-    return os.fdopen(os.open(partial, flags, 0o644), "ab" if append else "wb")
+    """The partial file for writing: a file of this user's own, never one planted under its name.
+
+    A partial must keep one name across runs to be resumed, so it cannot be a fresh temporary file each
+    time as every other file specdec writes is (safe_io.replacing). Instead: starting afresh, whatever
+    is under the name (a link, someone else's file) is removed and a new file created exclusively
+    (O_EXCL, O_NOFOLLOW); resuming, the open file must be a regular file of this user's with no other
+    name (a hard link) and no one else allowed to write it, else it is removed and the download starts
+    over (_resumable_size said 0 for it already).
+    """
+    flags = os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    if append:
+        fd = os.open(partial, flags | os.O_APPEND)
+        if _ours(os.fstat(fd)):
+            return os.fdopen(fd, "ab")
+        os.close(fd)
+        raise _Transient(f"{partial} changed while it was resumed")
+    partial.unlink(missing_ok=True)  # removes a link or another's file only; what a link points to is untouched
+    return os.fdopen(os.open(partial, flags | os.O_CREAT | os.O_EXCL, 0o644), "wb")
+
+
+def _ours(st: os.stat_result) -> bool:
+    """A partial this user may resume: a regular file of theirs, with one name, that no one else may write."""
+    mine = not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
+    return stat.S_ISREG(st.st_mode) and mine and st.st_nlink == 1 and not st.st_mode & 0o022
+
+
+def _resumable_size(partial: Path) -> int:
+    """Bytes of a partial download to resume from: 0 (and the file removed) for one that is not ours (_ours)."""
+    try:
+        st = partial.lstat()
+    except FileNotFoundError:
+        return 0
+    if _ours(st):
+        return st.st_size
+    partial.unlink()
+    return 0
 
 
 def download_file(
@@ -266,7 +298,7 @@ def _problem(partial: Path, remote: _Remote, validate) -> str | None:
         try:
             validate(partial)
         except ValueError as e:  # CheckpointError is a ValueError
-            with open(partial, "rb") as f:
+            with safe_io.open_regular(partial, follow_links=False) as f:
                 html = f.read(512).lstrip().lower().startswith((b"<!doctype html", b"<html"))
             return "the server sent a web page instead (a captive portal or proxy?)" if html else str(e)
     return None
@@ -294,7 +326,7 @@ def _one_line(error: Exception) -> str:
 def _fetch_into(session, url, partial: Path, headers, remote: _Remote, progress: bool, desc: str, timeout) -> None:
     """Write what is missing into `partial`; raise _Transient if it stays short."""
     size = remote.size
-    have = partial.stat().st_size if partial.is_file() and not partial.is_symlink() else 0
+    have = _resumable_size(partial)
     if not _resumable(remote) or (size is not None and have > size):
         have = 0  # no sha256 to check a spliced file with, or longer than the real file: start over
     if size is not None and have == size:

@@ -37,11 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import safe_io
 from ..model.base import CausalLM
 from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
 from ..model.restricted import RestrictedLlama
 from .fingerprint import model_fingerprint
-from .pairs import read_json, show, weights_named, write_pair
+from .pairs import open_weights, show, write_pair
 from .safetensors import CheckpointError, index_safetensors, read_safetensors
 
 NAME = "smollm2-draft"  # the name load_model, --draft and `specdec cache` know it by
@@ -143,11 +144,11 @@ def load_draft(target: CausalLM, folder=FOLDER, name: str = NAME) -> Llama:
     folder = Path(folder).expanduser()
     config_path = folder / CONFIG_FILE
     retrain = f"train it with: {train_command(folder)}"
-    if not config_path.is_file():
-        raise CheckpointError(f"{folder}: no trained draft here (no {CONFIG_FILE}); {retrain}")
     try:
-        config = read_json(config_path)
-    except (ValueError, OSError) as e:
+        config = safe_io.read_json(config_path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder}: no trained draft here (no {CONFIG_FILE}); {retrain}") from None
+    except (ValueError, OSError) as e:  # safe_io.Refused: a FIFO, a link to a device, too large, not an object...
         raise CheckpointError(f"{config_path}: {e}; {retrain}") from e
 
     def bad(what: str) -> CheckpointError:
@@ -178,18 +179,18 @@ def load_draft(target: CausalLM, folder=FOLDER, name: str = NAME) -> Llama:
     if vocab_ids is not None:
         if not (isinstance(vocab_ids, list) and vocab_ids and all(type(i) is int for i in vocab_ids)):
             raise bad("'vocab_ids' is not a list of whole numbers")
-        vocab_ids = np.array(vocab_ids, dtype=np.int64)
-        if vocab_ids[0] < 0 or vocab_ids[-1] >= target.n_vocab or (np.diff(vocab_ids) <= 0).any():
+        # NOTE: checked as Python ints before NumPy sees them: 2**63 does not fit an int64 (OverflowError)
+        if vocab_ids[0] < 0 or vocab_ids[-1] >= target.n_vocab or any(a >= b for a, b in zip(vocab_ids, vocab_ids[1:])):
             raise bad(f"'vocab_ids' must be distinct increasing ids in 0..{target.n_vocab - 1}")
+        vocab_ids = np.array(vocab_ids, dtype=np.int64)
     try:
-        weights_path = weights_named(folder, config, WEIGHTS_STEM)
+        weights_path, file = open_weights(folder, config, WEIGHTS_STEM, MAX_BYTES)  # a draft's tensors are small
     except ValueError as e:
         raise bad(str(e)) from e
-    if weights_path.stat().st_size > MAX_BYTES:
-        raise bad(f"{weights_path.name} is {weights_path.stat().st_size:,} bytes, over the {MAX_BYTES:,} a draft may be")
     try:
-        stored = {entry[0]: entry[1] for entry in index_safetensors(weights_path)[0]}  # name -> stored dtype
-        tensors = read_safetensors(weights_path)  # widened to float32
+        with file:  # the file whose sha256 was checked is the file read
+            stored = {entry[0]: entry[1] for entry in index_safetensors(weights_path, file)[0]}  # name -> stored dtype
+            tensors = read_safetensors(weights_path, file)  # widened to float32
     except (CheckpointError, OSError) as e:
         raise bad(f"{weights_path.name} is not a readable safetensors file") from e
     shapes = param_shapes(n_embd=target.n_embd, **shape)
@@ -211,5 +212,7 @@ def load_draft(target: CausalLM, folder=FOLDER, name: str = NAME) -> Llama:
 
 def card(folder=FOLDER) -> dict | None:
     """How the shipped draft was made (draft.json's "card"), or None when none is shipped."""
-    path = Path(folder) / CONFIG_FILE
-    return read_json(path).get("card") if path.is_file() else None
+    try:
+        return safe_io.read_json(Path(folder) / CONFIG_FILE).get("card")
+    except FileNotFoundError:
+        return None

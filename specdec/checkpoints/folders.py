@@ -14,11 +14,14 @@ import json
 import re
 from pathlib import Path
 
+from .. import safe_io
 from .safetensors import CheckpointError, index_safetensors
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "vocab.json", "merges.txt")  # a GPT-2 folder
 LLAMA_FILES = ("config.json", "model.safetensors", "tokenizer.json")  # a Llama folder (or shards: see below)
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+MAX_INDEX_BYTES = 16 << 20  # an index names each tensor once: a few hundred kB for the largest models
+MAX_TEXT_BYTES = 64 << 20  # vocab.json, merges.txt, tokenizer.json: 1-10 MB for real models
 
 _SHARD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.safetensors")
 
@@ -30,8 +33,8 @@ def model_kind(folder: Path) -> str:
     reader (gpt2_folder.read_hparams) then says what is wrong with it.
     """
     try:
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        config = safe_io.read_json(Path(folder) / "config.json", expect=None)
+    except (OSError, ValueError):
         return "gpt2"
     if not isinstance(config, dict):
         return "gpt2"
@@ -47,8 +50,8 @@ def model_kind(folder: Path) -> str:
 def shard_files(index_path: Path) -> list[str]:
     """The shard file names a model.safetensors.index.json lists, in order, each a plain file name."""
     try:
-        index = json.loads(Path(index_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
+        index = safe_io.read_json(index_path, expect=None, max_bytes=MAX_INDEX_BYTES)
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"{index_path}: cannot read it as JSON ({e}); delete it and load again") from e
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
@@ -96,9 +99,11 @@ def check_download(path: Path, filename: str) -> None:
         index_safetensors(path)
         return
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = safe_io.read_bytes(path, MAX_TEXT_BYTES).decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{filename} is not UTF-8 text") from e
+    except OSError as e:
+        raise ValueError(f"{filename}: {e.strerror or e}") from e
     if filename.endswith(".json"):
         try:
             value = json.loads(text)

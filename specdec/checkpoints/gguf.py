@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
-import stat
 import struct
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -41,6 +39,7 @@ from typing import BinaryIO
 import numpy as np
 
 from ..model.linear import Linear
+from .. import safe_io
 from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
 from ..model.qwen2 import Qwen2
 from ..model.tokenizer import gguf_encoding
@@ -82,19 +81,6 @@ OTHER_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_
                22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M"}  # fmt: skip
 
 
-def _open_regular(path: Path):
-    """`path` open for reading if it is a regular file; OSError otherwise.
-
-    NOTE: O_NONBLOCK, and the type checked on the open file: a FIFO (or a device) named *.gguf
-    is refused at once instead of blocking the load forever.
-    """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(0, "it is not a regular file")
-    return os.fdopen(fd, "rb")
-
-
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -114,8 +100,12 @@ class GGUFFile:
         """file: `path` already open (checked by the caller, as wheel.open_model does); else it is opened here."""
         self.path = Path(path)
         try:
-            with _open_regular(self.path) if file is None else nullcontext(file) as f:
+            # NOTE: safe_io.open_regular: the type checked on the open file, opened without waiting, so a
+            # FIFO (or a device) named *.gguf is refused at once instead of blocking the load forever
+            with safe_io.open_regular(self.path) if file is None else nullcontext(file) as f:
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except safe_io.Refused as e:
+            raise CheckpointError(f"{self.path}: {e}") from None
         except ValueError:  # an empty file cannot be mapped
             raise self.error("is empty, not a GGUF file") from None
         except OSError as e:
@@ -248,7 +238,16 @@ class GGUFFile:
 
 
 def dequantize(raw: np.ndarray, qtype: QuantType) -> np.ndarray:
-    """Bytes of whole blocks -> float32 weights, flat, in the file's order."""
+    """Bytes of whole blocks -> float32 weights, flat, in the file's order.
+
+    NOTE: a damaged scale (an f16 inf or NaN) overflows here; NumPy's warnings about it are silenced,
+    since GGUFFile.tensor refuses the non-finite result with one line naming the tensor.
+    """
+    with np.errstate(all="ignore"):
+        return _dequantize(raw, qtype)
+
+
+def _dequantize(raw: np.ndarray, qtype: QuantType) -> np.ndarray:
     if qtype.name == "F32":
         return raw.view("<f4").astype(np.float32)
     if qtype.name == "F16":
@@ -315,7 +314,7 @@ def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None =
     f = GGUFFile(path, file)
     meta = f.metadata
     arch = meta.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:  # (a list would not even be looked up)
         raise CheckpointError(f"{f.path}: architecture {arch!r}; specdec runs GGUF files of the "
                               f"{' and '.join(map(repr, ARCHITECTURES))} architectures")  # fmt: skip
     spec = ARCHITECTURES[arch]

@@ -8,13 +8,13 @@ the same layout, for tests, the benchmark and offline demo models.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 import numpy as np
 
+from .. import safe_io
 from ..model.gpt2 import GPT2, Block, HParams, Weights
 from ..model.fast.kernels import transposed_copy
 from ..model.linear import Linear
@@ -40,10 +40,10 @@ def read_hparams(config_path: Path) -> HParams:
     """GPT-2's hyperparameters from config.json, each checked for type and range."""
     redownload = _redownload_hint(config_path)
     try:
-        config = json.loads(Path(config_path).read_text(encoding="utf-8"))
+        config = safe_io.read_json(config_path, expect=None)
     except FileNotFoundError as e:
         raise CheckpointError(f"{config_path} is missing; a model folder needs {', '.join(CHECKPOINT_FILES)}") from e
-    except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON
+    except (OSError, ValueError) as e:  # safe_io.Refused: not a regular file, too large, not UTF-8, not JSON
         raise CheckpointError(f"{config_path}: cannot read it as JSON ({e}); {redownload}") from e
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_path}: expected a JSON object of GPT-2 hyperparameters; {redownload}")
@@ -255,7 +255,7 @@ def save_folder(
         "vocab_size": h.n_vocab, "n_positions": h.n_ctx, "n_embd": h.n_embd, "n_head": h.n_head,
         "n_layer": h.n_layer, "layer_norm_epsilon": h.layer_norm_epsilon,
     }  # fmt: skip
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    safe_io.write_json(folder / "config.json", config)
     return write_safetensors(
         folder / "model.safetensors", lambda: checkpoint_tensors(model, prefix, with_mask_buffers), dtype
     )

@@ -42,16 +42,16 @@ hidden_size / num_attention_heads.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 
 from ..model.linear import Linear
+from .. import safe_io
 from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
 from ..model.tokenizer import hf_tokenizer_encoding
-from .folders import INDEX, WEIGHTS, checkpoint_files, shard_files
+from .folders import INDEX, MAX_INDEX_BYTES, WEIGHTS, checkpoint_files, shard_files
 from .safetensors import CheckpointError, check_finite, read_safetensors, write_safetensors
 
 _MAX_DIM = 1 << 24  # far above any Llama's sizes; keeps shape arithmetic small
@@ -79,8 +79,8 @@ def read_llama_config(config_path: Path) -> tuple[LlamaHParams, bool]:
     """
     config_path = Path(config_path)
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
+        config = safe_io.read_json(config_path, expect=None)
+    except (OSError, ValueError) as e:  # safe_io.Refused: not a regular file, too large, not UTF-8, not JSON
         raise CheckpointError(f"{config_path}: cannot read it as JSON ({e})") from e
     if not isinstance(config, dict):
         raise CheckpointError(f"{config_path}: expected a JSON object of Llama hyperparameters")
@@ -153,7 +153,7 @@ def read_weights(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     if (folder / WEIGHTS).is_file():
         tensors = read_safetensors(folder / WEIGHTS)
         return tensors, dict.fromkeys(tensors, str(folder / WEIGHTS))
-    index = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"]  # checked by shard_files
+    index = safe_io.read_json(folder / INDEX, max_bytes=MAX_INDEX_BYTES)["weight_map"]  # checked by shard_files
     tensors, source = {}, {}
     for shard in shard_files(folder / INDEX):
         for name, array in read_safetensors(folder / shard).items():
@@ -264,5 +264,5 @@ def save_hf_llama(model: Llama, folder: str | os.PathLike, dtype: str = "F32") -
         "tie_word_embeddings": model.weights.lm_head.w_t is model.weights.wte,
         "torch_dtype": {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype],
     }  # fmt: skip
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    safe_io.write_json(folder / "config.json", config)
     return write_safetensors(folder / WEIGHTS, lambda: hf_tensors(model), dtype)

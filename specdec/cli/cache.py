@@ -47,6 +47,11 @@ def cache(argv: list[str], prog: str) -> int:
     except ValueError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a read-only store, or one this user may not write: its lock files cannot even be opened
+        what, where = args.remove or "the kept layouts", f" {e.filename}:" if e.filename else ""
+        reason = f"{e.strerror or e} (a read-only store, or another user's?)"
+        print(f"{prog}: error: cannot remove {what}:{where} {reason}", file=sys.stderr)
+        return 1
     found = store.entries(home, models_dir)
     print(f"specdec stores {human(sum(e.size for e in found))} under {home}" + (":" if found else " (nothing)"))
     for entry in found:

@@ -33,6 +33,7 @@ from ..checkpoints.hub import HubSettings, ensure_files, missing_files, resolve_
 from ..checkpoints.load import load_model, tuned
 from ..checkpoints.pins import WHEELS
 from ..checkpoints.sizes import human_size as human
+from ..batch import check_batch_memory
 from ..config import Config, setup
 from ..drafters import same_tokenizer
 from ..race import RaceInterrupted, race
@@ -118,6 +119,11 @@ def run(args) -> int:
                          "chat template")  # fmt: skip
     # Each prompt's ids as the samplers will see them, checked before a draft is loaded.
     prompts = args.prompts if args.batch is not None else [args.prompt]
+    if args.batch is not None:  # the rows' memory, before a single row is made (batch.check_batch_memory)
+        try:
+            check_batch_memory(target, args.batch, args.n_tokens_to_generate, f"--batch {args.batch}")
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
     requests = [checked_request(target, prompt, args) for prompt in prompts]
     spec, draft_load = args.draft_spec, 0.0
     draft, draft_label = str(spec), spec.describe()

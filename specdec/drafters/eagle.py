@@ -48,7 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoints.pairs import read_json, show
+from .. import safe_io
+from ..checkpoints.pairs import show
 from ..interfaces import Proposal
 from ..model.attention import KVCache
 from ..model.attention import softmax
@@ -349,9 +350,9 @@ def head_block(folder) -> str:
     """The block an EAGLE head file names (its config's "block"; "gpt2" when absent), checked."""
     path = Path(folder).expanduser() / CONFIG_FILE
     try:
-        block = read_json(path).get("block", "gpt2") if path.is_file() else "gpt2"  # load_heads says what is missing
-    except ValueError:
-        return "gpt2"  # load_heads reports the malformed file
+        block = safe_io.read_json(path).get("block", "gpt2")
+    except (OSError, ValueError):
+        return "gpt2"  # load_heads reports the missing or malformed file
     if block not in BLOCKS:
         raise HeadFileError(f"{path}: 'block' is {show(block)}, expected one of {', '.join(map(repr, BLOCKS))}; "
                             f"train heads with: python -m specdec.train eagle --model MODEL --out {folder}")  # fmt: skip
@@ -367,6 +368,30 @@ def head_shapes(folder, target):
         raise HeadFileError(f"{folder}: these EAGLE heads have a Llama block ({block!r}) and draft only for a Llama "
                             f"target, not {target.name!r}")  # fmt: skip
     return lambda n_heads, n_embd: llama_param_shapes(target.hparams, block)
+
+
+def check_llama_config(folder, config: dict, target) -> None:
+    """HeadFileError unless the numbers a Llama-block head's heads.json records are the target's: its block
+    computes with the target's own heads, MLP width and rotary base (LlamaEagleModel), so a file that says
+    otherwise (a NaN rope_theta, another head count) was not trained for this target, or was edited.
+    "layers": the target layers it reads, 3 for EAGLE-3 (low, mid, high), the last one for EAGLE (which
+    files saved without it read too)."""
+    path, h = Path(folder) / CONFIG_FILE, target.hparams
+    for field, want in (("n_kv_head", h.n_kv_head), ("n_ff", h.n_ff), ("rope_theta", h.rope_theta)):
+        have = config.get(field)
+        number = type(have) is int or (type(have) is float and field == "rope_theta")  # (NaN equals nothing)
+        if not (number and have == want):
+            raise HeadFileError(
+                f"{path}: {field!r} is {show(have)}, but the target {target.name!r} has {field}={want} and the "
+                "head's block computes with it; train heads for this model"
+            )
+    layers, count = config.get("layers", [target.n_layer]), 3 if config["block"] == "eagle3" else 1
+    in_range = isinstance(layers, list) and all(type(x) is int and 0 <= x <= target.n_layer for x in layers)
+    if not (in_range and len(layers) == count):
+        raise HeadFileError(
+            f"{path}: 'layers' must list the {count} target layer{'' if count == 1 else 's'} (0..{target.n_layer}) the head reads, "
+            f"got {show(layers)}"
+        )
 
 
 class EagleDrafter:
@@ -402,15 +427,11 @@ class EagleDrafter:
         if config.get("block", "gpt2") == "gpt2":
             model = EagleModel(params, target.n_embd, config["n_head"], target.n_ctx, config["layer_norm_epsilon"])
             return cls(model, vocab, target.weights.wte, **options)
+        check_llama_config(folder, config, target)
         model = LlamaEagleModel(params, target.hparams, config["block"], target.n_ctx)
         if config["block"] == "llama":
             return cls(model, vocab, target.weights.wte, **options)
-        layers = config.get("layers")
-        if not (isinstance(layers, list) and len(layers) == 3
-                and all(type(x) is int and 0 <= x <= target.n_layer for x in layers)):  # fmt: skip
-            raise HeadFileError(f"{Path(folder) / CONFIG_FILE}: 'layers' must list the 3 target layers (0.."
-                                f"{target.n_layer}) an EAGLE-3 head reads, got {show(layers)}")  # fmt: skip
-        return cls(model, vocab, target.weights.wte, hidden_layers=layers, **options)
+        return cls(model, vocab, target.weights.wte, hidden_layers=config["layers"], **options)
 
     def fresh(self) -> EagleDrafter:
         """A drafter for another sequence: this head's model, vocabulary and LM head, shared (drafting only

@@ -25,11 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import safe_io
 from ..checkpoints.fingerprint import FINGERPRINT, FINGERPRINT_SAMPLES, model_fingerprint  # noqa: F401 (re-exported)
-from ..checkpoints.pairs import read_json, show, weights_named, write_pair
+from ..checkpoints.pairs import open_weights, show, write_pair
 from ..checkpoints.safetensors import CheckpointError, read_safetensors
 from ..model.attention import softmax
 from ..model.base import CausalLM
+from ..model.llama import LlamaHParams
 from ..model.restricted import DraftVocab
 from ..sampling import SamplingParams, greedy, probabilities
 from .specs import HEADS
@@ -151,10 +153,19 @@ def save_heads(folder, kind: str, target: CausalLM, params: dict[str, np.ndarray
         "n_head": target.n_head,  # what training used (EAGLE's block splits attention by it)
         "layer_norm_epsilon": target.hparams.layer_norm_epsilon,
         "draft_vocab": len(vocab.ids),
+        **llama_numbers(target),  # what a Llama block computes with (eagle.check_llama_config reads them back)
         **config,
     }
     dtype = {name: "F16" for name in params} if half else "F32"
     return write_pair(folder, CONFIG_FILE, WEIGHTS_STEM, tensors, meta, dtype)
+
+
+def llama_numbers(target: CausalLM) -> dict:
+    """A Llama target's numbers a head with a Llama block computes with (the target's own), {} for another."""
+    h = target.hparams
+    if not isinstance(h, LlamaHParams):
+        return {}
+    return {"n_kv_head": h.n_kv_head, "n_ff": h.n_ff, "rope_theta": h.rope_theta}
 
 
 def load_heads(folder, kind: str, target: CausalLM, param_shapes) -> tuple[dict, dict[str, np.ndarray], DraftVocab]:
@@ -175,11 +186,11 @@ def load_heads(folder, kind: str, target: CausalLM, param_shapes) -> tuple[dict,
     folder = Path(folder).expanduser()
     config_path = folder / CONFIG_FILE
     retrain = f"train heads with: python -m specdec.train {kind} --model MODEL --tokens N --out {folder}"
-    if not config_path.is_file():
-        raise HeadFileError(f"{folder}: no trained heads here (no {CONFIG_FILE}); {retrain}")
     try:
-        config = read_json(config_path)
-    except ValueError as e:
+        config = safe_io.read_json(config_path)
+    except FileNotFoundError:
+        raise HeadFileError(f"{folder}: no trained heads here (no {CONFIG_FILE}); {retrain}") from None
+    except ValueError as e:  # safe_io.Refused: a FIFO, a link to a device, too large, not a JSON object...
         raise HeadFileError(f"{config_path}: {e}") from e
 
     def bad(what: str):
@@ -215,11 +226,12 @@ def load_heads(folder, kind: str, target: CausalLM, param_shapes) -> tuple[dict,
             f"{target.name!r} (same shape, other weights); train heads for this model"
         )
     try:
-        weights_path = weights_named(folder, config, WEIGHTS_STEM)
+        weights_path, file = open_weights(folder, config, WEIGHTS_STEM)
     except ValueError as e:
         raise bad(str(e)) from e
     try:
-        tensors = {k: np.array(v) for k, v in read_safetensors(weights_path).items()}  # writable copies
+        with file:  # the file whose sha256 was checked is the file read
+            tensors = {k: np.array(v) for k, v in read_safetensors(weights_path, file).items()}  # writable copies
     except CheckpointError as e:  # (its message advises a download: not what heads need)
         raise HeadFileError(f"{weights_path}: not a readable safetensors file; {retrain}") from e
 

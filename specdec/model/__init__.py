@@ -16,7 +16,7 @@ Beside them, never needed to read a pass:
     restricted.py a draft vocabulary (FR-Spec's top N) and models whose LM head scores only it
     shapes.py     GPT-2's sizes, and random models of them for tests and benchmarks
 
-May import: NumPy, tiktoken, and the modules of model/ itself; nothing else of
-specdec (tests/test_imports.py checks this). No file I/O but reading a tokenizer
-and model/fast/'s plan file.
+May import: NumPy, tiktoken, the modules of model/ itself and safe_io/ (the one way to
+read and write a file); nothing else of specdec (tests/test_imports.py checks this).
+No file I/O but reading a tokenizer and model/fast/'s plan file.
 """

@@ -28,6 +28,7 @@ with `tree_mask`.
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import numpy as np
@@ -177,3 +178,38 @@ class KVCache:
             self.k[:, :, start + j : start + m] = self.k[:, :, start + rows[j:]]
             self.v[:, :, start + j : start + m] = self.v[:, :, start + rows[j:]]
         self.length = start + m
+
+
+def position_bytes(hparams: HParams, dtype=F32) -> int:
+    """Bytes one position takes in a KVCache: a key and a value per KV head in every layer."""
+    return 2 * hparams.n_layer * hparams.n_kv_head * hparams.d_head * np.dtype(dtype).itemsize
+
+
+def memory_available() -> int | None:
+    """Bytes this machine can give a process now: /proc/meminfo's MemAvailable (Linux), else its physical
+    memory, else None (unknown: nothing is refused on a guess)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:  # (a file of size 0 that reads a few lines: not safe_io's rule)
+            for line in f.read(1 << 16).splitlines():
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_rows_fit(hparams: HParams, n_rows: int, positions: int, what: str, dtype=F32) -> None:
+    """ValueError (one sentence saying `what` to lower) when n_rows KV caches of at least `positions` positions
+    each cannot fit the memory this machine has free: checked before the first row is made, so a batch far too
+    large for the machine is one line, not minutes of work and then an allocation error."""
+    positions = min(hparams.n_ctx, positions)
+    needed, free = n_rows * positions * position_bytes(hparams, dtype), memory_available()
+    if free is not None and needed > free:
+        raise ValueError(
+            f"{what}: {n_rows:,} rows need at least {needed / 1e9:,.1f} GB for their KV caches ({positions} positions "
+            f"of {position_bytes(hparams, dtype):,} bytes each), more than the {free / 1e9:,.1f} GB this machine has "
+            "free; decode fewer rows at once"
+        )

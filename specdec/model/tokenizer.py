@@ -19,13 +19,15 @@ order would make tiktoken tokenize differently from the original BPE.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from pathlib import Path
 
 import tiktoken
 
+from .. import safe_io
+
 ENDOFTEXT = "<|endoftext|>"
+MAX_FILE_BYTES = 64 << 20  # vocab.json, merges.txt, tokenizer.json: 1-10 MB for real models
 # GPT-2's pre-tokenisation pattern (openai/gpt-2, src/encoder.py): contractions,
 # letter runs, digit runs, other symbol runs, each with an optional leading
 # space, then whitespace.
@@ -65,8 +67,8 @@ def load_tokenizer(vocab_path: str | Path, merges_path: str | Path) -> tiktoken.
 def _load_tokenizer(vocab_path: str, merges_path: str) -> tiktoken.Encoding:
     # Draft and target of one family share these files; build the Encoding once.
     try:
-        vocab = json.loads(Path(vocab_path).read_text(encoding="utf-8"))
-        merges = Path(merges_path).read_text(encoding="utf-8").splitlines()
+        vocab = safe_io.parse_json(safe_io.read_bytes(vocab_path, MAX_FILE_BYTES), expect=None)
+        merges = safe_io.read_bytes(merges_path, MAX_FILE_BYTES).decode("utf-8").splitlines()
     except FileNotFoundError as e:
         raise ValueError(f"{e.filename} is missing: a GPT-2 tokenizer needs vocab.json and merges.txt") from e
     except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON
@@ -283,7 +285,7 @@ def hf_tokenizer_encoding(path: str | Path) -> ByteLevelEncoding:
     """
     path = Path(path)
     try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
+        spec = safe_io.parse_json(safe_io.read_bytes(path, MAX_FILE_BYTES), expect=None)
     except FileNotFoundError as e:
         raise ValueError(f"{path} is missing: a Llama model folder needs tokenizer.json") from e
     except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON

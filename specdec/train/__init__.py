@@ -2,7 +2,8 @@
 small distilled draft model.
 
 Layer: a tool beside the samplers. May import model/, checkpoints/, drafters/ and the
-round's autoregressive.py, config.py, sampling.py and cli/flags.py; nothing imports it but bench/
+round's autoregressive.py, config.py, sampling.py, cli/flags.py and safe_io/ (the one way to
+write and to read a file); nothing imports it but bench/
 (tests/test_imports.py).
 
     python -m specdec.train medusa --model 124M --tokens 20000 --out heads/medusa-124M

@@ -24,36 +24,50 @@ checksum in the same way.
 
 from __future__ import annotations
 
-import fcntl
-import json
-import re
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-from ..checkpoints.pairs import show, write_atomically
-from .distill import MANIFEST, DistillSettings, read_manifest, read_shard, shard_rows_of, write_manifest
+from .. import safe_io
+from ..checkpoints import locks
+from .distill import (
+    LOCK,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    SHARD_FILE,
+    DistillSettings,
+    check_entry,
+    read_manifest,
+    read_shard,
+    settings_of,
+    shard_rows_of,
+    write_manifest,
+)
 
 MADE = "made.json"
-SHARD_NAME = re.compile(r"shard-(\d{5})\.npz")
 
 
 def read_made(new: Path) -> dict:
-    """NEW/made.json, checked for its fields; ValueError naming the file otherwise."""
+    """NEW/made.json, checked whole before any shard it names is opened: an object whose "settings" are a
+    run's (distill.settings_of) and whose "entries" are shard entries (distill.check_entry: objects naming
+    shard files beside it, each once, with a sha256 and whole counts); ValueError naming the file otherwise."""
     path = new / MADE
     try:
-        made = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(made.get("settings"), dict) or not isinstance(made.get("entries"), list):
-            raise ValueError("it has no 'settings' or no 'entries'")
-        for entry in made["entries"]:
-            if not SHARD_NAME.fullmatch(str(entry.get("file"))):
-                raise ValueError(f"an entry names {show(entry.get('file'))}, not a shard")
+        made = safe_io.read_json(path, dict, MAX_MANIFEST_BYTES)  # (a FIFO, a device, 100,000 brackets: refused)
+        settings_of(made.get("settings"))
+        if not isinstance(made.get("entries"), list):
+            raise ValueError(f"'entries' is {type(made.get('entries')).__name__}, not a list")
+        names = [check_entry(entry)["file"] for entry in made["entries"]]
+        if len(set(names)) < len(names):
+            raise ValueError(f"it names {next(n for n in names if names.count(n) > 1)} twice")
         return made
-    except (OSError, ValueError, AttributeError) as e:
-        raise ValueError(f"{path}: not a record of shards made elsewhere ({show(str(e), 100)}); give the --out "
-                         f"folder of `scripts/distill_torch.py make`") from e  # fmt: skip
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"{path}: not a record of shards made elsewhere ({' '.join(str(e).split())[:200]}); give the --out "
+            "folder of `scripts/distill_torch.py make`"
+        ) from e
 
 
 def check_rows(arrays: dict[str, np.ndarray], settings: DistillSettings, index: int, name: str) -> None:
@@ -79,11 +93,10 @@ def adopt_shards(folder: str | Path, new: str | Path, n_vocab: int, log: Callabl
     folder, new = Path(folder), Path(new)
     if not (folder / MANIFEST).is_file():
         raise ValueError(f"{folder}: no {MANIFEST}; give the folder of the run these shards continue")
-    with open(folder / ".lock", "w") as lock:
-        try:  # the lock a `data` run holds: its manifest in memory would overwrite this one's
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ValueError(f"{folder} is being written by a `data` run; adopt shards when it has stopped") from None
+    # The lock a `data` run holds: its manifest in memory would overwrite this one's.
+    with locks.exclusive(folder / LOCK, wait=False) as held:  # (opened without following a link)
+        if not held:
+            raise ValueError(f"{folder} is being written by a `data` run; adopt shards when it has stopped")
         return _adopt(folder, new, n_vocab, log or (lambda line: None))
 
 
@@ -94,8 +107,8 @@ def _adopt(folder: Path, new: Path, n_vocab: int, log: Callable[[str], None]) ->
         differ = [k for k in manifest["settings"] if made["settings"].get(k) != manifest["settings"][k]]
         raise ValueError(f"{new}: made with other settings than the run in {folder} ({', '.join(differ) or 'extra'} "
                          f"differ); make shards with the run's own {MANIFEST}")  # fmt: skip
-    settings = DistillSettings(**manifest["settings"])
-    entries = {int(SHARD_NAME.fullmatch(e["file"]).group(1)): e for e in made["entries"]}
+    settings = settings_of(manifest["settings"])
+    entries = {int(SHARD_FILE.fullmatch(e["file"]).group(1)): e for e in made["entries"]}
     start, added = len(manifest["shards"]), []
     while start + len(added) in entries:
         index = start + len(added)
@@ -105,24 +118,36 @@ def _adopt(folder: Path, new: Path, n_vocab: int, log: Callable[[str], None]) ->
     if not added:
         raise ValueError(f"{new}: none of its shards continues the run in {folder}, whose next shard is {start}; "
                          f"make that one first")  # fmt: skip
-    for index in added:
-        copy_whole(new / entries[index]["file"], folder / entries[index]["file"])
-        read_shard(folder, entries[index], n_vocab)
-    manifest["shards"] += [entries[index] for index in added]
-    manifest["reply_tokens"] = sum(e["reply_tokens"] for e in manifest["shards"] if e is not None)
-    record = {key: made.get(key) for key in ("by", "device", "torch")}
-    manifest.setdefault("made_elsewhere", []).append({"shards": [added[0], added[-1]], **record})
-    write_manifest(folder, manifest)
+    copied = []
+    try:  # all of it, or none: a copy that fails (a full disk, a shard changed since it was checked) takes the
+        for index in added:  # copies made before it away, so nothing is left in the folder that no manifest names
+            dest = folder / entries[index]["file"]
+            copied.append(dest)
+            copy_whole(new / entries[index]["file"], dest, entries[index]["sha256"])
+            read_shard(folder, entries[index], n_vocab)
+        manifest["shards"] += [entries[index] for index in added]
+        manifest["reply_tokens"] = sum(e["reply_tokens"] for e in manifest["shards"] if e is not None)
+        record = {key: made.get(key) for key in ("by", "device", "torch")}
+        manifest.setdefault("made_elsewhere", []).append({"shards": [added[0], added[-1]], **record})
+        write_manifest(folder, manifest)
+    except BaseException:
+        for dest in copied:
+            dest.unlink(missing_ok=True)
+        raise
     left = sorted(set(entries) - set(added))
     if left:
         log(f"left in {new}: shards {', '.join(map(str, left))} (they do not follow shard {added[-1]})")
     return added
 
 
-def copy_whole(source: Path, dest: Path) -> None:
-    """source's bytes into dest, which is whole or absent (write_atomically), readable by anyone here."""
-    payload = source.read_bytes()
-    write_atomically(dest, lambda f: f.write(payload), mode=0o644)
+def copy_whole(source: Path, dest: Path, sha256: str) -> None:
+    """source's bytes into dest (safe_io.replacing: whole or absent), readable by anyone here; ValueError, and
+    dest untouched, unless the bytes copied are the ones whose sha256 the record gives."""
+    with safe_io.open_regular(source) as src, safe_io.replacing(dest, mode=0o644) as out:
+        while chunk := src.read(1 << 20):
+            out.write(chunk)
+        if safe_io.sha256_of(out) != sha256:
+            raise ValueError(f"{source}: changed while it was copied (its sha256 is no longer the record's)")
 
 
 def made_record(settings: DistillSettings | dict, entries: list[dict], by: str, device: str, torch: str) -> dict:

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import safe_io
 from ..cli import flags
 from .draft_model import LOSSES
 from .heads_train import KINDS
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
                        args.vocab_top, args.labels, args.greedy_frac, args.eval_tokens, args.save_every)  # fmt: skip
 
         target = load_model(args.model, progress=not args.quiet)
-        eval_text = Path(args.eval_text).read_text(encoding="utf-8") if args.eval_text else None
+        eval_text = read_text_file(args.eval_text, "--eval-text") if args.eval_text else None
         train(
             args.kind, target, args.tokens, args.out, n_heads=args.heads, steps=args.steps, batch=args.batch,
             seq_len=args.seq_len, lr=args.lr, vocab_top=args.vocab_top, label_kind=args.labels,
@@ -107,6 +108,17 @@ def main(argv=None) -> int:
         print(f"\ninterrupted; continue with --resume (checkpoint in {args.out})", file=sys.stderr)
         return 130
     return 0
+
+
+def read_text_file(path: str, flag: str) -> str:
+    """A UTF-8 text file a flag names, by the one reader (safe_io: a regular file of at most 64 MB, a FIFO
+    refused at once); ValueError naming the flag and the file otherwise."""
+    try:
+        return safe_io.read_bytes(path, 64 << 20).decode("utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{flag} {path}: no such file") from None
+    except (OSError, ValueError) as e:  # safe_io.Refused, UnicodeDecodeError
+        raise ValueError(f"{flag} {path}: {e}") from None
 
 
 def layer_list(text: str) -> list[int]:

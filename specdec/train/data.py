@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..checkpoints.pairs import show, write_atomically
+from .. import safe_io
+from ..checkpoints.pairs import show
 from ..drafters.heads import model_fingerprint
 from ..model.base import CausalLM
 from ..model.tokenizer import DEFAULT_SYSTEM
@@ -118,7 +119,8 @@ def load_or_make_data(path: Path, target: CausalLM, n_tokens: int, seq_len: int,
             return cached
     rng = np.random.default_rng(seed)
     tokens, features = self_distill(target, n_tokens, seq_len, rng, greedy_frac, progress=progress)
-    write_atomically(path, lambda f: np.savez(f, tokens=tokens, features=features, meta=json.dumps(meta)))
+    with safe_io.replacing(path, mode=0o600) as f:  # a cache of this user's run
+        np.savez(f, tokens=tokens, features=features, meta=json.dumps(meta))
     return tokens, features
 
 
@@ -128,9 +130,7 @@ def read_data(path: Path, meta: dict, target: CausalLM) -> tuple[np.ndarray, np.
     settings say, has token ids outside the vocabulary or features that are not finite."""
     fix = "delete it and run again (it is a cache: it is made afresh)"
     try:
-        if path.is_file() and not zipfile.is_zipfile(path):  # (np.load would try it as a pickle)
-            raise ValueError("it is not an .npz file: truncated, or something else")
-        with np.load(path) as data:  # allow_pickle=False: a pickled object is refused, never run
+        with safe_io.open_regular(path) as f, safe_io.open_npz(f) as data:  # no FIFO, no pickle, no zip bomb
             if "meta" not in data.files:
                 raise ValueError("it has no 'meta' entry")
             if json.loads(str(data["meta"])) != meta:

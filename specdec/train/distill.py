@@ -36,8 +36,9 @@ One file, for one format: the run that writes the shards and the reader that che
 
 from __future__ import annotations
 
-import fcntl
-import json
+import dataclasses
+import math
+import re
 import time
 import zipfile
 from collections import deque
@@ -47,15 +48,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoints.pairs import sha256_of, show, write_atomically
+from .. import safe_io
+from ..checkpoints import locks
+from ..checkpoints.pairs import show
 from ..drafters.heads import model_fingerprint
-from ..model.attention import KVCache
+from ..model.attention import KVCache, check_rows_fit
 from ..model.tokenizer import DEFAULT_SYSTEM, chat_prompt
 from ..sampling import SamplingParams, check_finite_logits, draw, greedy, probabilities
 from .requests import OVERLAP_N, RequestPool
 
 FORMAT = "specdec-distill-1"
 MANIFEST = "manifest.json"
+LOCK = ".lock"  # held by the run writing the folder (a `data` run, or adopt_shards)
+MAX_MANIFEST_BYTES = 64 << 20  # an entry is about 250 bytes: room for 250,000 shards
+SHARD_FILE = re.compile(r"shard-(\d{5})\.npz")  # shard_name's form
+ENTRY_COUNTS = ("rows", "reply_tokens", "greedy_rows", "ended_rows")  # whole numbers in every shard's entry
+MAX_COUNT = 1 << 40
 F32 = np.float32
 
 # Every array of a shard: name -> (dtype, what it holds). n_rows rows, n_prompt / n_reply tokens in all.
@@ -223,27 +231,38 @@ def make_shard(model, pool: RequestPool, settings: DistillSettings, index: int,
 def write_shard(folder: Path, index: int, arrays: dict[str, np.ndarray]) -> dict:
     """Write shard `index` atomically; its manifest entry (file, sha256, counts)."""
     path = folder / shard_name(index)
-    write_atomically(path, lambda f: np.savez(f, **arrays), mode=0o644)  # the data is for anyone here to train on
-    return {"file": path.name, "sha256": sha256_of(path), "rows": len(arrays["row"]),
+    with safe_io.replacing(path, mode=0o644) as f:  # the data is for anyone here to train on
+        np.savez(f, **arrays)
+        sha256 = safe_io.sha256_of(f)  # of the bytes written, read back from the file before it gets its name
+    return {"file": path.name, "sha256": sha256, "rows": len(arrays["row"]),
             "reply_tokens": len(arrays["reply_ids"]), "greedy_rows": int(arrays["greedy"].sum()),
             "ended_rows": int(arrays["ended"].sum())}  # fmt: skip
 
 
 def read_shard(folder: Path, entry: dict, n_vocab: int | None = None) -> dict[str, np.ndarray]:
     """A shard's arrays, checked before trusted: ValueError naming the file when its sha256 is not the
-    manifest's (truncated, changed, or another run's), or its arrays are missing or inconsistent."""
+    manifest's (truncated, changed, or another run's), or its arrays are missing or inconsistent.
+    entry: checked by check_entry first. The file is opened once (safe_io: a regular file, a link
+    followed to what it names and checked there) and everything is read from that open file."""
     path = folder / entry["file"]
     fix = f"delete it (and its entry in {MANIFEST} is ignored: the next run makes it again)"
-    if not path.is_file():
-        raise ValueError(f"{path}: missing; run the same `data` command again to make it")
-    if sha256_of(path) != entry["sha256"]:
-        raise ValueError(f"{path}: its sha256 is not the one {MANIFEST} records (truncated, changed, or another "
-                         f"run's); run the same `data` command again to make it afresh")  # fmt: skip
     try:
-        with np.load(path) as data:  # allow_pickle=False: a pickled object is refused, never run
-            arrays = {name: data[name] for name in SHARD_ARRAYS}
+        with safe_io.open_regular(path) as f:
+            sha256 = safe_io.sha256_of(f)
+            if sha256 == entry["sha256"]:
+                with safe_io.open_npz(f) as data:
+                    arrays = {name: data[name] for name in SHARD_ARRAYS}
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing; run the same `data` command again to make it") from None
+    except safe_io.Refused as e:
+        raise ValueError(f"{path}: {e}; {fix}") from None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         raise ValueError(f"{path}: not a readable shard ({show(str(e), 100)}); {fix}") from e
+    if sha256 != entry["sha256"]:
+        raise ValueError(
+            f"{path}: its sha256 is not the one {MANIFEST} records (truncated, changed, or another run's); run the "
+            "same `data` command again to make it afresh"
+        )
     n_rows, k = entry["rows"], arrays["top_ids"].shape[-1]
     n_prompt, n_reply = int(arrays["prompt_offsets"][-1]), int(arrays["reply_offsets"][-1])
     shapes = {"row": (n_rows,), "request": (n_rows,), "greedy": (n_rows,), "ended": (n_rows,),
@@ -278,22 +297,71 @@ def split_rows(values: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
 
 
 def read_manifest(folder: Path) -> dict | None:
-    """DIR/manifest.json, or None when there is none; ValueError when it is not one."""
+    """DIR/manifest.json, or None when there is none; ValueError when it is not one (its format, its
+    "settings" (settings_of) and its "shards" list are checked; each entry is checked where it is used,
+    check_entry)."""
     path = folder / MANIFEST
-    if not path.exists():
-        return None
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = safe_io.read_json(path, dict, MAX_MANIFEST_BYTES)
         if manifest.get("format") != FORMAT or not isinstance(manifest.get("shards"), list):
             raise ValueError(f"format is not {FORMAT!r}")
+        settings_of(manifest.get("settings"))
         return manifest
-    except (OSError, ValueError, AttributeError) as e:
-        raise ValueError(f"{path}: not a distillation manifest ({show(str(e), 100)}); use another --out, or "
-                         f"delete the folder to start again") from e  # fmt: skip
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"{path}: not a distillation manifest ({' '.join(str(e).split())[:200]}); use another --out, or delete "
+            "the folder to start again"
+        ) from e
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
-    write_atomically(folder / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()), mode=0o644)
+    safe_io.write_json(folder / MANIFEST, manifest, mode=0o644)
+
+
+def settings_of(record) -> DistillSettings:
+    """A manifest's (or made.json's) "settings", checked field by field: ValueError saying what is wrong."""
+    fields = {f.name: f.type for f in dataclasses.fields(DistillSettings)}
+    if not isinstance(record, dict):
+        raise ValueError(f"'settings' is {show(record)}, not an object")
+    if record.keys() != fields.keys():
+        odd = sorted(record.keys() ^ fields.keys())
+        raise ValueError(f"'settings' {'lacks' if odd[0] in fields else 'has an unknown'} field {show(odd[0])}")
+    for name, kind in fields.items():
+        value = record[name]
+        if kind == "str":
+            ok = isinstance(value, str)
+        elif kind == "int":
+            ok = type(value) is int  # (JSON's true is no int here)
+        else:
+            ok = type(value) in (int, float) and math.isfinite(value)
+        if not ok:
+            raise ValueError(f"'settings' field {name!r} is {show(value)}, not of type {kind}")
+    return DistillSettings(**record)
+
+
+def check_entry(entry, index: int | None = None) -> dict:
+    """One shard's entry (write_shard's), checked before the file it names is opened: an object naming a
+    shard file in the same folder (shard_name(index) when the index is known), its sha256, and whole
+    counts that fit together. ValueError saying what is wrong."""
+    where = "an entry" if index is None else f"entry {index}"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} is {show(entry)}, not an object")
+    name = entry.get("file")
+    named = isinstance(name, str) and SHARD_FILE.fullmatch(name)
+    if not named or (index is not None and name != shard_name(index)):
+        want = "a shard file beside it (shard-NNNNN.npz)" if index is None else shard_name(index)
+        raise ValueError(f"{where} names {show(name)}, not {want}")
+    if not (isinstance(entry.get("sha256"), str) and re.fullmatch("[0-9a-f]{64}", entry["sha256"])):
+        raise ValueError(f"{where} ({name}) has sha256 {show(entry.get('sha256'))}, not 64 hex digits")
+    for count in ENTRY_COUNTS:
+        value = entry.get(count)
+        if type(value) is not int or not 0 <= value <= MAX_COUNT or (count == "rows" and value < 1):
+            raise ValueError(f"{where} ({name}) has {count} {show(value)}, not a whole number in range")
+    if entry["greedy_rows"] > entry["rows"] or entry["ended_rows"] > entry["rows"]:
+        raise ValueError(f"{where} ({name}) counts more greedy or ended rows than its {entry['rows']} rows")
+    return entry
 
 
 def trusted_shards(folder: Path, manifest: dict, n_vocab: int, log: Callable[[str], None]) -> dict[int, dict]:
@@ -303,11 +371,9 @@ def trusted_shards(folder: Path, manifest: dict, n_vocab: int, log: Callable[[st
         if entry is None:
             continue
         try:
-            if entry.get("file") != shard_name(index):
-                raise ValueError(f"entry {index} names {show(entry.get('file'))}, not {shard_name(index)}")
-            read_shard(folder, entry, n_vocab)
+            read_shard(folder, check_entry(entry, index), n_vocab)
             good[index] = entry
-        except (ValueError, AttributeError, KeyError, TypeError) as e:
+        except ValueError as e:
             log(f"shard {index} is not trusted ({e}); it is made again")
     return good
 
@@ -327,17 +393,19 @@ def make_data(model, out: str | Path, n_tokens: int, pool: RequestPool, batch: i
     if model.tokenizer is None or "<|im_end|>" not in getattr(model.tokenizer, "_special_tokens", {}):
         raise ValueError(f"distillation data needs a chat model (a tokenizer with <|im_start|> and <|im_end|>, "
                          f"such as smollm2-135m); {model.name} has none")  # fmt: skip
+    # The rows decoded side by side (a shard's at most), each with a KV cache of its reply and more: their
+    # memory checked before a single row is made.
+    check_rows_fit(model.hparams, min(batch, shard_rows), max(64, max_reply + 1), f"--batch {batch}")
     log = log or (lambda line: None)
     settings = DistillSettings(model.name, model_fingerprint(model), seed, batch, max_reply, float(temperature),
                                float(greedy_frac), top_k, shard_rows, system, pool.sha256,
                                len(pool.requests))  # fmt: skip
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        try:  # one writer per folder: a second run would make the same shards and race on the manifest
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ValueError(f"{folder} is being written by another run; wait for it, or use another --out") from None
+    # One writer per folder: a second run would make the same shards and race on the manifest.
+    with locks.exclusive(folder / LOCK, wait=False) as held:  # (opened without following a link)
+        if not held:
+            raise ValueError(f"{folder} is being written by another run; wait for it, or use another --out")
         return _make_data(model, folder, n_tokens, pool, settings, log, stop_after)
 
 
@@ -437,6 +505,12 @@ def load_distill_data(folder: str | Path, model=None, complete: bool = True) -> 
     manifest = read_manifest(folder)
     if manifest is None:
         raise ValueError(f"{folder}: no {MANIFEST}; make the data with `python -m specdec.train data --out DIR ...`")
+    for index, entry in enumerate(manifest["shards"]):  # every entry, before any shard is opened
+        if entry is not None:
+            try:
+                check_entry(entry, index)
+            except ValueError as e:
+                raise ValueError(f"{folder / MANIFEST}: {e}; run the same `data` command again to remake it") from None
     if complete and not manifest.get("complete"):
         raise ValueError(f"{folder}: the run has not finished (complete is false in {MANIFEST}); run the same `data` "
                          f"command again to finish it, or pass complete=False")  # fmt: skip

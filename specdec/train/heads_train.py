@@ -260,7 +260,7 @@ def train_from_data(
 
         t0 = time.perf_counter()
         states = row_states(target, data, train_rows + eval_rows, kind.layers(target), progress,
-                            Path(states_cache).expanduser() if states_cache else None)  # fmt: skip
+                            Path(states_cache).expanduser() if states_cache else None, log)  # fmt: skip
         states_s = time.perf_counter() - t0
         rng = np.random.default_rng(seed)
         params = kind.init_params(target, config, rng)

@@ -12,7 +12,8 @@ from tqdm import tqdm
 
 from ..config import whole_number
 from ..checkpoints import locks
-from ..checkpoints.pairs import read_json, show, weights_named, write_pair
+from .. import safe_io
+from ..checkpoints.pairs import open_weights, show, write_pair
 from ..checkpoints.safetensors import read_safetensors
 from ..drafters import eagle, medusa
 from ..drafters.heads import DraftVocab, model_fingerprint, one_hot, save_heads, target_distributions, top_tokens
@@ -334,11 +335,11 @@ def read_checkpoint(
     with the same settings, each part checked: ValueError naming the file otherwise. shapes: the
     parameters' (the moments have the same)."""
     path = out / CHECKPOINT_FILE
-    if not path.is_file():
-        raise ValueError(f"--resume: no checkpoint in {out}; run without --resume to start")
     fix = "run without --resume to start over (or use another --out)"
     try:
-        saved = read_json(path)
+        saved = safe_io.read_json(path)
+    except FileNotFoundError:
+        raise ValueError(f"--resume: no checkpoint in {out}; run without --resume to start") from None
     except ValueError as e:
         raise ValueError(f"--resume: {path}: {e}; {fix}") from e
     differ = [k for k in settings if saved.get(k) != settings[k]]
@@ -364,10 +365,10 @@ def read_init(folder: Path, settings: dict, shapes: dict[str, tuple[int, ...]]) 
     trained on there); every part is checked, ValueError naming the file otherwise."""
     path = folder / CHECKPOINT_FILE
     fix = "give the --out folder of a finished or checkpointed training run"
-    if not path.is_file():
-        raise ValueError(f"--init: no checkpoint in {folder} ({CHECKPOINT_FILE}); {fix}")
     try:
-        saved = read_json(path)
+        saved = safe_io.read_json(path)
+    except FileNotFoundError:
+        raise ValueError(f"--init: no checkpoint in {folder} ({CHECKPOINT_FILE}); {fix}") from None
     except ValueError as e:
         raise ValueError(f"--init: {path}: {e}; {fix}") from e
     differ = [k for k in ("kind", "model_fingerprint", "config", "held_out") if saved.get(k) != settings.get(k)]
@@ -380,10 +381,11 @@ def read_init(folder: Path, settings: dict, shapes: dict[str, tuple[int, ...]]) 
 
 
 def _checked_tensors(flag: str, folder: Path, saved: dict, expected: dict[str, tuple[int, ...]], fix: str) -> dict:
-    """A checkpoint's tensors, after its sha256 (weights_named) and every expected tensor's shape and values."""
+    """A checkpoint's tensors, after its sha256 (open_weights) and every expected tensor's shape and values."""
     try:
-        weights = weights_named(folder, saved, CHECKPOINT_STEM)
-        tensors = read_safetensors(weights)
+        weights, file = open_weights(folder, saved, CHECKPOINT_STEM)
+        with file:  # the file whose sha256 was checked is the file read
+            tensors = read_safetensors(weights, file)
     except (ValueError, OSError) as e:  # (CheckpointError is a ValueError)
         raise ValueError(f"{flag}: {folder / CHECKPOINT_FILE}: {e}; {fix}") from e
     for name, shape in expected.items():

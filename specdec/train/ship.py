@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .. import safe_io
 from ..drafters import eagle
 from ..drafters.heads import load_heads, save_heads
 from ..model.base import CausalLM
@@ -40,7 +41,7 @@ def ship_head(src: str | Path, dst: str | Path, target: CausalLM, kind: str = "e
             raise ValueError(f"{dst}: the head would take {size / 2**20:.1f} MiB, over the {SHIP_LIMIT / 2**20:.0f} "
                              f"MiB a shipped head may take; use a smaller --vocab-top or head (nothing written)")  # fmt: skip
         eagle.EagleDrafter.load(work, target)  # the drafter reads it back
-        (work / "CARD.txt").write_text(card_text(kind, target, config, size))
+        safe_io.write_file(work / "CARD.txt", card_text(kind, target, config, size).encode("utf-8"))
         for path in work.iterdir():  # a package's files: readable by whoever installs it
             path.chmod(0o644)
         work.chmod(0o755)

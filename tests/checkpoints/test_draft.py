@@ -122,7 +122,7 @@ def test_nan_float32_and_oversized_tensors_are_refused(tmp_path, monkeypatch):
     assert "'output_norm' is missing" in refused(tmp_path)
     saved(tmp_path)
     monkeypatch.setattr(draft, "MAX_BYTES", 1000)
-    assert "over the 1,000 a draft may be" in refused(tmp_path)
+    assert "more than the 1,000 a file of its kind may be" in refused(tmp_path)
     with pytest.raises(ValueError, match="use fewer blocks or a narrower MLP"):
         saved(tmp_path / "big")
     assert not (tmp_path / "big").exists()
@@ -159,3 +159,40 @@ def test_the_name_is_known_to_the_registry_the_help_and_the_cache(tmp_path, monk
     assert main(["cache"]) == 0
     out = capsys.readouterr().out
     assert f"{draft.NAME} " in out and "--draft smollm2-draft" in out and "(absent)" not in out.split(draft.NAME)[1]
+
+
+@pytest.mark.parametrize(
+    "ids,says",
+    [
+        ([0, 2**63], "distinct increasing ids in 0..63"),
+        ([-(2**70), 2], "distinct increasing ids"),
+        ([0, 2**63, 2**64], "distinct increasing ids"),
+        ([1.0, 2.0], "not a list of whole numbers"),
+    ],
+)
+def test_a_vocabulary_id_numpy_cannot_hold_is_one_line(tmp_path, ids, says):
+    """2**63 does not fit an int64: checked as a number before NumPy sees it, not an OverflowError."""
+    saved(tmp_path)
+    set_config(tmp_path, vocab_ids=ids)
+    assert says in refused(tmp_path)
+
+
+@pytest.mark.parametrize("which", ["draft.json", "weights"])
+@pytest.mark.parametrize("special", ["a FIFO", "a link to /proc/self/pagemap", "a link to /dev/zero"])
+def test_a_special_file_in_the_drafts_place_is_refused_at_once(tmp_path, which, special):
+    import os
+    import threading
+
+    saved(tmp_path)
+    path = tmp_path / (draft.CONFIG_FILE if which == "draft.json" else config_of(tmp_path)["weights_file"])
+    path.unlink()
+    if special == "a FIFO":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(special.split()[-1])
+    said = []
+    thread = threading.Thread(target=lambda: said.append(refused(tmp_path)), daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), f"{special} as {which} hangs the load"
+    assert said and path.name in said[0], said

@@ -334,3 +334,40 @@ def test_the_command_line_says_cleanly_that_a_gguf_has_no_tokenizer(tmp_path, ca
     err = capsys.readouterr().err
     assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "no tokenizer" in err and str(tmp_path / "m.gguf") in err
+
+
+@pytest.mark.parametrize("arch", [["llama"], 7, "absent"])
+def test_an_architecture_that_is_not_a_string_is_one_line(tmp_path, capsys, arch):
+    from specdec import __main__ as main
+
+    path = tmp_path / "m.gguf"
+    tiny_llama_gguf(path, small_llama(), meta={"general.architecture": arch})
+    if arch == "absent":  # the key renamed: no general.architecture at all
+        path.write_bytes(path.read_bytes().replace(s("general.architecture"), s("general.architectur_")))
+    with pytest.raises(CheckpointError, match="architecture") as e:
+        load_gguf(path)
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+    code = main.main(["--target_model_size", str(path), "--draft", "ngram", "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("scale", [b"\x00\x7c", b"\x00\xfe"])  # float16 inf, NaN
+def test_a_damaged_scale_is_one_error_with_no_numpy_warning_before_it(tmp_path, scale):
+    """A Q8_0 block whose scale is inf or NaN dequantizes to NaN (inf * 0): the tensor is refused by name,
+    and NumPy's 'invalid value' warning from the arithmetic is not printed ahead of that line."""
+    import warnings
+
+    w = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"w": (w, "Q8_0")})
+    data = bytearray(path.read_bytes())
+    blocks = len(quantize(w, "Q8_0"))
+    first = len(data) - blocks - (-blocks % 32)  # the data section: the one tensor's blocks, padded
+    data[first : first + 2] = scale
+    path.write_bytes(bytes(data))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(CheckpointError, match="tensor 'w': holds NaN or infinite values"):
+            GGUFFile(path).tensor("w")
+    assert [str(c.message) for c in caught] == []

@@ -163,7 +163,7 @@ def test_no_file_where_it_cannot_be_written_and_no_partial_left(tmp_path, monkey
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(layoutcache, "write_safetensors", disk_full)
+    monkeypatch.setattr(layoutcache, "write_safetensors_to", disk_full)
     np.testing.assert_array_equal(load_folder(folder)(TOKENS), model(TOKENS))
     assert sorted(p.name for p in folder.iterdir()) == [
         layoutcache.LOCK_NAME, "config.json", "merges.txt", "model.safetensors", "vocab.json"]  # fmt: skip
@@ -350,14 +350,15 @@ def test_a_stale_temporary_file_is_removed_by_the_next_load(tmp_path):
 def test_checked_on_write_a_file_that_does_not_read_back_never_gets_its_name(tmp_path, monkeypatch):
     model = tiny_model(seed=1)
     folder = write_checkpoint(tmp_path / "m", model)
-    real = layoutcache.write_safetensors
+    real = layoutcache.write_safetensors_to
 
-    def write_then_damage(path, tensors, dtype, metadata):
-        size = real(path, tensors, dtype, metadata=metadata)
-        overwrite(path, size - 8, b"\x7f" * 8)  # as a bad disk or a bug in the writer would
+    def write_then_damage(f, tensors, dtype, metadata):
+        size = real(f, tensors, dtype, metadata=metadata)
+        f.flush()
+        os.pwrite(f.fileno(), b"\x7f" * 8, size - 8)  # as a bad disk or a bug in the writer would
         return size
 
-    monkeypatch.setattr(layoutcache, "write_safetensors", write_then_damage)
+    monkeypatch.setattr(layoutcache, "write_safetensors_to", write_then_damage)
     np.testing.assert_array_equal(load_folder(folder)(TOKENS), model(TOKENS))
     assert sorted(p.name for p in folder.iterdir()) == [
         layoutcache.LOCK_NAME, "config.json", "merges.txt", "model.safetensors", "vocab.json"]  # fmt: skip
@@ -368,7 +369,7 @@ def test_a_directory_under_the_kept_name_writes_nothing_and_says_nothing(tmp_pat
     model = tiny_model(seed=1)
     folder = write_checkpoint(tmp_path / "m", model)
     (folder / layoutcache.FILE_NAME).mkdir()
-    monkeypatch.setattr(layoutcache, "write_safetensors", lambda *a, **k: pytest.fail("nothing may be written"))
+    monkeypatch.setattr(layoutcache, "write_safetensors_to", lambda *a, **k: pytest.fail("nothing may be written"))
     for _ in range(2):
         np.testing.assert_array_equal(load_folder(folder)(TOKENS), model(TOKENS))
     assert capsys.readouterr().err == ""
@@ -378,7 +379,7 @@ def test_a_directory_under_the_kept_name_writes_nothing_and_says_nothing(tmp_pat
 def test_a_folder_that_cannot_be_written_writes_nothing_and_says_nothing(tmp_path, capsys, monkeypatch):
     model = tiny_model(seed=1)
     folder = write_checkpoint(tmp_path / "m", model)
-    monkeypatch.setattr(layoutcache, "write_safetensors", lambda *a, **k: pytest.fail("nothing may be written"))
+    monkeypatch.setattr(layoutcache, "write_safetensors_to", lambda *a, **k: pytest.fail("nothing may be written"))
     if hasattr(os, "geteuid") and os.geteuid() != 0:
         folder.chmod(0o555)  # a real read-only folder (root would still be allowed to write it)
     else:
@@ -421,11 +422,11 @@ import sys, time
 from specdec.checkpoints import layout
 from specdec.checkpoints.load import load_folder
 layout.MIN_BYTES = 0
-real = layout.write_safetensors
+real = layout.write_safetensors_to
 def slow(*args, **kwargs):  # every process is between its check and its write at once
     time.sleep(1.5)
     return real(*args, **kwargs)
-layout.write_safetensors = slow
+layout.write_safetensors_to = slow
 print("ready", flush=True)
 sys.stdin.readline()
 load_folder(sys.argv[1])

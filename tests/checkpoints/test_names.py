@@ -54,6 +54,10 @@ def test_the_default_pair_footprint():
         (["--target_model_size", "stdlib-6L"], "124M is the default draft: give --draft"),
         (["--target_model_size", "smollm2-360m-base", "--chat", "--draft", "ngram"], "has no chat template"),
         (["--target_model_size", "355M", "--n_tokens_to_generate", "1024"], "context of 1024 tokens"),
+        # no head is shipped for the target: decided from its name, not after a 548 MB download
+        (["--target_model_size", "124M", "--draft", "eagle"], "no eagle head is shipped for 124M"),
+        (["--target_model_size", "gpt2", "--draft", "ngram+eagle"], "no eagle head is shipped for gpt2"),
+        (["--target_model_size", "./a-model.gguf", "--draft", "eagle"], "no eagle head is shipped for ./a-model.gguf"),
     ],
 )
 def test_impossible_requests_fail_fast_with_nothing_downloaded(argv, message, fake_hub, tmp_path, monkeypatch, capsys):

@@ -202,3 +202,28 @@ def test_kept_layouts_in_a_users_own_folder_are_listed_and_removed(home, capsys,
     assert line.split()[:3] == ["kept", "layout", "my-model"] and "beside your own checkpoint" in line
     assert run(capsys, "--remove-layouts")[0] == 0 and not kept.exists()
     assert (folder / "model.safetensors").is_file() and not list((home / "models" / layout.RECORDS).iterdir())
+
+
+@pytest.mark.parametrize("argv", [["--remove", "355M"], ["--remove", "heads/medusa-355m"], ["--remove_layouts"]])
+def test_a_read_only_store_is_one_line_and_a_non_zero_exit(home, capsys, monkeypatch, argv):
+    """A home on a read-only file system: even a lock file cannot be opened there (EROFS). Simulated by
+    refusing every open for writing and every removal under the home (root may write a chmod-ed folder)."""
+    import errno
+
+    def read_only(name):
+        def refuse(path, *args, **kwargs):
+            if str(path).startswith(str(home)):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+            return real[name](path, *args, **kwargs)
+
+        return refuse
+
+    real = {"open": os.open, "unlink": os.unlink, "rmdir": os.rmdir}
+    for name in real:
+        monkeypatch.setattr(os, name, read_only(name))
+    before = sorted(str(p) for p in home.rglob("*"))
+    code, out, err = run(capsys, *argv)
+    monkeypatch.undo()
+    assert code == 1 and out == "", out
+    assert len(err.strip().splitlines()) == 1 and "Read-only file system" in err and "Traceback" not in err, err
+    assert sorted(str(p) for p in home.rglob("*")) == before, "nothing removed"

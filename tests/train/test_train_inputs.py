@@ -194,18 +194,18 @@ def test_resume_past_the_last_step_is_refused(model_folder, good_run, tmp_path, 
 def test_an_interrupted_checkpoint_save_leaves_the_last_good_pair(model_folder, good_run, tmp_path, monkeypatch):
     """Killed after the new tensors are written but before checkpoint.json is replaced: --resume reads the
     old pair (step 2), not new weights with an old step count."""
-    from specdec.checkpoints import pairs
+    from specdec import safe_io
 
     out = tmp_path / "out"
     shutil.copytree(good_run, out)
-    real_replace = pairs.os.replace
+    real_replace = safe_io.write.os.replace
 
     def killed(src, dst):
         if str(dst).endswith("checkpoint.json"):
             raise KeyboardInterrupt
         return real_replace(src, dst)
 
-    monkeypatch.setattr(pairs.os, "replace", killed)
+    monkeypatch.setattr(safe_io.write.os, "replace", killed)
     assert run(model_folder, out, "--resume", steps="4") == 130
     monkeypatch.undo()
     assert json.loads((out / "checkpoint.json").read_text())["step"] == 2

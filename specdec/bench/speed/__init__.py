@@ -57,6 +57,7 @@ import numpy as np
 
 from ...cli import flags
 from ...race.render import jsonable
+from ... import safe_io
 from ..progress import add_quiet
 from .checkpoint_io import rss_child, section_io, write_random_checkpoints
 from .common import ALL_SIZES, SIZES, TEST_SIZES, VERIFY_CTX, VERIFY_M, Bench, filled_cache, stats_ms, step_bytes, table
@@ -199,6 +200,6 @@ def main(argv=None) -> dict:
         if args.json == "-":
             print(text)
         else:
-            Path(args.json).write_text(text + "\n")
+            safe_io.write_file(args.json, (text + "\n").encode())
             bench.say(f"wrote {args.json}")
     return bench.results

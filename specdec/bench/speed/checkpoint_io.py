@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ... import safe_io
 from ...checkpoints.gpt2_folder import save_folder
 from ...checkpoints.load import load_folder
 from ...checkpoints.safetensors import read_safetensors
@@ -33,7 +34,7 @@ def write_random_checkpoints(root: Path, sizes: list[str], tokenizer_dir: Path, 
         folder = root / size
         n_bytes = save_folder(GPT2(ALL_SIZES[size], random_weights(ALL_SIZES[size], seed=seed + i), name=size), folder)
         for name in ("vocab.json", "merges.txt"):
-            shutil.copyfile(tokenizer_dir / name, folder / name)
+            safe_io.write_file(folder / name, safe_io.read_bytes(tokenizer_dir / name, 64 << 20))
         print(f"wrote {folder}: {n_bytes / 1e6:.0f} MB of random {size}-shaped weights + the GPT-2 tokenizer")
 
 

@@ -37,18 +37,23 @@ import hashlib
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 
 import numpy as np
 
 from ..linear import Linear
+from ... import safe_io
 from . import kernels, threads
 from .kernels import M_BUCKETS, PATHS
 from .spin import OPENBLAS_SPIN
 
 FORMAT = "specdec-kernel-plan"
 MAX_FILE_BYTES = 1 << 20  # a plan file is a few kB; a larger one is not read
+MAX_PLANS = 256  # shapes in one file: a model has a handful, every model specdec knows a few dozen
+KEY = re.compile(r"[1-9][0-9]{0,6}x[1-9][0-9]{0,6}/float(32|64)/[1-9][0-9]{0,2}")  # kernels.shape_key's form
+_FOLDER_OWNER = "the models folder's owner"
 VERSION = 2
 REPEATS = 3  # interleaved timings per (bucket, path); the median decides
 PER_SHAPE = 4  # matrices of each shape timed (of SmolLM2's 30 per shape, GPT-2 124M's 12)
@@ -213,34 +218,38 @@ def plan_file(folder: str | os.PathLike) -> Path:
 
 
 def read_plan(path: Path) -> dict[str, list[str]]:
-    """The plans in a plan file, or {} where it is missing or fails any check (it is then measured again)."""
+    """The plans in a plan file, or {} where it is missing or fails any check (it is then measured again).
+
+    NOTE: the models folder may be shared, even world-writable, so the file is held to the rule
+    the kept layouts follow (safe_io.untrusted: owned by the user loading or the folder's owner,
+    writable by its owner only; a link is not followed, a FIFO not waited on), and to the form
+    write_plan writes: at most MAX_PLANS shapes, each key a shape_key, each plan one of PATHS per
+    bucket. A planted plan could otherwise make every load slow, or put escape sequences in a key.
+    """
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            return {}
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):  # missing, unreadable, not JSON, nested too deep
+        with safe_io.open_regular(path, MAX_FILE_BYTES, follow_links=False) as f:
+            if safe_io.untrusted(os.fstat(f.fileno()), path.parent.stat(), safe_io.user_id(), _FOLDER_OWNER):
+                return {}
+            data = safe_io.parse_json(safe_io.read_all(f, MAX_FILE_BYTES))
+    except (OSError, ValueError):  # missing, unreadable, a link or a FIFO, too large, not JSON, nested too deep
         return {}
-    ok = (isinstance(data, dict) and data.get("format") == FORMAT and data.get("version") == VERSION
-          and data.get("machine") == machine() and data.get("buckets") == list(M_BUCKETS)
-          and isinstance(data.get("plans"), dict))  # fmt: skip
+    ok = (data.get("format") == FORMAT and data.get("version") == VERSION and data.get("machine") == machine()
+          and data.get("buckets") == list(M_BUCKETS) and isinstance(data.get("plans"), dict)
+          and len(data["plans"]) <= MAX_PLANS)  # fmt: skip
     if not ok:
         return {}
     plans = data["plans"]
-    valid = all(isinstance(key, str) and isinstance(plan, list) and len(plan) == len(M_BUCKETS)
+    valid = all(isinstance(key, str) and KEY.fullmatch(key) and isinstance(plan, list) and len(plan) == len(M_BUCKETS)
                 and all(p in PATHS for p in plan) for key, plan in plans.items())  # fmt: skip
     return plans if valid else {}
 
 
 def write_plan(path: Path, plans: dict[str, list[str]]) -> None:
-    """Write the plan file whole or not at all (a temporary file renamed over it)."""
+    """Write the plan file whole or not at all (safe_io.write_json: a new temporary file, never through a link
+    planted in the folder, renamed over it), readable by all, writable by this user only."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"format": FORMAT, "version": VERSION, "machine": machine(), "buckets": list(M_BUCKETS), "plans": plans}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    safe_io.write_json(path, data, mode=0o644)
 
 
 def check_mode(mode) -> str:
