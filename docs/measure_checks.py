@@ -47,7 +47,7 @@ def load(folder: Path, repeats: int) -> None:
 
 
 def first(folder: Path, repeats: int) -> None:
-    """A first load: copy, then write (and, after issue 22, checksum and read back) the kept layout."""
+    """A first load: copy, then write (and, with the checks, checksum and read back) the kept layout."""
     remove = lambda: (folder / layout.FILE_NAME).unlink(missing_ok=True)  # noqa: E731
     print(f"{folder}: first load {median(lambda: load_folder(folder), repeats, before=remove)}")
 

@@ -5,7 +5,7 @@
 Prints the best of 3 passes for each m, and the load average before and after. Above 64 tokens
 `kernels.linear` hands each product to OpenBLAS's own threads: fast on an idle machine, but on a
 2-core machine where one other job is running, that product waits for the busy core (see
-docs/performance.md, "Prompts on a busy machine").
+docs/notes/performance.md, "Prompts on a busy machine").
 """
 
 import os

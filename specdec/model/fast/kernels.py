@@ -6,7 +6,8 @@ fast. Decoding is memory-bound: for one token (and for the 2..16
 tokens of a verification pass) the cost of a projection is reading W from RAM,
 so the kernel keeps W transposed and contiguous, splits its rows over specdec's
 worker threads (threads.py), and feeds np.matmul L2-sized chunks. The measured
-reasons for every constant below are in docs/performance.md.
+reasons for every constant below are in docs/notes/performance.md and
+docs/notes/smollm2-kernels.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..linear import Linear
 
 F32 = np.float32
 
-# The kernel's constants, measured on GPT-2's and SmolLM2's shapes (docs/performance.md):
+# The kernel's constants, measured on GPT-2's and SmolLM2's shapes (docs/notes/, performance and smollm2-kernels):
 # Rows of a transposed weight matrix handled per gemv in a multi-token linear():
 # about 256 KB, so one chunk stays in its core's L2 cache (1 MB here) while every
 # token uses it (measured best of 64 KB..1.5 MB on an idle machine).
@@ -37,7 +38,7 @@ MAX_CHUNKED_ROWS = 16
 # as one matrix-matrix product on its worker, OpenBLAS on one thread. Above it (a prompt's chunk),
 # plain x @ W with OpenBLAS's own threads. NOTE: on a busy machine OpenBLAS's threaded product can
 # wait a scheduler time slice for its other thread: a [17, 576] x [576, 3072] product measured
-# 137 ms that way against 18 ms on specdec's workers (load 11, docs/performance.md).
+# 137 ms that way against 18 ms on specdec's workers (load 11, docs/notes/smollm2-kernels.md).
 MAX_SPLIT_ROWS = 64
 # Parts each weight matrix's rows are split into, one per core, multiplied on
 # specdec's own threads (threads.py); 1 = no split, OpenBLAS threads every product.
@@ -189,7 +190,7 @@ def linear(x: np.ndarray, lin: Linear, path: str | None = None) -> np.ndarray:
     prompt): OpenBLAS's own. Those are the default rules (`default_path`); a loaded
     model's shapes have a plan measured on this machine (tuning.py, PLANS), which
     may pick OpenBLAS's threads for some pass lengths where they are faster here.
-    Measurements and the variants that did not help: docs/performance.md.
+    Measurements and the variants that did not help: docs/notes/performance.md.
     """
     parts = split(lin).parts
     path = path or path_of(lin, x.shape[0])
