@@ -182,21 +182,7 @@ def test_a_guide_page_is_at_most_400_lines(page):
     assert n <= MAX_LINES, f"docs/{page.name} has {n} lines (at most {MAX_LINES}): move measurement logs to docs/notes/"
 
 
-@pytest.mark.parametrize(
-    "page",
-    [
-        pytest.param(
-            p,
-            marks=pytest.mark.xfail(
-                strict=True, reason="its transformers cross-check is dated; the page is being rewritten elsewhere"
-            ),
-        )
-        if p.name == "engines.md"
-        else p
-        for p in GUIDE
-    ],
-    ids=lambda p: p.name,
-)
+@pytest.mark.parametrize("page", GUIDE, ids=lambda p: p.name)
 def test_a_guide_page_carries_no_date(page):
     text = page.read_text(encoding="utf-8")
     lines = text.splitlines()

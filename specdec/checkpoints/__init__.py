@@ -14,6 +14,6 @@
     family.py        the stdlib family shipped in weights/; fingerprint.py: which model a trained file fits
     layout.py        the kept transposed layout; store.py: `specdec cache`; locks.py, pairs.py
 
-May import: model/, words.py (message text), safe_io.py (the one way to write and to read a file) and the modules
+May import: model/, safe_io/ (the one way to write and to read a file) and the modules
 of checkpoints/ itself; nothing above (the round, drafters, training, benchmarks) (tests/test_imports.py checks this).
 """

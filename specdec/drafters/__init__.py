@@ -41,7 +41,7 @@ EAGLE head shipped for the target, "eagle:DIR" or "medusa:DIR" heads trained by
   once the costs that set the bar are measured (costmodel.confidence_bar).
 
 Layer: above model/ and checkpoints/. May import model/, checkpoints/ (head files), the
-round's rule modules interfaces.py, sampling.py and verify/, words.py (message text), safe_io.py (reading
+round's rule modules interfaces.py, sampling.py and verify/, safe_io/ (reading
 files), and drafters/ itself;
 never the samplers that use drafters, training or benchmarks (tests/test_imports.py).
 """
