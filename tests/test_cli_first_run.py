@@ -16,7 +16,8 @@ from conftest import ROOT, TINY_HPARAMS, write_checkpoint
 from helpers import perturbed
 
 from specdec.cli import main
-from specdec import __version__, flags, load_model
+from specdec import __version__, load_model
+from specdec.cli import flags
 from specdec.cli.defaults import DEFAULT_RUN, GPT2_PAIR, GPT2_PROMPT
 from specdec.drafters import LookupFirst, NgramDrafter, make_drafter
 from specdec.drafters.specs import parse_draft

@@ -273,7 +273,7 @@ def test_hidden_states_of_the_data_line_up_with_the_labels(tmp_path):
 def test_rows_that_cannot_fit_the_memory_free_are_refused_before_any_is_made(tmp_path, monkeypatch):
     """--batch rows (a shard's at most) each hold a KV cache of a reply: checked against the memory free now
     before the first row is made or the folder written (the free memory is set small here)."""
-    from specdec.model import cache
+    from specdec.model import attention as cache
     from specdec.train import distill
 
     monkeypatch.setattr(distill, "answer", lambda *a, **k: pytest.fail("rows were made"))
