@@ -137,7 +137,7 @@ WORDS = "specdec.words"  # plain-text helpers that import nothing of specdec
 MAY_IMPORT = {
     "model": set(),
     "checkpoints": {"model", WORDS},
-    "drafters": {"model", "checkpoints", WORDS} | ROUND_RULES,
+    "drafters": {"model", "checkpoints", "specdec.costmodel", WORDS} | ROUND_RULES,
     "train": {"model", "checkpoints", "drafters", "specdec.autoregressive", "specdec.request", "specdec.sampling", "specdec.flags", WORDS},
     WORDS: set(),
     "specdec.verify": {"specdec.interfaces", "specdec.sampling"},

@@ -21,7 +21,8 @@ drafters by EAGLE-2's expansion (`tree_width` children for the most confident
 nodes of each layer), the n-gram drafter as a trie of every earlier occurrence.
 
 Layer: above model/ and checkpoints/. May import model/, checkpoints/ (head files), the
-round's rule modules interfaces.py, sampling.py and verify/, words.py (message text), and drafters/ itself;
+round's rule modules interfaces.py, sampling.py and verify/, the cost model's arithmetic (costmodel/: a
+model-free drafter sizes its rounds by it), words.py (message text), and drafters/ itself;
 never the samplers that use drafters, training or benchmarks (tests/test_imports.py).
 """
 
