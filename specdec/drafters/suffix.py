@@ -262,7 +262,7 @@ class Calibration:
         b = self.bucket(context)
         smallest = 1 << b
         prior = smallest / (smallest + 2)
-        return (self.hits[b] + self.prior_weight * prior) / (self.support[b] + self.prior_weight)
+        return float((self.hits[b] + self.prior_weight * prior) / (self.support[b] + self.prior_weight))
 
     def chance(self, context: int, f: float) -> float:
         """The estimated chance a candidate followed by a share f of its parent's occurrences is accepted."""
