@@ -14,7 +14,9 @@ three drafters implement it:
 and, for a draft model with ANOTHER tokenizer, CrossVocabDrafter (crossvocab.py):
 its drafts re-spelt in the target's vocabulary by Timor et al.'s exact rules; and
 LookupFirst (lookup_first.py, "ngram+eagle"): prompt lookup where it finds a match,
-another drafter elsewhere.
+another drafter elsewhere; and SuffixDrafter (suffix.py, "suffix"): suffix decoding, a tree of
+what followed every earlier occurrence of the text's longest repeated suffix, in the text, in earlier
+outputs and in a datastore of the target's replies (datastore.py), sized by the cost of verifying it.
 
 Asked for a tree (`nodes` given), each grows one with trees.py: the two model
 drafters by EAGLE-2's expansion (`tree_width` children for the most confident
@@ -36,11 +38,13 @@ from ..model.base import CausalLM, LanguageModel
 from ..model.cache import KVCache
 from ..sampling import SamplingParams, draw, greedy, probabilities
 from .crossvocab import CrossVocabDrafter, check_rule
+from .datastore import Datastore
 from .eagle import EagleDrafter
 from .lookup_first import SHORTEST_MATCH, LookupFirst
 from .medusa import MedusaDrafter
 from .specs import parse_draft
 from .stopping import ChainGate, ConfidenceStop
+from .suffix import EARLIER_CAPACITY, SuffixDrafter, SuffixIndex
 from .trees import SIBLINGS, model_tree, ngram_tree, point_masses
 
 
@@ -245,8 +249,9 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblin
 
     A GPT2 or a Llama becomes a ModelDrafter; "ngram" or "ngram:N" an NgramDrafter with
     n_max N (default 3); "early_exit:L" an EarlyExitDrafter over the target's
-    first L layers; "ngram+X" (X early_exit:L, medusa:DIR or eagle[:DIR]) a LookupFirst: the lookup
-    where it finds a match, X elsewhere; a Drafter (interfaces.py) is used as it is.
+    first L layers; "suffix" a SuffixDrafter over the text and its own earlier outputs, "suffix:DIR" with
+    the datastore in DIR too; "ngram+X" or "suffix[:DIR]+X" (X early_exit:L, medusa:DIR or eagle[:DIR]) a
+    LookupFirst: the lookup where it proposes, X elsewhere; a Drafter (interfaces.py) is used as it is.
     cross_vocab ("tli", "slem" or "slrs"): the draft model's tokenizer differs from the target's, and
     its drafts are re-spelt in the target's vocabulary by that rule (crossvocab.py).
     siblings ("iid" or "without replacement"; None: the drafter's default): how the two drafters
@@ -264,8 +269,8 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblin
         raise ValueError(f"a draft confidence bar cuts the chains of a draft model, early_exit:L, medusa:DIR or "
                          f"eagle: it does not apply to {draft if isinstance(draft, str) else type(draft).__name__}"
                          + (" with cross_vocab" if cross_vocab is not None else "")
-                         + (" (an n-gram's drafts are certain: their confidence is always 1)"
-                            if isinstance(draft, str) and parse_draft(draft).kind == "ngram" else "")
+                         + (" (a lookup's drafts are certain: their confidence is always 1)"
+                            if isinstance(draft, str) and parse_draft(draft).kind in MODEL_FREE else "")
                          + (" (a drafter object: build it with stop=ConfidenceStop(bar); a LookupFirst: its "
                             "second drafter)" if isinstance(draft, Drafter) else ""))  # fmt: skip
     if siblings is not None:
@@ -315,9 +320,19 @@ def _cross_vocab_drafter(draft, target, cross_vocab: str) -> Drafter:
     return CrossVocabDrafter(draft, target, cross_vocab)
 
 
+MODEL_FREE = ("ngram", "suffix")  # draft spec kinds whose drafts are looked up, not drawn: no confidence bar
+
+
+def suffix_drafter(datastore: str, target: CausalLM) -> SuffixDrafter:
+    """What "suffix" and "suffix:DIR" build: suffix decoding over the text and the drafter's own earlier outputs
+    (kept across its runs: a bounded SuffixIndex), and the datastore in DIR (loaded and checked) if one is given."""
+    store = Datastore.load(datastore, target.n_vocab) if datastore else None
+    return SuffixDrafter(target.n_vocab, earlier=SuffixIndex(EARLIER_CAPACITY), datastore=store)
+
+
 def _stoppable(draft) -> bool:
     """Whether `draft` names a drafter that make_drafter builds with a confidence stop."""
-    return isinstance(draft, LanguageModel) or (isinstance(draft, str) and parse_draft(draft).kind != "ngram")
+    return isinstance(draft, LanguageModel) or (isinstance(draft, str) and parse_draft(draft).kind not in MODEL_FREE)
 
 
 def _as_drafter(draft, target: CausalLM, siblings: str, stop: ConfidenceStop | None = None) -> Drafter:
@@ -327,9 +342,14 @@ def _as_drafter(draft, target: CausalLM, siblings: str, stop: ConfidenceStop | N
         spec = parse_draft(draft)
         if spec.kind == "ngram":
             return NgramDrafter(target.n_vocab, n_max=spec.arg)
+        if spec.kind == "suffix":
+            return suffix_drafter(spec.arg, target)
         if spec.kind == "lookup_first":
             lookup, then = spec.parts()
-            looker = NgramDrafter(target.n_vocab, lookup.arg, min(SHORTEST_MATCH, lookup.arg))
+            if lookup.kind == "suffix":
+                looker = suffix_drafter(lookup.arg, target)
+            else:
+                looker = NgramDrafter(target.n_vocab, lookup.arg, min(SHORTEST_MATCH, lookup.arg))
             return LookupFirst(looker, _as_drafter(str(then), target, siblings, stop))
         if spec.kind == "early_exit":
             return EarlyExitDrafter(target, spec.arg, siblings=siblings, stop=stop)
@@ -339,7 +359,8 @@ def _as_drafter(draft, target: CausalLM, siblings: str, stop: ConfidenceStop | N
             return (MedusaDrafter if spec.kind == "medusa" else EagleDrafter).load(spec.arg, target, stop=stop)
         raise ValueError(
             f"unknown drafter {draft!r}: use 'ngram', 'ngram:N', 'early_exit:L', 'medusa:DIR', 'eagle:DIR', "
-            f"'ngram+eagle', or load the model first and pass it (load_model({draft!r}))"
+            f"'suffix', 'suffix:DIR', 'ngram+eagle', 'suffix+eagle', or load the model first and pass it "
+            f"(load_model({draft!r}))"
         )
     if isinstance(draft, Drafter):
         return draft
