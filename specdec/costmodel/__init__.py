@@ -45,7 +45,7 @@ from .chain import (
     speedup_from_rounds,
     verify_cost,
 )
-from .sizing import SMOLLM2_CPU_R, PointsCurve, as_curve, best_size, expected_tokens_by_size
+from .sizing import SMOLLM2_CPU_R, PointsCurve, as_curve, best_size, curve_values, expected_tokens_by_size
 from .trees import (
     CPU_R,
     OTHER_DRAFT_COST,
@@ -89,6 +89,7 @@ __all__ = [
     "SMOLLM2_CPU_R",
     "PointsCurve",
     "as_curve",
+    "curve_values",
     "best_size",
     "expected_tokens_by_size",
     # batches

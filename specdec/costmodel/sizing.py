@@ -62,10 +62,31 @@ class PointsCurve:
             return self.points[ms[-1]] * m / ms[-1]
         return float(np.interp(m, ms, [self.points[x] for x in ms]))
 
+    def values(self, m_max: int) -> np.ndarray:
+        """r(1), .., r(m_max) at once.  [m_max]"""
+        ms, last = sorted(self.points), max(self.points)
+        m = np.arange(1, m_max + 1, dtype=np.float64)
+        inside = np.interp(m, ms, [self.points[x] for x in ms])
+        return np.where(m >= last, self.points[last] * m / last, inside)
+
 
 def as_curve(r) -> Callable[[float], float] | Sequence[float] | None:
     """What verify_cost reads: a measured list (r[m-1]), a function, None (r = 1), or {m: r(m)} at a few m."""
     return PointsCurve(dict(r)) if isinstance(r, Mapping) else r
+
+
+def curve_values(r, m_max: int) -> np.ndarray:
+    """r(1), .., r(m_max) of any curve verify_cost reads, or of {m: r(m)}.  [m_max]
+
+    >>> curve_values({1: 1.0, 3: 2.0}, 4).tolist()
+    [1.0, 1.5, 2.0, 2.6666666666666665]
+    """
+    curve = as_curve(r)
+    if isinstance(curve, PointsCurve):
+        return curve.values(m_max)
+    if isinstance(curve, (Sequence, np.ndarray)) and len(curve) >= m_max:
+        return np.asarray(curve[:m_max], dtype=np.float64)  # measured that far: read as it is
+    return np.array([verify_cost(m, curve) for m in range(1, m_max + 1)], dtype=np.float64)
 
 
 def expected_tokens_by_size(path_probs: Sequence[float]) -> np.ndarray:
@@ -88,9 +109,8 @@ def best_size(path_probs: Sequence[float], r=None, n_max: int | None = None, c0:
     """
     probs = list(path_probs)[:n_max]
     assert all(b <= a + 1e-9 for a, b in zip(probs, probs[1:])), "candidates must come best first"
-    curve = as_curve(r)
     tau = expected_tokens_by_size(probs)  # [n + 1]
-    cost = np.array([c0 + verify_cost(n + 1, curve) for n in range(len(tau))])  # [n + 1] target steps
+    cost = c0 + curve_values(r, len(tau))  # [n + 1] target steps: r(1) .. r(n + 1)
     speedups = tau / cost
     n = int(np.argmax(speedups))  # the first of equal maxima: the fewest tokens
     return n, float(speedups[n])

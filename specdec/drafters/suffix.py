@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..costmodel.chain import K_LIMIT
-from ..costmodel.sizing import SMOLLM2_CPU_R, best_size
+from ..costmodel.sizing import SMOLLM2_CPU_R, best_size, curve_values
 from ..interfaces import Proposal
 from .trees import point_masses
 
@@ -99,6 +99,7 @@ class SuffixIndex:
         self.capacity = capacity
         self.docs: dict[int, _Document] = {}  # oldest first
         self.held = 0  # tokens in the documents kept
+        self.contiguous = True  # one document so far, nothing evicted: a position is its index in the document
         self._ids = itertools.count()
         self._empty_arena(64)
 
@@ -119,6 +120,7 @@ class SuffixIndex:
         """A new, empty document; its id."""
         doc = next(self._ids)
         self.docs[doc] = _Document(key)
+        self.contiguous = doc == 0
         return doc
 
     def extend(self, doc: int, tokens: Sequence[int]) -> None:
@@ -155,7 +157,7 @@ class SuffixIndex:
 
     def _evict(self) -> None:
         """Drop the oldest documents until a quarter of the capacity is free, and rebuild the arena from the rest."""
-        held = self.held
+        held, self.contiguous = self.held, False
         while self.docs and held > self.capacity * 3 // 4:
             held -= self.docs.pop(next(iter(self.docs))).length
         tokens, doc_of, size = self.tokens, self.doc_of, self.size
@@ -190,6 +192,13 @@ class SuffixIndex:
         ends = ends[-MAX_ENDS:]
         if not len(ends):
             return 0, NO_ENDS
+        if self.contiguous:  # positions are the document's own: compare every length at once
+            limit = min(len(tail), MAX_MATCH)
+            back = ends[:, None] - np.arange(limit)  # [n_ends, limit] positions read backwards from each end
+            agree = (back >= 0) & (self.tokens[np.maximum(back, 0)] == np.asarray(tail[::-1][:limit]))
+            lengths = np.cumprod(agree, axis=1).sum(axis=1)  # [n_ends] the first disagreement, read backwards
+            m = int(lengths.max())
+            return m, ends[lengths == m]
         lengths = np.full(len(ends), MIN_MATCH)  # [n_ends] tokens matched so far, backwards from each end
         alive = np.arange(len(ends))  # the occurrences that still agree
         pos = self.prev[self.prev[ends]]  # [n_alive] the position before the pair, -1 at a document's start
@@ -216,21 +225,18 @@ class SuffixIndex:
         return rows
 
 
-def copy_on(rows: np.ndarray, ends: np.ndarray, last: int) -> np.ndarray:
-    """Continuations in the text itself, copied on past its end (LZ77-style), in place: [n_ends, depth].
+def copied_on(text: np.ndarray, ends: np.ndarray, depth: int) -> np.ndarray:
+    """What followed each end in the text itself, copied on past the text's end (LZ77-style): [n_ends, depth].
 
     An occurrence ending P = last - end tokens before the text's last token is followed by P known tokens;
-    the text then repeats with period P, so the continuation goes on as its own first P tokens again
-    (drafters/trees.continuation does the same for one occurrence).
+    if the text goes on as it went after that occurrence, it repeats with period P, so the continuation is
+    its first P tokens again and again (drafters/trees.continuation does the same for one occurrence).
 
-    >>> copy_on(np.array([[1, 2, -1, -1, -1]]), np.array([3]), 5)   # period 2: the loop 1 2 1 2 1
+    >>> copied_on(np.array([7, 1, 2, 1, 2]), np.array([2]), 5)   # [1, 2] ended at 2 before: the loop 1 2 1 2 1
     array([[1, 2, 1, 2, 1]])
     """
-    period = last - ends  # [n_ends]
-    for j in range(1, rows.shape[1]):
-        loop = period <= j
-        rows[loop, j] = rows[loop, j - period[loop]]
-    return rows
+    period = len(text) - 1 - ends  # [n_ends] >= 1
+    return text[ends[:, None] + 1 + np.arange(depth) % period[:, None]]  # [n_ends, depth]
 
 
 class Calibration:
@@ -251,8 +257,8 @@ class Calibration:
 
     def __init__(self, prior_weight: float = 2.0, decay: float = 0.95):
         self.prior_weight, self.decay = prior_weight, decay
-        self.hits = np.zeros(self.N_BUCKETS)  # [bucket] decayed count of candidates that were right
-        self.support = np.zeros(self.N_BUCKETS)  # [bucket] decayed sum of the scored candidates' f
+        self.hits = [0.0] * self.N_BUCKETS  # [bucket] decayed count of candidates that were right
+        self.support = [0.0] * self.N_BUCKETS  # [bucket] decayed sum of the scored candidates' f
 
     @classmethod
     def bucket(cls, context: int) -> int:
@@ -262,11 +268,17 @@ class Calibration:
         b = self.bucket(context)
         smallest = 1 << b
         prior = smallest / (smallest + 2)
-        return float((self.hits[b] + self.prior_weight * prior) / (self.support[b] + self.prior_weight))
+        return (self.hits[b] + self.prior_weight * prior) / (self.support[b] + self.prior_weight)
 
     def chance(self, context: int, f: float) -> float:
         """The estimated chance a candidate followed by a share f of its parent's occurrences is accepted."""
         return min(0.99, self.rate(context) * f)
+
+    def chances(self) -> Callable[[int, float], float]:
+        """`chance` with a(L) read once for every bucket (a round asks it for every candidate)."""
+        rates = [self.rate(1 << b) for b in range(self.N_BUCKETS)]
+        last = self.N_BUCKETS - 1
+        return lambda context, f: min(0.99, rates[min(max(context, 1).bit_length() - 1, last)] * f)
 
     def update(self, context: int, f: float, hit: bool) -> None:
         b = self.bucket(context)
@@ -327,10 +339,13 @@ def grow_candidates(
         """Push the children of a node (its occurrences `members`, latest first) at this column."""
         if column >= depth:
             return
-        children: dict[int, list[int]] = {}
-        for i in members:
-            children.setdefault(table[i][column], []).append(i)  # insertion order: latest first
-        ranked = sorted(((t, ms) for t, ms in children.items() if t >= 0), key=lambda kv: -len(kv[1]))
+        if len(members) == 1:  # one occurrence: one child, if its continuation is known (most rounds of a copy)
+            ranked = [(table[members[0]][column], members)] if table[members[0]][column] >= 0 else []
+        else:
+            children: dict[int, list[int]] = {}
+            for i in members:
+                children.setdefault(table[i][column], []).append(i)  # insertion order: latest first
+            ranked = sorted(((t, ms) for t, ms in children.items() if t >= 0), key=lambda kv: -len(kv[1]))
         for token, through in ranked[:1] if chain else ranked:
             f = len(through) / len(members)
             p_child = p * chance(m + column, f)
@@ -389,13 +404,23 @@ class SuffixDrafter:
         self.n_ctx = None  # no context limit of its own
         self.calls = 0  # it makes no forward passes
         self.earlier, self.datastore, self.cap = earlier, datastore, cap
-        self.r = SMOLLM2_CPU_R if r is None else r
+        self.r = r
         self.calibration = {source: Calibration() for source in self.SOURCES}
         self.proposed: Counter = Counter()  # rounds that drafted, by source
         self.text = SuffixIndex()  # the request's own text (set by begin)
         self.text_doc = self.text.start()
         self.n_prompt, self.key, self.output_doc = 0, 0, None
         self.pending: dict[str, _Prediction] = {}
+
+    @property
+    def r(self):
+        """The verification curve rounds are priced with (setting it reads r(1) .. r(K_LIMIT + 1) once)."""
+        return self._r
+
+    @r.setter
+    def r(self, r) -> None:
+        self._r = SMOLLM2_CPU_R if r is None else r
+        self._r_values = curve_values(self._r, K_LIMIT + 1)  # [K_LIMIT + 1] r(1) ..
 
     def fresh(self) -> SuffixDrafter:
         """A drafter for another sequence (a batch gives each row one): the same earlier outputs and datastore."""
@@ -436,9 +461,10 @@ class SuffixDrafter:
     def lookup(self, source: str, tail: list[int], depth: int) -> tuple[int, np.ndarray]:
         """(m, rows): a source's longest match of the text's tail and what followed its occurrences, or (0, None)."""
         if source == "text":
-            last = len(self.text) - 1  # the position of the text's last token (the text's own index evicts nothing)
-            m, ends = self.text.longest_match(tail, before=last)
-            return m, copy_on(self.text.continuations(ends, depth), ends, last) if m else None
+            # One document that evicts nothing: its positions are the text's, its arena the text itself.
+            text = self.text.tokens[: len(self.text)]
+            m, ends = self.text.longest_match(tail, before=len(text) - 1)
+            return m, copied_on(text, ends, depth) if m else None
         index = self.earlier if source == "earlier" else self.datastore
         if index is None:
             return 0, None
@@ -456,11 +482,11 @@ class SuffixDrafter:
             m, rows = self.lookup(source, tail, depth)
             if not m:
                 continue
-            trie = grow_candidates(rows, m, self.calibration[source].chance, n_max, chain)
+            trie = grow_candidates(rows, m, self.calibration[source].chances(), n_max, chain)
             path = trie.top_path()
             tokens, contexts, freqs = ([getattr(trie, a)[i] for i in path] for a in ("tokens", "contexts", "freqs"))
             self.pending[source] = _Prediction(len(ids), tokens, contexts, freqs)
-            found[source] = (trie, *best_size(trie.probs, self.r, n_max))
+            found[source] = (trie, *best_size(trie.probs, self._r_values, n_max))
         return found
 
     def propose(self, ids, k, params, rng, nodes=None) -> Proposal:

@@ -13,7 +13,7 @@ from specdec.drafters.suffix import (
     MIN_MATCH,
     Calibration,
     SuffixIndex,
-    copy_on,
+    copied_on,
     grow_candidates,
 )
 
@@ -92,17 +92,16 @@ def test_continuations_are_what_followed_and_copy_on_past_the_end():
     index = SuffixIndex()
     doc = index.start()
     index.extend(doc, text)
-    ends = np.arange(len(text))
+    ends = np.arange(len(text) - 1)
     rows = index.continuations(ends, 6)
     for e, row in zip(ends, rows.tolist()):
         want = text[e + 1 : e + 7]
         assert row == want + [-1] * (6 - len(want))
-    last = len(text) - 1
-    looped = copy_on(rows.copy(), ends, last)
-    for e, row in zip(ends.tolist(), looped.tolist()):
-        period = last - e
-        if period:  # the text continued as its own last `period` tokens, again and again
-            assert row == [text[e + 1 + j % period] for j in range(6)]
+    looped = copied_on(np.array(text), ends, 6)
+    for e, row, known in zip(ends.tolist(), looped.tolist(), rows.tolist()):
+        period = len(text) - 1 - e  # the text continued as its own last `period` tokens, again and again
+        assert row == [text[e + 1 + j % period] for j in range(6)]
+        assert row[:period] == known[:period]
 
 
 def test_many_interleaved_documents_keys_and_skipping():
