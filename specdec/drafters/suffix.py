@@ -58,7 +58,6 @@ import numpy as np
 from ..costmodel.chain import K_LIMIT
 from ..costmodel.sizing import SMOLLM2_CPU_R, best_size, curve_values
 from ..interfaces import Proposal
-from .trees import point_masses
 
 MIN_MATCH = 2  # shortest suffix looked for: after a lone common token a copy is a guess (lookup_first.py)
 MAX_MATCH = 64  # longest suffix compared; longer matches count as 64 (vLLM's max tree depth is 24-64)
@@ -87,7 +86,9 @@ class SuffixIndex:
     append: O(1), amortised over the arrays' doubling (one arena slot, one list append).
     longest_match: the positions where the text's last two tokens occurred (the latest MAX_ENDS) are walked
         backwards together, one NumPy comparison per further token, while any still agrees:
-        O(min(occurrences, MAX_ENDS) x m) for a match of m tokens, m <= MAX_MATCH.
+        O(min(occurrences, MAX_ENDS) x m) for a match of m tokens, m <= MAX_MATCH. In an index of one
+        document that lost nothing (the request's own text), a position is its index in the document, so
+        all MAX_MATCH tokens before every end are compared in one NumPy operation instead.
     Memory: with a capacity, at most `capacity` tokens; appending past it evicts the oldest documents until a
         quarter is free and rebuilds the arena from the rest (O(capacity), once per capacity / 4 appends).
         A document evicted while still growing takes no more tokens.
@@ -377,8 +378,9 @@ class _Prediction:
 class SuffixDrafter:
     """Suffix decoding: drafts from the request's own text, earlier outputs and a datastore (see the module).
 
-        SuffixDrafter(target.n_vocab)                                   # what draft="suffix" builds
+        SuffixDrafter(target.n_vocab)                                   # the text alone
         SuffixDrafter(target.n_vocab, earlier=SuffixIndex(EARLIER_CAPACITY), datastore=Datastore.load(d, 49152))
+        # what draft="suffix:d" builds (drafters.suffix_drafter)
         speculative_sample(target, drafter, ids, 200, K=32, tree=32)   # K and tree: the most it may draft
 
     earlier: an index shared by the runs whose outputs should be read (a chat's turns, a benchmark's
@@ -505,5 +507,8 @@ class SuffixDrafter:
         trie, n, _ = found[best]
         self.proposed[best] += 1
         tokens, parents = trie.tokens[:n], trie.parents[:n]
-        q = None if params.greedy else point_masses(tokens, self.n_vocab)  # [n, n_vocab]
+        if params.greedy:
+            return Proposal(tokens, parents)  # greedy verification never reads q
+        q = np.zeros((n, self.n_vocab), np.float32)  # [n, n_vocab] a point mass on each candidate
+        q[np.arange(n), tokens] = 1
         return Proposal(tokens, parents, q)
