@@ -41,11 +41,22 @@ COPY = {
     "degrees\nCats like to sleep in the sun\nThe train leaves at noon",
     "grammar": "Correct the grammar: Me and him goes to the store yesterday and buyed three apple. They was very "
     "tasty but the store are far from our house.",
+    "bullets": "Turn this into a bulleted list: eggs, milk, flour, butter, sugar, baking powder, vanilla extract, salt.",
+    "dedupe": "Remove the duplicate words from this list: red, blue, green, red, yellow, blue, purple, green, orange.",
+    "json": "Convert this to JSON: name is Alice, age is 30, city is Paris, job is engineer.",
+    "summary": "Summarize this paragraph in one sentence, keeping its wording: The library will be closed on Monday "
+    "for repairs to the heating system. It will reopen on Tuesday morning at nine o'clock. Books due on Monday can "
+    "be returned on Tuesday without a fine.",
+    "docstring": "Add a docstring to this function:\n\ndef area(width, height):\n    return width * height\n",
+    "cities": "List every city mentioned in this text: We flew from London to Paris, then took the train to Berlin "
+    "and Vienna, before driving to Prague and finally flying home from Budapest.",
 }
 FREE = {
     "poem": "Write a short poem about the sea.",
     "cooking": "Give three tips for someone learning to cook.",
     "cpu": "Explain what a CPU does in two sentences.",
+    "story": "Tell me a short story about a lost cat.",
+    "advice": "How can I sleep better at night?",
 }
 
 

@@ -247,16 +247,18 @@ class Calibration:
         a(L) = (hits + w0 * a0(L)) / (support + w0)
     each scored candidate adding its frequency f to `support` and 1 to `hits` when it was right, as a
     candidate followed by a share f of its parent's occurrences is expected right a(L) * f of the time.
-    The prior a0(L) = L / (L + 2) (at the bucket's smallest L: 1/3 after one matching token, 0.8 after 8) is
-    a guess that a few scored rounds override; each count decays by `decay` per update of its bucket, so a
-    stretch of copying raises a(L) and free text lowers it again. The scoring needs no drafting: every
+    The prior a0(L) = L / (L + 2) (at the bucket's smallest L: 1/3 after one matching token, 0.8 after 8),
+    weighted as w0 = 4 scored candidates, is a guess that a few rounds override (on SmolLM2's chat requests
+    w0 = 4 drafted a little better than 2, and a0 = L / (L + 4) worse: docs/suffix.md); each count decays by
+    `decay` per update of its bucket, so a stretch of copying raises a(L) and free text lowers it again.
+    The scoring needs no drafting: every
     round's likeliest path is checked against the tokens that arrive (SuffixDrafter.commit), and at any
     temperature the chance a point-mass candidate x is accepted is p(x), the chance x is the token emitted.
     """
 
     N_BUCKETS = 7
 
-    def __init__(self, prior_weight: float = 2.0, decay: float = 0.95):
+    def __init__(self, prior_weight: float = 4.0, decay: float = 0.95):
         self.prior_weight, self.decay = prior_weight, decay
         self.hits = [0.0] * self.N_BUCKETS  # [bucket] decayed count of candidates that were right
         self.support = [0.0] * self.N_BUCKETS  # [bucket] decayed sum of the scored candidates' f

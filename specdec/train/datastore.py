@@ -20,11 +20,11 @@ from .distill import MANIFEST, read_manifest, read_shard, split_rows
 
 
 def shard_replies(
-    folder: str | Path, n_vocab: int, max_tokens: int | None = None, log: Callable[[str], None] = print
+    folder: str | Path, n_vocab: int, max_tokens: int | None = None, log: Callable[[str], None] | None = None
 ) -> tuple[list, dict]:
     """(replies, source): the replies of every trusted shard, in row order, while the datastore (one separator
     per reply, and one before the first) stays within max_tokens; and what the card says about them."""
-    folder = Path(folder)
+    folder, log = Path(folder), log or (lambda line: None)
     manifest = read_manifest(folder)
     if manifest is None:
         raise ValueError(f"{folder}: no {MANIFEST}; make replies with `python -m specdec.train data --out DIR ...`")
@@ -66,7 +66,7 @@ def shard_replies(
 
 
 def make_datastore(
-    model, data: str | Path, out: str | Path, max_tokens: int | None = None, command: str = "", log=print
+    model, data: str | Path, out: str | Path, max_tokens: int | None = None, command: str = "", log=None
 ) -> Datastore:
     """Build the datastore of the target's replies in `data` and save it in `out`; ValueError saying what to do."""
     if model.n_vocab > SEPARATOR:

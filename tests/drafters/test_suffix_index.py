@@ -238,14 +238,14 @@ def test_calibration_learns_how_often_candidates_are_right_by_context_length():
         cal.update(2, 0.5, False)  # with 2-3: never
     assert cal.rate(8) > 0.95 > prior_8 and cal.rate(15) == cal.rate(8)
     assert cal.rate(16) == pytest.approx(16 / 18)  # untouched: the prior
-    assert cal.rate(3) < 0.1 < prior_2
+    assert cal.rate(3) < 0.2 < prior_2
     assert cal.chance(9, 0.5) == pytest.approx(cal.rate(9) * 0.5)
     for _ in range(20):
         cal.update(40, 0.1, True)  # rare candidates that were right anyway: a(L) f stays a chance below 1
     assert cal.rate(40) > 1 and cal.chance(40, 1.0) == 0.99
     for _ in range(100):
         cal.update(9, 1.0, False)  # the text stopped repeating: it forgets
-    assert cal.rate(9) < 0.1
+    assert cal.rate(9) < 0.2
     assert [Calibration.bucket(n) for n in (1, 2, 3, 4, 7, 8, 63, 64, 500)] == [0, 1, 1, 2, 2, 3, 5, 6, 6]
 
 
