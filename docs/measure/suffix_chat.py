@@ -4,12 +4,13 @@
 
 Each request is a chat message; per repeat, interleaved: plain decoding, then speculative decoding with the
 suffix drafter as a chain (K=32) and as a tree (K=32, tree=32), and prompt lookup (ngram, K=4) beside them.
-Prints, per request and drafter: tokens, rounds, tokens per round, the speedup over plain decoding on the wall
-clock (the median over repeats of the ratio within a repeat), and the speedup the run's own rounds predict
-when priced by the r(m) measured on an unloaded 2-core machine (costmodel.SMOLLM2_CPU_R: n_tokens over the sum
-of r(k + 1); the drafter's own time is not in it). Then the medians over the requests of each kind. Every
-drafter is made afresh per run, as draft="suffix" is; at temperature 0 every output is checked against plain
-decoding's.
+Prints, per request and drafter: tokens, rounds, tokens per round; the speedup over plain decoding on the wall
+clock, of the whole call and of its decoding alone (the call less its first pass, the prompt's prefill, which
+both decoders make alike: on a busy machine a 100-token prefill took seconds), per token (at T > 0 the two
+decoders write different texts); each the median over repeats of the ratio within a repeat; and the speedup the run's own rounds predict when priced by the r(m) measured on an
+unloaded 2-core machine (costmodel.SMOLLM2_CPU_R: n_tokens over the sum of r(k + 1); the drafter's own time is
+not in it, nor the prefill). Then the medians over the requests of each kind. Every drafter is made afresh per
+run, as draft="suffix" is; at temperature 0 every output is checked against plain decoding's.
 """
 
 import specdec  # noqa: F401  (first: sets OpenBLAS's thread spin before NumPy loads)
@@ -41,7 +42,8 @@ COPY = {
     "degrees\nCats like to sleep in the sun\nThe train leaves at noon",
     "grammar": "Correct the grammar: Me and him goes to the store yesterday and buyed three apple. They was very "
     "tasty but the store are far from our house.",
-    "bullets": "Turn this into a bulleted list: eggs, milk, flour, butter, sugar, baking powder, vanilla extract, salt.",
+    "bullets": "Turn this into a bulleted list: eggs, milk, flour, butter, sugar, baking powder, vanilla extract, "
+    "salt.",
     "dedupe": "Remove the duplicate words from this list: red, blue, green, red, yellow, blue, purple, green, orange.",
     "json": "Convert this to JSON: name is Alice, age is 30, city is Paris, job is engineer.",
     "summary": "Summarize this paragraph in one sentence, keeping its wording: The library will be closed on Monday "
@@ -60,6 +62,24 @@ FREE = {
 }
 
 
+class FirstPass:
+    """Wraps a model's forward to time its first pass after `reset` (the prompt's prefill)."""
+
+    def __init__(self, model):
+        self.forward, self.seconds = model.forward, None
+        model.forward = self
+
+    def reset(self) -> None:
+        self.seconds = None
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        out = self.forward(*args, **kwargs)
+        if self.seconds is None:
+            self.seconds = time.perf_counter() - start
+        return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -69,7 +89,7 @@ def main():
     args = parser.parse_args()
 
     target = load_model("smollm2-135m")
-    n_vocab, r = target.n_vocab, PointsCurve(SMOLLM2_CPU_R)
+    n_vocab, r, prefill = target.n_vocab, PointsCurve(SMOLLM2_CPU_R), FirstPass(target)
     drafters = {  # label -> (a fresh drafter, K, tree)
         "suffix chain": (lambda: SuffixDrafter(n_vocab), 32, None),
         "suffix tree": (lambda: SuffixDrafter(n_vocab), 32, 32),
@@ -80,26 +100,31 @@ def main():
     print(f"{what}; load average {load_average()}, {os.cpu_count()} CPUs", flush=True)
     rows = {}
     for name, prompt in requests.items():
-        walls = {label: [] for label in drafters}
+        walls = {label: ([], []) for label in drafters}  # whole calls, decoding alone
         for repeat in range(args.repeats):
             settings = dict(temperature=args.temperature, seed=repeat, chat=True)
+            prefill.reset()
             start = time.perf_counter()
             plain = autoregressive_sample(target, prompt, args.n_tokens, **settings)
-            t_plain = time.perf_counter() - start
+            t_plain, p_plain = time.perf_counter() - start, prefill.seconds
             for label, (make, K, tree) in drafters.items():
+                prefill.reset()
                 start = time.perf_counter()
                 out = speculative_sample(target, make(), prompt, args.n_tokens, K=K, tree=tree, **settings)
-                walls[label].append(t_plain / (time.perf_counter() - start))
+                t = time.perf_counter() - start
+                per_token = len(out.tokens) / len(plain.tokens)  # at T > 0 the two texts differ in length
+                walls[label][0].append(t_plain / t * per_token)
+                walls[label][1].append((t_plain - p_plain) / (t - prefill.seconds) * per_token)
                 if args.temperature == 0:
                     assert out.tokens == plain.tokens, f"{label} changed the greedy output of {name}"
                 priced = speedup_from_rounds(len(out.tokens), out.k_per_round, 0, 0.0, r)
-                rows[name, label] = (len(out.tokens), len(out.k_per_round), priced, walls[label])
+                rows[name, label] = (len(out.tokens), len(out.k_per_round), priced, *walls[label])
         for label in drafters:
-            n, rounds, priced, wall = rows[name, label]
-            walls = ", ".join(f"{w:.2f}" for w in wall)
+            n, rounds, priced, whole, decoding = rows[name, label]
             print(
                 f"{name:9} {label:13} {n:4d} tokens, {rounds:4d} rounds, {n / rounds:5.2f} tokens/round, priced "
-                f"{priced:5.2f}x, wall {statistics.median(wall):5.2f}x ({walls}); load {load_average()}",
+                f"{priced:5.2f}x, wall {statistics.median(whole):5.2f}x, decoding {statistics.median(decoding):5.2f}x "
+                f"({', '.join(f'{w:.2f}' for w in decoding)}); load {load_average()}",
                 flush=True,
             )
     for kind, names in (("copy", COPY), ("free", FREE)):
@@ -109,7 +134,11 @@ def main():
         for label in drafters:
             priced = statistics.median(rows[n, label][2] for n in names)
             wall = statistics.median(statistics.median(rows[n, label][3]) for n in names)
-            print(f"median over {kind} requests, {label}: priced {priced:.2f}x, wall {wall:.2f}x")
+            decoding = statistics.median(statistics.median(rows[n, label][4]) for n in names)
+            print(
+                f"median over {kind} requests, {label}: priced {priced:.2f}x, wall {wall:.2f}x, "
+                f"decoding {decoding:.2f}x"
+            )
 
 
 if __name__ == "__main__":
