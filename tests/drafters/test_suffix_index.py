@@ -57,6 +57,17 @@ def texts(seed: int):
     yield ([1, 2] * 50 + [3]) * 2  # a loop longer than MAX_MATCH, twice
 
 
+def brute_latest_match(text: list[int]) -> tuple[int, set[int]]:
+    """The rule with its bound, by brute force: of the latest MAX_ENDS earlier occurrences of the text's last two
+    tokens, the ones that agree with the text furthest back (at most MAX_MATCH tokens), and how far."""
+    pairs = [e for e in range(1, len(text) - 1) if text[e - 1 : e + 1] == text[-2:]][-MAX_ENDS:]
+    agree = {
+        e: max(m for m in range(2, min(MAX_MATCH, e + 1) + 1) if text[e - m + 1 : e + 1] == text[-m:]) for e in pairs
+    }
+    m = max(agree.values(), default=0)
+    return m, {e for e, n in agree.items() if n == m}
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_longest_earlier_match_is_brute_force_s_at_every_length_of_the_text(seed):
     for text in texts(seed):
@@ -65,10 +76,12 @@ def test_the_longest_earlier_match_is_brute_force_s_at_every_length_of_the_text(
         for n in range(1, len(text) + 1):
             index.append(doc, text[n - 1])
             m, ends = index.longest_match(text[:n][-MAX_MATCH:], before=n - 1)
-            want_m, want_ends = brute_match({doc: text[:n]}, text[:n][-MAX_MATCH:], {doc: n - 1})
-            assert m == want_m, (n, text[:n][-10:])
-            if len(want_ends) <= MAX_ENDS:  # (else the latest MAX_ENDS of the last pair's occurrences are read)
-                assert as_doc_positions(index, ends) == want_ends
+            want_m, want_ends = brute_latest_match(text[:n])
+            assert (m, set(ends.tolist())) == (want_m, want_ends), (n, text[:n][-10:])
+            pairs = sum(text[e - 1 : e + 1] == text[n - 2 : n] for e in range(1, n - 1))
+            if pairs <= MAX_ENDS:  # nothing left unread: the longest match over the whole text
+                whole = brute_match({doc: text[:n]}, text[:n][-MAX_MATCH:], {doc: n - 1})
+                assert (m, {(doc, e) for e in want_ends}) == whole
             assert (np.diff(ends) > 0).all()
 
 
