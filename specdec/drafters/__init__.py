@@ -42,7 +42,7 @@ from .datastore import Datastore
 from .eagle import EagleDrafter
 from .lookup_first import SHORTEST_MATCH, LookupFirst
 from .medusa import MedusaDrafter
-from .specs import parse_draft
+from .specs import MODEL_FREE, parse_draft
 from .stopping import ChainGate, ConfidenceStop
 from .suffix import EARLIER_CAPACITY, SuffixDrafter, SuffixIndex
 from .trees import SIBLINGS, model_tree, ngram_tree, point_masses
@@ -318,9 +318,6 @@ def _cross_vocab_drafter(draft, target, cross_vocab: str) -> Drafter:
         raise ValueError(f"cross_vocab verifies a draft MODEL's tokens across tokenizers: pass a GPT2 or Llama draft, "
                          f"both with a tokenizer, not {draft!r:.60}")  # fmt: skip
     return CrossVocabDrafter(draft, target, cross_vocab)
-
-
-MODEL_FREE = ("ngram", "suffix")  # draft spec kinds whose drafts are looked up, not drawn: no confidence bar
 
 
 def suffix_drafter(datastore: str, target: CausalLM) -> SuffixDrafter:

@@ -23,7 +23,7 @@ from .lookup_first import SHORTEST_MATCH
 NGRAM_DEFAULT = 3  # "ngram" alone matches suffixes of up to 3 tokens
 HEADS = {"medusa": "Medusa", "eagle": "EAGLE"}  # draft specs kind:DIR for heads trained on the target
 LOOKUP_FIRST = "+"  # "ngram+eagle": prompt lookup first, the EAGLE head where it finds nothing
-FIRST = ("ngram", "suffix")  # the drafters a cascade may ask first: model-free, and they abstain
+MODEL_FREE = ("ngram", "suffix")  # drafts looked up, not drawn (no confidence bar), or none: a cascade's first
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def parse_draft(spec: str) -> DraftSpec:
     (DraftSpec(kind='suffix', arg=''), DraftSpec(kind='eagle', arg=''))
     """
     first, plus, then = str(spec).partition(LOOKUP_FIRST)
-    if plus and first.partition(":")[0] in FIRST:
+    if plus and first.partition(":")[0] in MODEL_FREE:
         return _lookup_first(spec, parse_draft(first), then)
     kind, sep, arg = str(spec).partition(":")
     if kind == "ngram":
@@ -104,7 +104,7 @@ def _lookup_first(spec: str, lookup: DraftSpec, then: str) -> DraftSpec:
     loads one model)."""
     kind = parse_draft(then).kind if then else "nothing"
     if kind not in ("early_exit", "medusa", "eagle"):
-        what = {"model": "a model name", "lookup_first": "another lookup", **dict.fromkeys(FIRST, "another lookup")}
+        what = {"model": "a model name", **dict.fromkeys([*MODEL_FREE, "lookup_first"], "another lookup")}
         first = "NgramDrafter(n_vocab, 3, 2)" if lookup.kind == "ngram" else "SuffixDrafter(n_vocab)"
         raise ValueError(
             f"{spec!r}: after '{lookup.kind}+' comes the drafter used where the lookup proposes nothing, "
