@@ -26,7 +26,7 @@ from .checkpoints.download import DownloadError
 from .checkpoints.load import load_folder, load_model
 from .checkpoints.safetensors import CheckpointError
 from .costmodel import AdaptiveK, CostModelK, FixedK, best_k, expected_tokens_per_round, predicted_speedup
-from .drafters import EarlyExitDrafter, LookupFirst, ModelDrafter, NgramDrafter
+from .drafters import EarlyExitDrafter, LookupFirst, ModelDrafter, NgramDrafter, SuffixDrafter
 from .drafters.stopping import ConfidenceStop
 from .interfaces import Drafter, KPolicy, Proposal
 from .model.base import CausalLM
@@ -60,6 +60,7 @@ __all__ = [
     "NgramDrafter",
     "EarlyExitDrafter",
     "LookupFirst",
+    "SuffixDrafter",
     "ConfidenceStop",
     "KPolicy",
     "FixedK",

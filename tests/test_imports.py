@@ -139,7 +139,7 @@ FILES = "safe_io"  # the one way to write and to read a file (specdec/safe_io/):
 MAY_IMPORT = {
     "model": {FILES},
     "checkpoints": {"model", FILES},
-    "drafters": {"model", "checkpoints", FILES} | ROUND_RULES,
+    "drafters": {"model", "checkpoints", "specdec.costmodel", FILES} | ROUND_RULES,
     # train/ takes the strict flag parser (cli/flags.py) and nothing else of the command line
     "train": {"model", "checkpoints", "drafters", "specdec.autoregressive", "specdec.config", "specdec.sampling", "cli", FILES},
     FILES: set(),

@@ -9,6 +9,8 @@ of round, every name importable from here (`from specdec.costmodel import verify
     trees.py    tokens per pass of a drafted tree (TreeAcceptance), the node budget that pays
                 (TreePolicy), c from the models' weights (draft_step_cost), make_tree_policy
     batches.py  B rows per pass: the best k per batch size, and a batch run's rounds priced
+    sizing.py   how many of a model-free drafter's ranked candidates pay for their verification (best_size),
+                r(m) from a few measured points (PointsCurve), SmolLM2's 2-core curve
 
 Notation (times are in units of one 1-token target forward step):
     alpha  acceptance rate: the chance a draft token is accepted, taken as the
@@ -40,6 +42,7 @@ from .chain import (
     speedup_from_rounds,
     verify_cost,
 )
+from .sizing import SMOLLM2_CPU_R, PointsCurve, as_curve, best_size, curve_values, expected_tokens_by_size
 from .trees import (
     CPU_R,
     OTHER_DRAFT_COST,
@@ -77,6 +80,13 @@ __all__ = [
     "OTHER_DRAFT_COST",
     "draft_step_cost",
     "make_tree_policy",
+    # ranked deterministic candidates
+    "SMOLLM2_CPU_R",
+    "PointsCurve",
+    "as_curve",
+    "curve_values",
+    "best_size",
+    "expected_tokens_by_size",
     # batches
     "best_k_batch",
     "batch_break_even",

@@ -10,11 +10,14 @@ This file holds the two drafters that run a model, and `make_drafter`:
                      the target's KV cache (self-speculative decoding)
 
 Beside them, one file each: NgramDrafter (ngram.py: prompt lookup, no model),
-MedusaDrafter and EagleDrafter (medusa.py, eagle.py: heads that read the target's
-hidden states), CrossVocabDrafter (crossvocab.py: a draft model with ANOTHER
-tokenizer, its drafts re-spelt in the target's vocabulary by Timor et al.'s exact
-rules) and LookupFirst (lookup_first.py, "ngram+eagle": prompt lookup where it
-finds a match, another drafter elsewhere).
+SuffixDrafter (suffix.py, "suffix": suffix decoding, a tree of what followed every
+earlier occurrence of the text's longest repeated suffix, in the text, in earlier
+outputs and in a datastore of the target's replies (datastore.py), sized by the
+cost of verifying it), MedusaDrafter and EagleDrafter (medusa.py, eagle.py: heads
+that read the target's hidden states), CrossVocabDrafter (crossvocab.py: a draft
+model with ANOTHER tokenizer, its drafts re-spelt in the target's vocabulary by
+Timor et al.'s exact rules) and LookupFirst (lookup_first.py, "ngram+eagle",
+"suffix+eagle": a model-free lookup where it proposes, another drafter elsewhere).
 
 Asked for a tree (`nodes` given), each grows one with trees.py: the two model
 drafters by EAGLE-2's expansion (`tree_width` children for the most confident
@@ -23,10 +26,11 @@ nodes of each layer), the n-gram drafter as a trie of every earlier occurrence.
 `make_drafter(draft, target, cross_vocab, siblings, confidence)` turns what a caller
 passed as `draft` into a drafter for `target`: a GPT2 or a Llama becomes a
 ModelDrafter; "ngram", "ngram:N" or "ngram:M..N" an NgramDrafter with n_max N
-(default 3) and n_min M (default 1); "early_exit:L" an EarlyExitDrafter over the
-target's first L layers; "eagle" the
+(default 3) and n_min M (default 1); "suffix" a SuffixDrafter over the text and its
+own earlier outputs, "suffix:DIR" with the datastore in DIR too; "early_exit:L" an
+EarlyExitDrafter over the target's first L layers; "eagle" the
 EAGLE head shipped for the target, "eagle:DIR" or "medusa:DIR" heads trained by
-`python -m specdec.train`; "ngram+X" (X one of those) a LookupFirst; a Drafter
+`python -m specdec.train`; "ngram+X" or "suffix[:DIR]+X" (X one of those) a LookupFirst; a Drafter
 (interfaces.py) is used as it is.
 - cross_vocab ("tli", "slem" or "slrs"): the draft model's tokenizer differs from
   the target's, and its drafts are re-spelt in the target's vocabulary by that rule.
@@ -41,8 +45,8 @@ EAGLE head shipped for the target, "eagle:DIR" or "medusa:DIR" heads trained by
   once the costs that set the bar are measured (costmodel.confidence_bar).
 
 Layer: above model/ and checkpoints/. May import model/, checkpoints/ (head files), the
-round's rule modules interfaces.py, sampling.py and verify/, safe_io/ (reading
-files), and drafters/ itself;
+round's rule modules interfaces.py, sampling.py and verify/, the cost model's arithmetic (costmodel/: a
+model-free drafter sizes its rounds by it), safe_io/ (reading files), and drafters/ itself;
 never the samplers that use drafters, training or benchmarks (tests/test_imports.py).
 """
 
@@ -56,12 +60,14 @@ from ..model.base import CausalLM, LanguageModel
 from ..model.attention import KVCache
 from ..sampling import SamplingParams, draw, greedy, probabilities
 from .crossvocab import CrossVocabDrafter, check_rule
+from .datastore import Datastore
 from .eagle import EagleDrafter
 from .lookup_first import LookupFirst
 from .medusa import MedusaDrafter
 from .ngram import NgramDrafter
-from .specs import lookup_shortest, parse_draft
+from .specs import MODEL_FREE, lookup_shortest, parse_draft
 from .stopping import ChainGate, ConfidenceStop
+from .suffix import EARLIER_CAPACITY, SuffixDrafter, SuffixIndex
 from .trees import SIBLINGS, model_tree
 
 
@@ -218,8 +224,8 @@ def check_drafting(draft, cross_vocab: str | None, siblings: str | None, confide
         raise ValueError(f"a draft confidence bar cuts the chains of a draft model, early_exit:L, medusa:DIR or "
                          f"eagle: it does not apply to {draft if isinstance(draft, str) else type(draft).__name__}"
                          + (" with cross_vocab" if cross_vocab is not None else "")
-                         + (" (an n-gram's drafts are certain: their confidence is always 1)"
-                            if isinstance(draft, str) and parse_draft(draft).kind == "ngram" else "")
+                         + (" (a lookup's drafts are certain: their confidence is always 1)"
+                            if isinstance(draft, str) and parse_draft(draft).kind in MODEL_FREE else "")
                          + (" (a drafter object: build it with stop=ConfidenceStop(bar); a LookupFirst: its "
                             "second drafter)" if isinstance(draft, Drafter) else ""))  # fmt: skip
     if siblings is not None:
@@ -256,9 +262,16 @@ def _cross_vocab_drafter(draft, target, cross_vocab: str) -> Drafter:
     return CrossVocabDrafter(draft, target, cross_vocab)
 
 
+def suffix_drafter(datastore: str, target: CausalLM) -> SuffixDrafter:
+    """What "suffix" and "suffix:DIR" build: suffix decoding over the text and the drafter's own earlier outputs
+    (kept across its runs: a bounded SuffixIndex), and the datastore in DIR (loaded and checked) if one is given."""
+    store = Datastore.load(datastore, target.n_vocab) if datastore else None
+    return SuffixDrafter(target.n_vocab, earlier=SuffixIndex(EARLIER_CAPACITY), datastore=store)
+
+
 def _stoppable(draft) -> bool:
     """Whether `draft` names a drafter that make_drafter builds with a confidence stop."""
-    return isinstance(draft, LanguageModel) or (isinstance(draft, str) and parse_draft(draft).kind != "ngram")
+    return isinstance(draft, LanguageModel) or (isinstance(draft, str) and parse_draft(draft).kind not in MODEL_FREE)
 
 
 def _as_drafter(draft, target: CausalLM, siblings: str, stop: ConfidenceStop | None = None) -> Drafter:
@@ -269,9 +282,14 @@ def _as_drafter(draft, target: CausalLM, siblings: str, stop: ConfidenceStop | N
         spec = parse_draft(draft)
         if spec.kind == "ngram":
             return NgramDrafter(target.n_vocab, n_max=spec.arg, n_min=spec.n_min or 1)
+        if spec.kind == "suffix":
+            return suffix_drafter(spec.arg, target)
         if spec.kind == "lookup_first":
             lookup, then = spec.parts()
-            looker = NgramDrafter(target.n_vocab, lookup.arg, lookup_shortest(lookup))
+            if lookup.kind == "suffix":
+                looker = suffix_drafter(lookup.arg, target)
+            else:
+                looker = NgramDrafter(target.n_vocab, lookup.arg, lookup_shortest(lookup))
             return LookupFirst(looker, _as_drafter(str(then), target, siblings, stop))
         if spec.kind == "early_exit":
             return EarlyExitDrafter(target, spec.arg, siblings=siblings, stop=stop)
@@ -281,7 +299,8 @@ def _as_drafter(draft, target: CausalLM, siblings: str, stop: ConfidenceStop | N
             return (MedusaDrafter if spec.kind == "medusa" else EagleDrafter).load(spec.arg, target, stop=stop)
         raise ValueError(
             f"unknown drafter {draft!r}: use 'ngram', 'ngram:N', 'early_exit:L', 'medusa:DIR', 'eagle:DIR', "
-            f"'ngram+eagle', or load the model first and pass it (load_model({draft!r}))"
+            f"'suffix', 'suffix:DIR', 'ngram+eagle', 'suffix+eagle', or load the model first and pass it "
+            f"(load_model({draft!r}))"
         )
     if isinstance(draft, Drafter):
         return draft

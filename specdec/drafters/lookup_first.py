@@ -28,6 +28,10 @@ still reads every target pass (commit), so an EAGLE head keeps its features curr
 A confidence bar (draft_confidence) cuts the second drafter's chains only: a looked-up token is certain,
 and its confidence is always 1. The bar "auto" and K "auto" are priced by the second drafter's step
 (`priced`, read by timing.measure_costs), the step a round pays when the lookup finds nothing.
+
+The first drafter may be any model-free drafter that proposes nothing where it has nothing good:
+suffix decoding ("suffix+eagle", suffix.SuffixDrafter) decides that by expected gain each round, from
+the text so far and its own record, and so is as exact a first drafter as the lookup.
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ SHORTEST_MATCH = 2  # "ngram+X" looks up suffixes of 2..N tokens (N >= 2); where
 
 
 class LookupFirst:
-    """Prompt lookup where the text's tail has occurred before, `then` (a model, early exit, Medusa or EAGLE
-    heads) everywhere else. Both see every pass; each round asks the lookup first.
+    """A model-free lookup where it proposes (prompt lookup where the text's tail has occurred before, or
+    suffix decoding where it expects a gain), `then` (a model, early exit, Medusa or EAGLE heads) everywhere
+    else. Both see every pass; each round asks the lookup first.
 
         LookupFirst(NgramDrafter(target.n_vocab, 3, SHORTEST_MATCH), EagleDrafter.load(folder, target))
         # what draft="ngram+eagle:FOLDER" builds; with a bar: EagleDrafter.load(..., stop=ConfidenceStop(P))
+        LookupFirst(SuffixDrafter(target.n_vocab), EagleDrafter.load(folder, target))   # "suffix+eagle:FOLDER"
     """
 
     def __init__(self, lookup, then: Drafter):

@@ -3,10 +3,12 @@
     draft spec   "ngram" | "ngram:N" | "ngram:M..N" (lookup of suffixes of M..N tokens)
                  | "early_exit:L" | "medusa:DIR" | "eagle:DIR" (trained heads)
                  | "eagle" (the EAGLE head shipped for the target: checkpoints/registry.SHIPPED_HEADS)
+                 | "suffix" | "suffix:DIR": suffix decoding over the text and earlier outputs, and the datastore
+                   in DIR (suffix.py, datastore.py)
                  | a model (a name such as 124M, a Hub repo id owner/name, or a local folder)
-                 | "ngram+X" | "ngram:N+X" | "ngram:M..N+X": prompt lookup first, X (early_exit:L, medusa:DIR,
-                   eagle[:DIR]) where the lookup finds nothing (lookup_first.py); a draft model after the lookup
-                   is built in Python
+                 | "ngram+X" | "ngram:N+X" | "ngram:M..N+X" | "suffix+X" | "suffix:DIR+X": the lookup first, X
+                   (early_exit:L, medusa:DIR, eagle[:DIR]) where it proposes nothing (lookup_first.py); a draft
+                   model after the lookup is built in Python
 
 The CLI parses flags with this before it downloads anything; make_drafter turns
 the parsed spec into a drafter. (K is parsed in config.parse_k.)
@@ -21,13 +23,15 @@ from .lookup_first import SHORTEST_MATCH
 NGRAM_DEFAULT = 3  # "ngram" alone matches suffixes of up to 3 tokens
 HEADS = {"medusa": "Medusa", "eagle": "EAGLE"}  # draft specs kind:DIR for heads trained on the target
 LOOKUP_FIRST = "+"  # "ngram+eagle": prompt lookup first, the EAGLE head where it finds nothing
+MODEL_FREE = ("ngram", "suffix")  # drafts looked up, not drawn (no confidence bar), or none: a cascade's first
 
 
 @dataclass(frozen=True)
 class DraftSpec:
     """A parsed draft spec: kind "ngram" (arg = n_max; n_min the shortest suffix matched, None for the
-    drafter's own default), "early_exit" (arg = L), "medusa" or "eagle" (arg = the heads' folder), "model"
-    (arg = the name) or "lookup_first" (arg = the whole spec, whose two parts are `parts()`)."""
+    drafter's own default), "early_exit" (arg = L), "medusa" or "eagle" (arg = the heads' folder), "suffix"
+    (arg = a datastore's folder, or ""), "model" (arg = the name) or "lookup_first" (arg = the whole spec,
+    whose two parts are `parts()`)."""
 
     kind: str
     arg: int | str
@@ -56,7 +60,8 @@ class DraftSpec:
         return replace(self, n_min=n_min)
 
     def parts(self) -> tuple[DraftSpec, DraftSpec]:
-        """A lookup-first spec's two drafters: the n-gram lookup, then the drafter used where it finds nothing."""
+        """A lookup-first spec's two drafters: the lookup (n-gram or suffix), then the drafter used where it
+        proposes nothing."""
         first, _, then = str(self.arg).partition(LOOKUP_FIRST)
         return parse_draft(first), parse_draft(then)
 
@@ -64,10 +69,15 @@ class DraftSpec:
         """In words, for a report header."""
         if self.kind == "lookup_first":
             lookup, then = self.parts()
+            if lookup.kind == "suffix":
+                return f"{lookup.describe()}, else {then.describe()}"
             return f"n-gram lookup ({lookup_shortest(lookup)} <= n <= {lookup.arg}), else {then.describe()}"
         if self.kind == "ngram":
             shortest = f"{self.n_min} <= " if self.n_min is not None else ""
             return f"n-gram lookup ({shortest}n <= {self.arg})"
+        if self.kind == "suffix":
+            where = "the text and earlier outputs" + (f", the datastore in {self.arg}" if self.arg else "")
+            return f"suffix decoding ({where})"
         if self.kind == "early_exit":
             return f"the target's first {self.arg} layer{'' if self.arg == 1 else 's'}"
         if self.kind in HEADS:
@@ -84,9 +94,11 @@ def parse_draft(spec: str) -> DraftSpec:
     (DraftSpec(kind='early_exit', arg=6, n_min=None), DraftSpec(kind='model', arg='124M', n_min=None))
     >>> parse_draft("ngram+eagle").parts()
     (DraftSpec(kind='ngram', arg=3, n_min=None), DraftSpec(kind='eagle', arg='', n_min=None))
+    >>> parse_draft("suffix+eagle").parts()
+    (DraftSpec(kind='suffix', arg='', n_min=None), DraftSpec(kind='eagle', arg='', n_min=None))
     """
     first, plus, then = str(spec).partition(LOOKUP_FIRST)
-    if plus and first.partition(":")[0] == "ngram":
+    if plus and first.partition(":")[0] in MODEL_FREE:
         return _lookup_first(spec, parse_draft(first), then)
     kind, sep, arg = str(spec).partition(":")
     if kind == "ngram":
@@ -103,6 +115,10 @@ def parse_draft(spec: str) -> DraftSpec:
         return DraftSpec("early_exit", _positive(arg, "early_exit:L needs L >= 1, the target layers the draft uses"))
     if kind == "eagle" and not sep:
         return DraftSpec("eagle", "")  # the head shipped for the target (make_drafter finds it)
+    if kind == "suffix":
+        if sep and not arg:
+            raise ValueError("suffix:DIR needs the folder of a datastore made by `python -m specdec.train datastore`")
+        return DraftSpec("suffix", arg)
     if kind in HEADS:
         if not arg:
             raise ValueError(f"{kind}:DIR needs the folder of heads trained by `python -m specdec.train {kind}`")
@@ -113,13 +129,17 @@ def parse_draft(spec: str) -> DraftSpec:
 
 
 def _lookup_first(spec: str, lookup: DraftSpec, then: str) -> DraftSpec:
-    """ngram[:N]+X, checked: X must be a drafter that needs no model loaded by name (the CLI loads one model)."""
+    """ngram[:N]+X or suffix[:DIR]+X, checked: X must be a drafter that needs no model loaded by name (the CLI
+    loads one model)."""
     kind = parse_draft(then).kind if then else "nothing"
     if kind not in ("early_exit", "medusa", "eagle"):
-        what = {"model": "a model name", "ngram": "another lookup", "lookup_first": "another lookup"}.get(kind, kind)
-        raise ValueError(f"{spec!r}: after 'ngram+' comes the drafter used where the lookup finds nothing, "
-                         f"early_exit:L, medusa:DIR, eagle or eagle:DIR (not {what}); for a draft model, build "
-                         "LookupFirst(NgramDrafter(n_vocab, 3, 2), ModelDrafter(model)) in Python")  # fmt: skip
+        what = {"model": "a model name", **dict.fromkeys([*MODEL_FREE, "lookup_first"], "another lookup")}
+        first = "NgramDrafter(n_vocab, 3, 2)" if lookup.kind == "ngram" else "SuffixDrafter(n_vocab)"
+        raise ValueError(
+            f"{spec!r}: after '{lookup.kind}+' comes the drafter used where the lookup proposes nothing, "
+            f"early_exit:L, medusa:DIR, eagle or eagle:DIR (not {what.get(kind, kind)}); for a draft model, build "
+            f"LookupFirst({first}, ModelDrafter(model)) in Python"
+        )
     return DraftSpec("lookup_first", f"{lookup}{LOOKUP_FIRST}{then}")
 
 

@@ -21,6 +21,8 @@ def main(argv=None) -> int:
         return data_main(argv[1:])
     if argv[:1] == ["ship"]:
         return ship_main(argv[1:])
+    if argv[:1] == ["datastore"]:
+        return datastore_main(argv[1:])
     parser = flags.Parser(
         prog="python -m specdec.train",
         description="Train Medusa or EAGLE draft heads, or (draft) a small distilled draft model, in NumPy. "
@@ -176,6 +178,50 @@ def ship_main(argv) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"shipped {weights} ({weights.stat().st_size / 2**20:.1f} MiB) with {Path(args.out) / 'CARD.txt'}")
+    return 0
+
+
+def datastore_main(argv) -> int:
+    """`python -m specdec.train datastore ...`: the target's replies in distillation shards, as a suffix decoding
+    datastore (train/datastore.py)."""
+    parser = flags.Parser(
+        prog="python -m specdec.train datastore",
+        description="A datastore for suffix decoding (--draft suffix:DIR): the replies of distillation shards "
+        "(`python -m specdec.train data`) end to end, sorted for the lookup, with a card. Reads a data run still "
+        "going as far as its whole shards go.",
+    )
+    parser.add_argument("--model", required=True, help="the model that wrote the replies: smollm2-135m, or a folder")
+    parser.add_argument("--data", required=True, metavar="DIR", help="the folder of `python -m specdec.train data`")
+    parser.add_argument("--out", required=True, metavar="DIR", help="where datastore.json and its file go")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="take replies, in order, while the datastore stays within N tokens (6 bytes each: 1,747,626 fit in "
+        "10 MB; default: all)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+
+    def log(line: str) -> None:
+        if not args.quiet:
+            print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+    try:
+        from ..checkpoints.load import load_model
+        from .datastore import make_datastore, portable_command
+
+        if args.max_tokens is not None and args.max_tokens < 3:
+            raise ValueError(f"--max-tokens must be at least 3 (a reply and its separators), got {args.max_tokens}")
+        model = load_model(args.model, progress=not args.quiet)
+        log(f"reading the replies in {args.data}")
+        command = portable_command(["datastore", *argv])
+        store = make_datastore(model, args.data, args.out, args.max_tokens, command, log)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    shards, seconds = store.card["source"]["shards"], store.card["build_seconds"]
+    print(f"datastore: {store.describe()} from {shards} shards of {args.data}, built in {seconds} s -> {args.out}")
     return 0
 
 
