@@ -9,7 +9,8 @@ as one object (`config=Config(...)`):
 
     K                 drafts per round: an int in 1..32, "adaptive" (one more after a round that kept
                       all, one fewer after a rejection), "auto" (the cost model's best k each round, from
-                      costs timed once per process: timing.costs_for), or a KPolicy
+                      costs timed once per process: timing.costs_for), or a KPolicy. Left out: 4, or for
+                      a drafter that sizes its own rounds (suffix decoding) the most it may draft, 32
     temperature, top_k, top_p
                       the target's sampling (sampling.SamplingParams); temperature 0 is greedy
     chat              the prompt is a user message to a chat model, wrapped in its template once;
@@ -68,7 +69,7 @@ TREES_REFUSED = ("a draft confidence bar (draft_confidence=, --draft_confidence)
 class Config:
     """Every setting of a run but the models, the prompt and the length (the module docstring says each)."""
 
-    K: int | str | KPolicy = 4  # an int, "adaptive", "auto" or a KPolicy
+    K: int | str | KPolicy | None = None  # an int, "adaptive", "auto" or a KPolicy; None: the drafter's (4, or 32)
     temperature: float = 0.0  # 0: greedy
     top_k: int | None = None
     top_p: float | None = None
@@ -83,7 +84,8 @@ class Config:
     k_max: int = 8
 
     def __post_init__(self):
-        object.__setattr__(self, "K", self.K if isinstance(self.K, KPolicy) else parse_k(self.K))
+        if self.K is not None and not isinstance(self.K, KPolicy):
+            object.__setattr__(self, "K", parse_k(self.K))
         whole_number(self.k_max, "k_max", 1, K_LIMIT)
 
     @property
@@ -148,8 +150,9 @@ def setup(target: CausalLM, draft, prompt, n_tokens: int, config: Config, reques
     """Check a run against the models and build it once: the drafter (None for draft None: the target alone), the
     request (or `request`, made already from this prompt), K and the tree. costs=True: time the costs where no
     "auto" needs them (the race prices rounds with them); say(line) is told when they are timed."""
-    c = config
-    drafter = None if draft is None else make_drafter(draft, target, c.cross_vocab, c.siblings, c.draft_confidence)
+    drafter = None if draft is None else make_drafter(draft, target, config.cross_vocab, config.siblings,
+                                                      config.draft_confidence)  # fmt: skip
+    c = config if config.K is not None else replace(config, K=getattr(drafter, "k_default", 4))
     if request is None:
         request = make_request(target, prompt, n_tokens, c, drafter)
     else:
@@ -157,8 +160,11 @@ def setup(target: CausalLM, draft, prompt, n_tokens: int, config: Config, reques
     if c.tree is not None:
         check_tree(c, drafter, target)
     run = Setup(target, drafter, request, c)
-    if drafter is not None and (costs or "auto" in (c.K, c.draft_confidence)):
+    sizes_itself = hasattr(drafter, "r")  # suffix decoding prices each round's size by the target's r(m)
+    if drafter is not None and (costs or sizes_itself or "auto" in (c.K, c.draft_confidence)):
         run.costs = costs_for(target, draft, drafter, request.prompt, widest_pass(c), say)
+    if sizes_itself:
+        drafter.r = run.costs.r
     if c.draft_confidence == "auto":
         drafter.stop = ConfidenceStop(confidence_bar(run.costs.c, run.costs.r))
     return run

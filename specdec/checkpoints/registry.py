@@ -116,6 +116,9 @@ ALIASES = {"gpt2": "124M", "gpt2-medium": "355M", "gpt2-large": "774M", "gpt2-xl
 # Draft heads shipped inside specdec for a named target, in checkpoints/weights/<folder>/ (heads.json and its
 # safetensors, float16): `--draft eagle` (API: draft="eagle") drafts with the target's shipped EAGLE head.
 SHIPPED_HEADS: dict[tuple[str, str], str] = {("smollm2-135m", "eagle"): "eagle-smollm2-135m"}
+# Datastores shipped in weights/ (drafters/datastore.py): a suffix array over the target's own replies, read by
+# draft="suffix" for that target where the text itself has no match.
+SHIPPED_DATASTORES: dict[str, str] = {"smollm2-135m": "datastore-smollm2-135m"}
 
 # What a local model can be (load.load_model reads each).
 LOCAL_MODELS = (f"a folder holding a GPT-2 checkpoint ({', '.join(CHECKPOINT_FILES)}) or a Llama one "
@@ -157,6 +160,12 @@ def shipped_heads(target: str, kind: str) -> Path:
         raise ValueError(f"no {kind} head is shipped for {target} (shipped for: {have}); train one with "
                          f"`python -m specdec.train {kind} ...` and pass '{kind}:DIR'")  # fmt: skip
     return family.WEIGHTS_DIR / folder
+
+
+def shipped_datastore(target: str) -> Path | None:
+    """The folder of the datastore shipped for the target named `target`, or None where none is shipped."""
+    folder = SHIPPED_DATASTORES.get(canonical(target))
+    return None if folder is None or not (family.WEIGHTS_DIR / folder).is_dir() else family.WEIGHTS_DIR / folder
 
 
 def known_models() -> str:

@@ -22,7 +22,7 @@ from ..checkpoints.sizes import human_size as human
 from ..config import Config, check_seed, check_verification, parse_k, whole_number
 from ..costmodel import K_LIMIT
 from ..drafters.crossvocab import check_rule
-from ..drafters.specs import DraftSpec, parse_draft
+from ..drafters.specs import MODEL_FREE, DraftSpec, parse_draft
 from ..drafters.stopping import parse_confidence
 from ..sampling import SamplingParams
 from ..model.fast import tuning
@@ -92,7 +92,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         f"(the lookup first, X where it finds nothing) (default: {DEFAULT_RUN.draft} for the default model, "
         f"else {GPT2_DRAFT})",
     )
-    draft("--K", default="4", help="drafts per round: 1..32, auto (the cost model picks) or adaptive (default: 4)")
+    draft("--K", help="drafts per round: 1..32, auto or adaptive (default 4; suffix sizes its own, up to 32)")
     draft("--k_max", type=int, default=8, metavar="N", help="the largest K of auto and adaptive (default: 8)")
     draft(
         "--draft_confidence",
@@ -156,7 +156,6 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         whole_number(args.k_max, "--k_max", 1, K_LIMIT)
         whole_number(args.ngram_max, "--ngram_max", 1)
         check_seed(args.seed, "--seed")
-        args.K = parse_k(args.K)
         args.tree = parse_tree(args.tree)
         if args.draft_confidence is not None:
             args.draft_confidence = parse_confidence(args.draft_confidence)  # "auto" or a bar in (0, 1]
@@ -165,6 +164,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         args.draft_spec = DraftSpec("ngram", args.ngram_max) if args.draft == "ngram" else parse_draft(args.draft)
         if args.prompt_lookup_min is not None:
             args.draft_spec = shortest_match(args)
+        args.K = parse_k(args.K if args.K is not None else K_LIMIT if sizes_itself(args.draft_spec) else 4)
         if default_bar(args):
             args.draft_confidence = DEFAULT_RUN.draft_confidence
         check_cli_verification(args)
@@ -238,6 +238,11 @@ def model_names() -> str:
             by_source.setdefault(card.source, []).append(name)
     where = {registry.WHEEL: "fetched with pip", registry.HUB: "from the Hub", registry.SHIPPED: "shipped"}
     return "; ".join(f"{', '.join(names)} ({where[source]})" for source, names in by_source.items())
+
+
+def sizes_itself(spec: DraftSpec) -> bool:
+    """Whether the drafter sizes its own rounds (suffix decoding, alone or first): its K is the most, 32."""
+    return (spec.parts()[0] if spec.kind == "lookup_first" else spec).kind == "suffix"
 
 
 def shortest_match(args) -> DraftSpec:
@@ -344,7 +349,7 @@ def refuse_ignored(p, args) -> None:
         ("cross_vocab", batch, "is not offered with --batch"),
         (
             "draft_confidence",
-            spec.kind == "ngram",
+            spec.kind in MODEL_FREE,
             f"cuts the chains of a draft that draws from a distribution (a model, early_exit:L, eagle, medusa:DIR); "
             f"--draft {draft} proposes certain tokens, which it would never cut",
         ),

@@ -52,9 +52,11 @@ never the samplers that use drafters, training or benchmarks (tests/test_imports
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
-from ..checkpoints.registry import shipped_heads
+from ..checkpoints.registry import shipped_datastore, shipped_heads
 from ..interfaces import Drafter, Proposal
 from ..model.base import CausalLM, LanguageModel
 from ..model.attention import KVCache
@@ -262,11 +264,19 @@ def _cross_vocab_drafter(draft, target, cross_vocab: str) -> Drafter:
     return CrossVocabDrafter(draft, target, cross_vocab)
 
 
+# Earlier outputs, one bounded index per target for the process: every drafter made from "suffix" for that target
+# reads and adds to it, so a chat's turns, a benchmark's requests and a script's calls draft from each other.
+_EARLIER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def suffix_drafter(datastore: str, target: CausalLM) -> SuffixDrafter:
-    """What "suffix" and "suffix:DIR" build: suffix decoding over the text and the drafter's own earlier outputs
-    (kept across its runs: a bounded SuffixIndex), and the datastore in DIR (loaded and checked) if one is given."""
-    store = Datastore.load(datastore, target.n_vocab) if datastore else None
-    return SuffixDrafter(target.n_vocab, earlier=SuffixIndex(EARLIER_CAPACITY), datastore=store)
+    """What "suffix" and "suffix:DIR" build: suffix decoding over the text, this process's earlier outputs for
+    the target (a bounded SuffixIndex), and a datastore: the one in DIR, else the one shipped for the target
+    (checkpoints/registry.SHIPPED_DATASTORES), loaded and checked; "suffix:none" reads none."""
+    folder = shipped_datastore(target.name) if datastore == "" else None if datastore == "none" else datastore
+    store = Datastore.load(folder, target.n_vocab) if folder is not None else None
+    earlier = _EARLIER.setdefault(target, SuffixIndex(EARLIER_CAPACITY))
+    return SuffixDrafter(target.n_vocab, earlier=earlier, datastore=store)
 
 
 def _stoppable(draft) -> bool:

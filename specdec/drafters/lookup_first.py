@@ -39,6 +39,7 @@ from __future__ import annotations
 from ..interfaces import Drafter, Proposal
 
 SHORTEST_MATCH = 2  # "ngram+X" looks up suffixes of 2..N tokens (N >= 2); where none matches, X drafts
+THEN_K = 4  # the most the second drafter drafts a round after a self-sizing lookup (suffix+X), whose K is up to 32
 
 
 class LookupFirst:
@@ -51,11 +52,13 @@ class LookupFirst:
         LookupFirst(SuffixDrafter(target.n_vocab), EagleDrafter.load(folder, target))   # "suffix+eagle:FOLDER"
     """
 
-    def __init__(self, lookup, then: Drafter):
+    def __init__(self, lookup, then: Drafter, then_k: int | None = None):
         if lookup.n_vocab != then.n_vocab:
             raise ValueError(f"the lookup has {lookup.n_vocab} tokens and the drafter after it {then.n_vocab}: "
                              "both must have the target's vocabulary")  # fmt: skip
         self.lookup, self.then = lookup, then
+        # the second drafter's most a round, below K (suffix+X: the lookup sizes itself up to 32, X drafts 4)
+        self.then_k = then_k if then_k is not None else THEN_K if hasattr(lookup, "k_default") else None
         self.n_vocab = then.n_vocab
         self.n_ctx = then.n_ctx
         self.looked_up = 0  # rounds the lookup proposed (the rest were the second drafter's)
@@ -77,6 +80,20 @@ class LookupFirst:
         self.then.stop = stop
 
     @property
+    def k_default(self) -> int:
+        """A run's K when none is given: the lookup's (suffix decoding sizes its own rounds), else 4."""
+        return getattr(self.lookup, "k_default", 4)
+
+    @property
+    def r(self):
+        """The target's r(m), where the lookup sizes its rounds by it (suffix decoding: config.setup sets it)."""
+        return self.lookup.r  # AttributeError for prompt lookup: hasattr(drafter, "r") is then False
+
+    @r.setter
+    def r(self, r) -> None:
+        self.lookup.r = r
+
+    @property
     def hidden_layers(self):
         return getattr(self.then, "hidden_layers", None)  # what the second drafter reads (EAGLE-3's layers)
 
@@ -85,7 +102,7 @@ class LookupFirst:
         if not hasattr(self.then, "fresh"):
             raise ValueError(f"a batch gives each row its own drafter, and {type(self.then).__name__} has no "
                              "per-row copy: use ngram+eagle or ngram+medusa:DIR with --batch")  # fmt: skip
-        return LookupFirst(self.lookup.fresh(), self.then.fresh())
+        return LookupFirst(self.lookup.fresh(), self.then.fresh(), self.then_k)
 
     def begin(self, target, cache, prompt) -> None:
         self.lookup.begin(target, cache, prompt)
@@ -96,7 +113,8 @@ class LookupFirst:
         if len(found):
             self.looked_up += 1
             return found
-        return self.then.propose(ids, k, params, rng, nodes)
+        k_then = k if self.then_k is None else min(k, self.then_k)
+        return self.then.propose(ids, k_then, params, rng, nodes)
 
     def commit(self, ids, features) -> None:
         self.lookup.commit(ids, features)

@@ -396,6 +396,7 @@ class SuffixDrafter:
     """
 
     SOURCES = ("text", "earlier", "datastore")
+    k_default = K_LIMIT  # a run's K when none is given: it sizes its own rounds, up to the most a round may verify
 
     def __init__(self, n_vocab: int, earlier: SuffixIndex | None = None, datastore=None, r=None, cap: int = K_LIMIT):
         if not 1 <= cap <= K_LIMIT:

@@ -172,8 +172,10 @@ class RaceReport:
         """Whether the speculative run is priced over its own rounds only, eq. 1 left out: with a draft confidence
         bar alpha is of the drafts the bar let through, the sure ones; with lookup first it mixes free looked-up
         drafts with the second drafter's, at two rates. Eq. 1 (every round drafting k drafts at one rate) would
-        misprice either."""
-        return self.settings.get("draft_confidence_bar") is not None or bool(self.settings.get("lookup_first"))
+        misprice either, and suffix decoding, which sizes every round by its own evidence (0 to 32 drafts)."""
+        settings = self.settings
+        return settings.get("draft_confidence_bar") is not None or any(
+            settings.get(key) for key in ("lookup_first", "sizes_itself"))
 
     @property
     def speedup(self) -> float:
@@ -356,7 +358,7 @@ def race(target: CausalLM, draft, prompt, n_tokens: int, K=None, temperature: fl
                     tree=config.tree, verification=config.verification, cross_vocab=config.cross_vocab,
                     siblings=config.siblings, draft_confidence=config.draft_confidence,
                     draft_confidence_bar=getattr(getattr(drafter, "stop", None), "bar", None),
-                    lookup_first=isinstance(drafter, LookupFirst))  # fmt: skip
+                    lookup_first=isinstance(drafter, LookupFirst), sizes_itself=hasattr(drafter, "r"))  # fmt: skip
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
 
     def run_once(name: str, n: int, stream: TokenCallback | None) -> Run:

@@ -127,6 +127,8 @@ def summary_lines(report) -> list[str]:
     r, summary = spec.result, report.explain()
     tree = "tree_predicted_speedup" in summary  # a tree: one pass checks several candidates per depth
     prompt_pass = f"; +{plural(r.prefill_calls, 'pass')} over the prompt" if r.prefill_calls else ""
+    widest = max(r.k_per_round, default=0)  # positions no round drafted are left out (K may be up to 32)
+    histogram = r.accepted_histogram[: max(r.accepted_per_round, default=0) + 1]  # counts up to the most accepted
     # The headline prices the rounds this run had (a round may draft fewer than K, or nothing: an n-gram miss, a
     # draft confidence bar), not eq. 1's every-round-drafts-k, which overstates such runs.
     predicted = summary.get("tree_predicted_speedup", summary.get("predicted_speedup_from_rounds", math.nan))
@@ -137,9 +139,9 @@ def summary_lines(report) -> list[str]:
         ("tau (tokens per round = per target pass)",
          f"{fmt(r.tau)}  ({plural(len(r.tokens), 'token')} in {plural(r.rounds, 'round')}{prompt_pass})"),
         (f"acceptance at {'depth' if tree else 'draft position'} 1..K",
-         "  ".join(fmt(a) for a in r.acceptance_by_position) or "-"),
+         "  ".join(fmt(a) for a in r.acceptance_by_position[:widest]) or "-"),
         ("rounds by drafts accepted (0, 1, ...)",
-         f"{r.accepted_histogram}  {sparkline(r.accepted_histogram)}"),
+         f"{histogram}  {sparkline(histogram)}"),
         ("draft / target passes", f"{r.draft_calls} / {r.target_calls}"),
         ("cost of a draft step, c = draft / target", costs),
     ]  # fmt: skip
@@ -218,7 +220,8 @@ def engine_rows(run) -> list[tuple[str, str]]:
     drafting = sum(k > 0 for k in r.k_per_round)
     rate = f"{fmt(r.draft_acceptance_rate)}  ({r.accepted} of {r.drafted}, unjudged drafts counted)"
     length = f"{fmt(r.mean_acceptance_length)}  ({drafting} of {plural(r.rounds, 'round')} drafted)"
-    by_position = "  ".join(fmt(a) for a in r.acceptance_by_position_per_round) or "-"
+    widest = max(r.k_per_round, default=0)  # positions no round drafted are left out (K may be up to 32)
+    by_position = "  ".join(fmt(a) for a in r.acceptance_by_position_per_round[:widest]) or "-"
     throughput = f"{run.drafted_per_second:.1f} / {run.accepted_per_second:.1f}"
     return [
         ("accepted / drafted (vLLM, llama.cpp: draft acceptance)", rate),

@@ -89,7 +89,7 @@ def make_datastore(
 def portable_command(argv: list[str]) -> str:
     """The command as typed, each path given to --data or --out by its last part (no machine's folders in a card).
 
-    >>> portable_command(["datastore", "--model", "m", "--data", "/home/me/ds-data", "--out=/tmp/x/ds"])
+    >>> portable_command(["datastore", "--model", "m", "--data", "/home/me/ds-data", "--out=/srv/x/ds"])
     'python -m specdec.train datastore --model m --data ds-data --out=ds'
     """
     out, path_next = [], False
