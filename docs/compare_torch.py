@@ -104,16 +104,24 @@ def measure_torch(folder: Path, repeats: int) -> dict:
 
 
 def result(load: float, passes: dict, greedy: float, lookup: float, prompt_pass: float) -> dict:
-    return {"load_s": load, "step_ms": passes[1] * 1e3, "r": [passes[m] / passes[1] for m in sorted(passes)],
-            "greedy_ms_per_token": greedy / N_TOKENS * 1e3, "lookup_speedup": greedy / lookup,
-            "prompt_pass_s": prompt_pass}  # fmt: skip
+    return {
+        "load_s": load,
+        "step_ms": passes[1] * 1e3,
+        "r": [passes[m] / passes[1] for m in sorted(passes)],
+        "greedy_ms_per_token": greedy / N_TOKENS * 1e3,
+        "lookup_speedup": greedy / lookup,
+        "prompt_pass_s": prompt_pass,
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="124M,355M", help="GPT-2 shapes (default %(default)s)")
-    p.add_argument("--models-dir", default=str(Path(tempfile.gettempdir()) / "specdec-compare"),
-                   help="where the checkpoints go (default %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--models-dir",
+        default=str(Path(tempfile.gettempdir()) / "specdec-compare"),
+        help="where the checkpoints go (default %(default)s)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="fresh processes per engine (default %(default)s)")
     p.add_argument("--repeats", type=int, default=10, help="timed passes per m in each process (default %(default)s)")
     p.add_argument("--engine", choices=["specdec", "torch"], help=argparse.SUPPRESS)  # one child process
@@ -125,8 +133,9 @@ def main() -> None:
         return
 
     root = Path(args.models_dir)
-    subprocess.run([sys.executable, "-m", "specdec.bench", "--write-checkpoints", str(root), "--sizes", args.sizes],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "specdec.bench", "--write-checkpoints", str(root), "--sizes", args.sizes], check=True
+    )
     for size in args.sizes.split(","):
         # A first load writes specdec's kept transposed layout beside the checkpoint (specdec/layoutcache.py);
         # every timed load is a later one, as every load after a model's first is.
@@ -135,15 +144,27 @@ def main() -> None:
         runs = {"specdec": [], "torch": []}
         for _ in range(args.rounds):
             for engine in runs:
-                cmd = [sys.executable, __file__, "--engine", engine, "--folder", str(root / size),
-                       "--repeats", str(args.repeats)]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--engine",
+                    engine,
+                    "--folder",
+                    str(root / size),
+                    "--repeats",
+                    str(args.repeats),
+                ]
                 out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                 runs[engine].append(json.loads(out.strip().splitlines()[-1]))
         print(f"\n{size} (medians of {args.rounds} fresh processes per engine)")
         print(f"{'':24} {'specdec':>9} {'torch':>9}")
-        for key, label in [("load_s", "load, s"), ("step_ms", "1-token step, ms"),
-                           ("greedy_ms_per_token", "greedy, ms/token"), ("lookup_speedup", "prompt lookup, x"),
-                           ("prompt_pass_s", f"{PROMPT_PASS}-token prompt, s")]:  # fmt: skip
+        for key, label in [
+            ("load_s", "load, s"),
+            ("step_ms", "1-token step, ms"),
+            ("greedy_ms_per_token", "greedy, ms/token"),
+            ("lookup_speedup", "prompt lookup, x"),
+            ("prompt_pass_s", f"{PROMPT_PASS}-token prompt, s"),
+        ]:
             a, b = (statistics.median(run[key] for run in runs[e]) for e in ("specdec", "torch"))
             print(f"{label:24} {a:9.3f} {b:9.3f}")
         for m in (2, 3, 5, 9, 16):

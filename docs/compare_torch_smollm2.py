@@ -71,23 +71,38 @@ def main() -> None:
     p.add_argument("--specdec-python", required=True, help="a Python with specdec installed")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-    prompt = subprocess.run([args.specdec_python, "-c", "import json, sys\nfrom specdec.checkpoints.gguf import load_gguf\n"
-                             "from specdec.model.tokenizer import chat_prompt\nfrom specdec.checkpoints.gguf import GGUFFile\n"
-                             "from specdec.model.tokenizer import gguf_encoding\n"
-                             "tok = gguf_encoding(GGUFFile(sys.argv[1]).metadata, sys.argv[1])\n"
-                             "print(json.dumps(chat_prompt(tok, sys.argv[2])))", args.gguf, QUESTION],
-                            capture_output=True, text=True, check=True)  # fmt: skip
+    prompt = subprocess.run(
+        [
+            args.specdec_python,
+            "-c",
+            "import json, sys\nfrom specdec.checkpoints.gguf import load_gguf\n"
+            "from specdec.model.tokenizer import chat_prompt\nfrom specdec.checkpoints.gguf import GGUFFile\n"
+            "from specdec.model.tokenizer import gguf_encoding\n"
+            "tok = gguf_encoding(GGUFFile(sys.argv[1]).metadata, sys.argv[1])\n"
+            "print(json.dumps(chat_prompt(tok, sys.argv[2])))",
+            args.gguf,
+            QUESTION,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     ids = json.loads(prompt.stdout)
     times = {"specdec": [], "torch": []}
     tokens = {}
     for _ in range(args.rounds):
-        for name, python, child in (("specdec", args.specdec_python, SPECDEC_CHILD), ("torch", sys.executable, TORCH_CHILD)):
+        for name, python, child in (
+            ("specdec", args.specdec_python, SPECDEC_CHILD),
+            ("torch", sys.executable, TORCH_CHILD),
+        ):
             out = run(python, child, args.gguf, ids)
             times[name].append(N_TOKENS / out["seconds"])
             tokens[name] = out["tokens"]
     same = tokens["specdec"] == tokens["torch"]
     for name, rates in times.items():
-        print(f"{name:8s} {statistics.median(rates):6.1f} tokens/s (median of {len(rates)}; {min(rates):.1f}-{max(rates):.1f})")
+        print(
+            f"{name:8s} {statistics.median(rates):6.1f} tokens/s (median of {len(rates)}; {min(rates):.1f}-{max(rates):.1f})"
+        )
     print(f"same {N_TOKENS} greedy tokens: {'yes' if same else 'NO'}")
 
 

@@ -43,7 +43,9 @@ def load(folder: Path, repeats: int) -> None:
     """load_folder through the kept layout (written by an untimed first load), and copying."""
     load_folder(folder)
     print(f"{folder}: kept layout {median(lambda: load_folder(folder), repeats)}")
-    print(f"{folder}: copying ({'keep_layout=False'}) {median(lambda: load_folder(folder, keep_layout=False), repeats)}")
+    print(
+        f"{folder}: copying ({'keep_layout=False'}) {median(lambda: load_folder(folder, keep_layout=False), repeats)}"
+    )
 
 
 def first(folder: Path, repeats: int) -> None:
@@ -58,8 +60,10 @@ def scan(folder: Path, repeats: int) -> None:
     tensors = read_safetensors(folder / layout.FILE_NAME)
     layout.scan(tensors)  # map every page first
     gb = sum(a.nbytes for a in tensors.values()) / 1e9
-    print(f"{folder}: layout.scan of {gb:.2f} GB on {kernels.SPLIT_PARTS} workers "
-          f"{median(lambda: layout.scan(tensors), repeats)}")  # fmt: skip
+    print(
+        f"{folder}: layout.scan of {gb:.2f} GB on {kernels.SPLIT_PARTS} workers "
+        f"{median(lambda: layout.scan(tensors), repeats)}"
+    )
     flats = [np.asarray(a).reshape(-1) for a in tensors.values()]
     chunk = 1 << 18
     parts = {
@@ -85,9 +89,11 @@ def fingerprint(folder: Path, repeats: int) -> None:
     def every_byte(h):
         return lambda: [h.update(a) for a in arrays]
 
-    for name, f in (("model_fingerprint", lambda: model_fingerprint(model)),
-                    ("sha256 of every byte", lambda: every_byte(hashlib.sha256())()),
-                    ("crc32 of every byte", lambda: [zlib.crc32(a) for a in arrays])):  # fmt: skip
+    for name, f in (
+        ("model_fingerprint", lambda: model_fingerprint(model)),
+        ("sha256 of every byte", lambda: every_byte(hashlib.sha256())()),
+        ("crc32 of every byte", lambda: [zlib.crc32(a) for a in arrays]),
+    ):
         f()
         print(f"{folder} ({gb:.2f} GB): {name} {median(f, repeats)}")
 

@@ -44,19 +44,27 @@ def main() -> None:
             load, wall, cpu = os.getloadavg()[0], time.perf_counter(), time.process_time()
             layer_states(model, rows, layers)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            print(f"layers {layers}: {n_rows * n_tokens} tokens  {wall:6.1f} s wall  {cpu:6.1f} s CPU  "
-                  f"{n_rows * n_tokens / cpu:5.0f} tokens per CPU-second  load {load:.1f}", flush=True)  # fmt: skip
+            print(
+                f"layers {layers}: {n_rows * n_tokens} tokens  {wall:6.1f} s wall  {cpu:6.1f} s CPU  "
+                f"{n_rows * n_tokens / cpu:5.0f} tokens per CPU-second  load {load:.1f}",
+                flush=True,
+            )
         return
     pool = build_requests(0)
     for batch in args.batches:
-        rows = [Reply(chat_prompt(model.tokenizer, pool.requests[i]), i % 2 == 0, np.random.default_rng(i))
-                for i in range(batch)]  # fmt: skip
+        rows = [
+            Reply(chat_prompt(model.tokenizer, pool.requests[i]), i % 2 == 0, np.random.default_rng(i))
+            for i in range(batch)
+        ]
         load, wall, cpu = os.getloadavg()[0], time.perf_counter(), time.process_time()
         answer(model, rows, args.steps, batch, 8, SamplingParams(temperature=1.0), stop=None)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         n = sum(len(r.tokens) for r in rows)
-        print(f"B={batch:3d}  {n} tokens  {wall:6.1f} s wall  {cpu:6.1f} s CPU  {n / wall:5.1f} tokens/s  "
-              f"{n / cpu:5.1f} tokens per CPU-second  load {load:.1f}", flush=True)  # fmt: skip
+        print(
+            f"B={batch:3d}  {n} tokens  {wall:6.1f} s wall  {cpu:6.1f} s CPU  {n / wall:5.1f} tokens/s  "
+            f"{n / cpu:5.1f} tokens per CPU-second  load {load:.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from specdec.train import distill  # noqa: E402
 from specdec.train.adopt import MADE, adopt_shards, made_record  # noqa: E402
 from specdec.train.requests import RequestPool, build_requests  # noqa: E402
 
+
 def load_target(name: str = "smollm2-135m"):
     """specdec's own NumPy model of that name, read as load_model reads it (the default models folder, the
     file checked against its pin), untuned: only its weights are used here."""
@@ -99,8 +100,17 @@ class TorchLlama:
             assert all(lin.b is None for lin in (block.attn_qkv, block.attn_output, block.ffn_gate_up, block.ffn_down))
         assert w.lm_head.b is None
         self.wte = t(w.wte)
-        self.blocks = [(t(b.attn_norm), t(b.attn_qkv.w_t), t(b.attn_output.w_t), t(b.ffn_norm), t(b.ffn_gate_up.w_t),
-                        t(b.ffn_down.w_t)) for b in w.blocks]  # fmt: skip
+        self.blocks = [
+            (
+                t(b.attn_norm),
+                t(b.attn_qkv.w_t),
+                t(b.attn_output.w_t),
+                t(b.ffn_norm),
+                t(b.ffn_gate_up.w_t),
+                t(b.ffn_down.w_t),
+            )
+            for b in w.blocks
+        ]
         self.norm_f, self.lm_head = t(w.norm_f), t(w.lm_head.w_t)
         cos, sin = rope_tables(np.arange(capacity), h.d_head, h.rope_theta)  # specdec's own tables, [capacity, d]
         self.cos, self.sin = t(cos), t(sin)
@@ -201,8 +211,10 @@ def read_run(data: Path, pool_file: Path) -> tuple[distill.DistillSettings, Requ
     settings = distill.DistillSettings(**manifest["settings"])
     pool = RequestPool(**safe_io.read_json(pool_file, max_bytes=1 << 30))
     if pool.sha256 != settings.requests_sha256 or len(pool.requests) != settings.n_requests:
-        raise SystemExit(f"{pool_file}: not the pool of this run (its sha256 differs); make it with `pool` on the "
-                         f"machine that began the run")  # fmt: skip
+        raise SystemExit(
+            f"{pool_file}: not the pool of this run (its sha256 differs); make it with `pool` on the "
+            f"machine that began the run"
+        )
     return settings, pool
 
 
@@ -242,8 +254,10 @@ def check(device: str, data: str | None, pool_file: str | None) -> None:
             same, rows = same + int(np.array_equal(ra, rb)), rows + 1
             if not np.array_equal(ra, rb):
                 first = int(np.argmax(ra[: min(len(ra), len(rb))] != rb[: min(len(ra), len(rb))]))
-                print(f"shard {index} row {r} ({'greedy' if a['greedy'][r] else 'sampled'}): the same until token "
-                      f"{first}, then {ra[first]} on the CPU and {rb[first]} here")  # fmt: skip
+                print(
+                    f"shard {index} row {r} ({'greedy' if a['greedy'][r] else 'sampled'}): the same until token "
+                    f"{first}, then {ra[first]} on the CPU and {rb[first]} here"
+                )
     print(f"rows written alike by specdec and torch: {same} of {rows}")
 
 
@@ -265,8 +279,11 @@ def worker(args, queue, results) -> None:
         entry = distill.write_shard(out, index, arrays)
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         results.put(entry)
-        print(f"[{time.strftime('%H:%M:%S')}] shard {index}: {entry['reply_tokens']:,} tokens in "
-              f"{entry['seconds']:.0f} s", flush=True)  # fmt: skip
+        print(
+            f"[{time.strftime('%H:%M:%S')}] shard {index}: {entry['reply_tokens']:,} tokens in "
+            f"{entry['seconds']:.0f} s",
+            flush=True,
+        )
 
 
 def make(args) -> None:
@@ -310,9 +327,11 @@ def make(args) -> None:
     while args.first + run in made:
         run += 1
     failed = [p.exitcode for p in procs if p.exitcode not in (0, None, -15)]  # -15: terminated at the grace's end
-    print(f"{len(entries)} shards, {sum(e['reply_tokens'] for e in entries):,} reply tokens, in "
-          f"{args.seconds - (args.deadline - time.time()):.0f} s; shards {args.first}..{args.first + run - 1} follow "
-          f"one another" + (f"; workers that failed (exit status): {failed}" if failed else ""))  # fmt: skip
+    print(
+        f"{len(entries)} shards, {sum(e['reply_tokens'] for e in entries):,} reply tokens, in "
+        f"{args.seconds - (args.deadline - time.time()):.0f} s; shards {args.first}..{args.first + run - 1} follow "
+        f"one another" + (f"; workers that failed (exit status): {failed}" if failed else "")
+    )
 
 
 def merge(args) -> None:
@@ -320,8 +339,10 @@ def merge(args) -> None:
         added = adopt_shards(args.data, args.new, args.n_vocab, log=print)
     except (ValueError, OSError) as e:
         raise SystemExit(f"merge: {e}") from None
-    print(f"added shards {added[0]}..{added[-1]} to {args.data}; `python -m specdec.train data` with the run's "
-          f"settings checks them again")  # fmt: skip
+    print(
+        f"added shards {added[0]}..{added[-1]} to {args.data}; `python -m specdec.train data` with the run's "
+        f"settings checks them again"
+    )
 
 
 def main() -> None:

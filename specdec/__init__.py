@@ -106,8 +106,9 @@ def __getattr__(name: str):
     import warnings
 
     module = importlib.import_module(".race", __name__)
-    warnings.warn(f"specdec.{name} moved to its own module: from specdec.race import {name}", DeprecationWarning,
-                  stacklevel=2)  # fmt: skip
+    warnings.warn(
+        f"specdec.{name} moved to its own module: from specdec.race import {name}", DeprecationWarning, stacklevel=2
+    )
     # NOTE: importing the submodule bound specdec.race to the module; the function takes the name back, as
     # `from .race import race` here used to, so that later calls of specdec.race(...) work too.
     globals().update({moved: getattr(module, moved) for moved in _MOVED_TO_RACE})

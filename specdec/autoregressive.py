@@ -15,11 +15,18 @@ from .sampling import check_finite_logits, draw, greedy, probabilities
 
 
 def autoregressive_sample(
-    model: CausalLM, prompt_ids, n_tokens: int,
-    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-    seed: int | None = None, rng: np.random.Generator | None = None, on_token: TokenCallback | None = None,
-    chat: bool = False, allow_special: bool = False,
-) -> DecodeResult:  # fmt: skip
+    model: CausalLM,
+    prompt_ids,
+    n_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    rng: np.random.Generator | None = None,
+    on_token: TokenCallback | None = None,
+    chat: bool = False,
+    allow_special: bool = False,
+) -> DecodeResult:
     """Generate n_tokens after prompt_ids (token ids, or text when the model has a tokenizer),
     one forward pass each. chat=True: the text is a user message to a chat model, and decoding
     stops early after the token that ends the reply. allow_special=True: control strings typed
@@ -31,8 +38,9 @@ def autoregressive_sample(
         out = autoregressive_sample(model, ids, n_tokens=40, temperature=0.8, top_p=0.95, seed=0)
     """
     config = make_config(temperature=temperature, top_k=top_k, top_p=top_p, chat=chat, allow_special=allow_special)
-    return decode_autoregressive(model, setup(model, None, prompt_ids, n_tokens, config).request, make_rng(seed, rng),
-                                 on_token)  # fmt: skip
+    return decode_autoregressive(
+        model, setup(model, None, prompt_ids, n_tokens, config).request, make_rng(seed, rng), on_token
+    )
 
 
 def decode_autoregressive(

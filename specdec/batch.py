@@ -108,8 +108,9 @@ def check_batch_memory(model, n_rows: int, n_tokens: int, what: str) -> None:
     check_rows_fit(model.hparams, n_rows, max(64, n_tokens + 1), what, model.dtype)
 
 
-def start_batch(model, draft, prompts, n_tokens: int, seed, rng, on_token: BatchTokenCallback | None,
-                config: Config) -> tuple[list[Row], object]:  # fmt: skip
+def start_batch(
+    model, draft, prompts, n_tokens: int, seed, rng, on_token: BatchTokenCallback | None, config: Config
+) -> tuple[list[Row], object]:
     """Check every prompt and the draft with the settings every row shares (config.setup, as the unbatched
     samplers do) and give each prompt its Row. Returns the rows and the built drafter (None without a draft)."""
     if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or not prompts:
@@ -118,8 +119,17 @@ def start_batch(model, draft, prompts, n_tokens: int, seed, rng, on_token: Batch
     run = setup(model, draft, prompts[0], n_tokens, config)
     requests = [run.request, *(run.request_for(prompt) for prompt in prompts[1:])]
     rngs = make_rngs(len(requests), seed, rng)
-    rows = [Row(r, model.new_cache(), rngs[i], DecodeResult(tokenizer=model.tokenizer),
-                on_token and partial(on_token, i), index=i) for i, r in enumerate(requests)]  # fmt: skip
+    rows = [
+        Row(
+            r,
+            model.new_cache(),
+            rngs[i],
+            DecodeResult(tokenizer=model.tokenizer),
+            on_token and partial(on_token, i),
+            index=i,
+        )
+        for i, r in enumerate(requests)
+    ]
     return rows, run.drafter
 
 
@@ -129,11 +139,18 @@ def start_batch(model, draft, prompts, n_tokens: int, seed, rng, on_token: Batch
 
 
 def autoregressive_sample_batch(
-    model: CausalLM, prompts, n_tokens: int,
-    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-    seed=None, rng: np.random.Generator | None = None, on_token: BatchTokenCallback | None = None,
-    chat: bool = False, allow_special: bool = False,
-) -> list[DecodeResult]:  # fmt: skip
+    model: CausalLM,
+    prompts,
+    n_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed=None,
+    rng: np.random.Generator | None = None,
+    on_token: BatchTokenCallback | None = None,
+    chat: bool = False,
+    allow_special: bool = False,
+) -> list[DecodeResult]:
     """autoregressive_sample for each prompt, one forward_batch per step for all of them: a DecodeResult each.
 
     Row b's tokens are those autoregressive_sample(model, prompts[b], n_tokens, ..., seed=seed)
@@ -194,8 +211,9 @@ class BatchModelDraft:
         n_passes = max(ks, default=0)
         for step in range(n_passes):
             drafting = [i for i, k in enumerate(ks) if k > step]  # rows asking for fewer drafts stop early
-            logits = self.model.forward_batch([new[i] for i in drafting], [caches[i] for i in drafting],
-                                              last_only=True, n_layer=self.n_layer)  # fmt: skip
+            logits = self.model.forward_batch(
+                [new[i] for i in drafting], [caches[i] for i in drafting], last_only=True, n_layer=self.n_layer
+            )
             for i, row_logits in zip(drafting, logits):
                 rows[i].result.draft_calls += 1
                 if params.greedy:
@@ -278,8 +296,10 @@ def make_row_k_policy(config: Config):
     """A fresh K policy for one row: K is an int or 'adaptive' (each row adapts to its own acceptances)."""
     K = config.K
     if K == "auto" or isinstance(K, KPolicy) and not isinstance(K, (FixedK, AdaptiveK)):
-        raise ValueError("a batch takes K as an int or 'adaptive' (one policy per row); for the best K per batch "
-                         "size see costmodel.best_k_batch and `python -m specdec.bench --only batch`")  # fmt: skip
+        raise ValueError(
+            "a batch takes K as an int or 'adaptive' (one policy per row); for the best K per batch "
+            "size see costmodel.best_k_batch and `python -m specdec.bench --only batch`"
+        )
     if isinstance(K, FixedK):
         return FixedK(K.k)
     if isinstance(K, AdaptiveK):
@@ -293,12 +313,24 @@ def make_row_k_policy(config: Config):
 
 
 def speculative_sample_batch(
-    target: CausalLM, draft, prompts, n_tokens: int, K=4,
-    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-    seed=None, rng: np.random.Generator | None = None, on_token: BatchTokenCallback | None = None,
-    tree=None, acceptance: str = "exact", chat: bool = False, verification: str = "token",
-    on_batch_round: Callable[[BatchRound], None] | None = None, allow_special: bool = False,
-) -> list[DecodeResult]:  # fmt: skip
+    target: CausalLM,
+    draft,
+    prompts,
+    n_tokens: int,
+    K=4,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed=None,
+    rng: np.random.Generator | None = None,
+    on_token: BatchTokenCallback | None = None,
+    tree=None,
+    acceptance: str = "exact",
+    chat: bool = False,
+    verification: str = "token",
+    on_batch_round: Callable[[BatchRound], None] | None = None,
+    allow_special: bool = False,
+) -> list[DecodeResult]:
     """speculative_sample for each prompt, with ONE target pass per round for the whole batch: a DecodeResult each.
 
     prompts: a list of prompts (text or token ids), of any lengths. draft: a model
@@ -312,13 +344,23 @@ def speculative_sample_batch(
         raise ValueError("a batch drafts chains only (tree=None); trees run one prompt at a time: speculative_sample")
     if verification not in VERIFICATION:
         raise ValueError(f"a batch judges chains: verification must be 'token' or 'block', got {verification!r}")
-    config = make_config(K=K, temperature=temperature, top_k=top_k, top_p=top_p, chat=chat,
-                         allow_special=allow_special, acceptance=acceptance, verification=verification)  # fmt: skip
+    config = make_config(
+        K=K,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        chat=chat,
+        allow_special=allow_special,
+        acceptance=acceptance,
+        verification=verification,
+    )
     params = config.params
     make_row_k_policy(config)  # refused before any row runs where a row cannot have its own
     if isinstance(draft, (ModelDrafter, EarlyExitDrafter)) and draft.stop is not None:
-        raise ValueError("a batch drafts a model's or early exit's chains in batched passes, K for every row: "
-                         "a draft confidence bar (stop=) is not offered there; build the drafter without one")  # fmt: skip
+        raise ValueError(
+            "a batch drafts a model's or early exit's chains in batched passes, K for every row: "
+            "a draft confidence bar (stop=) is not offered there; build the drafter without one"
+        )
     if not isinstance(draft, (str, LanguageModel, ModelDrafter, EarlyExitDrafter, NgramDrafter, LookupFirst)):
         raise ValueError(
             f"a batch needs its draft as a model, 'ngram[:N]', 'early_exit:L', 'medusa:DIR' or 'eagle:DIR' (each row "
@@ -336,24 +378,30 @@ def speculative_sample_batch(
     active = list(rows)
     prefill = [row for row in active if len(row.prompt) > 1]
     if prefill:
-        _, hidden = target.forward_batch([row.prompt[:-1] for row in prefill], [row.cache for row in prefill],
-                                         last_only=True, return_hidden=features_asked(drafts))  # fmt: skip
+        _, hidden = target.forward_batch(
+            [row.prompt[:-1] for row in prefill],
+            [row.cache for row in prefill],
+            last_only=True,
+            return_hidden=features_asked(drafts),
+        )
         for row, row_hidden in zip(prefill, hidden):
             row.result.target_calls += 1
             drafts.after_prefill(row, row_hidden)
 
     while active:
         # Draft fewer near a row's end: a round emits up to k+1 tokens and verifies up to position len(ids)-1+k.
-        ks = [min(row.k_policy.next_k(), n_tokens - len(row.result.tokens) - 1, n_ctx - len(row.ids))
-              for row in active]  # fmt: skip
+        ks = [min(row.k_policy.next_k(), n_tokens - len(row.result.tokens) - 1, n_ctx - len(row.ids)) for row in active]
 
         # Step 1, every row: propose k_b drafts (a model drafts all rows in batched passes).
         proposals, draft_passes = drafts.propose(active, ks, params)
 
         # Step 2, ONE target pass for the whole batch: row b over [ids_b[-1], its drafts], after its own cache.
         # NOTE: within each row, logits row i verifies that row's draft i; its last row is its bonus position.
-        logits, hidden = target.forward_batch([[row.ids[-1], *p.tokens] for row, p in zip(active, proposals)],
-                                              [row.cache for row in active], return_hidden=features_asked(drafts))  # fmt: skip
+        logits, hidden = target.forward_batch(
+            [[row.ids[-1], *p.tokens] for row, p in zip(active, proposals)],
+            [row.cache for row in active],
+            return_hidden=features_asked(drafts),
+        )
 
         record = BatchRound([row.index for row in active], [len(p) for p in proposals], [], draft_passes)
         for row, proposal, row_logits, row_hidden in zip(active, proposals, logits, hidden):

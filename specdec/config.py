@@ -61,8 +61,17 @@ from .sampling import SamplingParams
 from .timing import costs_for
 from .verify import ACCEPTANCE, TREE_VERIFICATION, VERIFICATION
 
-TREES_REFUSED = ("a draft confidence bar (draft_confidence=, --draft_confidence) cuts chains; a tree is already "
-                 "grown by its draft's confidence (EAGLE-2's expansion): give one or the other")
+TREES_REFUSED = (
+    "a draft confidence bar (draft_confidence=, --draft_confidence) cuts chains; a tree is already "
+    "grown by its draft's confidence (EAGLE-2's expansion): give one or the other"
+)
+
+
+NO_TOKENIZER = (
+    "the prompt is text but this model has no tokenizer: pass token ids (encode the text with the "
+    "tokenizer the model was trained with)"
+)
+BAD_ID = "prompt token ids must be whole numbers in 0..{0}; got {1!r:.40} at position {2}"
 
 
 @dataclass(frozen=True)
@@ -145,14 +154,12 @@ class Setup:
         return make_request(self.target, prompt, self.request.n_tokens, self.config, self.drafter)
 
 
-def setup(target: CausalLM, draft, prompt, n_tokens: int, config: Config, request: Request | None = None,
-          costs: bool = False, say=None) -> Setup:  # fmt: skip
-    """Check a run against the models and build it once: the drafter (None for draft None: the target alone), the
-    request (or `request`, made already from this prompt), K and the tree. costs=True: time the costs where no
-    "auto" needs them (the race prices rounds with them); say(line) is told when they are timed."""
-    drafter = None if draft is None else make_drafter(draft, target, config.cross_vocab, config.siblings,
-                                                      config.draft_confidence)  # fmt: skip
-    c = config if config.K is not None else replace(config, K=getattr(drafter, "k_default", 4))
+def setup(target: CausalLM, draft, prompt, n_tokens: int, config: Config, request=None, costs=False, say=None) -> Setup:
+    """A run checked against the models and built once: the drafter (None for draft None), the request (or `request`,
+    made already), K, the tree, and the costs where needed or asked (costs=True; say(line) is told when timed)."""
+    c = config
+    drafter = None if draft is None else make_drafter(draft, target, c.cross_vocab, c.siblings, c.draft_confidence)
+    c = c if c.K is not None else replace(c, K=getattr(drafter, "k_default", 4))  # left out: the drafter's own
     if request is None:
         request = make_request(target, prompt, n_tokens, c, drafter)
     else:
@@ -173,8 +180,10 @@ def setup(target: CausalLM, draft, prompt, n_tokens: int, config: Config, reques
 def same_request(request: Request, n_tokens: int, chat: bool) -> Request:
     """A request made already, refused unless made for this n_tokens and chat."""
     if request.n_tokens != n_tokens or (request.stop is not None) != bool(chat):
-        raise ValueError(f"request= was made for {request.n_tokens} tokens with chat={request.stop is not None}, the "
-                         f"run asks {n_tokens} with chat={chat}: make it from the same prompt, n_tokens and chat")
+        raise ValueError(
+            f"request= was made for {request.n_tokens} tokens with chat={request.stop is not None}, the "
+            f"run asks {n_tokens} with chat={chat}: make it from the same prompt, n_tokens and chat"
+        )
     return request
 
 
@@ -215,8 +224,7 @@ def make_request(model: CausalLM, prompt, n_tokens: int, config: Config | None =
 
 
 def with_settings(request: Request, config: Config, drafter=None) -> Request:
-    """A made request with config's sampling and verification, checked for this drafter; its prompt is not read
-    again (the race takes a request the command line made before it loaded the draft)."""
+    """A made request (its prompt not read again) with config's sampling and verification, checked for the drafter."""
     if hasattr(drafter, "check"):  # a drafter serving only some settings (cross-vocabulary SLEM: greedy only)
         drafter.check(config.params)
     if config.acceptance not in ACCEPTANCE:
@@ -234,8 +242,7 @@ def check_request(model: CausalLM, prompt, n_tokens: int, chat: bool = False, al
         prompt = chat_text(model, prompt, allow_special)
     if isinstance(prompt, str):
         if model.tokenizer is None:
-            raise ValueError("the prompt is text but this model has no tokenizer: pass token ids (encode the text "
-                             "with the tokenizer the model was trained with)")  # fmt: skip
+            raise ValueError(NO_TOKENIZER)
         prompt = encode_text(model.tokenizer, prompt, allow_special)
     prompt = check_token_ids(prompt, model.n_vocab) or start_token(model)
     n_tokens = whole_number(n_tokens, "n_tokens", 1)
@@ -255,8 +262,10 @@ def chat_text(model: CausalLM, prompt, allow_special: bool) -> str:
 def start_token(model: CausalLM) -> list[int]:
     """What an empty prompt starts from: the model's end-of-text token, as GPT-2 samples unconditionally."""
     if ENDOFTEXT not in getattr(model.tokenizer, "special_tokens_set", ()):
-        raise ValueError("the prompt is empty and this model has no end-of-text token to start from: give the "
-                         "model at least one token to condition on")  # fmt: skip
+        raise ValueError(
+            "the prompt is empty and this model has no end-of-text token to start from: give the "
+            "model at least one token to condition on"
+        )
     return [model.tokenizer.eot_token]
 
 
@@ -276,8 +285,10 @@ def end_of_reply(model: CausalLM) -> int:
     """The token that ends a chat model's reply (<|im_end|>), after which decoding stops."""
     special = getattr(model.tokenizer, "_special_tokens", {}) if model.tokenizer is not None else {}
     if "<|im_start|>" not in special or "<|im_end|>" not in special:
-        raise ValueError(f"chat needs a chat model (one whose tokenizer has <|im_start|> and <|im_end|>, such as "
-                         f"smollm2-135m); {model.name} has none")  # fmt: skip
+        raise ValueError(
+            f"chat needs a chat model (one whose tokenizer has <|im_start|> and <|im_end|>, such as "
+            f"smollm2-135m); {model.name} has none"
+        )
     return special["<|im_end|>"]
 
 
@@ -290,7 +301,7 @@ def check_token_ids(ids, n_vocab: int) -> list[int]:
         raise ValueError(f"the prompt must be text or a flat list of token ids, got {type(ids).__name__}")
     for i, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < n_vocab:
-            raise ValueError(f"prompt token ids must be whole numbers in 0..{n_vocab - 1}; got {t!r:.40} at position {i}")
+            raise ValueError(BAD_ID.format(n_vocab - 1, t, i))
     return [int(t) for t in ids]
 
 
@@ -338,12 +349,18 @@ def check_verification(verification: str, tree, acceptance: str = "exact", sibli
     if verification in ("block", "spectr", "traversal") and acceptance != "exact":
         raise ValueError(f"verification {verification!r} is an exact rule: leave out acceptance='typical' (lossy)")
     if verification == "block" and tree is not None:
-        raise ValueError("verification 'block' judges a chain jointly: leave out tree= (--tree), or judge the tree "
-                         "with 'traversal' (block verification read along every path)")  # fmt: skip
+        raise ValueError(
+            "verification 'block' judges a chain jointly: leave out tree= (--tree), or judge the tree "
+            "with 'traversal' (block verification read along every path)"
+        )
     if verification in ("spectr", "traversal") and tree is None:
         chain_rule = "block" if verification == "traversal" else "token"
-        raise ValueError(f"verification {verification!r} judges trees: pass tree=N (--tree N); on a chain it is "
-                         f"verification {chain_rule!r}")  # fmt: skip
+        raise ValueError(
+            f"verification {verification!r} judges trees: pass tree=N (--tree N); on a chain it is "
+            f"verification {chain_rule!r}"
+        )
     if verification == "spectr" and siblings != "iid":
-        raise ValueError("verification 'spectr' needs a tree's siblings drawn i.i.d. (SpecTr's proof): a draft "
-                         "model or early exit with siblings='iid' (--siblings iid), or verification 'token'")  # fmt: skip
+        raise ValueError(
+            "verification 'spectr' needs a tree's siblings drawn i.i.d. (SpecTr's proof): a draft "
+            "model or early exit with siblings='iid' (--siblings iid), or verification 'token'"
+        )

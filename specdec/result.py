@@ -187,14 +187,24 @@ class DecodeResult:
     def to_dict(self) -> dict:
         """Plain values (lists, ints, floats, str) for JSON or pandas: pd.DataFrame([r.to_dict() for r in runs])."""
         return {
-            "tokens": list(self.tokens), "text": self.text, "kinds": self.kinds,
-            "target_calls": self.target_calls, "draft_calls": self.draft_calls, "rounds": self.rounds,
-            "drafted": self.drafted, "judged": sum(self.judged), "accepted": self.accepted,
-            "alpha": self.alpha, "tau": self.tau, "acceptance_by_position": self.acceptance_by_position,
-            "accepted_histogram": self.accepted_histogram, "k_per_round": list(self.k_per_round),
-            "accepted_per_round": list(self.accepted_per_round), "mean_k": self.mean_k,
+            "tokens": list(self.tokens),
+            "text": self.text,
+            "kinds": self.kinds,
+            "target_calls": self.target_calls,
+            "draft_calls": self.draft_calls,
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "judged": sum(self.judged),
+            "accepted": self.accepted,
+            "alpha": self.alpha,
+            "tau": self.tau,
+            "acceptance_by_position": self.acceptance_by_position,
+            "accepted_histogram": self.accepted_histogram,
+            "k_per_round": list(self.k_per_round),
+            "accepted_per_round": list(self.accepted_per_round),
+            "mean_k": self.mean_k,
             "prefill_calls": self.prefill_calls,
-        }  # fmt: skip
+        }
 
     def __repr__(self) -> str:
         return result_repr(self)

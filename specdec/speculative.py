@@ -56,36 +56,49 @@ from .sampling import check_finite_logits, probabilities
 RoundCallback = Callable[[Proposal, np.ndarray], None]
 
 
-def speculative_sample(target: CausalLM, draft, prompt_ids, n_tokens: int, K=None, temperature: float | None = None,
-                       *, seed: int | None = None, rng: np.random.Generator | None = None,
-                       on_token: TokenCallback | None = None, on_round: RoundCallback | None = None,
-                       config: Config | None = None, **settings) -> DecodeResult:  # fmt: skip
+def speculative_sample(
+    target: CausalLM,
+    draft,
+    prompt_ids,
+    n_tokens: int,
+    K=None,
+    temperature: float | None = None,
+    *,
+    seed: int | None = None,
+    rng: np.random.Generator | None = None,
+    on_token: TokenCallback | None = None,
+    on_round: RoundCallback | None = None,
+    config: Config | None = None,
+    **settings,
+) -> DecodeResult:
     """Generate n_tokens after prompt_ids (ids, or text) by speculative sampling: exactly the target's distribution.
 
-    draft: a model with the target's vocabulary, a drafter spec ("ngram", "early_exit:L", "eagle", "ngram+eagle",
-    ...) or a Drafter. K: drafts per round, 4 by default, or "adaptive", "auto" or a KPolicy; temperature 0
-    (the default) is greedy. Any other setting of a Config (top_k, top_p, chat, tree, verification,
-    draft_confidence, ...) by name, or config= (config.py says each). on_token(token, kind): told each
-    emitted token; on_round(proposal, logits): each verification pass.
+    draft: a model with the target's vocabulary, a drafter spec ("ngram", "suffix", "eagle", "suffix+eagle", ...) or
+    a Drafter. K: drafts per round (4; suffix decoding sizes its own, up to 32), "adaptive", "auto" or a KPolicy.
+    temperature 0 (the default) is greedy. Every other setting of a Config (top_k, top_p, chat, tree, verification,
+    draft_confidence, ...) by name, or config= (config.py says each). on_token(token, kind) is told each emitted
+    token; on_round(proposal, logits) each verification pass.
 
         out = speculative_sample(target, draft, ids, n_tokens=40, K=4, temperature=0.8, seed=0)
     """
     config = make_config(config, K=K, temperature=temperature, **settings)
-    return decode_speculative(setup(target, draft, prompt_ids, n_tokens, config), make_rng(seed, rng), on_token,
-                              on_round)  # fmt: skip
+    run = setup(target, draft, prompt_ids, n_tokens, config)
+    return decode_speculative(run, make_rng(seed, rng), on_token, on_round)
 
 
-def decode_speculative(run: Setup, rng: np.random.Generator, on_token: TokenCallback | None = None,
-                       on_round: RoundCallback | None = None) -> DecodeResult:  # fmt: skip
+def decode_speculative(
+    run: Setup, rng: np.random.Generator, on_token: TokenCallback | None = None, on_round: RoundCallback | None = None
+) -> DecodeResult:
     """The rounds of a run built by config.setup: Leviathan et al.'s Algorithm 1, until n_tokens are emitted."""
     target, drafter, request = run.target, run.drafter, run.request
     k_policy, tree_policy = run.k_policy(), run.tree_policy()  # None, None: K drafts in a chain, every round
-    seq = Sequence(request, target.new_cache(), rng, DecodeResult(tokenizer=target.tokenizer), on_token)
-    seq.result.k_max = run.config.K if k_policy is None else k_policy.k_max
+    result = DecodeResult(k_max=run.config.K if k_policy is None else k_policy.k_max, tokenizer=target.tokenizer)
+    seq = Sequence(request, target.new_cache(), rng, result, on_token)
     n_ctx, calls_before = min(target.n_ctx, drafter.n_ctx or target.n_ctx), drafter.calls
+    asked = features_asked(drafter)  # the target's hidden states a drafter reads (EAGLE: the final one)
     drafter.begin(target, seq.cache, request.prompt)
     if len(request.prompt) > 1:  # prefill: the prompt but its last token (no logits needed)
-        _, hidden = target.forward(request.prompt[:-1], seq.cache, last_only=True, return_hidden=features_asked(drafter))
+        _, hidden = target.forward(request.prompt[:-1], seq.cache, last_only=True, return_hidden=asked)
         seq.result.target_calls += 1
         drafter.commit(request.prompt, hidden)
 
@@ -102,7 +115,7 @@ def decode_speculative(run: Setup, rng: np.random.Generator, on_token: TokenCall
         # Step 2 ("run M_p in parallel"): one target pass over the unseen token and the drafts.
         # NOTE: logits row i verifies proposal.tokens[i]; the last row is the bonus position.
         tokens, parents = [ids[-1], *proposal.tokens], proposal.pass_parents()
-        logits, hidden = target.forward(tokens, seq.cache, return_hidden=features_asked(drafter), parents=parents)
+        logits, hidden = target.forward(tokens, seq.cache, return_hidden=asked, parents=parents)
         check_finite_logits(logits, target.name)  # NaN weights would otherwise pass as token 0
         seq.result.target_calls += 1
         if on_round:

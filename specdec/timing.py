@@ -165,8 +165,10 @@ def measure_costs(target: CausalLM, draft, context: list[int], m_max: int = 9, r
             return costs
         problems.append(problem)
     costs.r = plausible(costs.r)
-    costs.note = (f"r(m) stayed implausible over {RETRIES + 1} measurements ({problems[-1]}), so it was capped at m, "
-                  "raised to at least 1 and made non-decreasing; the machine is too busy for these timings")  # fmt: skip
+    costs.note = (
+        f"r(m) stayed implausible over {RETRIES + 1} measurements ({problems[-1]}), so it was capped at m, "
+        "raised to at least 1 and made non-decreasing; the machine is too busy for these timings"
+    )
     return costs
 
 

@@ -177,9 +177,12 @@ class FakeHub:
                     sha = "0" * 64
                 if not cdn and key.endswith(".safetensors"):  # the Hub redirects LFS files to its CDN
                     return self._empty(
-                        302, Location=f"{hub.cdn_base}/cdn/{key}", X_Repo_Commit=hub.commit,
-                        X_Linked_Size=str(len(content)), X_Linked_Etag=f'"{sha}"',
-                    )  # fmt: skip
+                        302,
+                        Location=f"{hub.cdn_base}/cdn/{key}",
+                        X_Repo_Commit=hub.commit,
+                        X_Linked_Size=str(len(content)),
+                        X_Linked_Etag=f'"{sha}"',
+                    )
                 etag = f'"{sha}"' if cdn else '"' + git_blob_sha1(content) + '"'
                 if key in hub.bad_sha256 and not cdn:
                     etag = '"' + "0" * 40 + '"'
@@ -236,9 +239,12 @@ class FakeHub:
     def gets(self, filename: str) -> int:
         """How many GETs fetched a file's bytes (the /cdn/ URL for LFS files)."""
         return sum(
-            1 for method, path, _ in self.requests
-            if method == "GET" and path.endswith("/" + filename) and (path.startswith("/cdn/") or "safetensors" not in path)
-        )  # fmt: skip
+            1
+            for method, path, _ in self.requests
+            if method == "GET"
+            and path.endswith("/" + filename)
+            and (path.startswith("/cdn/") or "safetensors" not in path)
+        )
 
     def close(self):
         self._closing.set()

@@ -76,20 +76,24 @@ BAD_SETTINGS = [
 
 @pytest.mark.parametrize(
     "entry,kwargs,message",
-    [(entry, kwargs, message)
-     for entry in ("autoregressive_sample", "speculative_sample", "race")
-     for kwargs, message in [(dict(prompt=p), m) for p, m in BAD_PROMPTS] + BAD_SETTINGS
-     if not (entry == "race" and "rng" in kwargs)],  # race takes a seed only: test_race_takes_a_seed_not_an_rng
-)  # fmt: skip
+    [
+        (entry, kwargs, message)
+        for entry in ("autoregressive_sample", "speculative_sample", "race")
+        for kwargs, message in [(dict(prompt=p), m) for p, m in BAD_PROMPTS] + BAD_SETTINGS
+        if not (entry == "race" and "rng" in kwargs)
+    ],  # race takes a seed only: test_race_takes_a_seed_not_an_rng
+)
 def test_every_entry_point_refuses_bad_requests_with_one_message(target, entry, kwargs, message):
     """What the API takes is checked in one place (autoregressive.py) for every entry point: no
     OverflowError, TypeError or silent truncation, flattening or True-as-1."""
     kwargs = dict(kwargs)  # (shared by the parametrized cases)
     prompt = kwargs.pop("prompt", [1, 2])
     args = {"n_tokens": 3, **kwargs}
-    call = {"autoregressive_sample": lambda: autoregressive_sample(target, prompt, **args),
-            "speculative_sample": lambda: speculative_sample(target, "ngram", prompt, **args),
-            "race": lambda: race(target, "ngram", prompt, warmup=False, **args)}[entry]  # fmt: skip
+    call = {
+        "autoregressive_sample": lambda: autoregressive_sample(target, prompt, **args),
+        "speculative_sample": lambda: speculative_sample(target, "ngram", prompt, **args),
+        "race": lambda: race(target, "ngram", prompt, warmup=False, **args),
+    }[entry]
     with pytest.raises(ValueError) as e:
         call()
     assert message in str(e.value) and "\n" not in str(e.value)
@@ -169,11 +173,31 @@ def test_text_prompts_when_the_model_has_a_tokenizer(tiny_checkpoint):
 
 
 def test_the_public_api():
-    for name in ("measure_costs", "Costs", "best_k", "predicted_speedup",
-                 "expected_tokens_per_round", "CostModelK", "AdaptiveK", "FixedK", "ModelDrafter", "NgramDrafter",
-                 "EarlyExitDrafter", "Drafter", "KPolicy", "Proposal", "probabilities", "draw", "greedy",
-                 "random_model", "DecodeResult", "SamplingParams", "load_model", "speculative_sample_batch",
-                 "autoregressive_sample_batch"):  # fmt: skip
+    for name in (
+        "measure_costs",
+        "Costs",
+        "best_k",
+        "predicted_speedup",
+        "expected_tokens_per_round",
+        "CostModelK",
+        "AdaptiveK",
+        "FixedK",
+        "ModelDrafter",
+        "NgramDrafter",
+        "EarlyExitDrafter",
+        "Drafter",
+        "KPolicy",
+        "Proposal",
+        "probabilities",
+        "draw",
+        "greedy",
+        "random_model",
+        "DecodeResult",
+        "SamplingParams",
+        "load_model",
+        "speculative_sample_batch",
+        "autoregressive_sample_batch",
+    ):
         assert name in specdec.__all__ and getattr(specdec, name).__doc__, name
     assert {"GPT2", "Llama", "CausalLM"} <= set(specdec.__all__)  # both architectures, and the interface they share
     assert not {"race", "RaceReport"} & set(specdec.__all__)  # tooling: from specdec.race import race, RaceReport

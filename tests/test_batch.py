@@ -57,8 +57,9 @@ def test_forward_batch_equals_each_rows_own_forward(arch, gpt2_pair, llama_pair)
     for last_only, n_layer in [(False, None), (True, None), (False, 1)]:
         for c, p in zip(caches, pasts):
             c.rollback(len(p))
-        logits, hidden = model.forward_batch(news, caches, last_only=last_only, n_layer=n_layer,
-                                             return_hidden=True, parents=parents)  # fmt: skip
+        logits, hidden = model.forward_batch(
+            news, caches, last_only=last_only, n_layer=n_layer, return_hidden=True, parents=parents
+        )
         for b, (past, new) in enumerate(zip(pasts, news)):
             alone = filled(past)
             want, want_hidden = model.forward(new, alone, last_only, n_layer, True, parents[b])
@@ -106,8 +107,10 @@ def head_folders(llama_pair, tmp_path_factory):
 
     target, folder = llama_pair[0], tmp_path_factory.mktemp("heads")
     vocab = DraftVocab.of(target, np.arange(0, target.n_vocab, 2))
-    params = {"medusa": medusa.init_params(3, target.n_embd),
-              "eagle": eagle.init_params(target.n_embd, np.random.default_rng(0), std=0.2)}  # fmt: skip
+    params = {
+        "medusa": medusa.init_params(3, target.n_embd),
+        "eagle": eagle.init_params(target.n_embd, np.random.default_rng(0), std=0.2),
+    }
     for kind, p in params.items():
         save_heads(folder / kind, kind, target, p, {"n_heads": 3 if kind == "medusa" else 1}, vocab)
     return {kind: folder / kind for kind in params}
@@ -191,8 +194,9 @@ def test_a_rows_tokens_do_not_depend_on_its_batch_companions(gpt2_pair, draft):
         assert outs[1].tokens == auto
     # Block verification (each row's chain judged jointly) keeps rows independent too.
     alone = speculative_sample(target, d, prompt, 20, K=3, temperature=1.0, seed=7, verification="block")
-    outs = speculative_sample_batch(target, d, [PROMPTS[0], prompt], 20, K=3, temperature=1.0, seed=7,
-                                    verification="block")  # fmt: skip
+    outs = speculative_sample_batch(
+        target, d, [PROMPTS[0], prompt], 20, K=3, temperature=1.0, seed=7, verification="block"
+    )
     assert outs[1].tokens == alone.tokens and outs[1].accepted_per_round == alone.accepted_per_round
     # Different seeds per row: a list.
     outs = speculative_sample_batch(target, d, [prompt, prompt], 20, K=3, temperature=1.0, seed=[0, 1])
@@ -225,8 +229,14 @@ def shared_counter(row, n_past, n_accepted, _last=[0]):  # noqa: B006 (the share
 def mixed_rows(proposal, logits, params, rng, acceptance="exact", verification="token", _last=[None]):  # noqa: B006
     """BROKEN: each row is verified against the logits (p, and so the residual) of the row verified before it."""
     other, _last[0] = _last[0], logits
-    return verify(proposal, other if other is not None and other.shape == logits.shape else logits, params, rng,
-                  acceptance, verification)  # fmt: skip
+    return verify(
+        proposal,
+        other if other is not None and other.shape == logits.shape else logits,
+        params,
+        rng,
+        acceptance,
+        verification,
+    )
 
 
 def batch_samples(models, n_calls: int) -> list[list[tuple]]:
@@ -234,8 +244,15 @@ def batch_samples(models, n_calls: int) -> list[list[tuple]]:
     target, draft = models
     rows = [[] for _ in CHI_PROMPTS]
     for i in range(n_calls):
-        outs = speculative_sample_batch(target, draft, CHI_PROMPTS, 3, K=2, temperature=1.0,
-                                        seed=[i * len(CHI_PROMPTS) + b for b in range(len(CHI_PROMPTS))])  # fmt: skip
+        outs = speculative_sample_batch(
+            target,
+            draft,
+            CHI_PROMPTS,
+            3,
+            K=2,
+            temperature=1.0,
+            seed=[i * len(CHI_PROMPTS) + b for b in range(len(CHI_PROMPTS))],
+        )
         for b, out in enumerate(outs):
             rows[b].append(tuple(out.tokens))
     return rows
@@ -286,13 +303,27 @@ def test_cli_batch_decodes_the_first_n_lines_together(tmp_path, capsys):
 
     path = tmp_path / "prompts.txt"
     path.write_text("def parse(line):\n\n   \nimport os\nclass Point:\n")
-    argv = ["--target_model_size", "stdlib-6L", "--draft", "ngram", "--prompt_file", str(path), "--batch", "2",
-            "--n_tokens_to_generate", "8", "--repeats", "1"]  # fmt: skip
+    argv = [
+        "--target_model_size",
+        "stdlib-6L",
+        "--draft",
+        "ngram",
+        "--prompt_file",
+        str(path),
+        "--batch",
+        "2",
+        "--n_tokens_to_generate",
+        "8",
+        "--repeats",
+        "1",
+    ]
     assert main.main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [row["prompt"] for row in out["rows"]] == ["def parse(line):", "import os"]  # blank lines skipped
     for row in out["rows"]:
-        assert row["speculative"]["tokens"] == row["autoregressive"]["tokens"] and len(row["speculative"]["tokens"]) == 8
+        assert (
+            row["speculative"]["tokens"] == row["autoregressive"]["tokens"] and len(row["speculative"]["tokens"]) == 8
+        )
     assert out["speedup"] > 0 and out["settings"]["batch"] == 2
     assert main.main(argv) == 0
     text = capsys.readouterr().out

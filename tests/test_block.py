@@ -234,8 +234,18 @@ def test_block_sampler_with_a_draft_model(setting, monkeypatch):
     exact = exact_continuations(target, PROMPT, n, params)
 
     def run(rng):
-        return speculative_sample(target, draft, PROMPT, n, K=K, temperature=params.temperature, top_k=params.top_k,
-                                  top_p=params.top_p, rng=rng, verification="block")  # fmt: skip
+        return speculative_sample(
+            target,
+            draft,
+            PROMPT,
+            n,
+            K=K,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            rng=rng,
+            verification="block",
+        )
 
     check_block_sampler(run, exact, monkeypatch)
 
@@ -282,9 +292,17 @@ def test_block_verification_is_offered_where_it_applies():
     with pytest.raises(ValueError, match="typical"):
         speculative_sample(target, "ngram", PROMPT, 3, temperature=1.0, acceptance="typical", verification="block")
     rounds = []
-    out = speculative_sample(target, small_model(seed=20), PROMPT, 5, K=2, temperature=1.0, seed=0,
-                             verification="block", on_round=lambda proposal, logits: rounds.append(
-                                 (len(proposal), logits.shape)))  # fmt: skip
+    out = speculative_sample(
+        target,
+        small_model(seed=20),
+        PROMPT,
+        5,
+        K=2,
+        temperature=1.0,
+        seed=0,
+        verification="block",
+        on_round=lambda proposal, logits: rounds.append((len(proposal), logits.shape)),
+    )
     assert len(rounds) == out.rounds and all(shape == (k + 1, 6) for k, shape in rounds)
 
 
@@ -295,8 +313,20 @@ def test_the_command_line_takes_verification_block(tmp_path, capsys):
     from specdec.cli import main as cli
 
     folder = write_checkpoint(tmp_path / "tiny", tiny_gpt2(seed=1))
-    args = ["--target_model_size", str(folder), "--draft", "ngram", "--prompt", "the cat the cat the",
-            "--n_tokens_to_generate", "6", "--temperature", "1", "--no_warmup", "--json"]  # fmt: skip
+    args = [
+        "--target_model_size",
+        str(folder),
+        "--draft",
+        "ngram",
+        "--prompt",
+        "the cat the cat the",
+        "--n_tokens_to_generate",
+        "6",
+        "--temperature",
+        "1",
+        "--no_warmup",
+        "--json",
+    ]
     assert cli.main([*args, "--verification", "block"]) == 0
     assert json.loads(capsys.readouterr().out)["settings"]["verification"] == "block"
     with pytest.raises(SystemExit) as exit_:

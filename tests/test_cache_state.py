@@ -51,8 +51,16 @@ def test_caches_hold_exactly_the_accepted_text_after_each_round(target, kind, te
         np.testing.assert_allclose(features, hidden[-len(features) :], atol=2e-5)
 
     drafter.begin, drafter.commit = recording_begin, checking_commit
-    out = speculative_sample(target, drafter, prompt, 25, K=4, temperature=temperature, seed=3,
-                             on_token=lambda token, kind: emitted.append(token))  # fmt: skip
+    out = speculative_sample(
+        target,
+        drafter,
+        prompt,
+        25,
+        K=4,
+        temperature=temperature,
+        seed=3,
+        on_token=lambda token, kind: emitted.append(token),
+    )
     assert len(checks) == out.rounds + 1  # every round, plus the prefill
     assert checks[0] == len(prompt) - 1 and checks[1:] == [n + 1 for n in out.accepted_per_round]
     assert 0 < out.accepted < out.drafted, "the test needs both accepted and rejected drafts"

@@ -22,10 +22,23 @@ def env(**extra):
 def test_a_closed_pipe_ends_the_run_quietly(target):
     """`main.py ... | head -1` where head has already gone: no "Broken pipe" error and no traceback."""
     proc = subprocess.Popen(
-        [sys.executable, MAIN, "--target_model_size", target, "--draft", "ngram", "--prompt", "the cat",
-         "--n_tokens_to_generate", "8"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(), cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            MAIN,
+            "--target_model_size",
+            target,
+            "--draft",
+            "ngram",
+            "--prompt",
+            "the cat",
+            "--n_tokens_to_generate",
+            "8",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env(),
+        cwd=ROOT,
+    )
     proc.stdout.close()  # the reader is gone before anything is written
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
@@ -34,10 +47,22 @@ def test_a_closed_pipe_ends_the_run_quietly(target):
 
 def test_a_terminal_that_is_not_utf8_gets_replacement_characters(target):
     proc = subprocess.run(
-        [sys.executable, MAIN, "--target_model_size", target, "--draft", "ngram", "--prompt", "naïve café ü",
-         "--n_tokens_to_generate", "5"],
-        capture_output=True, env=env(PYTHONIOENCODING="ascii"), cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            MAIN,
+            "--target_model_size",
+            target,
+            "--draft",
+            "ngram",
+            "--prompt",
+            "naïve café ü",
+            "--n_tokens_to_generate",
+            "5",
+        ],
+        capture_output=True,
+        env=env(PYTHONIOENCODING="ascii"),
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr.decode()
     assert b"na?ve caf? ?" in proc.stdout
 

@@ -136,8 +136,9 @@ def test_speedup_from_batch_rounds_by_hand():
     from specdec.costmodel import BatchPassTimes, speedup_from_batch_rounds
 
     # T_2 = 10 ms, r_2 = [1, 1.5, 2, 2.5, 3], c_2 = 0.5; T_4 = 12 ms, r_4 = [1, 2, 3, 4, 5], c_4 = 0.25.
-    times = BatchPassTimes(step={2: 0.010, 4: 0.012}, r={2: [1, 1.5, 2, 2.5, 3], 4: [1, 2, 3, 4, 5]},
-                           c={2: 0.5, 4: 0.25})  # fmt: skip
+    times = BatchPassTimes(
+        step={2: 0.010, 4: 0.012}, r={2: [1, 1.5, 2, 2.5, 3], 4: [1, 2, 3, 4, 5]}, c={2: 0.5, 4: 0.25}
+    )
     # Rounds: 4 rows, k = 4 each, 4 draft passes: 4 * 0.25 * 12 + 5 * 12 = 72 ms; then 3 rows (priced as 4),
     # k = 2 each, 2 passes: 2 * 3 + 3 * 12 = 42 ms; then 1 row (priced as 2), k = 1, 1 pass: 5 + 15 = 20 ms.
     # Autoregressive: 10 steps of 4 rows (120 ms) and 2 of 1 row (20 ms): 140 ms. 140 / 134.
@@ -162,8 +163,10 @@ def test_batch_rounds_are_priced_by_their_tokens_on_the_measured_pass_curve():
     # The r-list alone would price 18 tokens at r_4(4.5) = 4.5 steps (45 ms); the curve says 31 ms.
     assert abs(BatchPassTimes({4: 0.010}, {4: [1, 2, 3, 4, 5]}, {4: 0.0}).pass_seconds(4, 4.5) - 0.045) < 1e-12
     # 10 autoregressive 4-row steps (100 ms) against two rounds of 18 and 12 tokens (31 + 30 ms).
-    assert abs(speedup_from_batch_rounds([(4, [4, 4, 4, 2], 4), (4, [2, 2, 2, 2], 2)], [4] * 10, times)
-               - 0.100 / 0.061) < 1e-9  # fmt: skip
+    assert (
+        abs(speedup_from_batch_rounds([(4, [4, 4, 4, 2], 4), (4, [2, 2, 2, 2], 2)], [4] * 10, times) - 0.100 / 0.061)
+        < 1e-9
+    )
 
 
 # c under tree="auto" comes from the drafter's own model: the weights one of its steps reads over the target's.

@@ -36,8 +36,9 @@ PROMPT = [1, 2]  # "bc" spelt b, c (the target's own tokens need not be its cano
 def encoding(name: str, pieces: list[bytes]) -> tiktoken.Encoding:
     """A byte-level BPE whose ranks (= ids) are the order of `pieces`, plus <|endoftext|> last."""
     ranks = {piece: i for i, piece in enumerate(pieces)}
-    return tiktoken.Encoding(name, pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": len(pieces)})  # fmt: skip
+    return tiktoken.Encoding(
+        name, pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(pieces)}
+    )
 
 
 def tiny(tokenizer, seed: int, n_ctx: int = 16, name: str = "tiny") -> GPT2:
@@ -140,15 +141,17 @@ def test_the_drafts_cache_holds_a_prefix_of_its_encoding_of_the_text(target, dra
 
 @pytest.mark.slow  # one to three minutes each: 10,000 runs
 @pytest.mark.parametrize("top_k", [None, 3])
-@pytest.mark.parametrize("rule,method,broken", [("tli", "intersect", unnormalised),
-                                                ("slrs", "string_law", one_tokenization)])  # fmt: skip
+@pytest.mark.parametrize(
+    "rule,method,broken", [("tli", "intersect", unnormalised), ("slrs", "string_law", one_tokenization)]
+)
 def test_the_sampling_rules_match_the_target_distribution(target, draft, rule, method, broken, top_k, monkeypatch):
     params = SamplingParams(1.0, top_k=top_k)
     exact = exact_continuations(target, PROMPT, 3, params)
 
     def run(rng):
-        return speculative_sample(target, draft, PROMPT, 3, K=2, temperature=1.0, top_k=top_k, rng=rng,
-                                  cross_vocab=rule)  # fmt: skip
+        return speculative_sample(
+            target, draft, PROMPT, 3, K=2, temperature=1.0, top_k=top_k, rng=rng, cross_vocab=rule
+        )
 
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_SAMPLES), exact)
     assert ok, f"{rule} failed: chi2={stat:.1f} df={df}"

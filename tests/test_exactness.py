@@ -92,8 +92,16 @@ def test_acceptance_rate_matches_theory(small_target, small_draft):
     first_kinds = []
     for _ in range(N_SAMPLES):
         kinds = []
-        speculative_sample(small_target, small_draft, PROMPT, 2, K=1, temperature=1.0, rng=rng,
-                           on_token=lambda t, kind: kinds.append(kind))  # fmt: skip
+        speculative_sample(
+            small_target,
+            small_draft,
+            PROMPT,
+            2,
+            K=1,
+            temperature=1.0,
+            rng=rng,
+            on_token=lambda t, kind: kinds.append(kind),
+        )
         first_kinds.append(kinds[0] == "draft")
     measured = np.mean(first_kinds)
     stderr = np.sqrt(alpha * (1 - alpha) / N_SAMPLES)
@@ -113,8 +121,17 @@ def test_filtered_sampling_matches_the_filtered_target(small_target, small_draft
     assert sum(p == 0 for p in exact.values()) > 0, "the filter should remove something"
 
     def run(rng):
-        return speculative_sample(small_target, small_draft, PROMPT, 3, K=2, temperature=params.temperature,
-                                  top_k=params.top_k, top_p=params.top_p, rng=rng)  # fmt: skip
+        return speculative_sample(
+            small_target,
+            small_draft,
+            PROMPT,
+            3,
+            K=2,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            rng=rng,
+        )
 
     ok, stat, df = chi_square_passes(sample_many(run, seed=1), exact)
     assert ok, f"chi2={stat:.1f} df={df}"
@@ -128,9 +145,17 @@ def test_filtered_sampling_matches_the_filtered_target(small_target, small_draft
             return Proposal.chain(tokens, probabilities(logits, SamplingParams(params.temperature)))
 
     def run_broken(rng):
-        return speculative_sample(small_target, OneSideFiltered(small_draft), PROMPT, 3, K=2,
-                                  temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                                  rng=rng)  # fmt: skip
+        return speculative_sample(
+            small_target,
+            OneSideFiltered(small_draft),
+            PROMPT,
+            3,
+            K=2,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            rng=rng,
+        )
 
     ok, stat, df = chi_square_passes(sample_many(run_broken, n_samples=N_BROKEN, seed=2), exact)
     assert not ok, f"one-side filtering passed the check (chi2={stat:.1f}, df={df})"

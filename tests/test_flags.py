@@ -73,14 +73,18 @@ def test_a_value_after_double_dash_is_not_a_flag():
         (["--draft_min", "4", "--draft", "ngram"], "--prompt_lookup_min must be 1..3"),
         (["--prompt_lookup_min", "1", "--draft", "ngram:2..3"], "both set the shortest n-gram"),
         (["--verification", "traversal", "--only", "speculative"], "'traversal' judges trees"),
-        (["--verification", "spectr", "--tree", "4", "--temperature", "1"], "'spectr' needs a tree's siblings drawn i.i.d."),
-        (["--verification", "spectr", "--tree", "4", "--temperature", "1", "--draft", "stdlib-2L"],
-         "(--siblings iid)"),
+        (
+            ["--verification", "spectr", "--tree", "4", "--temperature", "1"],
+            "'spectr' needs a tree's siblings drawn i.i.d.",
+        ),
+        (["--verification", "spectr", "--tree", "4", "--temperature", "1", "--draft", "stdlib-2L"], "(--siblings iid)"),
         (["--verification", "traversal", "--temperature", "1"], "'traversal' judges trees: pass tree=N (--tree N)"),
         (["--verification", "block", "--tree", "4"], "'block' judges a chain jointly"),
         (["--verification", "spectr", "--siblings", "iid", "--draft", "stdlib-2L"], "'spectr' judges trees"),
-        (["--verification", "traversal", "--tree", "4", "--temperature", "1", "--batch", "2", "--prompt_file", "p"],
-         "--batch drafts chains"),
+        (
+            ["--verification", "traversal", "--tree", "4", "--temperature", "1", "--batch", "2", "--prompt_file", "p"],
+            "--batch drafts chains",
+        ),
         (["--siblings", "iid", "--temperature", "1", "--draft", "stdlib-2L"], "--siblings shapes a tree's children"),
         (["--siblings", "iid", "--tree", "4", "--temperature", "1"], "--siblings only applies to a draft model"),
         (["--siblings", "iid", "--draft", "stdlib-2L"], "--siblings shapes a tree's children"),
@@ -126,14 +130,43 @@ def test_a_redundant_flag_is_accepted_with_a_note(argv, why, used, capsys):
 
 
 def test_the_same_flags_are_accepted_where_they_mean_something():
-    args = main.parse_args([*OFFLINE, "--K", "adaptive", "--k_max", "6", "--temperature", "0.8", "--top_k", "40",
-                            "--top_p", "0.9", "--seed", "3"])  # fmt: skip
+    args = main.parse_args(
+        [
+            *OFFLINE,
+            "--K",
+            "adaptive",
+            "--k_max",
+            "6",
+            "--temperature",
+            "0.8",
+            "--top_k",
+            "40",
+            "--top_p",
+            "0.9",
+            "--seed",
+            "3",
+        ]
+    )
     assert (args.k_max, args.top_k, args.top_p, args.seed) == (6, 40, 0.9, 3)
     args = main.parse_args(["--target_model_size", "stdlib-6L", "--draft", "ngram", "--ngram_max", "5"])
     assert args.draft_spec.arg == 5
     for draft in ("stdlib-2L", "early_exit:2"):
-        args = main.parse_args(["--target_model_size", "stdlib-6L", "--draft", draft, "--tree", "8", "--temperature",
-                                "1", "--verification", "spectr", "--siblings", "iid"])  # fmt: skip
+        args = main.parse_args(
+            [
+                "--target_model_size",
+                "stdlib-6L",
+                "--draft",
+                draft,
+                "--tree",
+                "8",
+                "--temperature",
+                "1",
+                "--verification",
+                "spectr",
+                "--siblings",
+                "iid",
+            ]
+        )
         assert (args.verification, args.siblings) == ("spectr", "iid")
     args = main.parse_args([*OFFLINE, "--tree", "8", "--temperature", "1", "--verification", "traversal"])
     assert args.verification == "traversal" and args.siblings is None
@@ -153,10 +186,27 @@ def test_the_prompt_from_stdin_and_from_a_file(tmp_path, monkeypatch):
 
 def test_prompt_dash_through_the_shell():
     proc = subprocess.run(
-        [sys.executable, "-m", "specdec", *OFFLINE, "--prompt", "-", "--n_tokens_to_generate", "3", "--no_warmup",
-         "--only", "speculative", "--json"],
-        input="def parse(line):\n", capture_output=True, text=True, cwd=ROOT, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "specdec",
+            *OFFLINE,
+            "--prompt",
+            "-",
+            "--n_tokens_to_generate",
+            "3",
+            "--no_warmup",
+            "--only",
+            "speculative",
+            "--json",
+        ],
+        input="def parse(line):\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert '"prompt": "def parse(line):"' in proc.stdout
 

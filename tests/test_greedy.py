@@ -59,8 +59,17 @@ def test_tiny_temperature_is_greedy_and_numpy_scalars_are_accepted(target):
     greedy_tokens = autoregressive_sample(target, [1, 2, 3], 8).tokens
     assert autoregressive_sample(target, [1, 2, 3], 8, temperature=1e-40, seed=0).tokens == greedy_tokens
     assert speculative_sample(target, target, [1, 2, 3], 8, temperature=1e-40, seed=0).tokens == greedy_tokens
-    out = speculative_sample(target, target, [1, 2, 3], 8, K=np.int64(3), temperature=np.float32(0.7),
-                             top_k=np.int32(20), top_p=np.float32(0.9), seed=0)  # fmt: skip
+    out = speculative_sample(
+        target,
+        target,
+        [1, 2, 3],
+        8,
+        K=np.int64(3),
+        temperature=np.float32(0.7),
+        top_k=np.int32(20),
+        top_p=np.float32(0.9),
+        seed=0,
+    )
     assert len(out.tokens) == 8
 
 

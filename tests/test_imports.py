@@ -73,7 +73,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_specdec_has_no_import_circle():
     graph = import_graph(ROOT)
-    assert "specdec.model.gpt2" in graph and "specdec.model.base" in graph["specdec.model.gpt2"]  # the walk sees imports
+    assert (
+        "specdec.model.gpt2" in graph and "specdec.model.base" in graph["specdec.model.gpt2"]
+    )  # the walk sees imports
     assert "specdec.checkpoints.hf_llama" in graph["specdec.checkpoints.load"]  # `from .m import f`
     assert "specdec.checkpoints.registry" in graph["specdec.checkpoints.load"]  # `from . import m`
     cycle = find_cycle(graph)
@@ -100,9 +102,11 @@ def test_a_planted_circle_is_found(tmp_path):
 def test_the_circles_this_test_guards_against_were_real():
     """Circles of the kinds that existed: a loader and the reader it dispatches to, each importing the other;
     a model and its cache; the shared head code and the heads built on it."""
-    for module, planted in [("specdec.checkpoints.hf_llama", "specdec.checkpoints.load"),
-                            ("specdec.model.attention", "specdec.model.gpt2"),
-                            ("specdec.drafters.heads", "specdec.drafters.eagle")]:  # fmt: skip
+    for module, planted in [
+        ("specdec.checkpoints.hf_llama", "specdec.checkpoints.load"),
+        ("specdec.model.attention", "specdec.model.gpt2"),
+        ("specdec.drafters.heads", "specdec.drafters.eagle"),
+    ]:
         graph = import_graph(ROOT)
         assert find_cycle(graph) is None
         graph[module] = graph[module] | {planted}
@@ -133,15 +137,31 @@ def readers_of(graph: dict[str, set[str]]) -> set[str]:
 
 # What each layer may import besides itself (each subpackage's __init__.py says so in words).
 ROUND_RULES = {"specdec.interfaces", "specdec.sampling", "specdec.verify"}
-ROUND = {"specdec.speculative", "specdec.autoregressive", "specdec.batch", "specdec.config", "specdec.result",
-         "specdec.timing", "specdec.costmodel"} | ROUND_RULES  # fmt: skip
+ROUND = {
+    "specdec.speculative",
+    "specdec.autoregressive",
+    "specdec.batch",
+    "specdec.config",
+    "specdec.result",
+    "specdec.timing",
+    "specdec.costmodel",
+} | ROUND_RULES
 FILES = "safe_io"  # the one way to write and to read a file (specdec/safe_io/): imports nothing of specdec
 MAY_IMPORT = {
     "model": {FILES},
     "checkpoints": {"model", FILES},
     "drafters": {"model", "checkpoints", "specdec.costmodel", FILES} | ROUND_RULES,
     # train/ takes the strict flag parser (cli/flags.py) and nothing else of the command line
-    "train": {"model", "checkpoints", "drafters", "specdec.autoregressive", "specdec.config", "specdec.sampling", "cli", FILES},
+    "train": {
+        "model",
+        "checkpoints",
+        "drafters",
+        "specdec.autoregressive",
+        "specdec.config",
+        "specdec.sampling",
+        "cli",
+        FILES,
+    },
     FILES: set(),
     "race": {"model", "checkpoints", "drafters"} | ROUND,
     "specdec.verify": {"specdec.interfaces", "specdec.sampling"},
@@ -173,7 +193,9 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
 def test_imports_run_down_the_layers():
     graph = import_graph(ROOT)
     assert layer_violations(graph) == []
-    graph["specdec.model.attention"] = graph["specdec.model.attention"] | {"specdec.checkpoints.hub"}  # planted: up a layer
+    graph["specdec.model.attention"] = graph["specdec.model.attention"] | {
+        "specdec.checkpoints.hub"
+    }  # planted: up a layer
     assert layer_violations(graph) == ["specdec.model.attention imports specdec.checkpoints.hub"]
 
 

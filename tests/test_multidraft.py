@@ -1,19 +1,19 @@
 """Several drafts for one position: the optimal-acceptance bound, SpecTr's selection, and tree rules judged exactly.
 
-  1. optimal_acceptance against two independent computations on tiny vocabularies: the min-cut
-     (every token set H, the drafts' law enumerated tuple by tuple) and the max-flow (the
-     coupling LP's primal, by augmenting paths), with and without replacement.
-  2. The exact law of one round, by enumeration: every drafted tree (siblings i.i.d. or without
-     replacement, 2-4 nodes, V = 3-4), every path the rule can take, every emitted token. The
-     round continued by the target must give the target's own law (to 1e-8 in float64 here);
-     deliberately broken rules must not. The node laws read the library's own plan (spectr_plan);
-     traversal verification's law is enumerated with the library's own update (traversal_update),
-     and never accepts fewer tokens per round than SpecInfer on these trees.
-  3. Each rule's acceptance at one node never exceeds the bound; SpecTr's within (1 - 1/e) of it.
-  4. The sampling functions draw what the node laws say, and the whole sampler with
-     verification="spectr" or "traversal" reproduces the target on tiny models, the family and SmolLM2
-     with top-k (chi-square, a broken control failing the same
-     test); greedy decoding with it equals autoregressive greedy; bad combinations are refused.
+1. optimal_acceptance against two independent computations on tiny vocabularies: the min-cut
+   (every token set H, the drafts' law enumerated tuple by tuple) and the max-flow (the
+   coupling LP's primal, by augmenting paths), with and without replacement.
+2. The exact law of one round, by enumeration: every drafted tree (siblings i.i.d. or without
+   replacement, 2-4 nodes, V = 3-4), every path the rule can take, every emitted token. The
+   round continued by the target must give the target's own law (to 1e-8 in float64 here);
+   deliberately broken rules must not. The node laws read the library's own plan (spectr_plan);
+   traversal verification's law is enumerated with the library's own update (traversal_update),
+   and never accepts fewer tokens per round than SpecInfer on these trees.
+3. Each rule's acceptance at one node never exceeds the bound; SpecTr's within (1 - 1/e) of it.
+4. The sampling functions draw what the node laws say, and the whole sampler with
+   verification="spectr" or "traversal" reproduces the target on tiny models, the family and SmolLM2
+   with top-k (chi-square, a broken control failing the same
+   test); greedy decoding with it equals autoregressive greedy; bad combinations are refused.
 """
 
 from __future__ import annotations
@@ -203,8 +203,7 @@ def gamma_one(r, tokens, q_rows):
 
 def residual_without_c(r, tokens, q_rows):
     """BROKEN: the residual max(p - min(q, p/gamma), 0), forgetting that k drafts had a chance (c)."""
-    return spectr_node(r, tokens, q_rows,
-                       residual_rule=lambda r, q, g, k: np.maximum(r - np.minimum(q, r / g), 0))  # fmt: skip
+    return spectr_node(r, tokens, q_rows, residual_rule=lambda r, q, g, k: np.maximum(r - np.minimum(q, r / g), 0))
 
 
 def no_residual_update(r, tokens, q_rows):
@@ -401,12 +400,21 @@ def test_every_broken_rule_has_a_different_law(broken, siblings):
         (node_residual, True, "without replacement"),
         (None, False, "iid"),
     ],
-    ids=["weight-kept-iid", "weight-kept-wor", "weight-reset-iid", "node-residual-iid", "node-residual-wor",
-         "weight-not-carried"],
+    ids=[
+        "weight-kept-iid",
+        "weight-kept-wor",
+        "weight-reset-iid",
+        "node-residual-iid",
+        "node-residual-wor",
+        "weight-not-carried",
+    ],
 )
 def test_every_broken_traversal_has_a_different_law(update, carry, siblings):
-    worst = max(completed_error(world, widths, traversal_round_law(world, widths, siblings, update, carry))
-                for world in WORLDS[:4] for widths in ((1, 2), (2, 1)))  # fmt: skip
+    worst = max(
+        completed_error(world, widths, traversal_round_law(world, widths, siblings, update, carry))
+        for world in WORLDS[:4]
+        for widths in ((1, 2), (2, 1))
+    )
     assert worst > 1e-3, f"broken traversal ({update}, carry={carry}) with {siblings} siblings passed ({worst:.1e})"
 
 
@@ -654,8 +662,17 @@ def broken_spectr_plan(p, q, k):
 
 def spectr_run(target, draft, n, tree, K):
     def run(rng):
-        return speculative_sample(target, ModelDrafter(draft, tree_width=2, siblings="iid"), PROMPT, n, K=K,
-                                  temperature=1.0, rng=rng, tree=tree, verification="spectr")  # fmt: skip
+        return speculative_sample(
+            target,
+            ModelDrafter(draft, tree_width=2, siblings="iid"),
+            PROMPT,
+            n,
+            K=K,
+            temperature=1.0,
+            rng=rng,
+            tree=tree,
+            verification="spectr",
+        )
 
     return run
 
@@ -684,8 +701,17 @@ def test_the_traversal_sampler_reproduces_the_target(siblings, monkeypatch):
     exact = exact_continuations(target, PROMPT, 3, SamplingParams(1.0))
 
     def run(rng):
-        return speculative_sample(target, ModelDrafter(draft, tree_width=2, siblings=siblings), PROMPT, 3, K=2,
-                                  temperature=1.0, rng=rng, tree=4, verification="traversal")  # fmt: skip
+        return speculative_sample(
+            target,
+            ModelDrafter(draft, tree_width=2, siblings=siblings),
+            PROMPT,
+            3,
+            K=2,
+            temperature=1.0,
+            rng=rng,
+            tree=4,
+            verification="traversal",
+        )
 
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=1000), exact)
     assert ok, f"traversal: chi2={stat:.1f} df={df}"
@@ -718,8 +744,18 @@ def test_the_tree_rules_reproduce_the_family_target_with_top_k(rule, monkeypatch
     exact = filtered_continuations(target, prompt, 3, params)
 
     def run(rng):
-        return speculative_sample(target, ModelDrafter(draft, tree_width=3, siblings="iid"), prompt, 3, K=2,
-                                  temperature=1.0, top_k=3, rng=rng, tree=6, verification=rule)  # fmt: skip
+        return speculative_sample(
+            target,
+            ModelDrafter(draft, tree_width=3, siblings="iid"),
+            prompt,
+            3,
+            K=2,
+            temperature=1.0,
+            top_k=3,
+            rng=rng,
+            tree=6,
+            verification=rule,
+        )
 
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=2000), exact)
     assert ok, f"{rule}: chi2={stat:.1f} df={df}"
@@ -740,8 +776,9 @@ def test_greedy_with_every_tree_rule_is_greedy_autoregressive():
     want = autoregressive_sample(target, prompt, 8, temperature=0.0).tokens
     for verification in ("token", "spectr", "traversal"):
         for drafter in (ModelDrafter(draft, siblings="iid"), EarlyExitDrafter(target, 1, siblings="iid")):
-            got = speculative_sample(target, drafter, prompt, 8, K=3, tree=5, temperature=0.0,
-                                     verification=verification)  # fmt: skip
+            got = speculative_sample(
+                target, drafter, prompt, 8, K=3, tree=5, temperature=0.0, verification=verification
+            )
             assert got.tokens == want, verification
 
 
@@ -759,8 +796,9 @@ def test_spectr_and_traversal_are_offered_only_where_exact():
     with pytest.raises(ValueError, match="tree=N"):
         speculative_sample(target, iid, PROMPT, 3, temperature=1.0, verification="traversal")
     with pytest.raises(ValueError, match="typical"):
-        speculative_sample(target, draft, PROMPT, 3, tree=4, temperature=1.0, acceptance="typical",
-                           verification="traversal")  # fmt: skip
+        speculative_sample(
+            target, draft, PROMPT, 3, tree=4, temperature=1.0, acceptance="typical", verification="traversal"
+        )
     with pytest.raises(ValueError, match="'traversal'"):
         speculative_sample(target, draft, PROMPT, 3, tree=4, temperature=1.0, verification="sideways")
     with pytest.raises(ValueError, match="siblings"):
@@ -787,8 +825,9 @@ def test_the_tree_rules_reproduce_smollm2_with_top_k(smollm2_gguf, monkeypatch):
 
     def sampler(rule):
         def run(rng):
-            return speculative_sample(target, drafter, prompt, 2, K=1, temperature=1.0, top_k=4, rng=rng, tree=3,
-                                      verification=rule)  # fmt: skip
+            return speculative_sample(
+                target, drafter, prompt, 2, K=1, temperature=1.0, top_k=4, rng=rng, tree=3, verification=rule
+            )
 
         return run
 

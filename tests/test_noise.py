@@ -18,8 +18,10 @@ def report_with(ar_seconds: list[float], spec_seconds: list[float]) -> RaceRepor
     tokens = list(range(10))
     ar = [Run(DecodeResult(tokens=tokens, target_calls=10), s) for s in ar_seconds]
     # Two rounds accepting all 4 drafts: 10 tokens for 2 passes over 5 tokens (and 2 lookups), at most 3.3x.
-    spec = [Run(DecodeResult(tokens=tokens, target_calls=3, k_per_round=[4] * 2, accepted_per_round=[4, 4],
-                             k_max=4), s) for s in spec_seconds]  # fmt: skip
+    spec = [
+        Run(DecodeResult(tokens=tokens, target_calls=3, k_per_round=[4] * 2, accepted_per_round=[4, 4], k_max=4), s)
+        for s in spec_seconds
+    ]
     return RaceReport({"temperature": 0.0, "K": 4}, Costs(0.01, 0.001, [1.0, 1.1, 1.2, 1.3, 1.4]), ar, spec)
 
 
@@ -61,8 +63,9 @@ def test_the_summary_states_speedup_spread_verdict_and_prediction():
 def test_repeats_are_interleaved_and_alternate():
     target = tiny_model(seed=1)
     order = []
-    report = race(target, perturbed(target, 0.05, seed=4), [1, 2, 3], 6, K=2, repeats=4, warmup=False,
-                  on_decoder=order.append)  # fmt: skip
+    report = race(
+        target, perturbed(target, 0.05, seed=4), [1, 2, 3], 6, K=2, repeats=4, warmup=False, on_decoder=order.append
+    )
     assert len(report.autoregressive) == len(report.speculative) == len(report.speedups) == 4
     assert order == ["autoregressive", "speculative"]  # streamed: the first repeat only
     assert inspect.signature(race).parameters["repeats"].default == 3
@@ -72,7 +75,9 @@ def test_implausible_curves():
     assert implausible([1.0, 1.1, 1.3, 1.6, 2.0]) is None
     assert "r(8) = 20.0 is above 8" in implausible([1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 20.0])
     assert "a longer pass cost less" in implausible([1.0, 1.2, 3.0, 1.5])
-    assert "r(2) = 0.90 is below 1: one pass over 2 tokens cost less than a 1-token step" in implausible([1.0, 0.9, 1.3])
+    assert "r(2) = 0.90 is below 1: one pass over 2 tokens cost less than a 1-token step" in implausible(
+        [1.0, 0.9, 1.3]
+    )
     assert "r(3) = 0.95 is below 1" in implausible([1.0, 1.0, 0.95])
     assert plausible([1.0, 0.9, 1.3]) == [1.0, 1.0, 1.3]
     assert plausible([1.0, 5.0, 1.5, 9.0]) == [1.0, 2.0, 2.0, 4.0]

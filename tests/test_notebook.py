@@ -21,8 +21,11 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "walkthrough.i
 def code_cells(real_model: bool = True) -> list[str]:
     """The code cells' sources in order; real_model=False leaves out those tagged `real-model`."""
     cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
-    return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"
-            and (real_model or "real-model" not in c["metadata"].get("tags", []))]  # fmt: skip
+    return [
+        "".join(c["source"])
+        for c in cells
+        if c["cell_type"] == "code" and (real_model or "real-model" not in c["metadata"].get("tags", []))
+    ]
 
 
 def run_cells(sources: list[str]) -> dict:
@@ -65,7 +68,9 @@ def test_the_notebook_runs_with_the_real_model(monkeypatch, tmp_path, smollm2_gg
 
     monkeypatch.chdir(tmp_path)
     load = specdec.load_model
-    monkeypatch.setattr(specdec, "load_model", lambda name, *a, **k: load(smollm2_gguf if name == "smollm2-135m" else name, *a, **k))
+    monkeypatch.setattr(
+        specdec, "load_model", lambda name, *a, **k: load(smollm2_gguf if name == "smollm2-135m" else name, *a, **k)
+    )
     namespace = run_cells(code_cells())
     real = namespace["real"]
     assert real["ngram"].tokens == real["early_exit:29"].tokens  # both greedy, both the target's text

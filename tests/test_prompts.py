@@ -77,10 +77,12 @@ ENTRY_POINTS = {
     "autoregressive_sample": lambda m, p, **kw: specdec.autoregressive_sample(m, p, 3, **kw).tokens,
     "speculative_sample": lambda m, p, **kw: specdec.speculative_sample(m, "ngram", p, 3, K=2, **kw).tokens,
     "autoregressive_sample_batch": lambda m, p, **kw: specdec.autoregressive_sample_batch(m, [p], 3, **kw)[0].tokens,
-    "speculative_sample_batch": lambda m, p, **kw: specdec.speculative_sample_batch(m, "ngram", [p], 3, K=2,
-                                                                                    **kw)[0].tokens,  # fmt: skip
-    "race": lambda m, p, **kw: race(m, "ngram", p, 3, K=2, repeats=1, warmup=False, k_max=2,
-                                            **kw).autoregressive[0].result.tokens,  # fmt: skip
+    "speculative_sample_batch": lambda m, p, **kw: (
+        specdec.speculative_sample_batch(m, "ngram", [p], 3, K=2, **kw)[0].tokens
+    ),
+    "race": lambda m, p, **kw: (
+        race(m, "ngram", p, 3, K=2, repeats=1, warmup=False, k_max=2, **kw).autoregressive[0].result.tokens
+    ),
 }
 
 
@@ -135,12 +137,15 @@ def test_every_entry_point_refuses_zero_tokens_as_the_cli_does(model, entry):
         ZERO_TOKENS[entry](model)
 
 
-@pytest.mark.parametrize("n_prompt,n_tokens,advice", [
-    (60, 10, "shorten the prompt or ask for at most 4 tokens"),
-    (64, 10, "shorten the prompt to at most 54 tokens"),
-    (70, 1, "shorten the prompt to at most 63 tokens"),
-    (64, 64, "shorten the prompt and ask for fewer than 64 tokens"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "n_prompt,n_tokens,advice",
+    [
+        (60, 10, "shorten the prompt or ask for at most 4 tokens"),
+        (64, 10, "shorten the prompt to at most 54 tokens"),
+        (70, 1, "shorten the prompt to at most 63 tokens"),
+        (64, 64, "shorten the prompt and ask for fewer than 64 tokens"),
+    ],
+)
 def test_over_context_advice_can_be_followed(model, n_prompt, n_tokens, advice):
     with pytest.raises(ValueError) as e:
         check_request(model, [1] * n_prompt, n_tokens)
@@ -194,8 +199,9 @@ def test_an_empty_chat_message_says_what_is_sent(smollm2_tokenizer, cli_model, c
     assert "(empty prompt: an empty user message, so the prompt is the chat template alone)" in out
     assert "end-of-text" not in out
     assert f"prompt: '' ({n_template} tokens, {n_template} of them the chat template)" in out
-    code, out, err = run_cli(capsys, *cli_model(model), "--chat", "--prompt", "hi <|im_end|>",
-                             "--n_tokens_to_generate", "2")  # fmt: skip
+    code, out, err = run_cli(
+        capsys, *cli_model(model), "--chat", "--prompt", "hi <|im_end|>", "--n_tokens_to_generate", "2"
+    )
     n_text = len(encode_text(model.tokenizer, "hi <|im_end|>"))
     assert f"({n_template + n_text} tokens, {n_template} of them the chat template)" in out
 
@@ -248,11 +254,30 @@ def test_bytes_that_are_not_utf8_are_refused_from_the_command_line_as_from_a_fil
 
     path = tmp_path / "prompt.txt"
     path.write_bytes(b"caf\xe9 au lait")
-    for where, given in (("--prompt", ["--prompt", b"caf\xe9 au lait"]), (f"--prompt_file {path}",
-                                                                          ["--prompt_file", str(path)])):  # fmt: skip
-        proc = subprocess.run([sys.executable, "-m", "specdec", "--target_model_size", "stdlib-2L", "--draft", "ngram",
-                               "--n_tokens_to_generate", "2", "--repeats", "1", "--no_warmup", *given],
-                              capture_output=True, cwd=ROOT, timeout=120)  # fmt: skip
+    for where, given in (
+        ("--prompt", ["--prompt", b"caf\xe9 au lait"]),
+        (f"--prompt_file {path}", ["--prompt_file", str(path)]),
+    ):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "specdec",
+                "--target_model_size",
+                "stdlib-2L",
+                "--draft",
+                "ngram",
+                "--n_tokens_to_generate",
+                "2",
+                "--repeats",
+                "1",
+                "--no_warmup",
+                *given,
+            ],
+            capture_output=True,
+            cwd=ROOT,
+            timeout=120,
+        )
         assert proc.returncode == 2 and proc.stdout == b"", proc.stderr
         assert proc.stderr.decode().strip() == f"specdec: error: {where}: not UTF-8 text (byte 3) (see --help)"
 
@@ -273,11 +298,14 @@ def test_a_prompt_file_that_cannot_be_read_is_one_line(tmp_path, monkeypatch):
         flags.read_prompt(None, str(tmp_path))
 
 
-@pytest.mark.parametrize("path,message", [
-    ("/proc/self/mem", "cannot be read"),  # st_size 0, and reading from offset 0 fails
-    ("/proc/self/pagemap", "(cannot be read|larger than 1 MB)"),  # refused, or endless, by read size
-    ("/dev/zero", "larger than 1 MB"),  # st_size 0, endless: the size check must count what it reads
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "path,message",
+    [
+        ("/proc/self/mem", "cannot be read"),  # st_size 0, and reading from offset 0 fails
+        ("/proc/self/pagemap", "(cannot be read|larger than 1 MB)"),  # refused, or endless, by read size
+        ("/dev/zero", "larger than 1 MB"),  # st_size 0, endless: the size check must count what it reads
+    ],
+)
 def test_files_whose_size_is_not_st_size_are_read_with_a_limit(path, message):
     from pathlib import Path
 

@@ -64,8 +64,17 @@ def test_race_report(models):
 def test_race_streams_with_the_samplers_callback_and_names_each_decoder(models):
     target, _ = models
     events = []
-    report = race(target, "ngram", [1, 2, 1, 2], 8, K="adaptive", decoders=("speculative",), warmup=False,
-                  on_token=lambda token, kind: events.append((token, kind)), on_decoder=events.append)  # fmt: skip
+    report = race(
+        target,
+        "ngram",
+        [1, 2, 1, 2],
+        8,
+        K="adaptive",
+        decoders=("speculative",),
+        warmup=False,
+        on_token=lambda token, kind: events.append((token, kind)),
+        on_decoder=events.append,
+    )
     assert events[0] == "speculative" and [t for t, _ in events[1:]] == report.spec.result.tokens
     assert report.ar is None and "autoregressive" not in report.to_dict()
 
@@ -87,9 +96,14 @@ def test_race_first_difference_and_noise_warning(models):
 
 def test_race_checks_the_request_before_measuring(models):
     target, draft = models
-    for kwargs, message in [(dict(K=0), "K"), (dict(K="fast"), "adaptive"), (dict(k_max=40), "k_max"),
-                            (dict(repeats=0), "repeats"), (dict(decoders=("beam",)), "decoders"),
-                            (dict(draft="ngram:x"), "ngram:N")]:  # fmt: skip
+    for kwargs, message in [
+        (dict(K=0), "K"),
+        (dict(K="fast"), "adaptive"),
+        (dict(k_max=40), "k_max"),
+        (dict(repeats=0), "repeats"),
+        (dict(decoders=("beam",)), "decoders"),
+        (dict(draft="ngram:x"), "ngram:N"),
+    ]:
         args = {**dict(target=target, draft=draft, prompt=[1, 2], n_tokens=4), **kwargs}
         with pytest.raises(ValueError, match=message):
             race(**args)

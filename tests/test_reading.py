@@ -18,8 +18,11 @@ def defined(path: Path) -> set[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         if isinstance(node, ast.ClassDef):
-            names |= {f"{node.name}.{item.name}" for item in node.body
-                      if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}  # fmt: skip
+            names |= {
+                f"{node.name}.{item.name}"
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+            }
     return names
 
 

@@ -55,7 +55,9 @@ def test_text_needs_a_tokenizer(tiny_checkpoint):  # noqa: F811
     ids = model.tokenizer.encode("the cat")
     result = speculative_sample(model, model, ids, n_tokens=6, K=2)
     assert result.text == model.tokenizer.decode(result.tokens) and result.text
-    assert autoregressive_sample(model, ids, 3).text == model.tokenizer.decode(autoregressive_sample(model, ids, 3).tokens)
+    assert autoregressive_sample(model, ids, 3).text == model.tokenizer.decode(
+        autoregressive_sample(model, ids, 3).tokens
+    )
     assert speculative_sample(tiny_model(), tiny_model(), ids, n_tokens=3, K=2).text is None  # no tokenizer
 
 
@@ -71,8 +73,9 @@ def test_to_dict_is_plain_and_complete(pair):
 
 
 def test_repr_is_one_short_line_and_str_a_summary():
-    result = DecodeResult(tokens=list(range(11)), target_calls=5, k_per_round=[4, 4, 4, 2], accepted_per_round=[4, 0, 2, 1],
-                          k_max=4)  # fmt: skip
+    result = DecodeResult(
+        tokens=list(range(11)), target_calls=5, k_per_round=[4, 4, 4, 2], accepted_per_round=[4, 0, 2, 1], k_max=4
+    )
     assert repr(result) == "DecodeResult(11 tokens, 4 rounds, alpha 0.70, tau 2.75)"  # 7 of 10 judged; 11 / 4
     lines = str(result).splitlines()
     assert lines[0] == repr(result)
@@ -86,10 +89,16 @@ def test_repr_is_one_short_line_and_str_a_summary():
 def test_html_trace_colours_each_token_and_escapes_text(tiny_checkpoint):  # noqa: F811
     model = load_folder(tiny_checkpoint)
     tokens = model.tokenizer.encode("a<b>&c")
-    result = DecodeResult(tokens=tokens, target_calls=3, k_per_round=[3, 3], accepted_per_round=[3, len(tokens) - 5],
-                          k_max=3, tokenizer=model.tokenizer)  # fmt: skip
+    result = DecodeResult(
+        tokens=tokens,
+        target_calls=3,
+        k_per_round=[3, 3],
+        accepted_per_round=[3, len(tokens) - 5],
+        k_max=3,
+        tokenizer=model.tokenizer,
+    )
     html = result._repr_html_()
-    assert html.count("<span style=\"color:") - html.count("■") == len(tokens)  # one span per token (+ legend)
+    assert html.count('<span style="color:') - html.count("■") == len(tokens)  # one span per token (+ legend)
     assert "&lt;" in html and "&amp;" in html and "<b>" not in html
     for kind in set(result.kinds):
         assert f'color:{KIND_COLOURS[kind]}" title="{kind}"' in html
@@ -106,8 +115,9 @@ def test_race_report_repr_html_and_json(tiny_checkpoint):  # noqa: F811
     ids = model.tokenizer.encode("the cat")
     report = race(model, perturbed(model, 0.3, seed=2), ids, 12, K=3, temperature=1.0, seed=1, warmup=False)
     spec = report.spec.result
-    assert repr(report) == (f"RaceReport(speedup {report.speedup:.2f}x, alpha {spec.alpha:.2f}, tau {spec.tau:.2f}, "
-                            f"K=3, 12 tokens)")  # fmt: skip
+    assert repr(report) == (
+        f"RaceReport(speedup {report.speedup:.2f}x, alpha {spec.alpha:.2f}, tau {spec.tau:.2f}, K=3, 12 tokens)"
+    )
     text = str(report)
     rows = dict(line.split("  ", 1) for line in text.splitlines() if "  " in line)
     assert rows["tau (tokens per round = per target pass)"].split()[0] == f"{spec.tau:.2f}"
@@ -136,8 +146,9 @@ def test_the_printed_summary_agrees_with_itself(tiny_checkpoint, tree):  # noqa:
     tau from tokens and rounds, the histogram's total and weighted sum, the passes, no nan anywhere."""
     model = load_folder(tiny_checkpoint)
     ids = model.tokenizer.encode("the cat")
-    report = race(model, perturbed(model, 0.3, seed=2), ids, 30, K=3, temperature=1.0, seed=1, warmup=False, tree=tree,
-                  repeats=1)  # fmt: skip
+    report = race(
+        model, perturbed(model, 0.3, seed=2), ids, 30, K=3, temperature=1.0, seed=1, warmup=False, tree=tree, repeats=1
+    )
     text = str(report)
     assert "nan" not in text
     rows = summary_rows(text)
@@ -154,8 +165,12 @@ def test_the_printed_summary_agrees_with_itself(tiny_checkpoint, tree):  # noqa:
         k, drafting, all_rounds = numbers(rows["k, mean drafts per round that drafted"])
         assert all_rounds == rounds and k == pytest.approx(drafted / drafting, abs=0.005)
     assert target_passes == rounds + prompt_passes
-    timing = {name: line for line in text.splitlines() for name in ("autoregressive", "speculative")
-              if line.startswith(f"[{name}]") and "tokens in" in line}  # fmt: skip
+    timing = {
+        name: line
+        for line in text.splitlines()
+        for name in ("autoregressive", "speculative")
+        if line.startswith(f"[{name}]") and "tokens in" in line
+    }
     speedup = numbers(rows["speedup (autoregressive time / speculative time)"])[0]
     rate = {name: numbers(line.split("s (")[1])[0] for name, line in timing.items()}  # tokens/s, 1 decimal
     assert speedup == pytest.approx(rate["speculative"] / rate["autoregressive"], rel=0.02, abs=0.006)

@@ -35,8 +35,13 @@ def test_top_p_breaks_ties_by_token_id():
 
 def test_probabilities_are_float32_rows_that_sum_to_one():
     logits = np.random.default_rng(1).standard_normal((4, 300)).astype(np.float32) * 4
-    for params in [SamplingParams(0.7), SamplingParams(1.0, top_k=5), SamplingParams(1.3, top_p=0.8),
-                   SamplingParams(1e-30), SamplingParams(1.0, top_k=3, top_p=0.5)]:  # fmt: skip
+    for params in [
+        SamplingParams(0.7),
+        SamplingParams(1.0, top_k=5),
+        SamplingParams(1.3, top_p=0.8),
+        SamplingParams(1e-30),
+        SamplingParams(1.0, top_k=3, top_p=0.5),
+    ]:
         p = probabilities(logits, params)
         assert p.dtype == np.float32 and np.isfinite(p).all()
         np.testing.assert_allclose(p.sum(axis=-1), 1.0, atol=1e-5)

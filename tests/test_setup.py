@@ -49,8 +49,7 @@ def test_every_entry_point_builds_its_run_through_setup_and_nothing_else():
 def test_the_count_can_fail():
     """The same count over a module that makes its own request (as speculative.py once did) finds it."""
     source = "from .config import make_request\ndef sample(t, p):\n    return make_request(t, p, 4)\n"
-    found = {name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
-             for name in [node.func.id]}  # fmt: skip
+    found = {name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call) for name in [node.func.id]}
     assert SET_UP_PIECES & found == {"make_request"} and "setup" not in found
 
 

@@ -11,8 +11,17 @@ from specdec.cli import main
 
 race_module = importlib.import_module("specdec.race")  # (specdec.race is also the function's name)
 
-OFFLINE = ["--target_model_size", "stdlib-6L", "--draft", "stdlib-2L", "--prompt", "def parse(line):",
-           "--n_tokens_to_generate", "8", "--no_warmup"]  # fmt: skip
+OFFLINE = [
+    "--target_model_size",
+    "stdlib-6L",
+    "--draft",
+    "stdlib-2L",
+    "--prompt",
+    "def parse(line):",
+    "--n_tokens_to_generate",
+    "8",
+    "--no_warmup",
+]
 
 
 class Terminal(io.StringIO):

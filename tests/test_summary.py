@@ -10,13 +10,25 @@ from specdec.result import DecodeResult
 from specdec.timing import Costs
 
 
-def record(r: list[float], k_per_round: list[int], accepted_per_round: list[int], K=4, c_ratio=0.05,
-           ar_tokens: int | None = None, k_policy=None) -> RaceReport:  # fmt: skip
+def record(
+    r: list[float],
+    k_per_round: list[int],
+    accepted_per_round: list[int],
+    K=4,
+    c_ratio=0.05,
+    ar_tokens: int | None = None,
+    k_policy=None,
+) -> RaceReport:
     """A race of one repeat each: the speculative run's rounds as given, the autoregressive run making
     `ar_tokens` tokens (as many as the speculative one unless given) at a third of its speed."""
     n = sum(accepted_per_round) + len(k_per_round)
-    spec = DecodeResult(tokens=list(range(n)), target_calls=len(k_per_round) + 1, k_per_round=list(k_per_round),
-                        accepted_per_round=list(accepted_per_round), k_max=max(k_per_round))  # fmt: skip
+    spec = DecodeResult(
+        tokens=list(range(n)),
+        target_calls=len(k_per_round) + 1,
+        k_per_round=list(k_per_round),
+        accepted_per_round=list(accepted_per_round),
+        k_max=max(k_per_round),
+    )
     ar = DecodeResult(tokens=list(range(n if ar_tokens is None else ar_tokens)), target_calls=n)
     costs = Costs(target_step=0.01, draft_step=0.01 * c_ratio, r=list(r))
     run = Run(spec, 1.0)

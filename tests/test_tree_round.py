@@ -126,8 +126,17 @@ def test_caches_hold_exactly_the_accepted_text_after_each_tree_round(target, kin
         rounds.append(len(features))
 
     drafter.begin, drafter.commit = recording_begin, checking_commit
-    out = speculative_sample(target, drafter, prompt, 30, K=3, temperature=temperature, seed=2, tree=6,
-                             on_token=lambda token, kind: emitted.append(token))  # fmt: skip
+    out = speculative_sample(
+        target,
+        drafter,
+        prompt,
+        30,
+        K=3,
+        temperature=temperature,
+        seed=2,
+        tree=6,
+        on_token=lambda token, kind: emitted.append(token),
+    )
     assert rounds[2:] == [n + 1 for n in out.accepted_per_round]
     assert max(out.k_per_round) > 3, "trees wider than chains were drafted"
     assert out.accepted > 0 and (temperature > 0 or out.accepted < out.drafted)
@@ -156,10 +165,23 @@ def test_sampled_trees_keep_the_target_distribution(kind, params, monkeypatch):
     exact = exact_continuations(model, PROMPT, 3, params)
 
     def run(rng):
-        drafter = {"model": ModelDrafter(draft, tree_width=2), "ngram": NgramDrafter(model.n_vocab, n_max=2),
-                   "early exit": EarlyExitDrafter(model, n_layer=1, tree_width=2)}[kind]  # fmt: skip
-        return speculative_sample(model, drafter, PROMPT, 3, K=2, temperature=params.temperature, top_k=params.top_k,
-                                  top_p=params.top_p, rng=rng, tree=5)  # fmt: skip
+        drafter = {
+            "model": ModelDrafter(draft, tree_width=2),
+            "ngram": NgramDrafter(model.n_vocab, n_max=2),
+            "early exit": EarlyExitDrafter(model, n_layer=1, tree_width=2),
+        }[kind]
+        return speculative_sample(
+            model,
+            drafter,
+            PROMPT,
+            3,
+            K=2,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            rng=rng,
+            tree=5,
+        )
 
     out = run(np.random.default_rng(0))
     assert out.drafted > 2, "the round should draft trees"
@@ -178,8 +200,7 @@ def test_typical_acceptance_is_lossy_and_opt_in(target):
     exact = exact_continuations(model, PROMPT, 3, SamplingParams(1.0))
 
     def run(rng):
-        return speculative_sample(model, draft, PROMPT, 3, K=2, temperature=1.0, rng=rng, tree=5,
-                                  acceptance="typical")  # fmt: skip
+        return speculative_sample(model, draft, PROMPT, 3, K=2, temperature=1.0, rng=rng, tree=5, acceptance="typical")
 
     ok, stat, df = chi_square_passes(sample_many(run, n_samples=N_BROKEN), exact)
     assert not ok, f"typical acceptance passed the exactness check (chi2={stat:.1f}, df={df})"
@@ -213,8 +234,20 @@ def test_cli_tree(tmp_path, capsys, tree):
     target = tiny_model(seed=1)
     write_checkpoint(tmp_path / "target", target)
     write_checkpoint(tmp_path / "draft", perturbed(target, 0.05, seed=4))
-    argv = ["--target_model_size", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
-            "--prompt", "the cat in the hat", "--n_tokens_to_generate", "20", "--K", "3", "--tree", tree]  # fmt: skip
+    argv = [
+        "--target_model_size",
+        str(tmp_path / "target"),
+        "--draft",
+        str(tmp_path / "draft"),
+        "--prompt",
+        "the cat in the hat",
+        "--n_tokens_to_generate",
+        "20",
+        "--K",
+        "3",
+        "--tree",
+        tree,
+    ]
     assert main.main(argv) == 0
     out = capsys.readouterr().out
     assert f"tree={tree}" in out and "tau (tokens per round = per target pass)" in out

@@ -84,15 +84,23 @@ def main() -> None:
     for r in range(a.rounds):
         for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
             env = {**os.environ, "PYTHONPATH": a.a if side == "A" else a.b}
-            done = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure"], env=env, cwd="/",
-                                  capture_output=True, text=True, check=True)  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--measure"],
+                env=env,
+                cwd="/",
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             runs[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1} {side}: {runs[side][-1]}  (load {os.getloadavg()[0]:.1f})", flush=True)
     print(f"{'figure':<8} {'A median [min-max]':>24} {'B median [min-max]':>24} {'B / A':>7}")
     for key in runs["A"][0]:
         va, vb = [x[key] for x in runs["A"]], [x[key] for x in runs["B"]]
         ma, mb = statistics.median(va), statistics.median(vb)
-        print(f"{key:<8} {ma:10.3f} [{min(va):.3f}-{max(va):.3f}] {mb:10.3f} [{min(vb):.3f}-{max(vb):.3f}] {mb / ma:7.3f}")
+        print(
+            f"{key:<8} {ma:10.3f} [{min(va):.3f}-{max(va):.3f}] {mb:10.3f} [{min(vb):.3f}-{max(vb):.3f}] {mb / ma:7.3f}"
+        )
 
 
 if __name__ == "__main__":

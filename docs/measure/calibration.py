@@ -49,8 +49,17 @@ def main():
         rounds = []
         for prompt in prompts:
             proposals = []
-            result = speculative_sample(target, drafter, prompt, args.n_tokens, K=args.K, temperature=args.temperature,
-                                        seed=0, chat=True, on_round=lambda p, logits: proposals.append(p))  # fmt: skip
+            result = speculative_sample(
+                target,
+                drafter,
+                prompt,
+                args.n_tokens,
+                K=args.K,
+                temperature=args.temperature,
+                seed=0,
+                chat=True,
+                on_round=lambda p, logits: proposals.append(p),
+            )
             for proposal, n_accepted in zip(proposals, result.accepted_per_round):
                 conf = [] if proposal.q is None else proposal.q.max(axis=1).tolist()
                 rounds.append((conf, n_accepted))
@@ -60,8 +69,10 @@ def main():
 
 def report(name, rounds, costs):
     reached = np.array([(cf, i < a) for conf, a in rounds for i, cf in enumerate(conf) if i <= a], dtype=float)
-    print(f"\n{name}: {len(rounds)} rounds, {len(reached)} drafts judged; c = {costs.c:.3f}, "
-          f"r(2) = {costs.r[1]:.2f}, r(5) = {costs.r[4]:.2f}")  # fmt: skip
+    print(
+        f"\n{name}: {len(rounds)} rounds, {len(reached)} drafts judged; c = {costs.c:.3f}, "
+        f"r(2) = {costs.r[1]:.2f}, r(5) = {costs.r[4]:.2f}"
+    )
     print("| confidence | drafts | accepted |\n|---|---|---|")
     for lo, hi in zip(BINS, BINS[1:]):
         inside = reached[(reached[:, 0] >= lo) & ((reached[:, 0] < hi) | (hi == 1.0))]

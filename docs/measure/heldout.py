@@ -30,8 +30,12 @@ def main():
     parser.add_argument("--data", required=True, help="the distillation shards the heads were trained on")
     parser.add_argument("--states-cache", default=None, help="the trainer's hidden-states cache folder, if any")
     parser.add_argument("--held-out", type=float, default=0.05, help="the runs' --held-out (default 0.05)")
-    parser.add_argument("--max-rows", type=int, default=None, help="the runs' --max-rows, if they had one "
-                        "(default: all rows, the held-out rows of a run over all the data)")  # fmt: skip
+    parser.add_argument(
+        "--max-rows",
+        type=int,
+        default=None,
+        help="the runs' --max-rows, if they had one (default: all rows, the held-out rows of a run over all the data)",
+    )
     parser.add_argument("--batch-tokens", type=int, default=4096)
     args = parser.parse_args()
 
@@ -55,8 +59,11 @@ def main():
             states[layers] = row_states(target, data, rows, list(layers), True, cache)
         acc = held_out_accuracy(kind, params, target, config, vocab, data, rows, states[layers], args.batch_tokens)
         by = ", ".join(f"{v:.3f}" for v in acc["top1_by_position"].values())
-        print(f"| {Path(folder).name} | {block} | {acc['top1']:.3f} | {acc['top5']:.3f} | {by} | "
-              f"{acc['top1_second']:.3f} |", flush=True)  # fmt: skip
+        print(
+            f"| {Path(folder).name} | {block} | {acc['top1']:.3f} | {acc['top5']:.3f} | {by} | "
+            f"{acc['top1_second']:.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

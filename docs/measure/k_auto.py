@@ -54,8 +54,11 @@ def main() -> None:
         start = time.perf_counter()
         speculative_sample(target, a.draft, REQUESTS[0], a.tokens, K="auto", **settings)
         first.append(time.perf_counter() - start)
-    print(f"first K='auto' call {first[0]:.2f} s, the same call again {first[1]:.2f} s: "
-          f"timing the costs took about {first[0] - first[1]:.2f} s, once per process", flush=True)
+    print(
+        f"first K='auto' call {first[0]:.2f} s, the same call again {first[1]:.2f} s: "
+        f"timing the costs took about {first[0] - first[1]:.2f} s, once per process",
+        flush=True,
+    )
 
     # Step 2: auto against the K it chose, and K=4, interleaved per request.
     print(f"{'request':<44} {'k chosen':>8} {'auto s':>7} {'fixed s':>7} {'K=4 s':>7} {'auto/fixed':>18}")
@@ -67,17 +70,22 @@ def main() -> None:
         runs = {"auto": "auto", "fixed": k, "4": 4}
         times = {name: [] for name in runs}
         for repeat in range(a.repeats):
-            for name in (list(runs) if repeat % 2 == 0 else list(runs)[::-1]):
+            for name in list(runs) if repeat % 2 == 0 else list(runs)[::-1]:
                 start = time.perf_counter()
                 speculative_sample(target, a.draft, text, a.tokens, K=runs[name], **settings)
                 times[name].append(time.perf_counter() - start)
         per_repeat = [x / y for x, y in zip(times["auto"], times["fixed"])]
         ratios.extend(per_repeat)
         med = {name: statistics.median(ts) for name, ts in times.items()}
-        print(f"{text[:44]:<44} {k:>8} {med['auto']:7.2f} {med['fixed']:7.2f} {med['4']:7.2f} "
-              f"{med['auto'] / med['fixed']:6.2f} [{min(per_repeat):.2f}-{max(per_repeat):.2f}]", flush=True)
-    print(f"all requests: auto / fixed median {statistics.median(ratios):.2f} "
-          f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} repeats; load {load()}")
+        print(
+            f"{text[:44]:<44} {k:>8} {med['auto']:7.2f} {med['fixed']:7.2f} {med['4']:7.2f} "
+            f"{med['auto'] / med['fixed']:6.2f} [{min(per_repeat):.2f}-{max(per_repeat):.2f}]",
+            flush=True,
+        )
+    print(
+        f"all requests: auto / fixed median {statistics.median(ratios):.2f} "
+        f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} repeats; load {load()}"
+    )
 
 
 if __name__ == "__main__":

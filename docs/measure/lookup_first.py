@@ -39,25 +39,33 @@ def main():
     drafters = {
         "ngram (1..3)": lambda: NgramDrafter(target.n_vocab, 3, 1),
         f"eagle@{args.bar}": head.fresh,
-        **{f"lookup >= {n}, else eagle@{args.bar}": (lambda n=n: LookupFirst(NgramDrafter(target.n_vocab, 3, n),
-                                                                            head.fresh()))
-           for n in (1, 2, 3)},
-    }  # fmt: skip
+        **{
+            f"lookup >= {n}, else eagle@{args.bar}": (
+                lambda n=n: LookupFirst(NgramDrafter(target.n_vocab, 3, n), head.fresh())
+            )
+            for n in (1, 2, 3)
+        },
+    }
     prompts = [p for ps in load_prompts().values() for p in ps]
     seconds = {name: [] for name in ["plain", *drafters]}  # seconds per new token, per prompt and repeat
     rounds = {name: [0, 0] for name in drafters}  # tokens, rounds
-    print(f"{len(prompts)} prompts, {args.n_tokens} tokens, T={args.temperature}, {args.repeats} repeats, "
-          f"load average {load_average()}, {os.cpu_count()} CPUs", flush=True)  # fmt: skip
+    print(
+        f"{len(prompts)} prompts, {args.n_tokens} tokens, T={args.temperature}, {args.repeats} repeats, "
+        f"load average {load_average()}, {os.cpu_count()} CPUs",
+        flush=True,
+    )
     for repeat in range(args.repeats):
         for i, prompt in enumerate(prompts):
             start = time.perf_counter()
-            plain = autoregressive_sample(target, prompt, args.n_tokens, temperature=args.temperature, seed=i,
-                                          chat=True)  # fmt: skip
+            plain = autoregressive_sample(
+                target, prompt, args.n_tokens, temperature=args.temperature, seed=i, chat=True
+            )
             seconds["plain"].append((time.perf_counter() - start) / len(plain.tokens))
             for name, make in drafters.items():
                 start = time.perf_counter()
-                out = speculative_sample(target, make(), prompt, args.n_tokens, K=4, temperature=args.temperature,
-                                         seed=i, chat=True)  # fmt: skip
+                out = speculative_sample(
+                    target, make(), prompt, args.n_tokens, K=4, temperature=args.temperature, seed=i, chat=True
+                )
                 seconds[name].append((time.perf_counter() - start) / len(out.tokens))
                 rounds[name][0] += len(out.tokens)
                 rounds[name][1] += len(out.k_per_round)
@@ -67,8 +75,10 @@ def main():
     for name in drafters:
         per_prompt = [a / b for a, b in zip(seconds["plain"], seconds[name])]
         tau = rounds[name][0] / rounds[name][1]
-        print(f"{name:28s} suite {sum(seconds['plain']) / sum(seconds[name]):.3f}x  median per prompt "
-              f"{statistics.median(per_prompt):.3f}x  tokens per round {tau:.2f}")  # fmt: skip
+        print(
+            f"{name:28s} suite {sum(seconds['plain']) / sum(seconds[name]):.3f}x  median per prompt "
+            f"{statistics.median(per_prompt):.3f}x  tokens per round {tau:.2f}"
+        )
 
 
 if __name__ == "__main__":

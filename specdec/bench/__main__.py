@@ -67,13 +67,19 @@ def main(argv=None) -> int:
     only, rest = split_only(argv)
     unknown = [s for s in only if s not in SECTIONS]
     if unknown:
-        print(f"python -m specdec.bench: error: unknown section {', '.join(unknown)}; sections: "
-              f"{', '.join(SECTIONS)} (see --help)", file=sys.stderr)  # fmt: skip
+        print(
+            f"python -m specdec.bench: error: unknown section {', '.join(unknown)}; sections: "
+            f"{', '.join(SECTIONS)} (see --help)",
+            file=sys.stderr,
+        )
         return 2
     groups = {SECTIONS[s][0] for s in only} or {speed.main}
     if len(groups) > 1:
-        print("python -m specdec.bench: error: --only mixes sections with different flags "
-              f"({', '.join(only)}); run them one command each", file=sys.stderr)  # fmt: skip
+        print(
+            "python -m specdec.bench: error: --only mixes sections with different flags "
+            f"({', '.join(only)}); run them one command each",
+            file=sys.stderr,
+        )
         return 2
     if not only or SECTIONS[only[0]][0] is speed.main:
         if not only and ("-h" in rest or "--help" in rest):

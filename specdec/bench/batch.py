@@ -65,8 +65,7 @@ def prompts_for(model, n: int, rng: np.random.Generator) -> list[list[int]]:
         suite = [p for prompts in load_prompts().values() for p in prompts]
         # The first PROMPT_TOKENS tokens of each (their prefill is not timed, but it takes the bench's time).
         return [check_request(model, suite[i % len(suite)], 1)[:PROMPT_TOKENS] for i in range(n)]
-    return [[int(t) for t in rng.integers(0, model.n_vocab, PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)])]
-            for i in range(n)]  # fmt: skip
+    return [[int(t) for t in rng.integers(0, model.n_vocab, PROMPT_LENGTHS[i % len(PROMPT_LENGTHS)])] for i in range(n)]
 
 
 def filled_caches(model, n_rows: int, n_past: int, rng: np.random.Generator, room: int = M_MAX) -> list:
@@ -87,8 +86,10 @@ def filled_caches(model, n_rows: int, n_past: int, rng: np.random.Generator, roo
 def draft_step_call(model, draft: str, prompts: list[list[int]]):
     """One batched draft step for every row, as the batch's drafter takes it (a call for time_calls)."""
     params = SamplingParams(0.0)
-    rows = [Row(Request(p, 1, params), model.new_cache(), np.random.default_rng(0), DecodeResult(), index=i)
-            for i, p in enumerate(prompts)]  # fmt: skip
+    rows = [
+        Row(Request(p, 1, params), model.new_cache(), np.random.default_rng(0), DecodeResult(), index=i)
+        for i, p in enumerate(prompts)
+    ]
     spec = parse_draft(draft)
     if spec.kind == "ngram":
         drafters = [NgramDrafter(model.n_vocab, spec.arg) for _ in rows]
@@ -113,7 +114,9 @@ def pass_grid(b: int, m_max: int = M_MAX) -> list[int]:
         pass_grid(4)   # [1, 2, 4, 8, 12, 16, 17, 20, 24, 28, 32, 36]
     """
     fewer = [n for n in (1, 2, 4, 8) if n < b]
-    switch = [n for edge in (kernels.MAX_CHUNKED_ROWS, kernels.MAX_SPLIT_ROWS) for n in (edge, edge + 1) if n <= b * m_max]
+    switch = [
+        n for edge in (kernels.MAX_CHUNKED_ROWS, kernels.MAX_SPLIT_ROWS) for n in (edge, edge + 1) if n <= b * m_max
+    ]
     return sorted({*fewer, *(b * m for m in range(1, m_max + 1)), *switch})
 
 
@@ -156,10 +159,13 @@ def batch_costs(times: dict, b: int, m_max: int = M_MAX) -> dict:
     per_repeat = {n: np.median(samples[n], axis=0) for n in grid}  # [repeats]: the median of each repeat's samples
     every_sample = {n: np.concatenate(samples[n]) for n in grid}
     t1 = per_repeat[b]
-    return {"step": float(np.median(every_sample[b])),
-            "r": [float(np.median(per_repeat[b * m] / t1)) for m in range(1, m_max + 1)],
-            "c": float(np.median(np.asarray(times["draft"]) / t1)),
-            "grid": grid, "pass_seconds": [float(np.median(every_sample[n])) for n in grid]}  # fmt: skip
+    return {
+        "step": float(np.median(every_sample[b])),
+        "r": [float(np.median(per_repeat[b * m] / t1)) for m in range(1, m_max + 1)],
+        "c": float(np.median(np.asarray(times["draft"]) / t1)),
+        "grid": grid,
+        "pass_seconds": [float(np.median(every_sample[n])) for n in grid],
+    }
 
 
 def run_calls(model, draft, prompts, n_tokens: int, K: int) -> tuple[dict, object]:
@@ -204,13 +210,18 @@ def run_calls(model, draft, prompts, n_tokens: int, K: int) -> tuple[dict, objec
         judged = sum(sum(r.judged) for r in results)
         throughput = {name: np.asarray([n / t for t, n in runs]) for name, runs in timed.items()}
         ratios = throughput["spec"] / throughput["auto"]  # per repeat: the two ran in the same repeat
-        return {"throughput_auto": float(np.median(throughput["auto"])),
-                "throughput_spec": float(np.median(throughput["spec"])),
-                "speedup": float(np.median(ratios)), "speedup_min": float(ratios.min()),
-                "speedup_max": float(ratios.max()), "alpha": accepted / judged if judged else float("nan"),
-                "tau": sum(len(r.tokens) for r in results) / max(1, sum(r.rounds for r in results)),
-                "identical": all(same), "tokens_timed": {name: runs[-1][1] for name, runs in timed.items()},
-                "rounds": [(len(r.rows), list(r.k), r.draft_passes) for r in rounds]}  # fmt: skip
+        return {
+            "throughput_auto": float(np.median(throughput["auto"])),
+            "throughput_spec": float(np.median(throughput["spec"])),
+            "speedup": float(np.median(ratios)),
+            "speedup_min": float(ratios.min()),
+            "speedup_max": float(ratios.max()),
+            "alpha": accepted / judged if judged else float("nan"),
+            "tau": sum(len(r.tokens) for r in results) / max(1, sum(r.rounds for r in results)),
+            "identical": all(same),
+            "tokens_timed": {name: runs[-1][1] for name, runs in timed.items()},
+            "rounds": [(len(r.rows), list(r.k), r.draft_passes) for r in rounds],
+        }
 
     return {"auto": auto, "spec": spec}, summary
 
@@ -230,10 +241,12 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=flags.at_least_one, default=32, help="new tokens per prompt (default 32)")
     p.add_argument("--K", type=flags.at_least_one, default=4, help="draft tokens per round (default 4)")
     p.add_argument("--draft", default="ngram", help="ngram or early_exit:L (default ngram)")
-    p.add_argument("--repeats", type=flags.at_least_one, default=5,
-                   help="interleaved repeats of every run and pass (default 5)")  # fmt: skip
-    p.add_argument("--pass-samples", type=flags.at_least_one, default=3,
-                   help="timings of each costing pass per repeat (default 3)")  # fmt: skip
+    p.add_argument(
+        "--repeats", type=flags.at_least_one, default=5, help="interleaved repeats of every run and pass (default 5)"
+    )
+    p.add_argument(
+        "--pass-samples", type=flags.at_least_one, default=3, help="timings of each costing pass per repeat (default 3)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write every measurement as JSON")
     add_quiet(p)
@@ -249,10 +262,17 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         model = load(name)
         res = {}
-        print(f"\n== batch: {name} ({model.name}), greedy, {args.tokens} tokens per prompt, draft {args.draft}, "
-              f"K={args.K}", file=out, flush=True)  # fmt: skip
-        print("|  B | AR tok/s | spec tok/s | speedup (min-max) | alpha | tau | T_B ms | c_B | r_B(2) | r_B(5) | "
-              "r_B(9) | eq. 1 | rounds | rounds err | best K (pred.) | same |", file=out)  # fmt: skip
+        print(
+            f"\n== batch: {name} ({model.name}), greedy, {args.tokens} tokens per prompt, draft {args.draft}, "
+            f"K={args.K}",
+            file=out,
+            flush=True,
+        )
+        print(
+            "|  B | AR tok/s | spec tok/s | speedup (min-max) | alpha | tau | T_B ms | c_B | r_B(2) | r_B(5) | "
+            "r_B(9) | eq. 1 | rounds | rounds err | best K (pred.) | same |",
+            file=out,
+        )
         print("|---" * 16 + "|", file=out, flush=True)
         for b in batches:
             progress(f"{name}: batch size {b}, {args.repeats} interleaved repeats of both decoders and the passes")
@@ -266,39 +286,59 @@ def main(argv=None) -> int:
             t = time_calls({**passes, **runs}, args.repeats, rng, after=lambda key: key in runs or rollback(key))
             costs, run = batch_costs(t, b, m_max), summary()
             # This batch size's own passes price its rounds, the last ones (after rows have left) included.
-            times = costmodel.BatchPassTimes({b: costs["step"]}, {b: costs["r"]}, {b: costs["c"]},
-                                             {b: (costs["grid"], costs["pass_seconds"])})  # fmt: skip
+            times = costmodel.BatchPassTimes(
+                {b: costs["step"]}, {b: costs["r"]}, {b: costs["c"]}, {b: (costs["grid"], costs["pass_seconds"])}
+            )
             eq1 = costmodel.predicted_speedup(run["alpha"], args.K, costs["c"], costs["r"])
             # The timed part: every round but the first, against every autoregressive step but the first.
             timed = run["tokens_timed"]
             from_rounds = costmodel.speedup_from_batch_rounds(run["rounds"][1:], [b] * (args.tokens - 1), times)
             from_rounds *= timed["spec"] / timed["auto"]  # the two timed parts emit different numbers of tokens
             best_k, best_speedup = costmodel.best_k(run["alpha"], costs["c"], costs["r"])
-            entry = {**costs, **run, "n_rounds": len(run["rounds"]), "predicted_eq1": eq1,
-                     "predicted_rounds": from_rounds, "error_rounds": from_rounds / run["speedup"] - 1,
-                     "error_eq1": eq1 / run["speedup"] - 1, "best_k": best_k, "best_k_speedup": best_speedup,
-                     "load": os.getloadavg()[0]}  # fmt: skip
+            entry = {
+                **costs,
+                **run,
+                "n_rounds": len(run["rounds"]),
+                "predicted_eq1": eq1,
+                "predicted_rounds": from_rounds,
+                "error_rounds": from_rounds / run["speedup"] - 1,
+                "error_eq1": eq1 / run["speedup"] - 1,
+                "best_k": best_k,
+                "best_k_speedup": best_speedup,
+                "load": os.getloadavg()[0],
+            }
             res[b] = entry
             r = costs["r"]
-            print(f"| {b:2d} | {entry['throughput_auto']:.1f} | {entry['throughput_spec']:.1f} | "
-                  f"{run['speedup']:.2f} ({run['speedup_min']:.2f}-{run['speedup_max']:.2f}) | {run['alpha']:.2f} | "
-                  f"{run['tau']:.2f} | {1e3 * costs['step']:.1f} | {costs['c']:.3f} | {r[1]:.2f} | {r[4]:.2f} | "
-                  f"{r[8]:.2f} | {eq1:.2f} | {from_rounds:.2f} | {entry['error_rounds']:+.0%} | "
-                  f"{best_k} ({best_speedup:.2f}) | {'yes' if run['identical'] else 'NO'} |",
-                  file=out, flush=True)  # fmt: skip
+            print(
+                f"| {b:2d} | {entry['throughput_auto']:.1f} | {entry['throughput_spec']:.1f} | "
+                f"{run['speedup']:.2f} ({run['speedup_min']:.2f}-{run['speedup_max']:.2f}) | {run['alpha']:.2f} | "
+                f"{run['tau']:.2f} | {1e3 * costs['step']:.1f} | {costs['c']:.3f} | {r[1]:.2f} | {r[4]:.2f} | "
+                f"{r[8]:.2f} | {eq1:.2f} | {from_rounds:.2f} | {entry['error_rounds']:+.0%} | "
+                f"{best_k} ({best_speedup:.2f}) | {'yes' if run['identical'] else 'NO'} |",
+                file=out,
+                flush=True,
+            )
         measured_even = next((b for b in batches if res[b]["speedup"] < 1), None)
         best = {b: (res[b]["best_k"], res[b]["best_k_speedup"]) for b in batches}
         predicted_even = costmodel.batch_break_even(best)
         rounds_even = next((b for b in batches if res[b]["predicted_rounds"] < 1), None)
         errors = [abs(res[b]["error_rounds"]) for b in batches]
-        print(f"speculation stops paying at B = {measured_even} (measured: first speedup < 1), "
-              f"B = {rounds_even} (the rounds priced: first prediction < 1), "
-              f"B = {predicted_even} (eq. 1: first best K = 0); rounds-priced prediction vs measured: "
-              f"median |error| {statistics.median(errors):.0%}, {sum(e <= 0.15 for e in errors)} of {len(errors)} "
-              f"within 15%", file=out, flush=True)  # fmt: skip
-        results["models"][name] = {"batches": res, "break_even_measured": measured_even,
-                                   "break_even_predicted": predicted_even, "break_even_rounds": rounds_even,
-                                   "median_error": statistics.median(errors)}  # fmt: skip
+        print(
+            f"speculation stops paying at B = {measured_even} (measured: first speedup < 1), "
+            f"B = {rounds_even} (the rounds priced: first prediction < 1), "
+            f"B = {predicted_even} (eq. 1: first best K = 0); rounds-priced prediction vs measured: "
+            f"median |error| {statistics.median(errors):.0%}, {sum(e <= 0.15 for e in errors)} of {len(errors)} "
+            f"within 15%",
+            file=out,
+            flush=True,
+        )
+        results["models"][name] = {
+            "batches": res,
+            "break_even_measured": measured_even,
+            "break_even_predicted": predicted_even,
+            "break_even_rounds": rounds_even,
+            "median_error": statistics.median(errors),
+        }
     load_end = os.getloadavg()
     results["load_end"] = load_end
     print(f"\nload average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}", file=out)

@@ -74,23 +74,47 @@ def measure(target, draft, prompts, n_tokens: int, K: int, params: SamplingParam
 
     for verification in ("token", "block"):
         for i, ids in enumerate(prompts):
-            out = speculative_sample(target, draft, ids, n_tokens, K=K, temperature=params.temperature,
-                                     top_k=params.top_k, top_p=params.top_p, seed=seed + i,
-                                     verification=verification, on_round=on_round)  # fmt: skip
+            out = speculative_sample(
+                target,
+                draft,
+                ids,
+                n_tokens,
+                K=K,
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                seed=seed + i,
+                verification=verification,
+                on_round=on_round,
+            )
             realised[verification] += [n + 1 for k, n in zip(out.k_per_round, out.accepted_per_round) if k > 0]
-    return {"rounds": len(expected["token"]), "E_token": mean(expected["token"]), "E_block": mean(expected["block"]),
-            "tau_token": mean(realised["token"]), "tau_block": mean(realised["block"]),
-            "se_token": stderr(realised["token"]), "se_block": stderr(realised["block"]),
-            "min_round_gain": min((b - t for t, b in zip(expected["token"], expected["block"])), default=float("nan"))}  # fmt: skip
+    return {
+        "rounds": len(expected["token"]),
+        "E_token": mean(expected["token"]),
+        "E_block": mean(expected["block"]),
+        "tau_token": mean(realised["token"]),
+        "tau_block": mean(realised["block"]),
+        "se_token": stderr(realised["token"]),
+        "se_block": stderr(realised["block"]),
+        "min_round_gain": min((b - t for t, b in zip(expected["token"], expected["block"])), default=float("nan")),
+    }
 
 
 def main(argv=None) -> list[dict]:
-    p = flags.Parser(prog="python -m specdec.bench --only block", description=__doc__.split("\n\n")[0],
-                     epilog=__doc__.split("\n\n", 1)[1],
-                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--models", default="family,smollm2-135m",
-                   help="'family' (stdlib-6L with its drafters) and/or a Llama/GPT-2 name (default %(default)s)")  # fmt: skip
-    p.add_argument("--drafts", default=REAL_DRAFTS, help="drafters for the models other than the family (default %(default)s)")  # fmt: skip
+    p = flags.Parser(
+        prog="python -m specdec.bench --only block",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--models",
+        default="family,smollm2-135m",
+        help="'family' (stdlib-6L with its drafters) and/or a Llama/GPT-2 name (default %(default)s)",
+    )
+    p.add_argument(
+        "--drafts", default=REAL_DRAFTS, help="drafters for the models other than the family (default %(default)s)"
+    )
     p.add_argument("--temperatures", default="0.6,1.0,1.3", help="(default %(default)s)")
     p.add_argument("--K", default="2,3,4,5,6,7,8", help="draft lengths (default %(default)s)")
     p.add_argument("--prompts", type=int, default=3, help="prompts per setting (default %(default)s)")
@@ -102,8 +126,10 @@ def main(argv=None) -> list[dict]:
     temperatures = [float(t) for t in args.temperatures.split(",")]
     Ks = [int(k) for k in args.K.split(",")]
     start, t0 = load(), time.perf_counter()
-    print(f"load average {start:.2f} at the start; {args.prompts} prompts x {args.tokens} tokens per setting, "
-          f"seeds {args.seed}..{args.seed + args.prompts - 1}, both rules on the same seeds")  # fmt: skip
+    print(
+        f"load average {start:.2f} at the start; {args.prompts} prompts x {args.tokens} tokens per setting, "
+        f"seeds {args.seed}..{args.seed + args.prompts - 1}, both rules on the same seeds"
+    )
     print("| model | drafter | T | K | rounds | E[tau] token | E[tau] block | gain | tau token | tau block |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = []
@@ -127,9 +153,12 @@ def main(argv=None) -> list[dict]:
                     r.update(model=label, drafter=drafter, T=T, K=K)
                     rows.append(r)
                     gain = r["E_block"] / r["E_token"] - 1
-                    print(f"| {label} | {drafter} | {T} | {K} | {r['rounds']} | {r['E_token']:.3f} | {r['E_block']:.3f} "
-                          f"| {100 * gain:+.1f}% | {r['tau_token']:.2f} ± {r['se_token']:.2f} "
-                          f"| {r['tau_block']:.2f} ± {r['se_block']:.2f} |", flush=True)  # fmt: skip
+                    print(
+                        f"| {label} | {drafter} | {T} | {K} | {r['rounds']} | {r['E_token']:.3f} | {r['E_block']:.3f} "
+                        f"| {100 * gain:+.1f}% | {r['tau_token']:.2f} ± {r['se_token']:.2f} "
+                        f"| {r['tau_block']:.2f} ± {r['se_block']:.2f} |",
+                        flush=True,
+                    )
                     assert r["min_round_gain"] >= -1e-5, "block's expected tokens fell below token-wise's on a round"
     print(f"\nload average {load():.2f} at the end; {time.perf_counter() - t0:.0f} s", file=sys.stdout)
     return rows

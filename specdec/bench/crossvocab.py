@@ -64,23 +64,41 @@ def race_row(target, draft, rule, label: str, prompt: str, temperature: float, a
     """One race (a table row), or why the rule refuses the setting."""
     row = dict(prompt=label, temperature=temperature, drafter=getattr(draft, "name", draft), rule=rule)
     try:
-        report = race(target, draft, prompt, args.n_tokens, K=4, temperature=temperature, seed=0,
-                      repeats=args.repeats, cross_vocab=rule)  # fmt: skip
+        report = race(
+            target,
+            draft,
+            prompt,
+            args.n_tokens,
+            K=4,
+            temperature=temperature,
+            seed=0,
+            repeats=args.repeats,
+            cross_vocab=rule,
+        )
     except ValueError as e:  # SLEM sampling; SLRS sampling where its tree is too large
         row["refused"] = str(e)
         return row
     result = report.spec.result
-    return dict(row, accepted=result.tau - 1, alpha=result.alpha, c=report.costs.c, speedup=report.speedup,
-                spread=report.spread)  # fmt: skip
+    return dict(
+        row, accepted=result.tau - 1, alpha=result.alpha, c=report.costs.c, speedup=report.speedup, spread=report.spread
+    )
 
 
 def main(argv=None) -> dict:
     p = flags.Parser(prog="python -m specdec.bench --only cross-vocab", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2-135m", help="the target (default %(default)s)")
-    p.add_argument("--drafts", "--draft", default="stdlib-2L,stdlib-6L",
-                   help="draft models with another tokenizer, comma-separated (default %(default)s)")  # fmt: skip
-    p.add_argument("--gpt2-tokenizer", "--gpt2_tokenizer", default=None,
-                   help="a folder with GPT-2's vocab.json and merges.txt, for the shared-token table")  # fmt: skip
+    p.add_argument(
+        "--drafts",
+        "--draft",
+        default="stdlib-2L,stdlib-6L",
+        help="draft models with another tokenizer, comma-separated (default %(default)s)",
+    )
+    p.add_argument(
+        "--gpt2-tokenizer",
+        "--gpt2_tokenizer",
+        default=None,
+        help="a folder with GPT-2's vocab.json and merges.txt, for the shared-token table",
+    )
     p.add_argument("--n-tokens", "--n_tokens", type=int, default=32, help="new tokens per run (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per run, interleaved (default %(default)s)")
     p.add_argument("--no-race", "--no_race", action="store_true", help="only the vocabulary tables")
@@ -103,9 +121,11 @@ def main(argv=None) -> dict:
             shared[f"{a} & {b}"] = n
             print(f"| {a} | {vocabs[a][1]:,} | {b} | {vocabs[b][1]:,} | {n:,} |")
     tree = tokenization_tree_size(draft.tokenizer, target.tokenizer, draft.n_vocab, target.n_vocab, 10**12)
-    print(f"\nSLRS's tree for {args.target} drafted for by the stdlib family: "
-          f"{'more than ' if tree > 10**12 else ''}{tree:.3g} draft passes per drafted token at T > 0 "
-          f"(refused above {SLRS_MAX_PASSES:,})")  # fmt: skip
+    print(
+        f"\nSLRS's tree for {args.target} drafted for by the stdlib family: "
+        f"{'more than ' if tree > 10**12 else ''}{tree:.3g} draft passes per drafted token at T > 0 "
+        f"(refused above {SLRS_MAX_PASSES:,})"
+    )
 
     source, code = held_out_source()
     prose = "\n\n".join(load_prompts()["continuation"])
@@ -119,11 +139,16 @@ def main(argv=None) -> dict:
     rows = []
     if not args.no_race:
         suite = load_prompts()
-        prompts = {"code: softmax": suite["code"][0], "code: Stack": suite["code"][1],
-                   "prose: Turing": suite["continuation"][0]}  # fmt: skip
+        prompts = {
+            "code: softmax": suite["code"][0],
+            "code: Stack": suite["code"][1],
+            "prose: Turing": suite["continuation"][0],
+        }
         runs = [("ngram", None)] + [(name, rule) for name in drafts for rule in ("tli", "slem", "slrs")]
-        print(f"\n{args.target} with {', '.join(drafts)} (cross_vocab) beside prompt lookup; K=4, {args.n_tokens} "
-              f"new tokens, seed 0, {args.repeats} interleaved timed repeat(s)")  # fmt: skip
+        print(
+            f"\n{args.target} with {', '.join(drafts)} (cross_vocab) beside prompt lookup; K=4, {args.n_tokens} "
+            f"new tokens, seed 0, {args.repeats} interleaved timed repeat(s)"
+        )
         print("| prompt | T | drafter | accepted per round | alpha | c | speedup (spread) |")
         print("|---|---|---|---|---|---|---|")
         for label, prompt in prompts.items():
@@ -136,8 +161,11 @@ def main(argv=None) -> dict:
                         print(f"| {label} | {temperature:g} | {what} | refused: {row['refused']} ||||", flush=True)
                         continue
                     lo, hi = row["spread"]
-                    print(f"| {label} | {temperature:g} | {what} | {row['accepted']:.2f} | {row['alpha']:.2f} | "
-                          f"{row['c']:.3f} | {row['speedup']:.2f}x ({lo:.2f}-{hi:.2f}) |", flush=True)  # fmt: skip
+                    print(
+                        f"| {label} | {temperature:g} | {what} | {row['accepted']:.2f} | {row['alpha']:.2f} | "
+                        f"{row['c']:.3f} | {row['speedup']:.2f}x ({lo:.2f}-{hi:.2f}) |",
+                        flush=True,
+                    )
     end = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"\nload average {end:.2f} at the end")
     return {"shared": shared, "mass": mass, "race": rows, "load": (load, end)}

@@ -63,8 +63,13 @@ def bench_shape(name: str, h: HParams, repeats: int, progress: Progress, context
     calls = {"target": lambda: target.forward([ids[-1]], cache, last_only=True)}
     rollbacks = {"target": lambda: cache.rollback(context)}
     for label, vocab in (("full", DraftVocab.of(target)), ("8k", DraftVocab.of(target, np.arange(RESTRICTED)))):
-        m = medusa.MedusaDrafter({"w": rng.standard_normal((4, h.n_embd, h.n_embd), np.float32) * 0.01,
-                                  "b": np.zeros((4, h.n_embd), np.float32)}, vocab)  # fmt: skip
+        m = medusa.MedusaDrafter(
+            {
+                "w": rng.standard_normal((4, h.n_embd, h.n_embd), np.float32) * 0.01,
+                "b": np.zeros((4, h.n_embd), np.float32),
+            },
+            vocab,
+        )
         m.commit(ids, hidden)
         calls[f"medusa4_{label}"] = lambda m=m: m.propose(ids, 4, params, rng)
         model = eagle.EagleModel(eagle.init_params(h.n_embd, rng), h.n_embd, h.n_head, h.n_ctx, h.layer_norm_epsilon)
@@ -98,8 +103,15 @@ def bench_shape(name: str, h: HParams, repeats: int, progress: Progress, context
     return out
 
 
-def accept(target: CausalLM, drafts: list[str], prompts: list[list[int]], n_tokens: int, K: int, temperatures,
-           progress: Progress) -> list:
+def accept(
+    target: CausalLM,
+    drafts: list[str],
+    prompts: list[list[int]],
+    n_tokens: int,
+    K: int,
+    temperatures,
+    progress: Progress,
+) -> list:
     """alpha, tau, draft passes per round and speedup of each drafter on a trained target."""
     rows = []
     autoregressive_sample(target, prompts[0], n_tokens)  # warm-up: the first run pays one-off costs
@@ -111,8 +123,9 @@ def accept(target: CausalLM, drafts: list[str], prompts: list[list[int]], n_toke
             ar_time += time.perf_counter() - start
         for spec in drafts:
             progress(f"acceptance: T={t:g}, drafter {spec}, {len(prompts)} prompts")
-            drafter = make_drafter(spec if parse_draft(spec).kind != "model" else load_model(spec, progress=False),
-                                   target)  # fmt: skip
+            drafter = make_drafter(
+                spec if parse_draft(spec).kind != "model" else load_model(spec, progress=False), target
+            )
             speculative_sample(target, drafter, prompts[0], n_tokens, K=K, temperature=t, seed=0)  # warm-up
             judged = accepted = new = rounds = draft_calls = 0
             spec_time = 0.0
@@ -125,8 +138,16 @@ def accept(target: CausalLM, drafts: list[str], prompts: list[list[int]], n_toke
                 rounds += r.rounds
                 draft_calls += r.draft_calls
             alpha = accepted / judged if judged else float("nan")  # nan: nothing was drafted
-            rows.append({"drafter": spec, "T": t, "alpha": alpha, "tau": new / max(1, rounds),
-                         "draft_calls_per_round": draft_calls / max(1, rounds), "speedup": ar_time / spec_time})  # fmt: skip
+            rows.append(
+                {
+                    "drafter": spec,
+                    "T": t,
+                    "alpha": alpha,
+                    "tau": new / max(1, rounds),
+                    "draft_calls_per_round": draft_calls / max(1, rounds),
+                    "speedup": ar_time / spec_time,
+                }
+            )
     return rows
 
 
@@ -153,8 +174,10 @@ def main(argv=None) -> int:
         print(f"{target.name}: {len(prompts)} prompts, {args.tokens} new tokens each, K={args.K} (chains)")
         print(f"{'drafter':<40} {'T':>3} {'alpha':>6} {'tau':>6} {'draft passes/round':>19} {'speedup':>8}")
         for r in accept(target, args.drafts.split(","), prompts, args.tokens, args.K, (0.0, 1.0), progress):
-            print(f"{r['drafter']:<40} {r['T']:>3g} {fmt(r['alpha'], 3):>6} {r['tau']:>6.2f} "
-                  f"{r['draft_calls_per_round']:>19.2f} {r['speedup']:>7.2f}x")  # fmt: skip
+            print(
+                f"{r['drafter']:<40} {r['T']:>3g} {fmt(r['alpha'], 3):>6} {r['tau']:>6.2f} "
+                f"{r['draft_calls_per_round']:>19.2f} {r['speedup']:>7.2f}x"
+            )
         return 0
     for name in args.sizes.split(","):
         if name not in SHAPES:
@@ -162,8 +185,11 @@ def main(argv=None) -> int:
         r = bench_shape(name, SHAPES[name], args.repeats, progress)
         print(f"\n{name} shape (random weights): target decode step {r['target_step_ms']:.1f} ms")
         print("  draft cost c (x target step)      full vocab   8k vocab")
-        for key, label in (("c_medusa4", "Medusa, 4 heads, per round"), ("c_eagle_step", "EAGLE, per draft step"),
-                           ("c_eagle_commit3", "EAGLE, commit 3 positions")):  # fmt: skip
+        for key, label in (
+            ("c_medusa4", "Medusa, 4 heads, per round"),
+            ("c_eagle_step", "EAGLE, per draft step"),
+            ("c_eagle_commit3", "EAGLE, commit 3 positions"),
+        ):
             print(f"  {label:<32} {r[key + '_full']:>10.3f} {r[key + '_8k']:>10.3f}")
         print("  training (positions/s)            full vocab   8k vocab")
         for key, label in (("train_medusa4", "Medusa, 4 heads"), ("train_eagle", "EAGLE")):

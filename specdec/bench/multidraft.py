@@ -109,8 +109,9 @@ def measure(p_logits, q_logits, T: float, top_k: int | None, Ks, draws: int, see
             assert spectr >= (1 - 1 / np.e) * bound - 1e-6, "SpecTr fell below (1 - 1/e) of the bound"
             if wor:
                 v["bound_wor"].append(optimal_acceptance(p, q, k, replacement=False))
-                v["specinfer_wor"].append(mean([specinfer_acceptance(p, *draw_without_replacement(q, k, rng))
-                                                for _ in range(draws)]))  # fmt: skip
+                v["specinfer_wor"].append(
+                    mean([specinfer_acceptance(p, *draw_without_replacement(q, k, rng)) for _ in range(draws)])
+                )
     return {k: {c: mean(v) for c, v in values[k].items()} | {"positions": len(values[k]["alpha"])} for k in Ks}
 
 
@@ -163,8 +164,18 @@ def tree_rounds(target, draft, prompts, n_tokens: int, T: float, nodes: int, dep
 
         for i, ids in enumerate(prompts):
             drafter = make_drafter(draft, target, siblings=siblings)
-            result = speculative_sample(target, drafter, ids, n_tokens, K=depth, tree=nodes, temperature=T,
-                                        seed=seed + i, verification=verification, on_round=on_round)  # fmt: skip
+            result = speculative_sample(
+                target,
+                drafter,
+                ids,
+                n_tokens,
+                K=depth,
+                tree=nodes,
+                temperature=T,
+                seed=seed + i,
+                verification=verification,
+                on_round=on_round,
+            )
             taus += [n + 1 for k, n in zip(result.k_per_round, result.accepted_per_round) if k > 0]
         per_rule[label] = {"tau": taus, "expected": expected, "seconds": seconds}
     return per_rule, same
@@ -172,42 +183,79 @@ def tree_rounds(target, draft, prompts, n_tokens: int, T: float, nodes: int, dep
 
 def print_tree_tables(target, draft, label: str, draft_label: str, prompts, args, temperatures) -> None:
     """The whole-round tables of one model and drafter: each rule's own runs, then every rule on the same trees."""
-    print(f"\nWhole rounds: {label} with {draft_label}, trees of {args.tree} nodes, depth {args.depth}, "
-          f"{args.prompts} prompts x {args.positions} tokens, seeds {args.seed}..{args.seed + args.prompts - 1}")  # fmt: skip
+    print(
+        f"\nWhole rounds: {label} with {draft_label}, trees of {args.tree} nodes, depth {args.depth}, "
+        f"{args.prompts} prompts x {args.positions} tokens, seeds {args.seed}..{args.seed + args.prompts - 1}"
+    )
     print("| T | rule | rounds | tau realised | E[tau] from the rows | rule time per round (ms) |")
     print("|---|---|---|---|---|---|")
     same_rows = []
     for T in temperatures:
         per_rule, same = tree_rounds(target, draft, prompts, args.positions, T, args.tree, args.depth, args.seed)
         for rule, r in per_rule.items():
-            print(f"| {T} | {rule} | {len(r['tau'])} | {mean(r['tau']):.2f} ± {stderr(r['tau']):.2f} "
-                  f"| {mean(r['expected']):.3f} | {1e3 * mean(r['seconds']):.2f} |", flush=True)  # fmt: skip
+            print(
+                f"| {T} | {rule} | {len(r['tau'])} | {mean(r['tau']):.2f} ± {stderr(r['tau']):.2f} "
+                f"| {mean(r['expected']):.3f} | {1e3 * mean(r['seconds']):.2f} |",
+                flush=True,
+            )
         same_rows += [(T, siblings, values) for siblings, values in same.items()]
-    print("\nThe same drafted trees judged by every rule offered for them (E[tau] and P(accept the first position) "
-          "from the rows; bound: first_position_bound, '-' where the rows are too wide for it)")  # fmt: skip
-    print("| T | siblings | trees | E[tau] SpecInfer | E[tau] SpecTr | E[tau] traversal "
-          "| first: SpecInfer | first: SpecTr | first: traversal | first: bound |")  # fmt: skip
+    print(
+        "\nThe same drafted trees judged by every rule offered for them (E[tau] and P(accept the first position) "
+        "from the rows; bound: first_position_bound, '-' where the rows are too wide for it)"
+    )
+    print(
+        "| T | siblings | trees | E[tau] SpecInfer | E[tau] SpecTr | E[tau] traversal "
+        "| first: SpecInfer | first: SpecTr | first: traversal | first: bound |"
+    )
     print("|" + "---|" * 10)
     for T, siblings, v in same_rows:
-        cells = [v.get(c) for c in ("token", "spectr", "traversal", "first token", "first spectr",
-                                    "first traversal", "bound")]  # fmt: skip
-        print(f"| {T} | {siblings} | {len(v['token'])} | "
-              + " | ".join("-" if c is None else f"{mean(c):.3f}" for c in cells) + " |", flush=True)  # fmt: skip
+        cells = [
+            v.get(c)
+            for c in ("token", "spectr", "traversal", "first token", "first spectr", "first traversal", "bound")
+        ]
+        print(
+            f"| {T} | {siblings} | {len(v['token'])} | "
+            + " | ".join("-" if c is None else f"{mean(c):.3f}" for c in cells)
+            + " |",
+            flush=True,
+        )
 
 
 def main(argv=None) -> list[dict]:
-    ap = flags.Parser(prog="python -m specdec.bench --only multidraft", description=__doc__.split("\n\n")[0],
-                      epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--models", default="family,smollm2-135m",
-                    help="'family' (stdlib-6L, its 2-layer draft and early exit) and/or a Llama/GPT-2 name (default %(default)s)")  # fmt: skip
-    ap.add_argument("--drafts", default="early_exit:29,early_exit:20", help="drafters for the models other than the family (default %(default)s)")  # fmt: skip
+    ap = flags.Parser(
+        prog="python -m specdec.bench --only multidraft",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--models",
+        default="family,smollm2-135m",
+        help="'family' (stdlib-6L, its 2-layer draft and early exit) and/or a Llama/GPT-2 name (default %(default)s)",
+    )
+    ap.add_argument(
+        "--drafts",
+        default="early_exit:29,early_exit:20",
+        help="drafters for the models other than the family (default %(default)s)",
+    )
     ap.add_argument("--temperatures", default="0.6,1.0", help="(default %(default)s)")
     ap.add_argument("--K", default="2,4,8", help="drafts per position (default %(default)s)")
-    ap.add_argument("--top_k", default="none,16", help="filters of both rows; 16 or fewer adds the without-replacement columns (default %(default)s)")  # fmt: skip
+    ap.add_argument(
+        "--top_k",
+        default="none,16",
+        help="filters of both rows; 16 or fewer adds the without-replacement columns (default %(default)s)",
+    )
     ap.add_argument("--prompts", type=int, default=3, help="prompts per setting (default %(default)s)")
     ap.add_argument("--positions", type=int, default=32, help="positions (new tokens) per prompt (default %(default)s)")
-    ap.add_argument("--draws", type=int, default=20, help="draws of the siblings per position for SpecInfer wor (default %(default)s)")  # fmt: skip
-    ap.add_argument("--tree", type=int, default=8, help="nodes per tree in the whole-round table, 0: none (default %(default)s)")  # fmt: skip
+    ap.add_argument(
+        "--draws",
+        type=int,
+        default=20,
+        help="draws of the siblings per position for SpecInfer wor (default %(default)s)",
+    )
+    ap.add_argument(
+        "--tree", type=int, default=8, help="nodes per tree in the whole-round table, 0: none (default %(default)s)"
+    )
     ap.add_argument("--depth", type=int, default=4, help="tree depth in the whole-round table (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -215,10 +263,14 @@ def main(argv=None) -> list[dict]:
     Ks = [int(k) for k in args.K.split(",")]
     filters = [None if f == "none" else int(f) for f in args.top_k.split(",")]
     start, t0 = load(), time.perf_counter()
-    print(f"load average {start:.2f} at the start; {args.prompts} prompts x {args.positions} positions per setting, "
-          f"seeds {args.seed}..{args.seed + args.prompts - 1}")  # fmt: skip
-    print("| model | drafter | T | top_k | k | positions | alpha (k=1) | bound iid | SpecTr | SpecInfer iid "
-          "| bound wor | SpecInfer wor | gap SpecTr | gap SpecInfer iid | gap SpecInfer wor |")  # fmt: skip
+    print(
+        f"load average {start:.2f} at the start; {args.prompts} prompts x {args.positions} positions per setting, "
+        f"seeds {args.seed}..{args.seed + args.prompts - 1}"
+    )
+    print(
+        "| model | drafter | T | top_k | k | positions | alpha (k=1) | bound iid | SpecTr | SpecInfer iid "
+        "| bound wor | SpecInfer wor | gap SpecTr | gap SpecInfer iid | gap SpecInfer wor |"
+    )
     print("|" + "---|" * 15)
     rows, tree_settings = [], []  # (target, draft, labels, prompts) for the whole-round tables
     for name in args.models.split(","):
@@ -244,11 +296,19 @@ def main(argv=None) -> list[dict]:
                         r = result[k] | {"model": label, "drafter": drafter, "T": T, "top_k": top_k, "k": k}
                         rows.append(r)
                         cells = [f"{r[c]:.3f}" if r[c] == r[c] else "-" for c in COLUMNS]
-                        gaps = [r["bound_iid"] - r["spectr"], r["bound_iid"] - r["specinfer_iid"],
-                                r["bound_wor"] - r["specinfer_wor"]]  # fmt: skip
-                        print(f"| {label} | {drafter} | {T} | {top_k or 'none'} | {k} | {r['positions']} | "
-                              + " | ".join(cells) + " | " + " | ".join(f"{g:.3f}" if g == g else "-" for g in gaps)
-                              + " |", flush=True)  # fmt: skip
+                        gaps = [
+                            r["bound_iid"] - r["spectr"],
+                            r["bound_iid"] - r["specinfer_iid"],
+                            r["bound_wor"] - r["specinfer_wor"],
+                        ]
+                        print(
+                            f"| {label} | {drafter} | {T} | {top_k or 'none'} | {k} | {r['positions']} | "
+                            + " | ".join(cells)
+                            + " | "
+                            + " | ".join(f"{g:.3f}" if g == g else "-" for g in gaps)
+                            + " |",
+                            flush=True,
+                        )
     for target, draft, label, draft_label, prompts in tree_settings if args.tree else []:
         print_tree_tables(target, draft, label, draft_label, prompts, args, temperatures)
     print(f"\nload average {load():.2f} at the end; {time.perf_counter() - t0:.0f} s", file=sys.stdout)

@@ -58,14 +58,15 @@ def _is_run(x) -> bool:
     """One run: a DecodeResult, a RaceReport, or (k_per_round, accepted_per_round) as two lists of ints."""
     if hasattr(x, "k_per_round") or hasattr(x, "explain"):
         return True
-    return (isinstance(x, (tuple, list)) and len(x) == 2
-            and all(isinstance(v, (list, tuple, range, np.ndarray)) for v in x))  # fmt: skip
+    return (
+        isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(v, (list, tuple, range, np.ndarray)) for v in x)
+    )
 
 
 def _labelled(results) -> dict:
     """label -> run, from one run, a list of runs ("1", "2", ...) or a mapping label -> run.
 
-        _labelled(result) == {"": result}; _labelled([a, b]) == {"1": a, "2": b}
+    _labelled(result) == {"": result}; _labelled([a, b]) == {"1": a, "2": b}
     """
     if isinstance(results, Mapping):
         return dict(results)
@@ -73,8 +74,10 @@ def _labelled(results) -> dict:
         return {"": results}
     if isinstance(results, (list, tuple)):
         return {str(i): run for i, run in enumerate(results, start=1)}
-    raise TypeError(f"expected a result (DecodeResult, RaceReport or (k_per_round, accepted_per_round)), a list "
-                    f"or a dict of them, got {type(results).__name__}")  # fmt: skip
+    raise TypeError(
+        f"expected a result (DecodeResult, RaceReport or (k_per_round, accepted_per_round)), a list "
+        f"or a dict of them, got {type(results).__name__}"
+    )
 
 
 def _rounds(result) -> tuple[list[int], list[int]]:

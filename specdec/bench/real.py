@@ -87,9 +87,12 @@ def step_table(models: dict, repeats: int) -> dict:
     for name, model in models.items():
         t1 = np.asarray(times[(name, 1)])
         weights = weights_read(model)
-        out[name] = {"step_ms": (1e3 * float(np.median(t1)), 1e3 * float(t1.min()), 1e3 * float(t1.max())),
-                     "r": [float(np.median(np.asarray(times[(name, m)]) / t1)) for m in range(1, M_MAX + 1)],
-                     "weights": weights, "floor_ms": 1e3 * 4 * weights / bandwidth}  # fmt: skip
+        out[name] = {
+            "step_ms": (1e3 * float(np.median(t1)), 1e3 * float(t1.min()), 1e3 * float(t1.max())),
+            "r": [float(np.median(np.asarray(times[(name, m)]) / t1)) for m in range(1, M_MAX + 1)],
+            "weights": weights,
+            "floor_ms": 1e3 * 4 * weights / bandwidth,
+        }
     return out
 
 
@@ -116,19 +119,29 @@ def exit_agreement(target, layers, n_tokens: int = 120, text: str = EXIT_PROMPT)
 def main(argv=None) -> dict:
     p = flags.Parser(prog="python -m specdec.bench --only real", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="smollm2-135m", help="a model name, folder or GGUF file (default %(default)s)")
-    p.add_argument("--drafts", "--draft", default="ngram,early_exit:8,early_exit:15,early_exit:22,early_exit:29",
-                   help="comma-separated drafters: ngram, early_exit:L, eagle, heads by folder, draft models by "
-                   "name (default %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--drafts",
+        "--draft",
+        default="ngram,early_exit:8,early_exit:15,early_exit:22,early_exit:29",
+        help="comma-separated drafters: ngram, early_exit:L, eagle, heads by folder, draft models by "
+        "name (default %(default)s)",
+    )
     p.add_argument("--repeats", type=int, default=15, help="interleaved repeats per pass (default %(default)s)")
-    p.add_argument("--exit-layers", "--exit_layers", default="4,8,12,16,20,24,26,28,29",
-                   help="early-exit layers whose greedy agreement to measure ('' for none; default %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--exit-layers",
+        "--exit_layers",
+        default="4,8,12,16,20,24,26,28,29",
+        help="early-exit layers whose greedy agreement to measure ('' for none; default %(default)s)",
+    )
     add_quiet(p)
     args = p.parse_args(argv)
     progress = Progress("real", args.quiet)
     try:  # every model and drafter is found and checked before minutes of timing
         target = load_model(args.target)
-        drafters = {spec: make_drafter(load_model(spec) if parse_draft(spec).kind == "model" else spec, target)
-                    for spec in args.drafts.split(",")}  # fmt: skip  (built once: a head file is read once)
+        drafters = {
+            spec: make_drafter(load_model(spec) if parse_draft(spec).kind == "model" else spec, target)
+            for spec in args.drafts.split(",")
+        }  # fmt: skip  (built once: a head file is read once)
     except (ValueError, OSError, DownloadError) as e:  # (CheckpointError is a ValueError)
         print(f"python -m specdec.bench: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -141,20 +154,30 @@ def main(argv=None) -> dict:
     tuning.tune(shaped, default_models_dir())  # the product paths load_model gives a loaded model
     steps = step_table({args.target: target, gpt2: shaped}, args.repeats)
     bandwidth = steps.pop("bandwidth")
-    print(f"\n| model | step ms at ctx {CONTEXT} (median, min-max) | " + " | ".join(f"r({m})" for m in range(2, M_MAX + 1)) + " |")
+    print(
+        f"\n| model | step ms at ctx {CONTEXT} (median, min-max) | "
+        + " | ".join(f"r({m})" for m in range(2, M_MAX + 1))
+        + " |"
+    )
     print("|---" * (M_MAX + 1) + "|")
     for name, row in steps.items():
         med, lo, hi = row["step_ms"]
         print(f"| {name} | {med:.1f} ({lo:.1f}-{hi:.1f}) | " + " | ".join(f"{r:.2f}" for r in row["r"][1:]) + " |")
-    print(f"\nthe floor: this machine streams float32 weights at {bandwidth:.1f} GB/s (np.dot over a "
-          f"{STREAM_BYTES >> 20} MB matrix, interleaved with the steps above)")
+    print(
+        f"\nthe floor: this machine streams float32 weights at {bandwidth:.1f} GB/s (np.dot over a "
+        f"{STREAM_BYTES >> 20} MB matrix, interleaved with the steps above)"
+    )
     print("| model | weights per step | floor ms (weights x 4 B / bandwidth) | step ms | step / floor |")
     print("|---|---|---|---|---|")
     for name, row in steps.items():
         step = row["step_ms"][0]
-        print(f"| {name} | {row['weights'] / 1e6:.1f}M | {row['floor_ms']:.1f} | {step:.1f} | "
-              f"{step / row['floor_ms']:.2f} |")
-    print(f"{args.target} step / GPT-2 124M-shape step: {steps[args.target]['step_ms'][0] / steps[gpt2]['step_ms'][0]:.2f}")
+        print(
+            f"| {name} | {row['weights'] / 1e6:.1f}M | {row['floor_ms']:.1f} | {step:.1f} | "
+            f"{step / row['floor_ms']:.2f} |"
+        )
+    print(
+        f"{args.target} step / GPT-2 124M-shape step: {steps[args.target]['step_ms'][0] / steps[gpt2]['step_ms'][0]:.2f}"
+    )
 
     prompt = target.tokenizer.encode(next(iter(load_prompts().values()))[0])
     print("\n| drafter | c = draft step / target step | draft step ms |")
@@ -170,10 +193,18 @@ def main(argv=None) -> dict:
         progress(f"early-exit agreement at layers {args.exit_layers}")
     agreement = exit_agreement(target, layers) if layers else {}
     if agreement:
-        print(f"\nearly exit at temperature 0: the first L of {target.n_layer} layers against the full model's greedy reply")
+        print(
+            f"\nearly exit at temperature 0: the first L of {target.n_layer} layers against the full model's greedy reply"
+        )
         print("| L | " + " | ".join(str(n) for n in agreement) + " |")
         print("|---" * (len(agreement) + 1) + "|")
         print("| agreement | " + " | ".join(f"{a:.2f}" for a in agreement.values()) + " |")
     end = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"\nload average {end:.2f} at the end; {statistics.median([load, end]):.2f} in between, roughly")
-    return {"steps": steps, "bandwidth_gb_s": bandwidth, "costs": costs, "exit_agreement": agreement, "load": (load, end)}
+    return {
+        "steps": steps,
+        "bandwidth_gb_s": bandwidth,
+        "costs": costs,
+        "exit_agreement": agreement,
+        "load": (load, end),
+    }

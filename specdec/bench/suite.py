@@ -76,7 +76,9 @@ def load_prompts(path: str | Path | None = None) -> dict[str, list[str]]:
     try:
         suite = {name: list(cat["prompts"]) for name, cat in data["categories"].items()}
     except (KeyError, TypeError, AttributeError):
-        raise ValueError(f"{path or 'prompts.json'}: expected {{'categories': {{name: {{'prompts': [...]}}}}}}") from None
+        raise ValueError(
+            f"{path or 'prompts.json'}: expected {{'categories': {{name: {{'prompts': [...]}}}}}}"
+        ) from None
     if not suite or not all(suite.values()) or not all(isinstance(p, str) and p for ps in suite.values() for p in ps):
         raise ValueError(f"{path or 'prompts.json'}: every category needs at least one non-empty prompt")
     return suite
@@ -134,16 +136,23 @@ class Tally:
         ratio = lambda a, b: a / b if b else math.nan  # noqa: E731
         # Speedup = speculative tokens/s over plain tokens/s, per repeat: equal to the ratio of times when both
         # wrote the same number of tokens (always at T=0), and still fair when a chat reply ended early.
-        speedups = sorted(ratio(st * a, s * at) for a, s, at, st in
-                          zip(self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens))  # fmt: skip
-        return {"speedup": statistics.median(speedups) if speedups else math.nan,
-                "speedup_min": speedups[0] if speedups else math.nan,
-                "speedup_max": speedups[-1] if speedups else math.nan,
-                "repeats": len(speedups), "tau": ratio(self.tokens, self.rounds),
-                "alpha": ratio(self.accepted, self.judged), "prompts": self.prompts, "tokens": self.tokens,
-                "acceptance_by_position": [ratio(a, j) for a, j in self.by_position],
-                "ar_seconds": statistics.median(self.ar_seconds) if self.ar_seconds else math.nan,
-                "spec_seconds": statistics.median(self.spec_seconds) if self.spec_seconds else math.nan}  # fmt: skip
+        speedups = sorted(
+            ratio(st * a, s * at)
+            for a, s, at, st in zip(self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens)
+        )
+        return {
+            "speedup": statistics.median(speedups) if speedups else math.nan,
+            "speedup_min": speedups[0] if speedups else math.nan,
+            "speedup_max": speedups[-1] if speedups else math.nan,
+            "repeats": len(speedups),
+            "tau": ratio(self.tokens, self.rounds),
+            "alpha": ratio(self.accepted, self.judged),
+            "prompts": self.prompts,
+            "tokens": self.tokens,
+            "acceptance_by_position": [ratio(a, j) for a, j in self.by_position],
+            "ar_seconds": statistics.median(self.ar_seconds) if self.ar_seconds else math.nan,
+            "spec_seconds": statistics.median(self.spec_seconds) if self.spec_seconds else math.nan,
+        }
 
 
 def _seconds(fn: Callable[[], object]):
@@ -217,8 +226,11 @@ def suite_table(results: dict[str, dict[str, dict]], out: TextIO) -> None:
     for label in labels:
         by_position = results[label]["all"].get("acceptance_by_position") or []
         if by_position:
-            out.write(f"\n{label}: acceptance by draft position (all prompts): "
-                      + ", ".join(f"{i + 1}: {_num(a)}" for i, a in enumerate(by_position)) + "\n")  # fmt: skip
+            out.write(
+                f"\n{label}: acceptance by draft position (all prompts): "
+                + ", ".join(f"{i + 1}: {_num(a)}" for i, a in enumerate(by_position))
+                + "\n"
+            )
 
 
 def _num(x: float) -> str:
@@ -268,7 +280,9 @@ def target_rows(target: CausalLM, prompts: list[list[int]], n_tokens: int, tempe
 
 def pair_alpha(draft: CausalLM, rows: TargetRows, temperature: float) -> float:
     """Mean beta over every generated position of every prompt."""
-    betas = [beta(p, draft(text[:-1])[start:], temperature) for text, start, p in zip(rows.texts, rows.starts, rows.logits)]
+    betas = [
+        beta(p, draft(text[:-1])[start:], temperature) for text, start, p in zip(rows.texts, rows.starts, rows.logits)
+    ]
     return float(np.concatenate(betas).mean())
 
 
@@ -303,8 +317,13 @@ def alpha_table(
             if draft.n_vocab != target.n_vocab:
                 raise ValueError(f"{draft_name} and {target_name} have different vocabularies")
             say(f"  {draft_name} -> {target_name}")
-            table.append({"draft": draft_name, "target": target_name,
-                          "alpha": {T: pair_alpha(draft, rows[T], T) for T in temperatures}})  # fmt: skip
+            table.append(
+                {
+                    "draft": draft_name,
+                    "target": target_name,
+                    "alpha": {T: pair_alpha(draft, rows[T], T) for T in temperatures},
+                }
+            )
             del draft
         del target
     return table
@@ -347,28 +366,45 @@ def present_models(models_dir: str | Path | None, names=GPT2_FAMILY) -> list[str
 
 def parse_args(argv=None) -> argparse.Namespace:
     paragraphs = __doc__.split("\n\n")
-    p = flags.Parser(prog="python -m specdec.bench --only suite|alpha-table", description=paragraphs[0],
-                                epilog="\n\n".join(paragraphs[2:4]), formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = flags.Parser(
+        prog="python -m specdec.bench --only suite|alpha-table",
+        description=paragraphs[0],
+        epilog="\n\n".join(paragraphs[2:4]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--alpha-table", action="store_true", help="measure alpha of every draft/target pair on disk")
-    p.add_argument("--models", help="--alpha-table: comma-separated names or folders (default: the GPT-2 family "
-                   "members present in --models-dir)")  # fmt: skip
-    p.add_argument("--models-dir", help="where checkpoints are looked for (default: as main.py, ~/.cache/specdec/models "
-                   "or $SPECDEC_HOME/models)")  # fmt: skip
+    p.add_argument(
+        "--models",
+        help="--alpha-table: comma-separated names or folders (default: the GPT-2 family "
+        "members present in --models-dir)",
+    )
+    p.add_argument(
+        "--models-dir",
+        help="where checkpoints are looked for (default: as main.py, ~/.cache/specdec/models or $SPECDEC_HOME/models)",
+    )
     p.add_argument("--target", default="355M", help="suite: the target model (default: %(default)s)")
-    p.add_argument("--drafts", default="124M,ngram,early_exit:12",
-                   help="suite: comma-separated drafters, model names or folders, 'ngram', 'ngram:N', "
-                        "'early_exit:L', 'eagle', 'ngram+eagle' (lookup first); NAME@P cuts NAME's chains by a "
-                        "draft confidence bar P "
-                        "(speculative_sample's draft_confidence: a number in (0, 1] or auto), e.g. eagle,eagle@auto "
-                        "(default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--drafts",
+        default="124M,ngram,early_exit:12",
+        help="suite: comma-separated drafters, model names or folders, 'ngram', 'ngram:N', "
+        "'early_exit:L', 'eagle', 'ngram+eagle' (lookup first); NAME@P cuts NAME's chains by a "
+        "draft confidence bar P "
+        "(speculative_sample's draft_confidence: a number in (0, 1] or auto), e.g. eagle,eagle@auto "
+        "(default: %(default)s)",
+    )
     p.add_argument("--prompts", help="a JSON prompt suite in prompts.json's layout (default: the committed one)")
     p.add_argument("--categories", help="comma-separated categories to run (default: all)")
     p.add_argument("--n-tokens", type=int, help="new tokens per prompt (default 48; 32 for --alpha-table)")
     p.add_argument("--K", type=int, default=4, help="suite: draft tokens per round (default: %(default)s)")
     p.add_argument("--temperature", type=float, default=0.0, help="suite: sampling temperature (default: 0)")
     p.add_argument("--temperatures", default="0,0.7,1", help="--alpha-table: temperatures (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=1, help="suite: timed runs of the whole suite, interleaved; the "
-                   "median speedup is printed with its range (default 1)")  # fmt: skip
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="suite: timed runs of the whole suite, interleaved; the "
+        "median speedup is printed with its range (default 1)",
+    )
     p.add_argument("--chat", action="store_true", help="suite: each prompt is a user message to a chat model")
     p.add_argument("--tree", type=int, default=None, help="suite: draft token trees of up to N nodes (depth K)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default: %(default)s)")
@@ -439,17 +475,23 @@ def main(argv=None) -> int:
             names = args.models.split(",") if args.models else present_models(args.models_dir)
             missing = [name for name in names if not present_models(args.models_dir, [name])]
             if missing:
-                say(f"python -m specdec.bench: error: not on disk: {', '.join(missing)} (the alpha table never "
-                    f"downloads; looked in {where})")  # fmt: skip
+                say(
+                    f"python -m specdec.bench: error: not on disk: {', '.join(missing)} (the alpha table never "
+                    f"downloads; looked in {where})"
+                )
                 return 1
             if len(names) < 2:
-                say(f"--alpha-table needs at least two models on disk; found {names or 'none'} in {where}. It "
+                say(
+                    f"--alpha-table needs at least two models on disk; found {names or 'none'} in {where}. It "
                     f"measures the real GPT-2 family: download them first, e.g. python main.py "
-                    f"--target_model_size 355M --draft 124M")  # fmt: skip
+                    f"--target_model_size 355M --draft 124M"
+                )
                 return 1
             names = sorted(names, key=lambda name: n_params(model_hparams(name, args.models_dir)))
-            progress(f"alpha table: {', '.join(names)}; {sum(map(len, args.suite.values()))} prompts, "
-                     f"{args.n_tokens} tokens each, T = {', '.join(map(str, args.temperatures))}")  # fmt: skip
+            progress(
+                f"alpha table: {', '.join(names)}; {sum(map(len, args.suite.values()))} prompts, "
+                f"{args.n_tokens} tokens each, T = {', '.join(map(str, args.temperatures))}"
+            )
             table = alpha_table(load, names, args.suite, args.temperatures, args.n_tokens, args.seed, progress)
             alpha_markdown(table, sys.stdout)
             numbers = table
@@ -463,12 +505,25 @@ def main(argv=None) -> int:
                 model_free = parse_draft(name).kind != "model"
                 draft = name if model_free else target if name == args.target else load(name)
                 drafts[label] = with_bar(label, draft, target, bar, prompt, progress) if at else draft
-            progress(f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "
-                     f"{args.n_tokens} tokens per prompt, {args.repeats} interleaved timed run(s)"
-                     f"{', chat' if args.chat else ''}{f', trees of {args.tree}' if args.tree else ''}; load average "
-                     f"{load_average()}")  # fmt: skip
-            numbers = run_suite(target, drafts, args.suite, args.n_tokens, args.K, args.temperature, args.seed,
-                                args.repeats, progress, chat=args.chat, tree=args.tree)  # fmt: skip
+            progress(
+                f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "
+                f"{args.n_tokens} tokens per prompt, {args.repeats} interleaved timed run(s)"
+                f"{', chat' if args.chat else ''}{f', trees of {args.tree}' if args.tree else ''}; load average "
+                f"{load_average()}"
+            )
+            numbers = run_suite(
+                target,
+                drafts,
+                args.suite,
+                args.n_tokens,
+                args.K,
+                args.temperature,
+                args.seed,
+                args.repeats,
+                progress,
+                chat=args.chat,
+                tree=args.tree,
+            )
             suite_table(numbers, sys.stdout)
             say(f"load average {load_average()} at the end (the speedups are wall-clock: read them with it)")
     except (ValueError, CheckpointError, DownloadError, OSError) as e:

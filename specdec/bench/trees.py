@@ -59,10 +59,12 @@ def measure_r(model: CausalLM, repeats: int, rng: np.random.Generator) -> dict:
     times = time_calls(calls, repeats, rng, after=lambda key: cache.rollback(VERIFY_CTX))
     one = np.asarray(times[("chain", 1)])
     return {
-        kind: {m: (float(np.median(np.asarray(times[(kind, m)]) / one)), stats_ms(times[(kind, m)]))
-               for m in range(1, N_MAX + 2)}
+        kind: {
+            m: (float(np.median(np.asarray(times[(kind, m)]) / one)), stats_ms(times[(kind, m)]))
+            for m in range(1, N_MAX + 2)
+        }
         for kind in ("chain", "tree")
-    }  # fmt: skip
+    }
 
 
 def section_r(args, out) -> dict:
@@ -74,13 +76,16 @@ def section_r(args, out) -> dict:
         res = measure_r(model, args.repeats, rng)
         results[size] = {kind: [r for r, _ in res[kind].values()] for kind in res}
         rows = [
-            [m - 1, res["tree"][m][1]["median_ms"], res["tree"][m][0], res["chain"][m][0]]
-            for m in range(1, N_MAX + 2)
+            [m - 1, res["tree"][m][1]["median_ms"], res["tree"][m][0], res["chain"][m][0]] for m in range(1, N_MAX + 2)
         ]
-        table(out, f"r: a verification pass over the root and N tree nodes, {size}",
-              f"median over {args.repeats} interleaved repeats at n_past={VERIFY_CTX}; r = time / time of a "
-              f"1-token step; the chain of the same length for comparison",
-              ["N nodes", "tree ms", "r(N+1) tree", "r(N+1) chain"], rows)  # fmt: skip
+        table(
+            out,
+            f"r: a verification pass over the root and N tree nodes, {size}",
+            f"median over {args.repeats} interleaved repeats at n_past={VERIFY_CTX}; r = time / time of a "
+            f"1-token step; the chain of the same length for comparison",
+            ["N nodes", "tree ms", "r(N+1) tree", "r(N+1) chain"],
+            rows,
+        )
     return results
 
 
@@ -125,17 +130,37 @@ def section_tau(args, out) -> dict:
                 seconds = time.perf_counter() - start
                 tau = (accepted + rounds) / rounds
                 by_depth = [h / t for h, t in zip(depth_hits, depth_tests) if t]
-                entry = dict(temperature=temperature, draft=draft_name, tree=tree, tau=tau, depth_acceptance=by_depth,
-                             nodes_per_round=drafted / rounds, speedup=ar_seconds / seconds,
-                             ms_per_token=1e3 * seconds / tokens)  # fmt: skip
+                entry = dict(
+                    temperature=temperature,
+                    draft=draft_name,
+                    tree=tree,
+                    tau=tau,
+                    depth_acceptance=by_depth,
+                    nodes_per_round=drafted / rounds,
+                    speedup=ar_seconds / seconds,
+                    ms_per_token=1e3 * seconds / tokens,
+                )
                 results.append(entry)
-                rows.append([temperature, draft_name, "chain" if tree is None else tree, tau,
-                             " ".join(f"{a:.2f}" for a in by_depth[:6]), drafted / rounds,
-                             1e3 * seconds / tokens, ar_seconds / seconds])  # fmt: skip
-    table(out, f"tau: chains and trees, target {target.name}",
-          f"{len(prompts)} prompts x {args.n_tokens} tokens, K={args.K} (a tree's depth), seed {args.seed}; "
-          f"speedup = autoregressive time / speculative time of the same requests, one run each",
-          ["T", "draft", "tree", "tau", "acceptance by depth", "nodes/round", "ms/token", "speedup"], rows)  # fmt: skip
+                rows.append(
+                    [
+                        temperature,
+                        draft_name,
+                        "chain" if tree is None else tree,
+                        tau,
+                        " ".join(f"{a:.2f}" for a in by_depth[:6]),
+                        drafted / rounds,
+                        1e3 * seconds / tokens,
+                        ar_seconds / seconds,
+                    ]
+                )
+    table(
+        out,
+        f"tau: chains and trees, target {target.name}",
+        f"{len(prompts)} prompts x {args.n_tokens} tokens, K={args.K} (a tree's depth), seed {args.seed}; "
+        f"speedup = autoregressive time / speculative time of the same requests, one run each",
+        ["T", "draft", "tree", "tau", "acceptance by depth", "nodes/round", "ms/token", "speedup"],
+        rows,
+    )
     return {"target": target.name, "runs": results}
 
 
@@ -147,8 +172,12 @@ def tree_setting(text: str):
 
 
 def main(argv=None) -> dict:
-    p = flags.Parser(prog="python -m specdec.bench --only tree-r|tree-tau", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = flags.Parser(
+        prog="python -m specdec.bench --only tree-r|tree-tau",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--only", default="r", help=f"sections, from {','.join(SECTIONS)} (default r)")
     p.add_argument("--sizes", default="124M,355M", help="r: GPT-2 shapes (default 124M,355M)")
     p.add_argument("--repeats", type=int, default=15, help="r: timed repeats per pass (default 15)")
@@ -174,5 +203,7 @@ def main(argv=None) -> dict:
         p.error("--trees takes none, N or auto; --temperatures numbers, comma-separated")
     bad = [s for s in args.sizes if s not in SIZES] + [s for s in args.only.split(",") if s not in SECTIONS]
     if bad:
-        p.error(f"unknown size or section: {', '.join(bad)} (sizes: {', '.join(SIZES)}; sections: {', '.join(SECTIONS)})")
+        p.error(
+            f"unknown size or section: {', '.join(bad)} (sizes: {', '.join(SIZES)}; sections: {', '.join(SECTIONS)})"
+        )
     return {name: SECTIONS[name](args, sys.stdout) for name in args.only.split(",")}

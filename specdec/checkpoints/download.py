@@ -46,12 +46,19 @@ class RemoteFileMissing(DownloadError):
     """The server has no such file (HTTP 404): for model.safetensors, the checkpoint may be sharded."""
 
 
-
 def _progress_bar(total: int | None, initial: int, desc: str, show: bool):
     from tqdm import tqdm  # imported here so that importing specdec stays light
 
-    return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                leave=False, disable=not show)  # fmt: skip
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        leave=False,
+        disable=not show,
+    )
 
 
 class _Transient(Exception):
@@ -231,8 +238,9 @@ def _download_locked(url, dest: Path, partial: Path, token, retries, retry_delay
     problem = _problem(partial, remote, validate)
     if problem and resumed and remote.sha256 is not None:
         # A partial left by an earlier run was of another revision (or damaged): once more, from zero.
-        log.warning("%s: %s after resuming an earlier partial download; downloading it again from zero",
-                    dest.name, problem)  # fmt: skip
+        log.warning(
+            "%s: %s after resuming an earlier partial download; downloading it again from zero", dest.name, problem
+        )
         partial.unlink()
         remote = _fetch_with_retries(session, url, dest, partial, headers, retries, retry_delay, progress, timeout)
         problem = _problem(partial, remote, validate)
@@ -248,8 +256,9 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
     for attempt in range(retries + 1):
         if attempt:
             delay = retry_delay * 2 ** (attempt - 1)
-            log.warning("%s: %s; retrying in %g s (try %d of %d)", dest.name, _one_line(error), delay,
-                        attempt + 1, retries + 1)  # fmt: skip
+            log.warning(
+                "%s: %s; retrying in %g s (try %d of %d)", dest.name, _one_line(error), delay, attempt + 1, retries + 1
+            )
             time.sleep(delay)
         try:
             remote = _remote_file(session, url, headers, timeout)
@@ -270,7 +279,8 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
                     f"could not download {url} ({_one_line(e)}) after {attempt + 1} tries. Check the network, set "
                     f"HF_ENDPOINT to a reachable mirror, or place {dest.name} (and the model's other files) "
                     f"in {dest.parent} by hand"
-                    + ("; what arrived is kept and the next run resumes" if keep else "") + ". "
+                    + ("; what arrived is kept and the next run resumes" if keep else "")
+                    + ". "
                     + without_the_hub()
                 ) from e
     raise AssertionError("unreachable: the last attempt returns or raises")
@@ -382,4 +392,3 @@ def _check_free_space(partial: Path, desc: str, needed: int) -> None:
             f"{desc} needs {human_size(needed)} but only {human_size(free)} is free in {partial.parent}: "
             f"free some space or choose another models folder"
         )
-

@@ -61,8 +61,10 @@ MAX_LAYERS = 32
 
 def train_command(folder=FOLDER) -> str:
     """How to make the draft that belongs in folder (training writes checkpoints too: train elsewhere, copy two files)."""
-    return (f"python -m specdec.train draft --model {TARGET} --data DATA --out RUN --vocab-top 8192, then copy "
-            f"RUN/{CONFIG_FILE} and RUN/{WEIGHTS_STEM}-*.safetensors into {folder}")
+    return (
+        f"python -m specdec.train draft --model {TARGET} --data DATA --out RUN --vocab-top 8192, then copy "
+        f"RUN/{CONFIG_FILE} and RUN/{WEIGHTS_STEM}-*.safetensors into {folder}"
+    )
 
 
 def param_shapes(n_layer: int, n_embd: int, n_head: int, n_kv_head: int, n_ff: int) -> dict[str, tuple[int, ...]]:
@@ -73,17 +75,19 @@ def param_shapes(n_layer: int, n_embd: int, n_head: int, n_kv_head: int, n_ff: i
     d_head = n_embd // n_head
     shapes = {}
     for i in range(n_layer):
-        shapes.update({
-            f"blk.{i}.attn_norm": (n_embd,),
-            f"blk.{i}.attn_q": (n_head * d_head, n_embd),
-            f"blk.{i}.attn_k": (n_kv_head * d_head, n_embd),
-            f"blk.{i}.attn_v": (n_kv_head * d_head, n_embd),
-            f"blk.{i}.attn_output": (n_embd, n_head * d_head),
-            f"blk.{i}.ffn_norm": (n_embd,),
-            f"blk.{i}.ffn_gate": (n_ff, n_embd),
-            f"blk.{i}.ffn_up": (n_ff, n_embd),
-            f"blk.{i}.ffn_down": (n_embd, n_ff),
-        })  # fmt: skip
+        shapes.update(
+            {
+                f"blk.{i}.attn_norm": (n_embd,),
+                f"blk.{i}.attn_q": (n_head * d_head, n_embd),
+                f"blk.{i}.attn_k": (n_kv_head * d_head, n_embd),
+                f"blk.{i}.attn_v": (n_kv_head * d_head, n_embd),
+                f"blk.{i}.attn_output": (n_embd, n_head * d_head),
+                f"blk.{i}.ffn_norm": (n_embd,),
+                f"blk.{i}.ffn_gate": (n_ff, n_embd),
+                f"blk.{i}.ffn_up": (n_ff, n_embd),
+                f"blk.{i}.ffn_down": (n_embd, n_ff),
+            }
+        )
     shapes["output_norm"] = (n_embd,)
     return shapes
 
@@ -92,18 +96,29 @@ def draft_hparams(target: CausalLM, shape: dict) -> LlamaHParams:
     """The draft's LlamaHParams: its own depth, heads and MLP width; the target's vocabulary, width,
     context, rotary base and RMSNorm epsilon (it reads the target's embedding)."""
     h = target.hparams
-    return LlamaHParams(n_vocab=h.n_vocab, n_ctx=h.n_ctx, n_embd=h.n_embd, n_head=shape["n_head"],
-                        n_kv_head=shape["n_kv_head"], n_layer=shape["n_layer"], n_ff=shape["n_ff"],
-                        rope_theta=h.rope_theta, rms_eps=h.rms_eps)  # fmt: skip
+    return LlamaHParams(
+        n_vocab=h.n_vocab,
+        n_ctx=h.n_ctx,
+        n_embd=h.n_embd,
+        n_head=shape["n_head"],
+        n_kv_head=shape["n_kv_head"],
+        n_layer=shape["n_layer"],
+        n_ff=shape["n_ff"],
+        rope_theta=h.rope_theta,
+        rms_eps=h.rms_eps,
+    )
 
 
-def build_draft(target: CausalLM, shape: dict, params: dict[str, np.ndarray], vocab_ids: np.ndarray | None,
-                name: str = NAME) -> Llama:  # fmt: skip
+def build_draft(
+    target: CausalLM, shape: dict, params: dict[str, np.ndarray], vocab_ids: np.ndarray | None, name: str = NAME
+) -> Llama:
     """A ready draft from its tensors (param_shapes' names, float32) and the target's embedding (shared, no copy):
     a Llama, restricted to vocab_ids when given (its logits -inf elsewhere)."""
     h = draft_hparams(target, shape)
-    blocks = [LlamaBlock.fuse(*(params[f"blk.{i}.{field}"] for field in LlamaBlock.CHECKPOINT_NAMES))
-              for i in range(h.n_layer)]  # fmt: skip
+    blocks = [
+        LlamaBlock.fuse(*(params[f"blk.{i}.{field}"] for field in LlamaBlock.CHECKPOINT_NAMES))
+        for i in range(h.n_layer)
+    ]
     model = Llama(h, LlamaWeights(target.weights.wte, blocks, params["output_norm"]), target.tokenizer, name=name)
     if vocab_ids is None:
         return model
@@ -112,8 +127,9 @@ def build_draft(target: CausalLM, shape: dict, params: dict[str, np.ndarray], vo
     return restricted
 
 
-def save_draft(folder, target: CausalLM, shape: dict, params: dict[str, np.ndarray], vocab_ids: np.ndarray | None,
-               card: dict) -> Path:  # fmt: skip
+def save_draft(
+    folder, target: CausalLM, shape: dict, params: dict[str, np.ndarray], vocab_ids: np.ndarray | None, card: dict
+) -> Path:
     """Write draft.json and the float16 tensors it names, as one pair (pairs.write_pair). Refuses (ValueError)
     tensors that are not finite or do not fit float16, and a tensors file over MAX_BYTES (nothing is written)."""
     folder = Path(folder).expanduser()
@@ -122,8 +138,10 @@ def save_draft(folder, target: CausalLM, shape: dict, params: dict[str, np.ndarr
             raise ValueError(f"the draft's tensor {name!r} is not finite in float16; nothing was saved")
     n_bytes = 2 * sum(a.size for a in params.values())
     if n_bytes > MAX_BYTES:
-        raise ValueError(f"the draft's tensors take {n_bytes:,} bytes in float16, over the {MAX_BYTES:,} a shipped "
-                         f"draft may; use fewer blocks or a narrower MLP (--n-ff)")  # fmt: skip
+        raise ValueError(
+            f"the draft's tensors take {n_bytes:,} bytes in float16, over the {MAX_BYTES:,} a shipped "
+            f"draft may; use fewer blocks or a narrower MLP (--n-ff)"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     meta = {
         "format": FORMAT,
@@ -158,9 +176,11 @@ def load_draft(target: CausalLM, folder=FOLDER, name: str = NAME) -> Llama:
         raise bad(f"'format' is {show(config.get('format'))}, not {FORMAT!r}: not a draft written by specdec")
     for field, want in (("n_embd", target.n_embd), ("n_vocab", target.n_vocab)):
         if type(config.get(field)) is not int or config[field] != want:  # (NOTE: JSON's true is no int here)
-            raise CheckpointError(f"{config_path}: this draft was trained for {show(config.get('target'))} with "
-                                  f"{field}={show(config.get(field))}, but the target {target.name!r} has "
-                                  f"{field}={want}; load it with {TARGET}")  # fmt: skip
+            raise CheckpointError(
+                f"{config_path}: this draft was trained for {show(config.get('target'))} with "
+                f"{field}={show(config.get(field))}, but the target {target.name!r} has "
+                f"{field}={want}; load it with {TARGET}"
+            )
     shape = {}
     for field in SHAPE_FIELDS:
         value = config.get(field)
@@ -172,9 +192,11 @@ def load_draft(target: CausalLM, folder=FOLDER, name: str = NAME) -> Llama:
     except ValueError as e:
         raise bad(str(e)) from e
     if config.get("target_fingerprint") != model_fingerprint(target):
-        raise CheckpointError(f"{config_path}: this draft was trained for {show(config.get('target'))}, whose weights "
-                              f"differ from the target {target.name!r} (it reads the target's embedding); load it "
-                              f"with the model it was trained for")  # fmt: skip
+        raise CheckpointError(
+            f"{config_path}: this draft was trained for {show(config.get('target'))}, whose weights "
+            f"differ from the target {target.name!r} (it reads the target's embedding); load it "
+            f"with the model it was trained for"
+        )
     vocab_ids = config.get("vocab_ids")
     if vocab_ids is not None:
         if not (isinstance(vocab_ids, list) and vocab_ids and all(type(i) is int for i in vocab_ids)):
@@ -196,18 +218,24 @@ def load_draft(target: CausalLM, folder=FOLDER, name: str = NAME) -> Llama:
     shapes = param_shapes(n_embd=target.n_embd, **shape)
     missing, unexpected = sorted(shapes.keys() - tensors.keys()), sorted(tensors.keys() - shapes.keys())
     if missing or unexpected:
-        raise bad(f"{weights_path.name}: tensor {missing[0]!r} is missing" if missing
-                  else f"{weights_path.name}: unexpected tensor {show(unexpected[0])}")  # fmt: skip
+        raise bad(
+            f"{weights_path.name}: tensor {missing[0]!r} is missing"
+            if missing
+            else f"{weights_path.name}: unexpected tensor {show(unexpected[0])}"
+        )
     for tensor, want in shapes.items():
         if stored[tensor] != "F16":
             raise bad(f"{weights_path.name}: tensor {tensor!r} is stored as {stored[tensor]}, not F16")
         if tensors[tensor].shape != want:
-            raise bad(f"{weights_path.name}: tensor {tensor!r} has shape {tensors[tensor].shape}, {CONFIG_FILE} "
-                      f"implies {want}")  # fmt: skip
+            raise bad(
+                f"{weights_path.name}: tensor {tensor!r} has shape {tensors[tensor].shape}, {CONFIG_FILE} "
+                f"implies {want}"
+            )
         if not np.isfinite(tensors[tensor]).all():
             raise bad(f"{weights_path.name}: tensor {tensor!r} holds NaN or infinite values")
-    return build_draft(target, shape, {k: np.ascontiguousarray(v, dtype=F32) for k, v in tensors.items()},
-                       vocab_ids, name)  # fmt: skip
+    return build_draft(
+        target, shape, {k: np.ascontiguousarray(v, dtype=F32) for k, v in tensors.items()}, vocab_ids, name
+    )
 
 
 def card(folder=FOLDER) -> dict | None:

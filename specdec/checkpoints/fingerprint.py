@@ -38,7 +38,9 @@ def model_fingerprint(target: CausalLM) -> str:
     """
     w = target.weights
     # Every weight outside the blocks (GPT-2: wte, wpe, ln_f; Llama: wte, norm_f), the LM head when it is its own.
-    named = [(name.replace("ln_f_", "ln_f."), value) for name, value in vars(w).items() if name not in ("blocks", "lm_head")]
+    named = [
+        (name.replace("ln_f_", "ln_f."), value) for name, value in vars(w).items() if name not in ("blocks", "lm_head")
+    ]
     if w.lm_head.w_t is not w.wte:
         named.append(("lm_head.w_t", w.lm_head.w_t))
     for i, block in enumerate(w.blocks):

@@ -27,7 +27,7 @@ _SHARD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.safetensors")
 
 
 def model_kind(folder: Path) -> str:
-    """"gpt2" or "llama", from config.json's model_type (or architectures), as transformers decides.
+    """ "gpt2" or "llama", from config.json's model_type (or architectures), as transformers decides.
 
     A config.json that is missing or not a JSON object counts as GPT-2, whose
     reader (gpt2_folder.read_hparams) then says what is wrong with it.
@@ -42,8 +42,10 @@ def model_kind(folder: Path) -> str:
     if model_type == "llama" or (isinstance(architectures, list) and "LlamaForCausalLM" in architectures):
         return "llama"
     if model_type not in (None, "gpt2"):
-        raise CheckpointError(f"{Path(folder) / 'config.json'}: model_type {model_type!r:.60}; specdec loads GPT-2 "
-                              "('gpt2') and Llama ('llama') checkpoints")  # fmt: skip
+        raise CheckpointError(
+            f"{Path(folder) / 'config.json'}: model_type {model_type!r:.60}; specdec loads GPT-2 "
+            "('gpt2') and Llama ('llama') checkpoints"
+        )
     return "gpt2"
 
 
@@ -60,8 +62,9 @@ def shard_files(index_path: Path) -> list[str]:
     for tensor, shard in weight_map.items():
         # NOTE: the downloader writes each shard under this name: never a path, never outside the folder.
         if not isinstance(shard, str) or not _SHARD.fullmatch(shard) or ".." in shard:
-            raise CheckpointError(f"{index_path}: tensor {tensor!r:.80} is mapped to {shard!r:.80}, not a plain "
-                                  "*.safetensors file name")  # fmt: skip
+            raise CheckpointError(
+                f"{index_path}: tensor {tensor!r:.80} is mapped to {shard!r:.80}, not a plain *.safetensors file name"
+            )
         if shard not in shards:
             shards.append(shard)
     return shards
@@ -115,4 +118,3 @@ def check_download(path: Path, filename: str) -> None:
         for line_no, line in enumerate(text.splitlines(), 1):
             if line and not line.startswith("#version") and len(line.split(" ")) != 2:
                 raise ValueError(f"merges.txt line {line_no} is not two tokens separated by a space: {line[:80]!r}")
-

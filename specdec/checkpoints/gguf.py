@@ -76,9 +76,31 @@ TYPES = {
     30: QuantType("BF16", 1, 2),
 }
 # Names of the types it refuses, so the message can say what the file holds.
-OTHER_TYPES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
-               15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S",
-               22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M"}  # fmt: skip
+OTHER_TYPES = {
+    6: "Q5_0",
+    7: "Q5_1",
+    9: "Q8_1",
+    10: "Q2_K",
+    11: "Q3_K",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+    15: "Q8_K",
+    16: "IQ2_XXS",
+    17: "IQ2_XS",
+    18: "IQ3_XXS",
+    19: "IQ1_S",
+    20: "IQ4_NL",
+    21: "IQ3_S",
+    22: "IQ2_S",
+    23: "IQ4_XS",
+    24: "I8",
+    25: "I16",
+    26: "I32",
+    27: "I64",
+    28: "F64",
+    29: "IQ1_M",
+}
 
 
 @dataclass(frozen=True)
@@ -291,8 +313,17 @@ ARCHITECTURES = {
 
 MAX_SIZE = 1 << 24  # any width, head count, vocabulary or context: far above any Llama's, keeps arithmetic small
 # The tensors of one block (blk.N.<name>): a file with fewer than n_layer of each cannot be n_layer deep.
-_BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-                  "ffn_down")  # fmt: skip
+_BLOCK_TENSORS = (
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+)
 
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -315,8 +346,10 @@ def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None =
     meta = f.metadata
     arch = meta.get("general.architecture")
     if not isinstance(arch, str) or arch not in ARCHITECTURES:  # (a list would not even be looked up)
-        raise CheckpointError(f"{f.path}: architecture {arch!r}; specdec runs GGUF files of the "
-                              f"{' and '.join(map(repr, ARCHITECTURES))} architectures")  # fmt: skip
+        raise CheckpointError(
+            f"{f.path}: architecture {arch!r}; specdec runs GGUF files of the "
+            f"{' and '.join(map(repr, ARCHITECTURES))} architectures"
+        )
     spec = ARCHITECTURES[arch]
 
     def whole(key: str, most: int = MAX_SIZE, why: str = "") -> int:
@@ -324,16 +357,20 @@ def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None =
         value = meta.get(f"{arch}.{key}")
         ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
         if not (ok and value == int(value) and 1 <= value <= most):
-            raise CheckpointError(f"{f.path}: metadata {arch}.{key} is {value!r:.40}, not a whole number from 1 to "
-                                  f"{most}{why}; the file is broken")  # fmt: skip
+            raise CheckpointError(
+                f"{f.path}: metadata {arch}.{key} is {value!r:.40}, not a whole number from 1 to "
+                f"{most}{why}; the file is broken"
+            )
         return int(value)
 
     def positive(key: str, default: float, high: float) -> float:
         """A constant in (0, high): NaN, infinity, zero and negatives are refused here, not met while decoding."""
         value = meta.get(f"{arch}.{key}", default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < high:  # NaN fails both
-            raise CheckpointError(f"{f.path}: metadata {arch}.{key} is {value!r:.40}, not a number between 0 and "
-                                  f"{high:g}; the file is broken")  # fmt: skip
+            raise CheckpointError(
+                f"{f.path}: metadata {arch}.{key} is {value!r:.40}, not a number between 0 and "
+                f"{high:g}; the file is broken"
+            )
         return float(value)
 
     tokens = meta.get("tokenizer.ggml.tokens")
@@ -342,13 +379,15 @@ def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None =
     room = max(0, (len(f.tensors) - 2) // len(_BLOCK_TENSORS))
     sizes = dict(
         n_vocab=len(tokens) if isinstance(tokens, list) else whole("vocab_size"),
-        n_ctx=whole("context_length"), n_embd=whole("embedding_length"),
-        n_head=whole("attention.head_count"), n_kv_head=whole("attention.head_count_kv"),
+        n_ctx=whole("context_length"),
+        n_embd=whole("embedding_length"),
+        n_head=whole("attention.head_count"),
+        n_kv_head=whole("attention.head_count_kv"),
         n_layer=whole("block_count", room, f" (its tensor table has room for {room})"),
         n_ff=whole("feed_forward_length"),
         rope_theta=positive("rope.freq_base", 10000.0, 1e12),
         rms_eps=positive("attention.layer_norm_rms_epsilon", 1e-5, 1.0),
-    )  # fmt: skip
+    )
     try:
         h = LlamaHParams(**sizes)
     except ValueError as e:  # heads that do not divide the width
@@ -357,21 +396,33 @@ def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None =
     rope_dims = meta.get(f"{arch}.rope.dimension_count", h.d_head)
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if rope_dims != h.d_head:
-        raise CheckpointError(f"{f.path}: {arch}.rope.dimension_count is {rope_dims!r}; specdec rotates all "
-                              f"{h.d_head} dimensions of a head (partial rotary embeddings are not implemented)")  # fmt: skip
+        raise CheckpointError(
+            f"{f.path}: {arch}.rope.dimension_count is {rope_dims!r}; specdec rotates all "
+            f"{h.d_head} dimensions of a head (partial rotary embeddings are not implemented)"
+        )
     if scaling != "none" or "rope_freqs.weight" in f.tensors:
         what = f"{arch}.rope.scaling.type is {scaling!r}" if scaling != "none" else "it has rope_freqs.weight"
-        raise CheckpointError(f"{f.path}: {what} (scaled rotary frequencies: Llama 3's, YaRN); specdec "
-                              "implements plain rotary embeddings only")  # fmt: skip
+        raise CheckpointError(
+            f"{f.path}: {what} (scaled rotary frequencies: Llama 3's, YaRN); specdec "
+            "implements plain rotary embeddings only"
+        )
     kv = h.n_kv_head * h.d_head
     expected = {"token_embd.weight": (h.n_vocab, h.n_embd), "output_norm.weight": (h.n_embd,)}
     for i in range(h.n_layer):
         p = f"blk.{i}."
-        expected.update({p + "attn_norm.weight": (h.n_embd,), p + "attn_q.weight": (h.n_embd, h.n_embd),
-                         p + "attn_k.weight": (kv, h.n_embd), p + "attn_v.weight": (kv, h.n_embd),
-                         p + "attn_output.weight": (h.n_embd, h.n_embd), p + "ffn_norm.weight": (h.n_embd,),
-                         p + "ffn_gate.weight": (h.n_ff, h.n_embd), p + "ffn_up.weight": (h.n_ff, h.n_embd),
-                         p + "ffn_down.weight": (h.n_embd, h.n_ff)})  # fmt: skip
+        expected.update(
+            {
+                p + "attn_norm.weight": (h.n_embd,),
+                p + "attn_q.weight": (h.n_embd, h.n_embd),
+                p + "attn_k.weight": (kv, h.n_embd),
+                p + "attn_v.weight": (kv, h.n_embd),
+                p + "attn_output.weight": (h.n_embd, h.n_embd),
+                p + "ffn_norm.weight": (h.n_embd,),
+                p + "ffn_gate.weight": (h.n_ff, h.n_embd),
+                p + "ffn_up.weight": (h.n_ff, h.n_embd),
+                p + "ffn_down.weight": (h.n_embd, h.n_ff),
+            }
+        )
         if spec.qkv_bias:
             expected.update({p + "attn_q.bias": (h.n_embd,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
     if "output.weight" in f.tensors:
@@ -380,8 +431,9 @@ def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None =
         if key not in f.tensors:
             raise CheckpointError(f"{f.path}: no tensor {key!r}; a {arch} GGUF with {h.n_layer} blocks needs it")
         if f.tensors[key].shape != shape:
-            raise CheckpointError(f"{f.path}, tensor {key!r}: shape {f.tensors[key].shape}, expected {shape} from "
-                                  "the file's own metadata")  # fmt: skip
+            raise CheckpointError(
+                f"{f.path}, tensor {key!r}: shape {f.tensors[key].shape}, expected {shape} from the file's own metadata"
+            )
     extra = sorted(set(f.tensors) - set(expected))
     if extra:
         raise CheckpointError(f"{f.path}: unexpected tensors {', '.join(extra[:4])}: not a plain {arch} model")
@@ -393,13 +445,20 @@ def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None =
     blocks = []
     for i in range(h.n_layer):
         p = f"blk.{i}."
-        blocks.append(LlamaBlock.fuse(
-            attn_norm=f.tensor(p + "attn_norm.weight"), attn_q=lin(p + "attn_q.weight", h.n_head),
-            attn_k=lin(p + "attn_k.weight", h.n_kv_head), attn_v=lin(p + "attn_v.weight"),
-            attn_output=lin(p + "attn_output.weight"), ffn_norm=f.tensor(p + "ffn_norm.weight"),
-            ffn_gate=lin(p + "ffn_gate.weight"), ffn_up=lin(p + "ffn_up.weight"), ffn_down=lin(p + "ffn_down.weight"),
-            qkv_bias=tuple(f.tensor(p + f"attn_{x}.bias") for x in "qkv") if spec.qkv_bias else None,
-        ))  # fmt: skip
+        blocks.append(
+            LlamaBlock.fuse(
+                attn_norm=f.tensor(p + "attn_norm.weight"),
+                attn_q=lin(p + "attn_q.weight", h.n_head),
+                attn_k=lin(p + "attn_k.weight", h.n_kv_head),
+                attn_v=lin(p + "attn_v.weight"),
+                attn_output=lin(p + "attn_output.weight"),
+                ffn_norm=f.tensor(p + "ffn_norm.weight"),
+                ffn_gate=lin(p + "ffn_gate.weight"),
+                ffn_up=lin(p + "ffn_up.weight"),
+                ffn_down=lin(p + "ffn_down.weight"),
+                qkv_bias=tuple(f.tensor(p + f"attn_{x}.bias") for x in "qkv") if spec.qkv_bias else None,
+            )
+        )
     head = Linear(lin("output.weight"), None) if "output.weight" in f.tensors else None
     weights = LlamaWeights(f.tensor("token_embd.weight"), blocks, f.tensor("output_norm.weight"), head)
     tokenizer = gguf_encoding(meta, f.path) if isinstance(tokens, list) else None

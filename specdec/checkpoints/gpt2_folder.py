@@ -77,8 +77,10 @@ def read_hparams(config_path: Path) -> HParams:
 
 def _redownload_hint(path: Path) -> str:
     """What to do about a damaged file: the same advice for every file of a model folder."""
-    return (f"if the model was downloaded, delete {path} and load it again to download a fresh copy; "
-            f"otherwise replace the file")  # fmt: skip
+    return (
+        f"if the model was downloaded, delete {path} and load it again to download a fresh copy; "
+        f"otherwise replace the file"
+    )
 
 
 def block_linear(block: Block, name: str) -> Linear:
@@ -91,14 +93,22 @@ def expected_shapes(h: HParams) -> dict[str, tuple[int, ...]]:
     e = h.n_embd
     shapes = {"wte.weight": (h.n_vocab, e), "wpe.weight": (h.n_ctx, e), "ln_f.weight": (e,), "ln_f.bias": (e,)}
     for i in range(h.n_layer):
-        shapes.update({
-            f"h.{i}.ln_1.weight": (e,), f"h.{i}.ln_1.bias": (e,),
-            f"h.{i}.attn.c_attn.weight": (e, 3 * e), f"h.{i}.attn.c_attn.bias": (3 * e,),
-            f"h.{i}.attn.c_proj.weight": (e, e), f"h.{i}.attn.c_proj.bias": (e,),
-            f"h.{i}.ln_2.weight": (e,), f"h.{i}.ln_2.bias": (e,),
-            f"h.{i}.mlp.c_fc.weight": (e, 4 * e), f"h.{i}.mlp.c_fc.bias": (4 * e,),
-            f"h.{i}.mlp.c_proj.weight": (4 * e, e), f"h.{i}.mlp.c_proj.bias": (e,),
-        })  # fmt: skip
+        shapes.update(
+            {
+                f"h.{i}.ln_1.weight": (e,),
+                f"h.{i}.ln_1.bias": (e,),
+                f"h.{i}.attn.c_attn.weight": (e, 3 * e),
+                f"h.{i}.attn.c_attn.bias": (3 * e,),
+                f"h.{i}.attn.c_proj.weight": (e, e),
+                f"h.{i}.attn.c_proj.bias": (e,),
+                f"h.{i}.ln_2.weight": (e,),
+                f"h.{i}.ln_2.bias": (e,),
+                f"h.{i}.mlp.c_fc.weight": (e, 4 * e),
+                f"h.{i}.mlp.c_fc.bias": (4 * e,),
+                f"h.{i}.mlp.c_proj.weight": (4 * e, e),
+                f"h.{i}.mlp.c_proj.bias": (e,),
+            }
+        )
     return shapes
 
 
@@ -118,7 +128,9 @@ def weights_from_tensors(
         if not _IGNORED.match(name):
             named[name] = array
     if hparams.n_layer > len(named):  # do not build a name list for a billion layers
-        raise CheckpointError(f"{source}: {len(named)} tensors cannot hold the n_layer={hparams.n_layer} of config.json")
+        raise CheckpointError(
+            f"{source}: {len(named)} tensors cannot hold the n_layer={hparams.n_layer} of config.json"
+        )
     expected = expected_shapes(hparams)
     missing = [name for name in expected if name not in named]
     if missing:
@@ -151,11 +163,15 @@ def weights_from_tensors(
             return lin
 
         return Block(
-            ln_1_weight=w("ln_1.weight"), ln_1_bias=w("ln_1.bias"),
-            attn_c_attn=linear("attn.c_attn"), attn_c_proj=linear("attn.c_proj"),
-            ln_2_weight=w("ln_2.weight"), ln_2_bias=w("ln_2.bias"),
-            mlp_c_fc=linear("mlp.c_fc"), mlp_c_proj=linear("mlp.c_proj"),
-        )  # fmt: skip
+            ln_1_weight=w("ln_1.weight"),
+            ln_1_bias=w("ln_1.bias"),
+            attn_c_attn=linear("attn.c_attn"),
+            attn_c_proj=linear("attn.c_proj"),
+            ln_2_weight=w("ln_2.weight"),
+            ln_2_bias=w("ln_2.bias"),
+            mlp_c_fc=linear("mlp.c_fc"),
+            mlp_c_proj=linear("mlp.c_proj"),
+        )
 
     return Weights(
         wte=named["wte.weight"],
@@ -251,10 +267,16 @@ def save_folder(
     folder.mkdir(parents=True, exist_ok=True)
     h = model.hparams
     config = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
-        "vocab_size": h.n_vocab, "n_positions": h.n_ctx, "n_embd": h.n_embd, "n_head": h.n_head,
-        "n_layer": h.n_layer, "layer_norm_epsilon": h.layer_norm_epsilon,
-    }  # fmt: skip
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "vocab_size": h.n_vocab,
+        "n_positions": h.n_ctx,
+        "n_embd": h.n_embd,
+        "n_head": h.n_head,
+        "n_layer": h.n_layer,
+        "layer_norm_epsilon": h.layer_norm_epsilon,
+    }
     safe_io.write_json(folder / "config.json", config)
     return write_safetensors(
         folder / "model.safetensors", lambda: checkpoint_tensors(model, prefix, with_mask_buffers), dtype

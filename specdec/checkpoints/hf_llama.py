@@ -90,15 +90,17 @@ def read_llama_config(config_path: Path) -> tuple[LlamaHParams, bool]:
         # NOTE: `type(v) is int`, not isinstance: JSON's true is a Python int (1).
         if type(value) is not int or not 1 <= value <= _MAX_DIM:
             missing = " (missing)" if key not in config else ""
-            raise CheckpointError(f"{config_path}: {key} must be a whole number from 1 to {_MAX_DIM}, got "
-                                  f"{value!r:.80}{missing}")  # fmt: skip
+            raise CheckpointError(
+                f"{config_path}: {key} must be a whole number from 1 to {_MAX_DIM}, got {value!r:.80}{missing}"
+            )
         return value
 
     def number(key: str, default: float, low: float, high: float) -> float:
         value = config.get(key, default)
         if type(value) not in (int, float) or not low < value < high:  # NaN fails both comparisons
-            raise CheckpointError(f"{config_path}: {key} must be a number between {low:g} and {high:g}, got "
-                                  f"{value!r:.80}")  # fmt: skip
+            raise CheckpointError(
+                f"{config_path}: {key} must be a number between {low:g} and {high:g}, got {value!r:.80}"
+            )
         return float(value)
 
     # What llama.py does not compute: refused by name.
@@ -107,9 +109,11 @@ def read_llama_config(config_path: Path) -> tuple[LlamaHParams, bool]:
         "rope_scaling": (config.get("rope_scaling") is not None, "specdec implements plain rotary embeddings only"),
         "attention_bias": (config.get("attention_bias", False) is not False, "specdec's attention has no biases"),
         "mlp_bias": (config.get("mlp_bias", False) is not False, "specdec's MLP has no biases"),
-        "partial_rotary_factor": (config.get("partial_rotary_factor", 1.0) != 1.0,
-                                  "specdec rotates every dimension of a head"),
-    }  # fmt: skip
+        "partial_rotary_factor": (
+            config.get("partial_rotary_factor", 1.0) != 1.0,
+            "specdec rotates every dimension of a head",
+        ),
+    }
     for key, (refused, why) in refusals.items():
         if refused:
             raise CheckpointError(
@@ -121,24 +125,40 @@ def read_llama_config(config_path: Path) -> tuple[LlamaHParams, bool]:
     n_head = whole("num_attention_heads")
     try:
         h = LlamaHParams(
-            n_vocab=whole("vocab_size"), n_ctx=whole("max_position_embeddings"), n_embd=whole("hidden_size"),
-            n_head=n_head, n_kv_head=whole("num_key_value_heads", n_head), n_layer=whole("num_hidden_layers"),
-            n_ff=whole("intermediate_size"), rope_theta=number("rope_theta", 10000.0, 0, 1e12),
+            n_vocab=whole("vocab_size"),
+            n_ctx=whole("max_position_embeddings"),
+            n_embd=whole("hidden_size"),
+            n_head=n_head,
+            n_kv_head=whole("num_key_value_heads", n_head),
+            n_layer=whole("num_hidden_layers"),
+            n_ff=whole("intermediate_size"),
+            rope_theta=number("rope_theta", 10000.0, 0, 1e12),
             rms_eps=number("rms_norm_eps", 1e-6, 0, 1),
-        )  # fmt: skip
+        )
     except ValueError as e:  # heads that do not divide the width
         raise CheckpointError(f"{config_path}: not a usable Llama config ({e})") from None
     if config.get("head_dim", h.d_head) != h.d_head:
-        raise CheckpointError(f"{config_path}: head_dim is {config['head_dim']!r:.40}, not hidden_size / "
-                              f"num_attention_heads = {h.d_head}; specdec derives it from those")  # fmt: skip
+        raise CheckpointError(
+            f"{config_path}: head_dim is {config['head_dim']!r:.40}, not hidden_size / "
+            f"num_attention_heads = {h.d_head}; specdec derives it from those"
+        )
     return h, tied
 
 
 def expected_shapes(h: LlamaHParams, tied: bool) -> dict[str, tuple[int, ...]]:
     """Every Hugging Face tensor name of a Llama with these hyperparameters, and its shape."""
     e, kv = h.n_embd, h.n_kv_head * h.d_head
-    block = {"attn_norm": (e,), "attn_q": (e, e), "attn_k": (kv, e), "attn_v": (kv, e), "attn_output": (e, e),
-             "ffn_norm": (e,), "ffn_gate": (h.n_ff, e), "ffn_up": (h.n_ff, e), "ffn_down": (e, h.n_ff)}  # fmt: skip
+    block = {
+        "attn_norm": (e,),
+        "attn_q": (e, e),
+        "attn_k": (kv, e),
+        "attn_v": (kv, e),
+        "attn_output": (e, e),
+        "ffn_norm": (e,),
+        "ffn_gate": (h.n_ff, e),
+        "ffn_up": (h.n_ff, e),
+        "ffn_down": (e, h.n_ff),
+    }
     shapes = {"model.embed_tokens.weight": (h.n_vocab, e), "model.norm.weight": (e,)}
     for i in range(h.n_layer):
         shapes.update({f"model.layers.{i}.{BLOCK_KEYS[field]}": shape for field, shape in block.items()})
@@ -160,8 +180,9 @@ def read_weights(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
             if name in tensors:
                 raise CheckpointError(f"{folder / shard}: tensor {name!r} is also in {source[name]}")
             if index.get(name) != shard:
-                raise CheckpointError(f"{folder / shard}: tensor {name!r} is here, but {folder / INDEX} places it in "
-                                      f"{index.get(name)!r}")  # fmt: skip
+                raise CheckpointError(
+                    f"{folder / shard}: tensor {name!r} is here, but {folder / INDEX} places it in {index.get(name)!r}"
+                )
             tensors[name], source[name] = array, str(folder / shard)
     absent = sorted(set(index) - set(tensors))
     if absent:
@@ -188,18 +209,24 @@ def load_hf_llama(folder: str | os.PathLike, name: str | None = None, with_token
     where = source.get  # a tensor's file, for messages
     missing = [key for key in expected if key not in named]
     if missing:
-        hint = "config.json says tie_word_embeddings is false" if missing[0] == "lm_head.weight" else (
-            "is this a Llama checkpoint matching its config.json?")  # fmt: skip
+        hint = (
+            "config.json says tie_word_embeddings is false"
+            if missing[0] == "lm_head.weight"
+            else ("is this a Llama checkpoint matching its config.json?")
+        )
         raise CheckpointError(f"{folder}: tensor {missing[0]!r} is missing ({len(missing)} missing in all); {hint}")
     unexpected = sorted(set(named) - set(expected))
     if unexpected:
         first = unexpected[0]
-        raise CheckpointError(f"{where(first)}: unexpected tensor {first!r} ({len(unexpected)} in all); config.json "
-                              f"says num_hidden_layers={h.n_layer}, a plain Llama")  # fmt: skip
+        raise CheckpointError(
+            f"{where(first)}: unexpected tensor {first!r} ({len(unexpected)} in all); config.json "
+            f"says num_hidden_layers={h.n_layer}, a plain Llama"
+        )
     for key, shape in expected.items():
         if tuple(named[key].shape) != shape:
-            raise CheckpointError(f"{where(key)}: tensor {key!r} has shape {tuple(named[key].shape)}, config.json "
-                                  f"implies {shape}")  # fmt: skip
+            raise CheckpointError(
+                f"{where(key)}: tensor {key!r} has shape {tuple(named[key].shape)}, config.json implies {shape}"
+            )
         check_finite(named[key], key, where(key))
 
     def block(i: int) -> LlamaBlock:  # matrices [n_out, n_in] as stored: Linear's own layout
@@ -208,8 +235,12 @@ def load_hf_llama(folder: str | os.PathLike, name: str | None = None, with_token
     head = None if tied else Linear(named["lm_head.weight"], None)
     # np.asarray: a plain ndarray view of a memory map, so that the tied head's Linear holds this very
     # array (Linear's ascontiguousarray would make a new view of an np.memmap), and `lm_head.w_t is wte`.
-    weights = LlamaWeights(np.asarray(named["model.embed_tokens.weight"]), [block(i) for i in range(h.n_layer)],
-                           named["model.norm.weight"], head)  # fmt: skip
+    weights = LlamaWeights(
+        np.asarray(named["model.embed_tokens.weight"]),
+        [block(i) for i in range(h.n_layer)],
+        named["model.norm.weight"],
+        head,
+    )
     tokenizer = None
     if with_tokenizer:
         try:
@@ -217,8 +248,9 @@ def load_hf_llama(folder: str | os.PathLike, name: str | None = None, with_token
         except ValueError as e:
             raise CheckpointError(f"{e}; if the model was downloaded, delete the file and load it again") from None
         if tokenizer.n_vocab != h.n_vocab:
-            raise CheckpointError(f"{folder}: tokenizer.json has {tokenizer.n_vocab} tokens but config.json says "
-                                  f"vocab_size={h.n_vocab}")  # fmt: skip
+            raise CheckpointError(
+                f"{folder}: tokenizer.json has {tokenizer.n_vocab} tokens but config.json says vocab_size={h.n_vocab}"
+            )
     return Llama(h, weights, tokenizer, name=name or folder.name)
 
 
@@ -249,20 +281,33 @@ def save_hf_llama(model: Llama, folder: str | os.PathLike, dtype: str = "F32") -
     """
     biased = [i for i, block in enumerate(model.weights.blocks) if block.attn_qkv.b is not None]
     if biased:
-        raise ValueError(f"{model.name}: block {biased[0]}'s q, k and v projections have biases (a Qwen2), which a "
-                         "Hugging Face Llama folder cannot hold and load_hf_llama cannot read: keep this model in its "
-                         "GGUF file")  # fmt: skip
+        raise ValueError(
+            f"{model.name}: block {biased[0]}'s q, k and v projections have biases (a Qwen2), which a "
+            "Hugging Face Llama folder cannot hold and load_hf_llama cannot read: keep this model in its "
+            "GGUF file"
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     h = model.hparams
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-        "vocab_size": h.n_vocab, "max_position_embeddings": h.n_ctx, "hidden_size": h.n_embd,
-        "num_attention_heads": h.n_head, "num_key_value_heads": h.n_kv_head, "num_hidden_layers": h.n_layer,
-        "intermediate_size": h.n_ff, "rope_theta": h.rope_theta, "rms_norm_eps": h.rms_eps,
-        "rope_scaling": None, "attention_bias": False, "mlp_bias": False, "head_dim": h.d_head,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "vocab_size": h.n_vocab,
+        "max_position_embeddings": h.n_ctx,
+        "hidden_size": h.n_embd,
+        "num_attention_heads": h.n_head,
+        "num_key_value_heads": h.n_kv_head,
+        "num_hidden_layers": h.n_layer,
+        "intermediate_size": h.n_ff,
+        "rope_theta": h.rope_theta,
+        "rms_norm_eps": h.rms_eps,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "head_dim": h.d_head,
         "tie_word_embeddings": model.weights.lm_head.w_t is model.weights.wte,
         "torch_dtype": {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype],
-    }  # fmt: skip
+    }
     safe_io.write_json(folder / "config.json", config)
     return write_safetensors(folder / WEIGHTS, lambda: hf_tensors(model), dtype)

@@ -51,8 +51,11 @@ def resolve_model(name_or_path: str, models_dir: str | os.PathLike | None = None
     if card is not None and card.source == registry.HUB:
         repo = card.where
         legacy = models_dir / name  # where earlier versions put GPT-2's short names: still used if complete
-        if (card.architecture == "gpt2" and all((legacy / f).is_file() for f in CHECKPOINT_FILES)
-                and not (models_dir / _folder_name(repo)).exists()):  # fmt: skip
+        if (
+            card.architecture == "gpt2"
+            and all((legacy / f).is_file() for f in CHECKPOINT_FILES)
+            and not (models_dir / _folder_name(repo)).exists()
+        ):
             return _download_folder(models_dir, name), repo
         return _download_folder(models_dir, _folder_name(repo), repo), repo
     if card is not None and card.source == registry.SHIPPED and card.base is None:  # inside the package
@@ -111,16 +114,25 @@ def ensure_files(folder: Path, repo: str | None, settings: HubSettings, progress
     if progress:
         fresh = not (folder / WEIGHTS).is_file() and not (folder / INDEX).is_file()
         size = registry.download_size(repo) if fresh else None
-        print(f"downloading {repo}" + (f" (about {human_size(size)})" if size else "") + f" from {settings.endpoint} "
-              f"into {folder}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"downloading {repo}" + (f" (about {human_size(size)})" if size else "") + f" from {settings.endpoint} "
+            f"into {folder}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def fetch(filename: str) -> None:
         download_file(
-            settings.url(repo, filename), folder / filename, token=settings.token, retries=settings.retries,
-            retry_delay=settings.retry_delay, progress=progress, timeout=settings.timeout,
+            settings.url(repo, filename),
+            folder / filename,
+            token=settings.token,
+            retries=settings.retries,
+            retry_delay=settings.retry_delay,
+            progress=progress,
+            timeout=settings.timeout,
             validate=lambda path, name=filename: check_download(path, name),
             lock_dir=folder.parent / ".locks" / folder.name,  # outside: the model folder holds only its files
-        )  # fmt: skip
+        )
 
     try:
         if not (folder / "config.json").is_file():

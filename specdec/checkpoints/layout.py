@@ -87,10 +87,18 @@ def enabled(weights_path: Path, keep_layout: bool | None = None) -> bool:
 def stamp(weights_path: Path) -> dict[str, str]:
     """What ties the file to one version of the checkpoint (safetensors metadata values are strings)."""
     st = weights_path.stat()
-    fields = {"size": st.st_size, "device": st.st_dev, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns,
-              "ctime_ns": st.st_ctime_ns}  # fmt: skip
-    return {"specdec_layout": LAYOUT, **{f"source_{k}": str(v) for k, v in fields.items()},
-            "source_header_sha256": header_sha256(weights_path)}  # fmt: skip
+    fields = {
+        "size": st.st_size,
+        "device": st.st_dev,
+        "inode": st.st_ino,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+    }
+    return {
+        "specdec_layout": LAYOUT,
+        **{f"source_{k}": str(v) for k, v in fields.items()},
+        "source_header_sha256": header_sha256(weights_path),
+    }
 
 
 def untrusted(
@@ -208,8 +216,10 @@ def write(weights_path: Path, source: dict[str, str], tensors: dict[str, np.ndar
     cannot = _cannot_keep(folder, path)
     if cannot:
         if problem:  # say what was refused, and that every load will copy until someone acts
-            _say(f"ignoring {problem}; it cannot be replaced ({cannot}), so each load copies the weights until "
-                 f"it is removed")
+            _say(
+                f"ignoring {problem}; it cannot be replaced ({cannot}), so each load copies the weights until "
+                f"it is removed"
+            )
         return False
     needed = sum(t.nbytes for t in tensors.values())
     try:
@@ -221,9 +231,15 @@ def write(weights_path: Path, source: dict[str, str], tensors: dict[str, np.ndar
                 return True  # another process wrote a good one since this load looked
             if shutil.disk_usage(folder).free < 2 * needed:  # leave room for everything else
                 return False
-            _say((f"ignoring {problem}; writing it again" if problem else f"keeping the transposed weights of "
-                  f"{weights_path} beside it") + f" ({needed / 1e9:.1f} GB, once; later loads map them; "
-                 f"SPECDEC_NO_LAYOUT_CACHE=1 turns this off)")  # fmt: skip
+            _say(
+                (
+                    f"ignoring {problem}; writing it again"
+                    if problem
+                    else f"keeping the transposed weights of {weights_path} beside it"
+                )
+                + f" ({needed / 1e9:.1f} GB, once; later loads map them; "
+                f"SPECDEC_NO_LAYOUT_CACHE=1 turns this off)"
+            )
             crcs, _ = scan(tensors)
             mode = weights_path.stat().st_mode & 0o644  # as readable as the checkpoint, writable by us only
             # safe_io.replacing: a new temporary file (never a name planted there), synced, renamed; on any

@@ -32,8 +32,9 @@ from .safetensors import safetensors_chunks, write_safetensors
 MAX_JSON_BYTES = safe_io.MAX_JSON_BYTES  # specdec's JSON files are a few kB
 
 
-def write_pair(folder: Path, json_name: str, stem: str, tensors: dict[str, np.ndarray], meta: dict,
-               dtype: str | dict = "F32") -> Path:  # fmt: skip
+def write_pair(
+    folder: Path, json_name: str, stem: str, tensors: dict[str, np.ndarray], meta: dict, dtype: str | dict = "F32"
+) -> Path:
     """Write tensors and then json_name (meta plus "weights_file" and "weights_sha256") as above; returns the
     tensors' path. Interrupted at any point, it leaves the old pair (and no temporary file).
     dtype: the tensors' stored type (safetensors.write_safetensors); they are read back as float32."""

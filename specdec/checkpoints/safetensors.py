@@ -159,13 +159,19 @@ def _check_entry(path: Path, name: str, info) -> tuple[str, str, tuple[int, ...]
     try:
         dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
         ok = (
-            isinstance(dtype, str) and isinstance(shape, list) and isinstance(offsets, list) and len(offsets) == 2
-            and all(type(d) is int and d >= 0 for d in shape) and all(type(o) is int and o >= 0 for o in offsets)
-        )  # fmt: skip
+            isinstance(dtype, str)
+            and isinstance(shape, list)
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(d) is int and d >= 0 for d in shape)
+            and all(type(o) is int and o >= 0 for o in offsets)
+        )
     except (TypeError, KeyError):
         ok = False
     if not ok:
-        raise CheckpointError(f"{path}: tensor {name!r} has a malformed header entry {info!r:.200}; the file is corrupt")
+        raise CheckpointError(
+            f"{path}: tensor {name!r} has a malformed header entry {info!r:.200}; the file is corrupt"
+        )
     if dtype not in _DTYPES:
         raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype:.20}; only F32, F16 and BF16 are supported")
     begin, end = offsets

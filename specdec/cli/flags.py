@@ -167,7 +167,7 @@ def read_prompt(prompt: str | None, prompt_file: str | None, stdin=None) -> str:
         try:
             prompt.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise ValueError(f"--prompt: not UTF-8 text (byte {len(prompt[:e.start].encode())})") from None
+            raise ValueError(f"--prompt: not UTF-8 text (byte {len(prompt[: e.start].encode())})") from None
     return prompt
 
 

@@ -91,15 +91,19 @@ def load(name: str, args, target=None) -> tuple:
         start = time.perf_counter()
         model = load_model(name, args.models_dir, progress=not args.json)
         if model.tokenizer is None:  # the API takes token ids then; the command line has only text
-            raise CheckpointError(f"{name}: the file has no tokenizer (no tokenizer.ggml.* metadata), and the "
-                                  "command line decodes text; load it with specdec.load_model and pass token ids")  # fmt: skip
+            raise CheckpointError(
+                f"{name}: the file has no tokenizer (no tokenizer.ggml.* metadata), and the "
+                "command line decodes text; load it with specdec.load_model and pass token ids"
+            )
         return model, time.perf_counter() - start
     folder, repo = resolve_model(name, args.models_dir)
     missing = bool(missing_files(folder))
     if missing and not args.json and (card := registry.card(name)) is not None and card.kept_layout:
-        print(f"(first use of {name}: {human(card.download)} to download, then {human(card.kept_layout)} more kept "
-              f"beside it, its weights transposed so that later loads copy nothing; `python -m specdec cache` "
-              "lists and removes what is stored)")  # fmt: skip
+        print(
+            f"(first use of {name}: {human(card.download)} to download, then {human(card.kept_layout)} more kept "
+            f"beside it, its weights transposed so that later loads copy nothing; `python -m specdec cache` "
+            "lists and removes what is stored)"
+        )
     start = time.perf_counter()
     ensure_files(folder, repo, HubSettings.from_env(), progress=not args.json)
     if missing and not args.json:
@@ -115,8 +119,9 @@ def run(args) -> int:
     target, target_load = load(args.target_model_size, args)
     tokenizer = target.tokenizer
     if args.chat and "<|im_start|>" not in tokenizer.special_tokens_set:
-        raise BadRequest(f"--chat needs a chat model such as {', '.join(WHEELS)}; {args.target_model_size} has no "
-                         "chat template")  # fmt: skip
+        raise BadRequest(
+            f"--chat needs a chat model such as {', '.join(WHEELS)}; {args.target_model_size} has no chat template"
+        )
     # Each prompt's ids as the samplers will see them, checked before a draft is loaded.
     prompts = args.prompts if args.batch is not None else [args.prompt]
     if args.batch is not None:  # the rows' memory, before a single row is made (batch.check_batch_memory)
@@ -148,23 +153,32 @@ def run(args) -> int:
         say("(empty prompt: an empty user message, so the prompt is the chat template alone)")
     elif not args.prompt:
         end = tokenizer.decode([tokenizer.eot_token])
-        say(f"(empty prompt: starting from the end-of-text token {end}, id {tokenizer.eot_token}, as GPT-2 samples "
-            "unconditionally)")  # fmt: skip
+        say(
+            f"(empty prompt: starting from the end-of-text token {end}, id {tokenizer.eot_token}, as GPT-2 samples "
+            "unconditionally)"
+        )
     sampling = "greedy (temperature 0)" if args.temperature == 0 else f"temperature {args.temperature}"
     sampling += f", top-k {args.top_k}" if args.top_k and args.temperature else ""
     sampling += f", top-p {args.top_p}" if args.top_p and args.temperature else ""
-    say(f"target: {args.target_model_size} ({plural(target.n_layer, 'layer')}, {target.n_embd} wide"
-        f"{', float64' if args.float64 else ''}), loaded in {target_load:.2f} s")  # fmt: skip
+    say(
+        f"target: {args.target_model_size} ({plural(target.n_layer, 'layer')}, {target.n_embd} wide"
+        f"{', float64' if args.float64 else ''}), loaded in {target_load:.2f} s"
+    )
     say(f"draft:  {draft_label}" + (f", loaded in {draft_load:.2f} s" if draft_load else ""))
-    say(f"prompt: {shorten(args.prompt)!r} ({plural(len(request.prompt), 'token')}"
-        + (f", {request.template_tokens} of them the chat template)" if args.chat else ")"))
+    say(
+        f"prompt: {shorten(args.prompt)!r} ({plural(len(request.prompt), 'token')}"
+        + (f", {request.template_tokens} of them the chat template)" if args.chat else ")")
+    )
     tree = f", tree={args.tree}" if args.tree else ""
     tree += f", {args.verification} verification" if args.verification != "token" else ""
     tree += f", siblings {args.siblings}" if args.siblings else ""
     if args.draft_confidence is not None:
-        tree += ", draft confidence >= " + ("the bar the costs set" if args.draft_confidence == "auto"
-                                            else str(args.draft_confidence))  # fmt: skip
-    say(f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}")
+        tree += ", draft confidence >= " + (
+            "the bar the costs set" if args.draft_confidence == "auto" else str(args.draft_confidence)
+        )
+    say(
+        f"{args.n_tokens_to_generate} new tokens, K={args.K}{tree}, {sampling}, seed {args.seed}, repeats {args.repeats}"
+    )
 
     status = Status()
     stream = Stream(args, tokenizer, draft_label, status) if not args.json else None
@@ -172,9 +186,21 @@ def run(args) -> int:
     decoders = [d for d in ("autoregressive", "speculative") if args.only in (None, d)]
     interrupted = None
     try:
-        report = race(target, draft, args.prompt, args.n_tokens_to_generate, seed=args.seed, repeats=args.repeats,
-                      warmup=not args.no_warmup, decoders=decoders, on_token=stream,
-                      on_decoder=stream and stream.start, on_status=status, request=request, config=config_of(args))
+        report = race(
+            target,
+            draft,
+            args.prompt,
+            args.n_tokens_to_generate,
+            seed=args.seed,
+            repeats=args.repeats,
+            warmup=not args.no_warmup,
+            decoders=decoders,
+            on_token=stream,
+            on_decoder=stream and stream.start,
+            on_status=status,
+            request=request,
+            config=config_of(args),
+        )
     except RaceInterrupted as e:  # Ctrl-C: show what was measured, then exit 130
         report, interrupted = e.report, e.during
     status.clear()
@@ -182,13 +208,17 @@ def run(args) -> int:
         stream.finish()
         print()
     if interrupted:
-        print(f"interrupted while {interrupted}" + ("; nothing was timed yet" if not has_runs(report) else
-              "; what was measured so far:"), file=sys.stderr)  # fmt: skip
+        print(
+            f"interrupted while {interrupted}"
+            + ("; nothing was timed yet" if not has_runs(report) else "; what was measured so far:"),
+            file=sys.stderr,
+        )
     if report is not None and (has_runs(report) or not interrupted):
         if args.json:
             out = report.to_dict()
-            out["settings"].update(prompt=args.prompt, target=args.target_model_size, draft=str(spec),
-                                   float64=args.float64)  # fmt: skip
+            out["settings"].update(
+                prompt=args.prompt, target=args.target_model_size, draft=str(spec), float64=args.float64
+            )
             out["load_seconds"] = {"target": target_load, "draft": draft_load}
             out["interrupted"] = interrupted
             print(json.dumps(out, indent=2, allow_nan=False))
@@ -216,9 +246,11 @@ def has_runs(report) -> bool:
 
 def check_same_tokenizer(target, draft, args) -> None:
     if target.tokenizer and draft.tokenizer and not same_tokenizer(target, draft):
-        raise ValueError(f"the draft {args.draft} and target {args.target_model_size} tokenize text differently; "
-                         f"give --cross_vocab tli (any temperature) or slem (temperature 0), or a draft with the "
-                         f"target's tokenizer")
+        raise ValueError(
+            f"the draft {args.draft} and target {args.target_model_size} tokenize text differently; "
+            f"give --cross_vocab tli (any temperature) or slem (temperature 0), or a draft with the "
+            f"target's tokenizer"
+        )
 
 
 def check_cross_vocab(target, draft, request, args) -> None:

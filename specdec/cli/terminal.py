@@ -14,8 +14,11 @@ from ..model.tokenizer import control_ids
 # ANSI colours for the speculative trace, by how each token was produced.
 COLOURS = {"draft": "\033[32m", "target": "\033[33m", "bonus": "\033[36m"}
 RESET = "\033[0m"
-LEGEND = {"draft": "accepted draft token", "target": "sampled by the target (corrected)",
-          "bonus": "bonus token (all drafts accepted)"}  # fmt: skip
+LEGEND = {
+    "draft": "accepted draft token",
+    "target": "sampled by the target (corrected)",
+    "bonus": "bonus token (all drafts accepted)",
+}
 
 
 class Status:
@@ -63,8 +66,11 @@ class Stream:
             self.status.clear()
         self.kind, self.decoder = decoder, codecs.getincrementaldecoder("utf-8")(errors="replace")
         a = self.args
-        title = (f"autoregressive ({a.target_model_size} alone)" if decoder == "autoregressive"
-                 else f"speculative (draft: {self.draft_label}, K={a.K}" + (f", tree={a.tree})" if a.tree else ")"))  # fmt: skip
+        title = (
+            f"autoregressive ({a.target_model_size} alone)"
+            if decoder == "autoregressive"
+            else f"speculative (draft: {self.draft_label}, K={a.K}" + (f", tree={a.tree})" if a.tree else ")")
+        )
         print(f"\n── {title} " + "─" * max(3, 70 - len(title)), file=self.out)
         if decoder == "speculative" and self.colour:
             print("legend: " + "  ".join(f"{COLOURS[k]}{v}{RESET}" for k, v in LEGEND.items()), file=self.out)
@@ -87,7 +93,7 @@ class Stream:
 
 def shorten(text: str, limit: int = 300) -> str:
     """A long prompt is echoed by its start and end only."""
-    return text if len(text) <= limit else f"{text[:limit // 2]} [...] {text[-limit // 2:]}"
+    return text if len(text) <= limit else f"{text[: limit // 2]} [...] {text[-limit // 2 :]}"
 
 
 def visible(text: str) -> str:

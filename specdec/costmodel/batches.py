@@ -96,7 +96,9 @@ def speedup_from_batch_rounds(rounds, ar_steps, times: BatchPassTimes) -> float:
 
         speedup_from_batch_rounds([(2, [4, 4], 4), (2, [4, 0], 4), (1, [2], 2)], [2] * 10, times)
     """
-    spec = sum(n_draft * times.draft_seconds(b) + times.pass_seconds(b, sum(k + 1 for k in ks) / b)
-               for b, ks, n_draft in rounds)  # fmt: skip
+    spec = sum(
+        n_draft * times.draft_seconds(b) + times.pass_seconds(b, sum(k + 1 for k in ks) / b)
+        for b, ks, n_draft in rounds
+    )
     ar = sum(times.pass_seconds(b, 1) for b in ar_steps)
     return ar / spec if spec else float("nan")

@@ -51,8 +51,14 @@ class TreeAcceptance:
     correct without trying.
     """
 
-    def __init__(self, max_depth: int = 16, max_rank: int = 16, prior: float = 0.6, prior_weight: float = 2.0,
-                 decay: float = 0.95):  # fmt: skip
+    def __init__(
+        self,
+        max_depth: int = 16,
+        max_rank: int = 16,
+        prior: float = 0.6,
+        prior_weight: float = 2.0,
+        decay: float = 0.95,
+    ):
         if not (0 <= prior <= 1 and prior_weight > 0 and 0 < decay <= 1):
             raise ValueError("TreeAcceptance needs 0 <= prior <= 1, prior_weight > 0 and 0 < decay <= 1")
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay

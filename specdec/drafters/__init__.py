@@ -73,8 +73,17 @@ from .suffix import EARLIER_CAPACITY, SuffixDrafter, SuffixIndex
 from .trees import SIBLINGS, model_tree
 
 
-def _draft_chain(step, new: list[int], k: int, params: SamplingParams, rng: np.random.Generator,
-                 stop: ConfidenceStop | None = None) -> Proposal:  # fmt: skip
+OTHER_TOKENIZER = (
+    "the draft {} tokenizes text differently from the target {}: pass cross_vocab='tli' (any "
+    "temperature) or 'slem' (greedy) to verify its drafts across tokenizers (--cross_vocab tli|slem)"
+)
+OTHER_VOCABULARY = (
+    "draft and target must share a vocabulary: the draft has {} tokens, the target {}; pick a draft "
+    "from the target's family (GPT-2 models all have 50257)"
+)
+
+
+def _draft_chain(step, new: list[int], k: int, params: SamplingParams, rng, stop: ConfidenceStop = None) -> Proposal:
     """Up to k autoregressive draft steps (step(tokens) feeds tokens, returns the last row's logits), each token
     drawn from exactly the q the acceptance test will read. stop: a confidence bar that may end the chain early."""
     tokens, q_rows, gate = [], [], stop and ChainGate(stop)
@@ -110,8 +119,7 @@ class ModelDrafter:
         speculative_sample(target, ModelDrafter(load_model("124M")), ids, 40)
     """
 
-    def __init__(self, model: CausalLM, tree_width: int = 2, siblings: str = "without replacement",
-                 stop: ConfidenceStop | None = None):  # fmt: skip
+    def __init__(self, model: CausalLM, tree_width=2, siblings="without replacement", stop: ConfidenceStop = None):
         self.model = model
         self.stop = stop  # a chain ends where the draft's confidence falls below the bar (stopping.py)
         self.siblings = check_siblings(siblings)  # how a sampled tree's siblings are drawn (trees.dynamic_tree)
@@ -125,20 +133,25 @@ class ModelDrafter:
         self.cache.rollback(0)
 
     def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
-        # Catch up on the text the cache has not seen: the last emitted token, and
-        # after a fully accepted round also the last draft token (never fed in).
         if nodes is not None:
-            pending = ids[self.cache.length :]
-            tree, calls = model_tree(self.model, self.cache, pending, k, nodes, self.tree_width, params, rng,
-                                     siblings=self.siblings)  # fmt: skip
-            self.calls += calls
-            return Proposal(*tree)
+            return self.propose_tree(ids, k, params, rng, nodes)
 
         def step(new):
             self.calls += 1
             return self.model.forward(new, self.cache, last_only=True)[0]
 
+        # Catch up on the text the cache has not seen: the last emitted token, and
+        # after a fully accepted round also the last draft token (never fed in).
         return _draft_chain(step, ids[self.cache.length :], k, params, rng, self.stop)
+
+    def propose_tree(self, ids, k, params, rng, nodes: int) -> Proposal:
+        """A tree of at most `nodes` drafts, depth k, grown by EAGLE-2's expansion (trees.model_tree)."""
+        pending = ids[self.cache.length :]
+        tree, calls = model_tree(
+            self.model, self.cache, pending, k, nodes, self.tree_width, params, rng, siblings=self.siblings
+        )
+        self.calls += calls
+        return Proposal(*tree)
 
     def commit(self, ids, features) -> None:
         # Keep only accepted text: everything but ids[-1], which no cache has seen.
@@ -157,8 +170,14 @@ class EarlyExitDrafter:
         speculative_sample(target, EarlyExitDrafter(target, n_layer=6), ids, 40)  # or draft="early_exit:6"
     """
 
-    def __init__(self, target: CausalLM, n_layer: int, tree_width: int = 2, siblings: str = "without replacement",
-                 stop: ConfidenceStop | None = None):  # fmt: skip
+    def __init__(
+        self,
+        target: CausalLM,
+        n_layer: int,
+        tree_width: int = 2,
+        siblings: str = "without replacement",
+        stop: ConfidenceStop | None = None,
+    ):
         if not 1 <= n_layer < target.n_layer:
             raise ValueError(f"early exit needs 1 <= L < {target.n_layer} (the target's layers), got L={n_layer}")
         self.model = target
@@ -179,8 +198,18 @@ class EarlyExitDrafter:
     def propose(self, ids, k, params, rng, nodes=None) -> Proposal:
         start = self.cache.length
         if nodes is not None:
-            tree, calls = model_tree(self.model, self.cache, ids[start:], k, nodes, self.tree_width, params, rng,
-                                     n_layer=self.n_layer, siblings=self.siblings)  # fmt: skip
+            tree, calls = model_tree(
+                self.model,
+                self.cache,
+                ids[start:],
+                k,
+                nodes,
+                self.tree_width,
+                params,
+                rng,
+                n_layer=self.n_layer,
+                siblings=self.siblings,
+            )
             self.calls += calls
             self.cache.rollback(start)  # the target verifies from here
             return Proposal(*tree)
@@ -197,8 +226,7 @@ class EarlyExitDrafter:
         pass  # the target's own cache is the only state
 
 
-def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblings: str | None = None,
-                 confidence: float | None = None) -> Drafter:  # fmt: skip
+def make_drafter(draft, target: CausalLM, cross_vocab=None, siblings=None, confidence=None) -> Drafter:
     """What a caller passed as `draft`, made into a drafter for `target` (the module docstring lists every kind)."""
     if cross_vocab is not None or siblings is not None or confidence is not None:
         check_drafting(draft, cross_vocab, siblings, confidence)
@@ -207,36 +235,42 @@ def make_drafter(draft, target: CausalLM, cross_vocab: str | None = None, siblin
     stop = None if confidence in (None, "auto") else ConfidenceStop(confidence)
     if isinstance(draft, LanguageModel):  # even draft is target works: it gets its own cache
         if draft.tokenizer and target.tokenizer and not same_tokenizer(draft, target):
-            raise ValueError(f"the draft {draft.name} tokenizes text differently from the target {target.name}: pass "
-                             "cross_vocab='tli' (any temperature) or 'slem' (greedy) to verify its drafts across "
-                             "tokenizers (--cross_vocab tli|slem)")  # fmt: skip
+            raise ValueError(OTHER_TOKENIZER.format(draft.name, target.name))
         drafter = ModelDrafter(draft, siblings=siblings or "without replacement", stop=stop)
     else:
         drafter = _as_drafter(draft, target, siblings or "without replacement", stop)
     if drafter.n_vocab != target.n_vocab:
-        raise ValueError(f"draft and target must share a vocabulary: the draft has {drafter.n_vocab} tokens, the "
-                         f"target {target.n_vocab}; pick a draft from the target's family (GPT-2 models all have "
-                         "50257)")  # fmt: skip
+        raise ValueError(OTHER_VOCABULARY.format(drafter.n_vocab, target.n_vocab))
     return drafter
 
 
 def check_drafting(draft, cross_vocab: str | None, siblings: str | None, confidence) -> None:
     """Refuse, in one line, a confidence bar or a way of drawing siblings for a draft they do not apply to."""
     if confidence is not None and (cross_vocab is not None or not _stoppable(draft)):
-        raise ValueError(f"a draft confidence bar cuts the chains of a draft model, early_exit:L, medusa:DIR or "
-                         f"eagle: it does not apply to {draft if isinstance(draft, str) else type(draft).__name__}"
-                         + (" with cross_vocab" if cross_vocab is not None else "")
-                         + (" (a lookup's drafts are certain: their confidence is always 1)"
-                            if isinstance(draft, str) and parse_draft(draft).kind in MODEL_FREE else "")
-                         + (" (a drafter object: build it with stop=ConfidenceStop(bar); a LookupFirst: its "
-                            "second drafter)" if isinstance(draft, Drafter) else ""))  # fmt: skip
+        raise ValueError(
+            f"a draft confidence bar cuts the chains of a draft model, early_exit:L, medusa:DIR or "
+            f"eagle: it does not apply to {draft if isinstance(draft, str) else type(draft).__name__}"
+            + (" with cross_vocab" if cross_vocab is not None else "")
+            + (
+                " (a lookup's drafts are certain: their confidence is always 1)"
+                if isinstance(draft, str) and parse_draft(draft).kind in MODEL_FREE
+                else ""
+            )
+            + (
+                " (a drafter object: build it with stop=ConfidenceStop(bar); a LookupFirst: its second drafter)"
+                if isinstance(draft, Drafter)
+                else ""
+            )
+        )
     if siblings is not None:
         check_siblings(siblings)
         early_exit = isinstance(draft, str) and parse_draft(draft).kind == "early_exit"
         if cross_vocab is not None or not (isinstance(draft, LanguageModel) or early_exit):
-            raise ValueError(f"siblings applies to a draft model or early_exit:L, which sample a tree's children; "
-                             f"not to {draft if isinstance(draft, str) else type(draft).__name__}"
-                             + (" with cross_vocab" if cross_vocab is not None else ""))  # fmt: skip
+            raise ValueError(
+                f"siblings applies to a draft model or early_exit:L, which sample a tree's children; "
+                f"not to {draft if isinstance(draft, str) else type(draft).__name__}"
+                + (" with cross_vocab" if cross_vocab is not None else "")
+            )
 
 
 def same_tokenizer(a, b) -> bool:
@@ -259,8 +293,10 @@ def _cross_vocab_drafter(draft, target, cross_vocab: str) -> Drafter:
         return draft  # made already (race makes one for all its runs)
     check_rule(cross_vocab)
     if not isinstance(draft, LanguageModel) or draft.tokenizer is None or target.tokenizer is None:
-        raise ValueError(f"cross_vocab verifies a draft MODEL's tokens across tokenizers: pass a GPT2 or Llama draft, "
-                         f"both with a tokenizer, not {draft!r:.60}")  # fmt: skip
+        raise ValueError(
+            f"cross_vocab verifies a draft MODEL's tokens across tokenizers: pass a GPT2 or Llama draft, "
+            f"both with a tokenizer, not {draft!r:.60}"
+        )
     return CrossVocabDrafter(draft, target, cross_vocab)
 
 

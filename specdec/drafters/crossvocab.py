@@ -100,7 +100,7 @@ class Branches:
 class CrossVocabDrafter:
     """A draft model with its own tokenizer, proposing TARGET token ids by TLI, SLEM or SLRS (module docstring).
 
-        speculative_sample(smollm2, stdlib_2l, "def f(x):", 40, cross_vocab="tli")  # makes one of these
+    speculative_sample(smollm2, stdlib_2l, "def f(x):", 40, cross_vocab="tli")  # makes one of these
     """
 
     def __init__(self, model, target, rule: str):
@@ -109,13 +109,15 @@ class CrossVocabDrafter:
         self.draft_tokenizer, self.target_tokenizer = model.tokenizer, target.tokenizer
         self.vocab = vocab_map(model.tokenizer, target.tokenizer, model.n_vocab, target.n_vocab)
         if not len(self.vocab.draft_ids):
-            raise ValueError(f"the draft {model.name} and the target {target.name} share no token: no rule can use "
-                             "its drafts")  # fmt: skip
+            raise ValueError(
+                f"the draft {model.name} and the target {target.name} share no token: no rule can use its drafts"
+            )
         self.to_draft = dict(zip(self.vocab.target_ids.tolist(), self.vocab.draft_ids.tolist()))
         self.target_control = control_ids(target.tokenizer)
         self.target_names = target.tokenizer.special_tokens_set
-        self.draft_control = {name: model.tokenizer.encode_single_token(name)
-                              for name in model.tokenizer.special_tokens_set}  # fmt: skip
+        self.draft_control = {
+            name: model.tokenizer.encode_single_token(name) for name in model.tokenizer.special_tokens_set
+        }
         self.extendable = extendable(target.tokenizer, target.n_vocab) if rule != "tli" else frozenset()
         # What SLRS reads at every node of its tree (branches); empty for the other rules.
         slrs = rule == "slrs"
@@ -123,8 +125,11 @@ class CrossVocabDrafter:
         self.longest = max(map(len, self.target_tokens), default=0)  # the longest target token, in bytes
         pieces = {i: b for b, i in ordinary_tokens(model.tokenizer, model.n_vocab).items()} if slrs else {}
         self.pieces = [pieces.get(x) for x in range(model.n_vocab)]  # [n_draft] bytes, None: not ordinary
-        self.control_to_target = {x: target.tokenizer.encode_single_token(name)  # a control token, by its name
-                                  for name, x in self.draft_control.items() if name in self.target_names}  # fmt: skip
+        self.control_to_target = {
+            x: target.tokenizer.encode_single_token(name)  # a control token, by its name
+            for name, x in self.draft_control.items()
+            if name in self.target_names
+        }
         self.branching: dict[bytes, Branches] = {}  # string -> its branches, filled as SLRS meets strings
         self.n_vocab = target.n_vocab  # proposals are target ids
         self.n_ctx = None  # the draft's own limit is handled by a window (`context`)
@@ -139,10 +144,12 @@ class CrossVocabDrafter:
             draft, target = self.draft_tokenizer, self.target_tokenizer
             passes = tokenization_tree_size(draft, target, self.model.n_vocab, self.n_vocab, SLRS_MAX_PASSES)
             if passes > SLRS_MAX_PASSES:
-                raise ValueError(f"cross_vocab 'slrs' sums over every {self.model.name} tokenization of every "
-                                 f"{self.target_name} token: more than {SLRS_MAX_PASSES:,} draft passes per drafted "
-                                 "token (SLRS_MAX_PASSES) for these vocabularies; sample with 'tli', or run 'slrs' "
-                                 "at temperature 0")  # fmt: skip
+                raise ValueError(
+                    f"cross_vocab 'slrs' sums over every {self.model.name} tokenization of every "
+                    f"{self.target_name} token: more than {SLRS_MAX_PASSES:,} draft passes per drafted "
+                    "token (SLRS_MAX_PASSES) for these vocabularies; sample with 'tli', or run 'slrs' "
+                    "at temperature 0"
+                )
 
     def begin(self, target, cache, prompt) -> None:
         self.cache.rollback(0)
@@ -393,8 +400,9 @@ class CrossVocabDrafter:
                 if y is not None:
                     ends.append(x)
                     ys.append(y)
-            self.branching[s] = Branches(np.array(ends, np.int64), np.array(ys, np.int64), frozenset(grows),
-                                         dict(zip(ends, ys)))  # fmt: skip
+            self.branching[s] = Branches(
+                np.array(ends, np.int64), np.array(ys, np.int64), frozenset(grows), dict(zip(ends, ys))
+            )
         return self.branching[s]
 
     def commit(self, ids, features) -> None:

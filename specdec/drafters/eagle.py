@@ -58,7 +58,16 @@ from ..model.linear import Linear
 from ..model.llama import LlamaBlock, LlamaHParams, llama_block, rms_norm, rope_tables
 from ..model.base import Row
 from ..sampling import draw
-from .heads import CONFIG_FILE, DraftVocab, HeadFileError, draft_argmax, draft_distribution, head_cross_entropy, load_heads, smooth_l1
+from .heads import (
+    CONFIG_FILE,
+    DraftVocab,
+    HeadFileError,
+    draft_argmax,
+    draft_distribution,
+    head_cross_entropy,
+    load_heads,
+    smooth_l1,
+)
 from .stopping import ChainGate, ConfidenceStop
 from .trees import dynamic_tree
 
@@ -318,8 +327,9 @@ class LlamaEagleModel:
     def __init__(self, params: dict[str, np.ndarray], hparams: LlamaHParams, block: str, n_ctx: int):
         self.hparams = LlamaHParams(**{**vars(hparams), "n_layer": 1, "n_ctx": n_ctx})
         self.fc = Linear(np.ascontiguousarray(params["fc"], F32), None)  # [e, 2e]: Linear's [n_out, n_in]
-        self.block = LlamaBlock.fuse(**{name: np.ascontiguousarray(params["blk." + name], F32)
-                                        for name in LlamaBlock.CHECKPOINT_NAMES})  # fmt: skip
+        self.block = LlamaBlock.fuse(
+            **{name: np.ascontiguousarray(params["blk." + name], F32) for name in LlamaBlock.CHECKPOINT_NAMES}
+        )
         self.fuse = Linear(np.ascontiguousarray(params["fuse"], F32), None) if block == "eagle3" else None
         self.norm = params.get("norm")
 
@@ -354,8 +364,10 @@ def head_block(folder) -> str:
     except (OSError, ValueError):
         return "gpt2"  # load_heads reports the missing or malformed file
     if block not in BLOCKS:
-        raise HeadFileError(f"{path}: 'block' is {show(block)}, expected one of {', '.join(map(repr, BLOCKS))}; "
-                            f"train heads with: python -m specdec.train eagle --model MODEL --out {folder}")  # fmt: skip
+        raise HeadFileError(
+            f"{path}: 'block' is {show(block)}, expected one of {', '.join(map(repr, BLOCKS))}; "
+            f"train heads with: python -m specdec.train eagle --model MODEL --out {folder}"
+        )
     return block
 
 
@@ -365,8 +377,10 @@ def head_shapes(folder, target):
     if block == "gpt2":
         return param_shapes
     if not isinstance(target.hparams, LlamaHParams):
-        raise HeadFileError(f"{folder}: these EAGLE heads have a Llama block ({block!r}) and draft only for a Llama "
-                            f"target, not {target.name!r}")  # fmt: skip
+        raise HeadFileError(
+            f"{folder}: these EAGLE heads have a Llama block ({block!r}) and draft only for a Llama "
+            f"target, not {target.name!r}"
+        )
     return lambda n_heads, n_embd: llama_param_shapes(target.hparams, block)
 
 
@@ -408,8 +422,15 @@ class EagleDrafter:
     tree (trees.dynamic_tree), each new layer fed in one block pass with a tree mask.
     """
 
-    def __init__(self, model, vocab: DraftVocab, wte: np.ndarray, width: int = 4, hidden_layers: list | None = None,
-                 stop: ConfidenceStop | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        vocab: DraftVocab,
+        wte: np.ndarray,
+        width: int = 4,
+        hidden_layers: list | None = None,
+        stop: ConfidenceStop | None = None,
+    ):
         self.model, self.vocab, self.wte, self.width = model, vocab, wte, width
         self.stop = stop  # a chain ends where the head's confidence falls below the bar (stopping.py)
         # The target's states commit() is given (interfaces.features_asked): None, the final one (EAGLE);

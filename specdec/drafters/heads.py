@@ -123,8 +123,15 @@ class HeadFileError(ValueError):
     """A head folder that is missing, malformed, or made for another model."""
 
 
-def save_heads(folder, kind: str, target: CausalLM, params: dict[str, np.ndarray], config: dict, vocab: DraftVocab,
-               half: bool = False) -> Path:  # fmt: skip
+def save_heads(
+    folder,
+    kind: str,
+    target: CausalLM,
+    params: dict[str, np.ndarray],
+    config: dict,
+    vocab: DraftVocab,
+    half: bool = False,
+) -> Path:
     """Write trained heads: heads.json, naming the model they belong to, and the tensors it names,
     heads-<sha256 prefix>.safetensors. Returns the tensors' path. Refuses (ValueError) heads holding
     NaN or inf. The two files are replaced as one (checkpoints/pairs.py): a process killed while
@@ -204,8 +211,12 @@ def load_heads(folder, kind: str, target: CausalLM, param_shapes) -> tuple[dict,
             raise HeadFileError(f"{folder} holds {have} heads, not {kind!r}: use '{have}:{folder}'")
         raise bad(f"'kind' is {show(have)}, expected one of {', '.join(map(repr, HEADS))}")
     model = show(config.get("model"))
-    for field, want in (("n_embd", target.n_embd), ("n_vocab", target.n_vocab), ("n_head", target.n_head),
-                        ("layer_norm_epsilon", target.hparams.layer_norm_epsilon)):  # fmt: skip
+    for field, want in (
+        ("n_embd", target.n_embd),
+        ("n_vocab", target.n_vocab),
+        ("n_head", target.n_head),
+        ("layer_norm_epsilon", target.hparams.layer_norm_epsilon),
+    ):
         if field not in config:
             raise bad(f"{field!r} is missing")
         if type(config[field]) is not type(want) or config[field] != want:  # (NOTE: JSON's true is no int here)
@@ -245,16 +256,19 @@ def load_heads(folder, kind: str, target: CausalLM, param_shapes) -> tuple[dict,
         raise HeadFileError(f"{weights_path}: unexpected tensor {show(unexpected[0])}; {retrain}")
     for tensor, shape in shapes.items():
         if tensors[tensor].shape != shape:
-            raise HeadFileError(f"{weights_path}: tensor {tensor!r} has shape {tensors[tensor].shape}, "
-                                f"{CONFIG_FILE} and the target imply {shape}; {retrain}")  # fmt: skip
+            raise HeadFileError(
+                f"{weights_path}: tensor {tensor!r} has shape {tensors[tensor].shape}, "
+                f"{CONFIG_FILE} and the target imply {shape}; {retrain}"
+            )
         if not np.isfinite(tensors[tensor]).all():
             raise HeadFileError(f"{weights_path}: tensor {tensor!r} holds NaN or infinite values; {retrain}")
     ids = tensors.pop("vocab_ids", None)
     if ids is not None:
         whole = ids == np.round(ids)
         if not (whole.all() and ids.min() >= 0 and ids.max() < target.n_vocab and len(np.unique(ids)) == len(ids)):
-            raise HeadFileError(f"{weights_path}: vocab_ids must be distinct whole numbers in 0..{target.n_vocab - 1}; "
-                                f"{retrain}")  # fmt: skip
+            raise HeadFileError(
+                f"{weights_path}: vocab_ids must be distinct whole numbers in 0..{target.n_vocab - 1}; {retrain}"
+            )
         ids = ids.astype(np.int64)
     return config, tensors, DraftVocab.of(target, ids)
 

@@ -54,8 +54,10 @@ class LookupFirst:
 
     def __init__(self, lookup, then: Drafter, then_k: int | None = None):
         if lookup.n_vocab != then.n_vocab:
-            raise ValueError(f"the lookup has {lookup.n_vocab} tokens and the drafter after it {then.n_vocab}: "
-                             "both must have the target's vocabulary")  # fmt: skip
+            raise ValueError(
+                f"the lookup has {lookup.n_vocab} tokens and the drafter after it {then.n_vocab}: "
+                "both must have the target's vocabulary"
+            )
         self.lookup, self.then = lookup, then
         # the second drafter's most a round, below K (suffix+X: the lookup sizes itself up to 32, X drafts 4)
         self.then_k = then_k if then_k is not None else THEN_K if hasattr(lookup, "k_default") else None
@@ -100,8 +102,10 @@ class LookupFirst:
     def fresh(self) -> LookupFirst:
         """A drafter for another sequence (a batch gives each row one): a fresh lookup and second drafter."""
         if not hasattr(self.then, "fresh"):
-            raise ValueError(f"a batch gives each row its own drafter, and {type(self.then).__name__} has no "
-                             "per-row copy: use ngram+eagle or ngram+medusa:DIR with --batch")  # fmt: skip
+            raise ValueError(
+                f"a batch gives each row its own drafter, and {type(self.then).__name__} has no "
+                "per-row copy: use ngram+eagle or ngram+medusa:DIR with --batch"
+            )
         return LookupFirst(self.lookup.fresh(), self.then.fresh(), self.then_k)
 
     def begin(self, target, cache, prompt) -> None:

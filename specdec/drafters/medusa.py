@@ -132,8 +132,9 @@ class MedusaDrafter:
     per expanded node): one head evaluation serves the whole tree.
     """
 
-    def __init__(self, params: dict[str, np.ndarray], vocab: DraftVocab, width: int = 4,
-                 stop: ConfidenceStop | None = None):  # fmt: skip
+    def __init__(
+        self, params: dict[str, np.ndarray], vocab: DraftVocab, width: int = 4, stop: ConfidenceStop | None = None
+    ):
         self.params, self.vocab, self.width = params, vocab, width
         self.stop = stop  # a chain ends where the heads' confidence falls below the bar (stopping.py)
         self.n_heads = params["w"].shape[0]

@@ -81,7 +81,11 @@ class DraftSpec:
         if self.kind == "early_exit":
             return f"the target's first {self.arg} layer{'' if self.arg == 1 else 's'}"
         if self.kind in HEADS:
-            return f"{HEADS[self.kind]} heads from {self.arg}" if self.arg else f"the {HEADS[self.kind]} head shipped for the target"
+            return (
+                f"{HEADS[self.kind]} heads from {self.arg}"
+                if self.arg
+                else f"the {HEADS[self.kind]} head shipped for the target"
+            )
         return str(self.arg)
 
 

@@ -50,19 +50,19 @@ import numpy as np
 class ConfidenceStop:
     """Stop a chain before the position where the draft's path confidence would fall below `bar`.
 
-        EagleDrafter.load(folder, target, stop=ConfidenceStop(0.3))   # or draft_confidence=0.3
-        ConfidenceStop(costmodel.confidence_bar(costs.c, costs.r))     # or draft_confidence="auto"
+    EagleDrafter.load(folder, target, stop=ConfidenceStop(0.3))   # or draft_confidence=0.3
+    ConfidenceStop(costmodel.confidence_bar(costs.c, costs.r))     # or draft_confidence="auto"
     """
 
     bar: float  # in (0, 1]: 0 would never stop, and a path confidence never exceeds 1
 
     def __post_init__(self):
         if isinstance(self.bar, bool) or not isinstance(self.bar, (int, float, np.floating)):
-            raise ValueError(f"draft_confidence (a bar on the draft's confidence) is a number in (0, 1], "
-                             f"not {self.bar!r}")  # fmt: skip
+            raise ValueError(
+                f"draft_confidence (a bar on the draft's confidence) is a number in (0, 1], not {self.bar!r}"
+            )
         if not (math.isfinite(self.bar) and 0 < self.bar <= 1):
-            raise ValueError(f"draft_confidence (a bar on the draft's confidence) must lie in (0, 1], "
-                             f"got {self.bar}")  # fmt: skip
+            raise ValueError(f"draft_confidence (a bar on the draft's confidence) must lie in (0, 1], got {self.bar}")
 
 
 class ChainGate:

@@ -106,11 +106,11 @@ class CausalLM(Protocol):
 
     def new_cache(self, capacity: int | None = None) -> KVCache: ...
 
-    def forward(self, tokens, cache: KVCache, last_only: bool = False, n_layer: int | None = None,
-                return_hidden: bool = False, parents=None): ...  # fmt: skip
+    def forward(self, tokens, cache: KVCache, last_only=False, n_layer=None, return_hidden=False, parents=None): ...
 
-    def forward_batch(self, tokens: list, caches: list[KVCache], last_only: bool = False,
-                      n_layer: int | None = None, return_hidden: bool = False, parents: list | None = None): ...  # fmt: skip
+    def forward_batch(
+        self, tokens: list, caches: list[KVCache], last_only=False, n_layer=None, return_hidden=False, parents=None
+    ): ...
 
     def __call__(self, tokens) -> np.ndarray: ...
 
@@ -145,8 +145,9 @@ class LanguageModel:
 
     # --- what each architecture supplies -----------------------------------
 
-    def embed_and_run(self, flat: np.ndarray, positions: np.ndarray, rows: list, n_layer: int,
-                      states: dict | None = None) -> np.ndarray:  # fmt: skip
+    def embed_and_run(
+        self, flat: np.ndarray, positions: np.ndarray, rows: list, n_layer: int, states: dict | None = None
+    ) -> np.ndarray:
         """[n_tok] token ids at [n_tok] positions -> [n_tok, n_embd] after the first n_layer blocks.
         states: {layer: None, ...}, filled in with the residual stream after that many blocks (0: the embeddings)."""
         raise NotImplementedError
@@ -199,14 +200,14 @@ class LanguageModel:
 
         return self.cast(convert)
 
-    def forward(self, tokens, cache: KVCache, last_only: bool = False, n_layer: int | None = None,
-                return_hidden: bool = False, parents=None):  # fmt: skip
+    def forward(self, tokens, cache: KVCache, last_only=False, n_layer=None, return_hidden=False, parents=None):
         """[n_seq] new tokens after the cache's -> [n_seq, n_vocab] logits (options: the module docstring)."""
         out = LanguageModel.forward_batch(self, [tokens], [cache], last_only, n_layer, return_hidden, [parents])
         return (out[0][0], out[1][0]) if return_hidden else out[0]
 
-    def forward_batch(self, tokens: list, caches: list[KVCache], last_only: bool = False,
-                      n_layer: int | None = None, return_hidden: bool = False, parents: list | None = None):  # fmt: skip
+    def forward_batch(
+        self, tokens: list, caches: list[KVCache], last_only=False, n_layer=None, return_hidden=False, parents=None
+    ):
         """Row b's new tokens[b] after caches[b]'s, in one pass -> one logits array per row (and hidden states)."""
         n_layer, layers = self.check_pass(n_layer, return_hidden)
         if all(p is None for p in parents or [None]) and sum(map(len, tokens)) > PREFILL_CHUNK:  # a long prompt
@@ -266,11 +267,13 @@ class Row:
     bias: np.ndarray | None  # [n_seq, n_past + n_seq] attention mask (see `attention`), None for one token
 
 
+ROWS_AND_CACHES = "a batch needs one cache per row and at least one row, got {} rows and {} caches"
+
+
 def check_rows(tokens: list, caches: list[KVCache]) -> None:
     """At least one row, one cache of its own per row, and at least one new token in every row."""
     if len(tokens) == 0 or len(tokens) != len(caches):
-        raise ValueError(f"a batch needs one cache per row and at least one row, got {len(tokens)} rows and "
-                         f"{len(caches)} caches")  # fmt: skip
+        raise ValueError(ROWS_AND_CACHES.format(len(tokens), len(caches)))
     if len({id(c) for c in caches}) != len(caches):
         raise ValueError("every row of a batch needs its own KV cache: two rows were given the same one")
     if any(len(row_tokens) < 1 for row_tokens in tokens):

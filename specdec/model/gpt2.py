@@ -198,8 +198,9 @@ class GPT2(LanguageModel):
             f"n_head={h.n_head}, n_vocab={h.n_vocab}, n_ctx={h.n_ctx})"
         )
 
-    def embed_and_run(self, flat: np.ndarray, positions: np.ndarray, rows: list[Row], n_layer: int,
-                      states: dict | None = None) -> np.ndarray:  # fmt: skip
+    def embed_and_run(
+        self, flat: np.ndarray, positions: np.ndarray, rows: list[Row], n_layer: int, states: dict | None = None
+    ) -> np.ndarray:
         """Token ids and positions -> [n_tok, n_embd] after the first n_layer blocks (states: base.embed_and_run)."""
         w = self.weights
         x = w.wte[flat] + w.wpe[positions]  # [n_tok, n_embd]: token plus learned position embedding

@@ -122,17 +122,43 @@ class LlamaBlock:
     ffn_gate = FusedRows("ffn_gate_up", 0)  # [n_embd] -> [n_ff]
     ffn_up = FusedRows("ffn_gate_up", 1)  # [n_embd] -> [n_ff]
 
-    CHECKPOINT_NAMES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-                        "ffn_down")  # fmt: skip
+    CHECKPOINT_NAMES = (
+        "attn_norm",
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_output",
+        "ffn_norm",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+    )
 
     @classmethod
-    def fuse(cls, attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down,
-             qkv_bias: tuple | None = None) -> LlamaBlock:  # fmt: skip
+    def fuse(
+        cls,
+        attn_norm,
+        attn_q,
+        attn_k,
+        attn_v,
+        attn_output,
+        ffn_norm,
+        ffn_gate,
+        ffn_up,
+        ffn_down,
+        qkv_bias: tuple | None = None,
+    ) -> LlamaBlock:
         """A block from the checkpoint's tensors: norms [n_embd], matrices as stored, [n_out, n_in];
         qkv_bias: (b_q, b_k, b_v) where q, k and v have biases (qwen2.py), stacked like their matrices."""
         b_qkv = None if qkv_bias is None else np.concatenate(qkv_bias)  # [(n_head + 2 * n_kv_head) * d_head]
-        return cls(attn_norm, Linear(np.concatenate([attn_q, attn_k, attn_v]), b_qkv), Linear(attn_output, None),
-                   ffn_norm, Linear(np.concatenate([ffn_gate, ffn_up]), None), Linear(ffn_down, None))  # fmt: skip
+        return cls(
+            attn_norm,
+            Linear(np.concatenate([attn_q, attn_k, attn_v]), b_qkv),
+            Linear(attn_output, None),
+            ffn_norm,
+            Linear(np.concatenate([ffn_gate, ffn_up]), None),
+            Linear(ffn_down, None),
+        )
 
     def part_edges(self, fused: str) -> tuple[int, ...]:
         """Where each part of a fused matrix starts and stops, in its rows."""
@@ -147,8 +173,17 @@ class LlamaBlock:
     def checkpoint_shapes(h: LlamaHParams) -> dict[str, tuple[int, ...]]:
         """{GGUF name: shape} of one block's nine tensors, matrices as stored ([n_out, n_in])."""
         e, dq, dkv = h.n_embd, h.n_head * h.d_head, h.n_kv_head * h.d_head
-        return {"attn_norm": (e,), "attn_q": (dq, e), "attn_k": (dkv, e), "attn_v": (dkv, e), "attn_output": (e, dq),
-                "ffn_norm": (e,), "ffn_gate": (h.n_ff, e), "ffn_up": (h.n_ff, e), "ffn_down": (e, h.n_ff)}  # fmt: skip
+        return {
+            "attn_norm": (e,),
+            "attn_q": (dq, e),
+            "attn_k": (dkv, e),
+            "attn_v": (dkv, e),
+            "attn_output": (e, dq),
+            "ffn_norm": (e,),
+            "ffn_gate": (h.n_ff, e),
+            "ffn_up": (h.n_ff, e),
+            "ffn_down": (e, h.n_ff),
+        }
 
     def checkpoint_tensors(self) -> dict:
         """{GGUF name: the norm's array or the matrix's Linear}, the checkpoint's nine (views, no copies)."""
@@ -245,8 +280,9 @@ def llama_block(x, block: LlamaBlock, h: LlamaHParams, rows: list[Row], layer: i
         n_kv = row.n_past + n_seq
         row.cache.k[layer, :, row.n_past : n_kv] = k[:, s]
         row.cache.v[layer, :, row.n_past : n_kv] = v[:, s]
-        o = grouped_attention(q[:, s], row.cache.k[layer, :, :n_kv], row.cache.v[layer, :, :n_kv], row.bias,
-                              h.n_kv_head)  # fmt: skip
+        o = grouped_attention(
+            q[:, s], row.cache.k[layer, :, :n_kv], row.cache.v[layer, :, :n_kv], row.bias, h.n_kv_head
+        )
         out[s] = o.transpose(1, 0, 2).reshape(n_seq, h.n_embd)  # [n_head, n_seq, d] -> [n_seq, n_embd]
     x = x + out @ block.attn_output
 
@@ -265,11 +301,14 @@ class Llama(LanguageModel):
 
     def __repr__(self) -> str:
         h = self.hparams
-        return (f"{type(self).__name__}({self.name!r}, n_layer={h.n_layer}, n_embd={h.n_embd}, n_head={h.n_head}, "
-                f"n_kv_head={h.n_kv_head}, n_vocab={h.n_vocab}, n_ctx={h.n_ctx})")  # fmt: skip
+        return (
+            f"{type(self).__name__}({self.name!r}, n_layer={h.n_layer}, n_embd={h.n_embd}, n_head={h.n_head}, "
+            f"n_kv_head={h.n_kv_head}, n_vocab={h.n_vocab}, n_ctx={h.n_ctx})"
+        )
 
-    def embed_and_run(self, flat: np.ndarray, positions: np.ndarray, rows: list[Row], n_layer: int,
-                      states: dict | None = None) -> np.ndarray:  # fmt: skip
+    def embed_and_run(
+        self, flat: np.ndarray, positions: np.ndarray, rows: list[Row], n_layer: int, states: dict | None = None
+    ) -> np.ndarray:
         """Token ids and positions -> [n_tok, n_embd] after the first n_layer blocks (states: base.embed_and_run)."""
         w, h = self.weights, self.hparams
         dtype = w.wte.dtype
@@ -312,9 +351,20 @@ def random_llama(hparams: LlamaHParams | None = None, seed: int = 0, scale: floa
         return normal(n_out, n_in)  # [n_out, n_in], as GGUF stores it
 
     kv = h.n_kv_head * h.d_head
-    blocks = [LlamaBlock.fuse(F32(1) + normal(h.n_embd, std=0.1), lin(h.n_embd, h.n_embd), lin(h.n_embd, kv),
-                              lin(h.n_embd, kv), lin(h.n_embd, h.n_embd), F32(1) + normal(h.n_embd, std=0.1),
-                              lin(h.n_embd, h.n_ff), lin(h.n_embd, h.n_ff), lin(h.n_ff, h.n_embd))
-              for _ in range(h.n_layer)]  # fmt: skip
-    return Llama(h, LlamaWeights(normal(h.n_vocab, h.n_embd), blocks, F32(1) + normal(h.n_embd, std=0.1)),
-                 name="random-llama")  # fmt: skip
+    blocks = [
+        LlamaBlock.fuse(
+            F32(1) + normal(h.n_embd, std=0.1),
+            lin(h.n_embd, h.n_embd),
+            lin(h.n_embd, kv),
+            lin(h.n_embd, kv),
+            lin(h.n_embd, h.n_embd),
+            F32(1) + normal(h.n_embd, std=0.1),
+            lin(h.n_embd, h.n_ff),
+            lin(h.n_embd, h.n_ff),
+            lin(h.n_ff, h.n_embd),
+        )
+        for _ in range(h.n_layer)
+    ]
+    return Llama(
+        h, LlamaWeights(normal(h.n_vocab, h.n_embd), blocks, F32(1) + normal(h.n_embd, std=0.1)), name="random-llama"
+    )

@@ -157,8 +157,8 @@ PRE_TOKENIZERS = {
     "gpt2": GPT2_PATTERN,
     "smollm": r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+""",
     "qwen2": r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-             r"""|\s*[\r\n]+|\s+(?!\S)|\s+""",
-}  # fmt: skip
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+""",
+}
 NORMAL, CONTROL = 1, 3  # tokenizer.ggml.token_type of ordinary tokens and of special ones such as <|im_start|>
 
 
@@ -194,8 +194,9 @@ class ByteLevelEncoding(tiktoken.Encoding):
         return super().encode_ordinary(text)
 
 
-def byte_level_bpe(tokens: dict[int, str], special: dict[str, int], merges: list[str], pre: str,
-                   source) -> ByteLevelEncoding:  # fmt: skip
+def byte_level_bpe(
+    tokens: dict[int, str], special: dict[str, int], merges: list[str], pre: str, source
+) -> ByteLevelEncoding:
     """The tiktoken Encoding for a byte-level BPE: ordinary tokens {id: token in GPT-2's byte alphabet},
     special tokens {text: id}, merges "a b" in order, and a pre-tokenizer named in PRE_TOKENIZERS.
 
@@ -207,7 +208,11 @@ def byte_level_bpe(tokens: dict[int, str], special: dict[str, int], merges: list
     decode = byte_decoder()
 
     def spelt(token) -> bytes | None:  # a token's bytes, or None when it is not in GPT-2's byte alphabet
-        return bytes(decode[c] for c in token) if isinstance(token, str) and token and set(token) <= decode.keys() else None
+        return (
+            bytes(decode[c] for c in token)
+            if isinstance(token, str) and token and set(token) <= decode.keys()
+            else None
+        )
 
     ranks = {}
     for i, token in tokens.items():
@@ -225,18 +230,26 @@ def byte_level_bpe(tokens: dict[int, str], special: dict[str, int], merges: list
     # exactly the merges' results in merge order (SmolLM2: 235 bytes, then merge j makes id 252 + j).
     merged = sorted(i for b, i in ranks.items() if len(b) > 1)
     if len(merged) != len(merges):
-        raise ValueError(f"{source}: {len(merged)} multi-byte tokens but {len(merges)} merges; tiktoken would "
-                         "tokenize differently")  # fmt: skip
+        raise ValueError(
+            f"{source}: {len(merged)} multi-byte tokens but {len(merges)} merges; tiktoken would tokenize differently"
+        )
     for j, (line, i) in enumerate(zip(merges, merged)):
         parts = line.split(" ") if isinstance(line, str) else []
         ids = [ranks.get(spelt(part)) for part in parts] if len(parts) == 2 else [None]
         if None in ids or "".join(parts) != tokens[i] or max(ids) >= i:
-            raise ValueError(f"{source}: merge {j} ({line!r:.40}) does not make token {i} ({tokens[i]!r:.40}) from two "
-                             "earlier tokens: ids are out of merge order, so tiktoken would tokenize differently")  # fmt: skip
+            raise ValueError(
+                f"{source}: merge {j} ({line!r:.40}) does not make token {i} ({tokens[i]!r:.40}) from two "
+                "earlier tokens: ids are out of merge order, so tiktoken would tokenize differently"
+            )
     missing = frozenset(b for b in range(256) if bytes([b]) not in ranks)
     try:
-        return ByteLevelEncoding(name=f"bpe-{pre}", pat_str=PRE_TOKENIZERS[pre], mergeable_ranks=ranks,
-                                 special_tokens=special, missing_bytes=missing)  # fmt: skip
+        return ByteLevelEncoding(
+            name=f"bpe-{pre}",
+            pat_str=PRE_TOKENIZERS[pre],
+            mergeable_ranks=ranks,
+            special_tokens=special,
+            missing_bytes=missing,
+        )
     except BaseException as e:  # noqa: B036 (tiktoken's Rust panics are BaseExceptions)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
@@ -267,8 +280,10 @@ def gguf_encoding(metadata: dict, source) -> ByteLevelEncoding:
         elif kind == NORMAL:
             ordinary[i] = token
         else:
-            raise ValueError(f"{source}: token {i} ({token!r:.40}) has type {kind!r}; specdec reads normal (1) and "
-                             "control (3) tokens")  # fmt: skip
+            raise ValueError(
+                f"{source}: token {i} ({token!r:.40}) has type {kind!r}; specdec reads normal (1) and "
+                "control (3) tokens"
+            )
     return byte_level_bpe(ordinary, special, merges, pre, source)
 
 
@@ -294,8 +309,12 @@ def hf_tokenizer_encoding(path: str | Path) -> ByteLevelEncoding:
     if not isinstance(model, dict) or model.get("type", "BPE") != "BPE":
         kind = model.get("type") if isinstance(model, dict) else None
         raise ValueError(f"{path}: tokenizer model {kind!r}; specdec reads byte-level BPE tokenizers ('BPE')")
-    for key, harmless in (("byte_fallback", (None, False)), ("dropout", (None,)),
-                          ("continuing_subword_prefix", (None, "")), ("end_of_word_suffix", (None, ""))):  # fmt: skip
+    for key, harmless in (
+        ("byte_fallback", (None, False)),
+        ("dropout", (None,)),
+        ("continuing_subword_prefix", (None, "")),
+        ("end_of_word_suffix", (None, "")),
+    ):
         if model.get(key) not in harmless:
             raise ValueError(f"{path}: model.{key} is {model.get(key)!r:.40}; specdec's BPE does not implement it")
     if spec.get("normalizer") is not None:
@@ -311,8 +330,10 @@ def hf_tokenizer_encoding(path: str | Path) -> ByteLevelEncoding:
         if not ok:
             raise ValueError(f"{path}: added_tokens entry {entry!r:.80} is malformed")
         if not entry.get("special", False):
-            raise ValueError(f"{path}: added token {entry['content']!r:.40} is not special; specdec treats every "
-                             "added token as a special token")  # fmt: skip
+            raise ValueError(
+                f"{path}: added token {entry['content']!r:.40} is not special; specdec treats every "
+                "added token as a special token"
+            )
         special[entry["content"]] = entry["id"]
     ordinary = {}
     for token, i in vocab.items():
@@ -333,21 +354,33 @@ def _hf_pre_tokenizer(spec, path) -> str:
     """The PRE_TOKENIZERS name for a tokenizer.json pre_tokenizer, or a ValueError naming what it is."""
 
     def byte_level(p) -> bool:
-        return (isinstance(p, dict) and p.get("type") == "ByteLevel" and p.get("use_regex", True)
-                and not p.get("add_prefix_space", False))  # fmt: skip
+        return (
+            isinstance(p, dict)
+            and p.get("type") == "ByteLevel"
+            and p.get("use_regex", True)
+            and not p.get("add_prefix_space", False)
+        )
 
     if byte_level(spec):
         return "gpt2"
     steps = spec.get("pretokenizers") if isinstance(spec, dict) and spec.get("type") == "Sequence" else None
-    if (isinstance(steps, list) and len(steps) == 2 and isinstance(steps[0], dict) and steps[0].get("type") == "Digits"
-            and steps[0].get("individual_digits") is True and byte_level(steps[1])):  # fmt: skip
+    if (
+        isinstance(steps, list)
+        and len(steps) == 2
+        and isinstance(steps[0], dict)
+        and steps[0].get("type") == "Digits"
+        and steps[0].get("individual_digits") is True
+        and byte_level(steps[1])
+    ):
         return "smollm"
     if isinstance(spec, dict) and spec.get("type") == "Sequence" and isinstance(steps, list):
         what = "Sequence[" + ", ".join(str(s.get("type")) if isinstance(s, dict) else "?" for s in steps) + "]"
     else:
         what = spec.get("type") if isinstance(spec, dict) else spec
-    raise ValueError(f"{path}: pre-tokenizer {what!r:.80} (with these settings) is unknown to specdec; it reads "
-                     "GPT-2's ByteLevel and SmolLM2's Digits + ByteLevel")  # fmt: skip
+    raise ValueError(
+        f"{path}: pre-tokenizer {what!r:.80} (with these settings) is unknown to specdec; it reads "
+        "GPT-2's ByteLevel and SmolLM2's Digits + ByteLevel"
+    )
 
 
 def encode_text(tokenizer, text: str, allow_special: bool = False) -> list[int]:

@@ -175,7 +175,8 @@ class RaceReport:
         misprice either, and suffix decoding, which sizes every round by its own evidence (0 to 32 drafts)."""
         settings = self.settings
         return settings.get("draft_confidence_bar") is not None or any(
-            settings.get(key) for key in ("lookup_first", "sizes_itself"))
+            settings.get(key) for key in ("lookup_first", "sizes_itself")
+        )
 
     @property
     def speedup(self) -> float:
@@ -219,7 +220,7 @@ class RaceReport:
 
     @property
     def verdict(self) -> str:
-        """"faster", "slower" or "within noise": the speedup against 1x, give or take the margin; "noise" when the
+        """ "faster", "slower" or "within noise": the speedup against 1x, give or take the margin; "noise" when the
         measured speedup exceeds what the passes allow (passes_bound) by more than the margin: no run is faster
         than its passes, so such a figure is the timings' noise, not a speed-up."""
         if not self.speedups:
@@ -316,10 +317,25 @@ class RaceReport:
         return render.to_html(self)
 
 
-def race(target: CausalLM, draft, prompt, n_tokens: int, K=None, temperature: float | None = None, *,
-         seed: int | None = 0, repeats: int = 3, warmup: bool = True, decoders=DECODERS, on_token: TokenCallback | None = None,
-         on_decoder: Callable[[str], None] | None = None, on_status: Callable[[str], None] | None = None,
-         request: Request | None = None, config: Config | None = None, **settings) -> RaceReport:  # fmt: skip
+def race(
+    target: CausalLM,
+    draft,
+    prompt,
+    n_tokens: int,
+    K=None,
+    temperature: float | None = None,
+    *,
+    seed: int | None = 0,
+    repeats: int = 3,
+    warmup: bool = True,
+    decoders=DECODERS,
+    on_token: TokenCallback | None = None,
+    on_decoder: Callable[[str], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+    request: Request | None = None,
+    config: Config | None = None,
+    **settings,
+) -> RaceReport:
     """Run both samplers `repeats` times on the same request, interleaved, and time them.
 
     prompt, draft, K and any other setting of a Config (by name or config=): as speculative_sample's.
@@ -343,22 +359,44 @@ def race(target: CausalLM, draft, prompt, n_tokens: int, K=None, temperature: fl
     run_speculative = "speculative" in decoders
     if not run_speculative:
         if config.draft_confidence is not None:
-            raise ValueError("draft_confidence cuts the speculative decoder's drafts: it needs 'speculative' in "
-                             "decoders")  # fmt: skip
+            raise ValueError(
+                "draft_confidence cuts the speculative decoder's drafts: it needs 'speculative' in decoders"
+            )
         config = replace(config, verification="token", cross_vocab=None, siblings=None, tree=None)
     status = on_status or (lambda text: None)
     try:  # the costs price speculative rounds: timed (once in this process) only when some run
-        run = setup(target, draft if run_speculative else None, prompt, n_tokens, config, request,
-                    costs=run_speculative, say=lambda line: status(line))  # fmt: skip
+        run = setup(
+            target,
+            draft if run_speculative else None,
+            prompt,
+            n_tokens,
+            config,
+            request,
+            costs=run_speculative,
+            say=lambda line: status(line),
+        )
     except KeyboardInterrupt:
         raise RaceInterrupted(None, "measuring the costs") from None
     drafter, costs, request = run.drafter, run.costs, run.request
-    settings = dict(prompt_tokens=len(request.prompt), n_tokens=n_tokens, draft=_name(draft), K=config.K,
-                    temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, seed=seed, repeats=repeats,
-                    tree=config.tree, verification=config.verification, cross_vocab=config.cross_vocab,
-                    siblings=config.siblings, draft_confidence=config.draft_confidence,
-                    draft_confidence_bar=getattr(getattr(drafter, "stop", None), "bar", None),
-                    lookup_first=isinstance(drafter, LookupFirst), sizes_itself=hasattr(drafter, "r"))  # fmt: skip
+    settings = dict(
+        prompt_tokens=len(request.prompt),
+        n_tokens=n_tokens,
+        draft=_name(draft),
+        K=config.K,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        seed=seed,
+        repeats=repeats,
+        tree=config.tree,
+        verification=config.verification,
+        cross_vocab=config.cross_vocab,
+        siblings=config.siblings,
+        draft_confidence=config.draft_confidence,
+        draft_confidence_bar=getattr(getattr(drafter, "stop", None), "bar", None),
+        lookup_first=isinstance(drafter, LookupFirst),
+        sizes_itself=hasattr(drafter, "r"),
+    )
     report = RaceReport(settings, costs, tokenizer=target.tokenizer)
 
     def run_once(name: str, n: int, stream: TokenCallback | None) -> Run:

@@ -19,7 +19,6 @@ import numpy as np
 from ..result import fmt, sparkline, token_pieces, trace_html
 
 
-
 def plural(n: int, word: str) -> str:
     """n and the noun, in the plural unless n is 1; a noun ending in s takes es.
 
@@ -27,6 +26,7 @@ def plural(n: int, word: str) -> str:
     ('1 token', '3 rounds', '2 passes')
     """
     return f"{n} {word}" + ("" if n == 1 else "es" if word.endswith("s") else "s")
+
 
 def to_dict(report) -> dict:
     """Everything as plain JSON values (nan -> None), as main.py --json prints it."""
@@ -45,14 +45,23 @@ def to_dict(report) -> dict:
         if report.tokenizer is not None:
             out[name]["text"] = report.tokenizer.decode(r.tokens)
         if name == "speculative":
-            out[name].update({
-                "rounds": r.rounds, "prefill_calls": r.prefill_calls, "drafted": r.drafted,
-                "judged": sum(r.judged), "accepted": r.accepted, "alpha": r.alpha,
-                "acceptance_by_position": r.acceptance_by_position, "kinds": r.kinds,
-                "accepted_histogram": r.accepted_histogram, "mean_k": r.mean_k,
-                "draft_seconds": run.draft_seconds, "verify_seconds": run.verify_seconds,
-                "sampler_seconds": run.sampler_seconds,
-            })  # fmt: skip
+            out[name].update(
+                {
+                    "rounds": r.rounds,
+                    "prefill_calls": r.prefill_calls,
+                    "drafted": r.drafted,
+                    "judged": sum(r.judged),
+                    "accepted": r.accepted,
+                    "alpha": r.alpha,
+                    "acceptance_by_position": r.acceptance_by_position,
+                    "kinds": r.kinds,
+                    "accepted_histogram": r.accepted_histogram,
+                    "mean_k": r.mean_k,
+                    "draft_seconds": run.draft_seconds,
+                    "verify_seconds": run.verify_seconds,
+                    "sampler_seconds": run.sampler_seconds,
+                }
+            )
             out[name].update(  # the same rounds as the serving engines count them (engine_rows)
                 draft_acceptance_rate=r.draft_acceptance_rate,
                 mean_acceptance_length=r.mean_acceptance_length,
@@ -61,13 +70,28 @@ def to_dict(report) -> dict:
                 accepted_per_second=run.accepted_per_second,
             )
     c = report.costs
-    out["costs"] = None if c is None else {
-        "target_step_seconds": c.target_step, "draft_step_seconds": c.draft_step, "c": c.c, "r": c.r, "note": c.note,
-    }  # fmt: skip
+    out["costs"] = (
+        None
+        if c is None
+        else {
+            "target_step_seconds": c.target_step,
+            "draft_step_seconds": c.draft_step,
+            "c": c.c,
+            "r": c.r,
+            "note": c.note,
+        }
+    )
     if report.spec:
-        out["summary"] = {"speedup": report.speedup, "speedup_is": report.speedup_label, "speedups": report.speedups,
-                          "spread": list(report.spread), "margin": report.margin, "verdict": report.verdict,
-                          "texts_identical": report.texts_identical, **report.explain()}  # fmt: skip
+        out["summary"] = {
+            "speedup": report.speedup,
+            "speedup_is": report.speedup_label,
+            "speedups": report.speedups,
+            "spread": list(report.spread),
+            "margin": report.margin,
+            "verdict": report.verdict,
+            "texts_identical": report.texts_identical,
+            **report.explain(),
+        }
     return jsonable(out)
 
 
@@ -102,8 +126,9 @@ def timing_lines(report) -> list[str]:
         r = run.result
         n = len(runs)
         median = f", the median of {n} repeats" if n > 1 else ""
-        line = (f"[{name}] {len(r.tokens)} tokens in {run.seconds:.2f} s ({run.tokens_per_second:.1f} tokens/s"
-                f"{median}), ")  # fmt: skip
+        line = (
+            f"[{name}] {len(r.tokens)} tokens in {run.seconds:.2f} s ({run.tokens_per_second:.1f} tokens/s{median}), "
+        )
         line += f"{r.target_calls} target passes"
         if name == "speculative":
             line += f", {r.draft_calls} draft passes"
@@ -121,8 +146,10 @@ def summary_lines(report) -> list[str]:
     if spec is None:
         ar = report.ar
         per_token = f"{ar.seconds / len(ar.result.tokens) * 1e3:.1f} ms" if ar and ar.result.tokens else "-"
-        return [f"autoregressive: {per_token} per new token, the pass over the prompt included (no forward-pass "
-                "costs measured: they price speculative rounds, and none ran)"]  # fmt: skip
+        return [
+            f"autoregressive: {per_token} per new token, the pass over the prompt included (no forward-pass "
+            "costs measured: they price speculative rounds, and none ran)"
+        ]
     costs = f"{c.c:.3f}  ({c.draft_step * 1e3:.1f} ms vs {c.target_step * 1e3:.1f} ms)"
     r, summary = spec.result, report.explain()
     tree = "tree_predicted_speedup" in summary  # a tree: one pass checks several candidates per depth
@@ -134,24 +161,29 @@ def summary_lines(report) -> list[str]:
     predicted = summary.get("tree_predicted_speedup", summary.get("predicted_speedup_from_rounds", math.nan))
     rows = speedup_rows(report, predicted) if report.ar else []
     rows += [
-        ("alpha (accepted / judged drafts)",
-         f"{fmt(r.alpha)}  ({r.accepted} accepted of {sum(r.judged)} judged; {r.drafted} drafted)"),
-        ("tau (tokens per round = per target pass)",
-         f"{fmt(r.tau)}  ({plural(len(r.tokens), 'token')} in {plural(r.rounds, 'round')}{prompt_pass})"),
-        (f"acceptance at {'depth' if tree else 'draft position'} 1..K",
-         "  ".join(fmt(a) for a in r.acceptance_by_position[:widest]) or "-"),
-        ("rounds by drafts accepted (0, 1, ...)",
-         f"{histogram}  {sparkline(histogram)}"),
+        (
+            "alpha (accepted / judged drafts)",
+            f"{fmt(r.alpha)}  ({r.accepted} accepted of {sum(r.judged)} judged; {r.drafted} drafted)",
+        ),
+        (
+            "tau (tokens per round = per target pass)",
+            f"{fmt(r.tau)}  ({plural(len(r.tokens), 'token')} in {plural(r.rounds, 'round')}{prompt_pass})",
+        ),
+        (
+            f"acceptance at {'depth' if tree else 'draft position'} 1..K",
+            "  ".join(fmt(a) for a in r.acceptance_by_position[:widest]) or "-",
+        ),
+        ("rounds by drafts accepted (0, 1, ...)", f"{histogram}  {sparkline(histogram)}"),
         ("draft / target passes", f"{r.draft_calls} / {r.target_calls}"),
         ("cost of a draft step, c = draft / target", costs),
-    ]  # fmt: skip
+    ]
     rows += engine_rows(spec)
     if "tree_predicted_speedup" in summary:
         n = summary["mean_nodes"]
         rows += [
             ("mean tree nodes per round", f"{n:.2f}  ({summary['draft_passes_per_round']:.2f} draft passes)"),
-            (f"target pass over {n + 1:.1f} tokens vs 1 token", fmtx(summary['tree_verify_cost_ratio'])),
-            ("predicted speedup tau / (c * passes + r(nodes + 1))", fmtx(summary['tree_predicted_speedup'])),
+            (f"target pass over {n + 1:.1f} tokens vs 1 token", fmtx(summary["tree_verify_cost_ratio"])),
+            ("predicted speedup tau / (c * passes + r(nodes + 1))", fmtx(summary["tree_predicted_speedup"])),
         ]
     bar = report.settings.get("draft_confidence_bar")
     if bar is not None:
@@ -159,41 +191,60 @@ def summary_lines(report) -> list[str]:
         rows.append(("draft confidence bar (chains cut below it)", f"{bar:g}  ({how})"))
     if report.rounds_only and "predicted_speedup_from_rounds" in summary:  # eq. 1 left out (RaceReport.rounds_only)
         drafting = sum(drafts > 0 for drafts in r.k_per_round)
-        rows.append(("k, mean drafts per round that drafted",
-                     f"{fmt(summary['mean_k'])}  ({drafting} of {plural(r.rounds, 'round')} drafted)"))  # fmt: skip
+        rows.append(
+            (
+                "k, mean drafts per round that drafted",
+                f"{fmt(summary['mean_k'])}  ({drafting} of {plural(r.rounds, 'round')} drafted)",
+            )
+        )
         if "verify_cost_ratio" in summary:
-            rows.append((f"target pass over k+1={round(summary['mean_k']) + 1} tokens vs 1 token",
-                         fmtx(summary['verify_cost_ratio'])))  # fmt: skip
+            rows.append(
+                (
+                    f"target pass over k+1={round(summary['mean_k']) + 1} tokens vs 1 token",
+                    fmtx(summary["verify_cost_ratio"]),
+                )
+            )
         rows += [
-            ("predicted speedup from this run's own rounds", fmtx(summary['predicted_speedup_from_rounds'])),
-            ("  ...the same rounds if verifying cost one step",
-             fmtx(summary['predicted_speedup_from_rounds_if_r_were_1'])),
-        ]  # fmt: skip
+            ("predicted speedup from this run's own rounds", fmtx(summary["predicted_speedup_from_rounds"])),
+            (
+                "  ...the same rounds if verifying cost one step",
+                fmtx(summary["predicted_speedup_from_rounds_if_r_were_1"]),
+            ),
+        ]
     elif "predicted_speedup" in summary:
         k = round(summary["mean_k"])
         best, drafting = summary["best_k"], sum(drafts > 0 for drafts in r.k_per_round)
         rows += [
-            ("k, mean drafts per round that drafted",
-             f"{summary['mean_k']:.2f}  ({drafting} of {plural(r.rounds, 'round')} drafted)"),
-            (f"target pass over k+1={k + 1} tokens vs 1 token", fmtx(summary['verify_cost_ratio'])),
+            (
+                "k, mean drafts per round that drafted",
+                f"{summary['mean_k']:.2f}  ({drafting} of {plural(r.rounds, 'round')} drafted)",
+            ),
+            (f"target pass over k+1={k + 1} tokens vs 1 token", fmtx(summary["verify_cost_ratio"])),
             (f"tau expected from alpha, (1-a^{k + 1})/(1-a)", fmt(summary["tau_expected"])),
-            ("predicted speedup from alpha, k, c and r", fmtx(summary['predicted_speedup'])),
-            ("  ...from this run's own rounds", fmtx(summary['predicted_speedup_from_rounds'])),
-            ("  ...if verifying cost one step (GPU-like)", fmtx(summary['predicted_speedup_if_r_were_1'])),
-            ("best K for these costs and alpha",
-             "none: plain decoding wins" if best == 0 else f"{best} (predicted {fmtx(summary['best_k_speedup'])})"),
-        ]  # fmt: skip
+            ("predicted speedup from alpha, k, c and r", fmtx(summary["predicted_speedup"])),
+            ("  ...from this run's own rounds", fmtx(summary["predicted_speedup_from_rounds"])),
+            ("  ...if verifying cost one step (GPU-like)", fmtx(summary["predicted_speedup_if_r_were_1"])),
+            (
+                "best K for these costs and alpha",
+                "none: plain decoding wins" if best == 0 else f"{best} (predicted {fmtx(summary['best_k_speedup'])})",
+            ),
+        ]
         if "auto_k" in summary:  # the same formula (best_k) on the policy's own alpha, which lags this run's
             policy, auto_k = spec.k_policy, summary["auto_k"]
-            why = ("the best K above" if auto_k == best else
-                   f"starts at {fmt(policy.prior_alpha)} and forgets {1 - policy.decay:.0%} a round, so on a short "
-                   "run it lags the alpha above")  # fmt: skip
+            why = (
+                "the best K above"
+                if auto_k == best
+                else f"starts at {fmt(policy.prior_alpha)} and forgets {1 - policy.decay:.0%} a round, so on a short "
+                "run it lags the alpha above"
+            )
             rows.append(("--K auto: its running alpha -> its K", f"{fmt(summary['auto_alpha'])} -> {auto_k}  ({why})"))
     lines_after = [f"NOTE: the costs c and r(m): {report.costs.note}"] if report.costs.note else []
     problem = report.curve()[1]
     if problem:
-        lines_after.append(f"NOTE: the recorded r(m) is implausible ({problem}), so the predictions above use it "
-                           "capped at m, raised to at least 1 and made non-decreasing")  # fmt: skip
+        lines_after.append(
+            f"NOTE: the recorded r(m) is implausible ({problem}), so the predictions above use it "
+            "capped at m, raised to at least 1 and made non-decreasing"
+        )
     # The prediction the headline prints (from this run's rounds, or the tree's), whatever eq. 1 was left out for;
     # a measured figure above what the passes allow is said in the verdict itself.
     if report.ar and report.verdict != "noise" and _far_apart(report.speedup, predicted):
@@ -203,14 +254,18 @@ def summary_lines(report) -> list[str]:
         )
     if report.settings.get("temperature") == 0 and report.ar:
         i = report.first_difference()
-        same = "yes" if i is None else (
-            f"NO: they differ from new token {i}. A float32 near-tie between the two best tokens can do "
-            f"this (the two decoders round differently; --float64 removes it); a difference at a clear winner "
-            f"is a bug")  # fmt: skip
+        same = (
+            "yes"
+            if i is None
+            else (
+                f"NO: they differ from new token {i}. A float32 near-tie between the two best tokens can do "
+                f"this (the two decoders round differently; --float64 removes it); a difference at a clear winner "
+                f"is a bug"
+            )
+        )
         rows.append(("identical text at temperature 0", same))
     width = max(len(key) for key, _ in rows)
     return [f"{key:<{width}}  {value}" for key, value in rows] + lines_after
-
 
 
 def engine_rows(run) -> list[tuple[str, str]]:

@@ -52,6 +52,24 @@ from .read import (
 from .trust import untrusted, user_id
 from .write import DiskFull, replacing, temporary_name, write_file, write_json
 
-__all__ = ["DiskFull", "Refused", "replacing", "write_file", "write_json", "temporary_name", "open_regular",
-           "read_all", "read_bytes", "read_json", "parse_json", "json_depth", "sha256_of", "sha256_of_file",
-           "open_npz", "untrusted", "user_id", "MAX_JSON_BYTES", "MAX_JSON_DEPTH"]
+__all__ = [
+    "DiskFull",
+    "Refused",
+    "replacing",
+    "write_file",
+    "write_json",
+    "temporary_name",
+    "open_regular",
+    "read_all",
+    "read_bytes",
+    "read_json",
+    "parse_json",
+    "json_depth",
+    "sha256_of",
+    "sha256_of_file",
+    "open_npz",
+    "untrusted",
+    "user_id",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
+]

@@ -215,5 +215,3 @@ def _json_type(value) -> str:
         if isinstance(value, kind):
             return name
     return "null"
-
-

@@ -76,12 +76,15 @@ def check_rows(arrays: dict[str, np.ndarray], settings: DistillSettings, index: 
     greedy = [bool(np.random.default_rng((settings.seed, int(r), 1)).random() < settings.greedy_frac) for r in rows]
     for what, expected in (("row", rows), ("request", rows % settings.n_requests), ("greedy", greedy)):
         if not np.array_equal(arrays[what], expected):
-            raise ValueError(f"{name}: its {what!r} array is not what shard {index} of this run holds; it was made "
-                             f"by another run, or changed")  # fmt: skip
+            raise ValueError(
+                f"{name}: its {what!r} array is not what shard {index} of this run holds; it was made "
+                f"by another run, or changed"
+            )
 
 
-def adopt_shards(folder: str | Path, new: str | Path, n_vocab: int, log: Callable[[str], None] | None = None
-                 ) -> list[int]:  # fmt: skip
+def adopt_shards(
+    folder: str | Path, new: str | Path, n_vocab: int, log: Callable[[str], None] | None = None
+) -> list[int]:
     """Add the shards in `new` that continue the run in `folder` to its manifest; the indices added.
 
     Every one of them is checked (module docstring) before any is copied; the
@@ -105,8 +108,10 @@ def _adopt(folder: Path, new: Path, n_vocab: int, log: Callable[[str], None]) ->
     manifest, made = read_manifest(folder), read_made(new)
     if made["settings"] != manifest["settings"]:
         differ = [k for k in manifest["settings"] if made["settings"].get(k) != manifest["settings"][k]]
-        raise ValueError(f"{new}: made with other settings than the run in {folder} ({', '.join(differ) or 'extra'} "
-                         f"differ); make shards with the run's own {MANIFEST}")  # fmt: skip
+        raise ValueError(
+            f"{new}: made with other settings than the run in {folder} ({', '.join(differ) or 'extra'} "
+            f"differ); make shards with the run's own {MANIFEST}"
+        )
     settings = settings_of(manifest["settings"])
     entries = {int(SHARD_FILE.fullmatch(e["file"]).group(1)): e for e in made["entries"]}
     start, added = len(manifest["shards"]), []
@@ -116,8 +121,9 @@ def _adopt(folder: Path, new: Path, n_vocab: int, log: Callable[[str], None]) ->
         check_rows(arrays, settings, index, str(new / entries[index]["file"]))
         added.append(index)
     if not added:
-        raise ValueError(f"{new}: none of its shards continues the run in {folder}, whose next shard is {start}; "
-                         f"make that one first")  # fmt: skip
+        raise ValueError(
+            f"{new}: none of its shards continues the run in {folder}, whose next shard is {start}; make that one first"
+        )
     copied = []
     try:  # all of it, or none: a copy that fails (a full disk, a shard changed since it was checked) takes the
         for index in added:  # copies made before it away, so nothing is left in the folder that no manifest names
@@ -153,5 +159,10 @@ def copy_whole(source: Path, dest: Path, sha256: str) -> None:
 def made_record(settings: DistillSettings | dict, entries: list[dict], by: str, device: str, torch: str) -> dict:
     """What made.json holds (module docstring), for the run that makes shards elsewhere."""
     settings = asdict(settings) if isinstance(settings, DistillSettings) else settings
-    return {"settings": settings, "by": by, "device": device, "torch": torch,
-            "entries": sorted(entries, key=lambda e: e["file"])}  # fmt: skip
+    return {
+        "settings": settings,
+        "by": by,
+        "device": device,
+        "torch": torch,
+        "entries": sorted(entries, key=lambda e: e["file"]),
+    }

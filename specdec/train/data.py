@@ -47,8 +47,11 @@ def start_tokens(target: CausalLM) -> list[int]:
     tokenizer = target.tokenizer
     if "<|im_start|>" not in getattr(tokenizer, "_special_tokens", {}):
         return [bos_token(target)]
-    return (tokenizer.encode("<|im_start|>system\n", allowed_special="all") + tokenizer.encode(DEFAULT_SYSTEM)
-            + tokenizer.encode("<|im_end|>\n<|im_start|>user\n", allowed_special="all"))  # fmt: skip
+    return (
+        tokenizer.encode("<|im_start|>system\n", allowed_special="all")
+        + tokenizer.encode(DEFAULT_SYSTEM)
+        + tokenizer.encode("<|im_end|>\n<|im_start|>user\n", allowed_special="all")
+    )
 
 
 def self_distill(
@@ -73,8 +76,10 @@ def self_distill(
         raise ValueError(f"--seq-len {seq_len} exceeds the model's context of {target.n_ctx}")
     start = start_tokens(target)
     if seq_len < len(start) + prompt_len:
-        raise ValueError(f"--seq-len {seq_len} leaves no room to write: each sequence starts with {len(start)} "
-                         f"tokens of {target.name}'s chat template; use at least {len(start) + 2 * prompt_len}")  # fmt: skip
+        raise ValueError(
+            f"--seq-len {seq_len} leaves no room to write: each sequence starts with {len(start)} "
+            f"tokens of {target.name}'s chat template; use at least {len(start) + 2 * prompt_len}"
+        )
     n_seq = max(1, math.ceil(n_tokens / seq_len))
     tokens = np.zeros((n_seq, seq_len), np.int64)
     features = np.zeros((n_seq, seq_len, target.n_embd), F32)
@@ -101,8 +106,9 @@ def self_distill(
     return tokens, features
 
 
-def load_or_make_data(path: Path, target: CausalLM, n_tokens: int, seq_len: int, seed: int, greedy_frac: float,
-                      progress: bool) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def load_or_make_data(
+    path: Path, target: CausalLM, n_tokens: int, seq_len: int, seed: int, greedy_frac: float, progress: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Self-distillation data, cached in `path`: reused when made for the same model and settings
     (and checked: read_data), made afresh otherwise."""
     meta = {
@@ -144,11 +150,15 @@ def read_data(path: Path, meta: dict, target: CausalLM) -> tuple[np.ndarray, np.
         raise ValueError(f"{path}: not readable training data ({reason}); {fix}") from e
     n_seq = max(1, math.ceil(meta["n_tokens"] / meta["seq_len"]))
     if tokens.shape != (n_seq, meta["seq_len"]) or tokens.dtype.kind not in "iu":
-        raise ValueError(f"{path}: tokens are {tokens.dtype} of shape {tokens.shape}, not whole numbers of shape "
-                         f"{(n_seq, meta['seq_len'])}; {fix}")  # fmt: skip
+        raise ValueError(
+            f"{path}: tokens are {tokens.dtype} of shape {tokens.shape}, not whole numbers of shape "
+            f"{(n_seq, meta['seq_len'])}; {fix}"
+        )
     if features.shape != (n_seq, meta["seq_len"], target.n_embd) or features.dtype != F32:
-        raise ValueError(f"{path}: features are {features.dtype} of shape {features.shape}, not float32 of shape "
-                         f"{(n_seq, meta['seq_len'], target.n_embd)}; {fix}")  # fmt: skip
+        raise ValueError(
+            f"{path}: features are {features.dtype} of shape {features.shape}, not float32 of shape "
+            f"{(n_seq, meta['seq_len'], target.n_embd)}; {fix}"
+        )
     if tokens.min() < 0 or tokens.max() >= target.n_vocab:
         raise ValueError(f"{path}: token ids outside 0..{target.n_vocab - 1}; {fix}")
     if not np.isfinite(features).all():

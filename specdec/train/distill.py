@@ -101,11 +101,17 @@ class DistillSettings:
     n_requests: int
 
 
-def check_data_settings(n_tokens: int, batch: int, max_reply: int, temperature: float, greedy_frac: float,
-                        top_k: int, shard_rows: int) -> None:  # fmt: skip
+def check_data_settings(
+    n_tokens: int, batch: int, max_reply: int, temperature: float, greedy_frac: float, top_k: int, shard_rows: int
+) -> None:
     """ValueError, saying which flag to fix, for settings no run can use."""
-    for name, value in (("--tokens", n_tokens), ("--batch", batch), ("--max-reply", max_reply),
-                        ("--top-k", top_k), ("--shard-rows", shard_rows)):  # fmt: skip
+    for name, value in (
+        ("--tokens", n_tokens),
+        ("--batch", batch),
+        ("--max-reply", max_reply),
+        ("--top-k", top_k),
+        ("--shard-rows", shard_rows),
+    ):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
     if not 0 < temperature <= 10:
@@ -141,8 +147,16 @@ def top_k_of(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return ids.astype(np.int32), p[ids]
 
 
-def answer(model, replies: list[Reply], max_reply: int, batch: int, top_k: int, params: SamplingParams,
-           stop: int | None, on_step: Callable[[int], None] | None = None) -> list[Reply]:  # fmt: skip
+def answer(
+    model,
+    replies: list[Reply],
+    max_reply: int,
+    batch: int,
+    top_k: int,
+    params: SamplingParams,
+    stop: int | None,
+    on_step: Callable[[int], None] | None = None,
+) -> list[Reply]:
     """Decode every reply, `batch` rows at a time: one model.forward_batch per step for all rows in the batch.
 
     A row enters with its whole prompt (its prefill shares the pass with the other
@@ -195,19 +209,32 @@ def shard_rows_of(settings: DistillSettings, index: int) -> range:
     return range(index * settings.shard_rows, (index + 1) * settings.shard_rows)
 
 
-def make_shard(model, pool: RequestPool, settings: DistillSettings, index: int,
-               on_step: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+def make_shard(
+    model, pool: RequestPool, settings: DistillSettings, index: int, on_step: Callable[[int], None] | None = None
+) -> dict[str, np.ndarray]:
     """Shard `index`'s arrays (SHARD_ARRAYS), made afresh: the same for the same model, pool and settings."""
     tokenizer = model.tokenizer
     stop = tokenizer._special_tokens["<|im_end|>"]
     rows = list(shard_rows_of(settings, index))
     requests = [r % len(pool.requests) for r in rows]
-    replies = [Reply(chat_prompt(tokenizer, pool.requests[q], settings.system),
-                     bool(np.random.default_rng((settings.seed, r, 1)).random() < settings.greedy_frac),
-                     np.random.default_rng((settings.seed, r)))
-               for r, q in zip(rows, requests)]  # fmt: skip
-    answer(model, replies, settings.max_reply, settings.batch, settings.top_k,
-           SamplingParams(temperature=settings.temperature), stop, on_step)  # fmt: skip
+    replies = [
+        Reply(
+            chat_prompt(tokenizer, pool.requests[q], settings.system),
+            bool(np.random.default_rng((settings.seed, r, 1)).random() < settings.greedy_frac),
+            np.random.default_rng((settings.seed, r)),
+        )
+        for r, q in zip(rows, requests)
+    ]
+    answer(
+        model,
+        replies,
+        settings.max_reply,
+        settings.batch,
+        settings.top_k,
+        SamplingParams(temperature=settings.temperature),
+        stop,
+        on_step,
+    )
 
     def offsets(lists):
         return np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
@@ -234,9 +261,14 @@ def write_shard(folder: Path, index: int, arrays: dict[str, np.ndarray]) -> dict
     with safe_io.replacing(path, mode=0o644) as f:  # the data is for anyone here to train on
         np.savez(f, **arrays)
         sha256 = safe_io.sha256_of(f)  # of the bytes written, read back from the file before it gets its name
-    return {"file": path.name, "sha256": sha256, "rows": len(arrays["row"]),
-            "reply_tokens": len(arrays["reply_ids"]), "greedy_rows": int(arrays["greedy"].sum()),
-            "ended_rows": int(arrays["ended"].sum())}  # fmt: skip
+    return {
+        "file": path.name,
+        "sha256": sha256,
+        "rows": len(arrays["row"]),
+        "reply_tokens": len(arrays["reply_ids"]),
+        "greedy_rows": int(arrays["greedy"].sum()),
+        "ended_rows": int(arrays["ended"].sum()),
+    }
 
 
 def read_shard(folder: Path, entry: dict, n_vocab: int | None = None) -> dict[str, np.ndarray]:
@@ -265,15 +297,26 @@ def read_shard(folder: Path, entry: dict, n_vocab: int | None = None) -> dict[st
         )
     n_rows, k = entry["rows"], arrays["top_ids"].shape[-1]
     n_prompt, n_reply = int(arrays["prompt_offsets"][-1]), int(arrays["reply_offsets"][-1])
-    shapes = {"row": (n_rows,), "request": (n_rows,), "greedy": (n_rows,), "ended": (n_rows,),
-              "prompt_offsets": (n_rows + 1,), "prompt_ids": (n_prompt,), "reply_offsets": (n_rows + 1,),
-              "reply_ids": (n_reply,), "top_ids": (n_reply, k), "top_probs": (n_reply, k),
-              "request_text": (n_rows,), "reply_text": (n_rows,)}  # fmt: skip
+    shapes = {
+        "row": (n_rows,),
+        "request": (n_rows,),
+        "greedy": (n_rows,),
+        "ended": (n_rows,),
+        "prompt_offsets": (n_rows + 1,),
+        "prompt_ids": (n_prompt,),
+        "reply_offsets": (n_rows + 1,),
+        "reply_ids": (n_reply,),
+        "top_ids": (n_reply, k),
+        "top_probs": (n_reply, k),
+        "request_text": (n_rows,),
+        "reply_text": (n_rows,),
+    }
     for name, (dtype, _) in SHARD_ARRAYS.items():
         a = arrays[name]
         if a.shape != shapes[name] or (a.dtype.kind != "U" if dtype == "str" else a.dtype != np.dtype(dtype)):
-            raise ValueError(f"{path}: {name} is {a.dtype} of shape {a.shape}, not {dtype} of shape "
-                             f"{shapes[name]}; {fix}")  # fmt: skip
+            raise ValueError(
+                f"{path}: {name} is {a.dtype} of shape {a.shape}, not {dtype} of shape {shapes[name]}; {fix}"
+            )
     for name in ("prompt_offsets", "reply_offsets"):
         if arrays[name][0] != 0 or (np.diff(arrays[name]) < 1).any():
             raise ValueError(f"{path}: {name} do not cut every row a non-empty piece; {fix}")
@@ -378,10 +421,22 @@ def trusted_shards(folder: Path, manifest: dict, n_vocab: int, log: Callable[[st
     return good
 
 
-def make_data(model, out: str | Path, n_tokens: int, pool: RequestPool, batch: int = 16, max_reply: int = 256,
-              temperature: float = 1.0, greedy_frac: float = 0.5, top_k: int = 8, shard_rows: int = 64,
-              seed: int = 0, system: str = DEFAULT_SYSTEM, log: Callable[[str], None] | None = None,
-              stop_after: int | None = None) -> dict:  # fmt: skip
+def make_data(
+    model,
+    out: str | Path,
+    n_tokens: int,
+    pool: RequestPool,
+    batch: int = 16,
+    max_reply: int = 256,
+    temperature: float = 1.0,
+    greedy_frac: float = 0.5,
+    top_k: int = 8,
+    shard_rows: int = 64,
+    seed: int = 0,
+    system: str = DEFAULT_SYSTEM,
+    log: Callable[[str], None] | None = None,
+    stop_after: int | None = None,
+) -> dict:
     """Answer pool's requests with `model` until the shards hold n_tokens reply tokens; the manifest.
 
     Resumes: shards already in out/manifest.json, and whose sha256 checks, are kept;
@@ -391,15 +446,28 @@ def make_data(model, out: str | Path, n_tokens: int, pool: RequestPool, batch: i
     """
     check_data_settings(n_tokens, batch, max_reply, temperature, greedy_frac, top_k, shard_rows)
     if model.tokenizer is None or "<|im_end|>" not in getattr(model.tokenizer, "_special_tokens", {}):
-        raise ValueError(f"distillation data needs a chat model (a tokenizer with <|im_start|> and <|im_end|>, "
-                         f"such as smollm2-135m); {model.name} has none")  # fmt: skip
+        raise ValueError(
+            f"distillation data needs a chat model (a tokenizer with <|im_start|> and <|im_end|>, "
+            f"such as smollm2-135m); {model.name} has none"
+        )
     # The rows decoded side by side (a shard's at most), each with a KV cache of its reply and more: their
     # memory checked before a single row is made.
     check_rows_fit(model.hparams, min(batch, shard_rows), max(64, max_reply + 1), f"--batch {batch}")
     log = log or (lambda line: None)
-    settings = DistillSettings(model.name, model_fingerprint(model), seed, batch, max_reply, float(temperature),
-                               float(greedy_frac), top_k, shard_rows, system, pool.sha256,
-                               len(pool.requests))  # fmt: skip
+    settings = DistillSettings(
+        model.name,
+        model_fingerprint(model),
+        seed,
+        batch,
+        max_reply,
+        float(temperature),
+        float(greedy_frac),
+        top_k,
+        shard_rows,
+        system,
+        pool.sha256,
+        len(pool.requests),
+    )
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     # One writer per folder: a second run would make the same shards and race on the manifest.
@@ -415,12 +483,19 @@ def _make_data(model, folder: Path, n_tokens: int, pool: RequestPool, settings: 
     if manifest is not None and manifest.get("settings") != asdict(settings):
         old = manifest.get("settings") or {}
         diff = [k for k, v in asdict(settings).items() if old.get(k) != v]
-        raise ValueError(f"{folder} holds data made with other settings ({', '.join(diff) or 'unknown'} differ); "
-                         f"use another --out, or the same settings to resume")  # fmt: skip
+        raise ValueError(
+            f"{folder} holds data made with other settings ({', '.join(diff) or 'unknown'} differ); "
+            f"use another --out, or the same settings to resume"
+        )
     if manifest is None:
         manifest = {"format": FORMAT, "settings": asdict(settings), "shards": []}
-    manifest["requests"] = {"distinct": len(pool.requests), "templated": pool.n_templated, "docstrings": pool.n_docs,
-                            "dropped_for_overlap": len(pool.dropped), "overlap_n": OVERLAP_N}  # fmt: skip
+    manifest["requests"] = {
+        "distinct": len(pool.requests),
+        "templated": pool.n_templated,
+        "docstrings": pool.n_docs,
+        "dropped_for_overlap": len(pool.dropped),
+        "overlap_n": OVERLAP_N,
+    }
     good = trusted_shards(folder, manifest, model.n_vocab, log)
     manifest["shards"] = [good.get(i) for i in range(len(manifest["shards"]))]
     # What a killed run leaves behind: temporary files, and shards renamed before the manifest named them.
@@ -437,8 +512,10 @@ def _make_data(model, folder: Path, n_tokens: int, pool: RequestPool, settings: 
         now = time.perf_counter()
         if now - shown[0] >= 60:
             rate = (made_tokens + shown[1]) / (now - start)
-            log(f"shard {index}: {done + shown[1]:,} / {n_tokens:,} reply tokens, {rate:.1f} tokens/s, "
-                f"ETA {max(0, n_tokens - done - shown[1]) / rate / 60:.0f} min")  # fmt: skip
+            log(
+                f"shard {index}: {done + shown[1]:,} / {n_tokens:,} reply tokens, {rate:.1f} tokens/s, "
+                f"ETA {max(0, n_tokens - done - shown[1]) / rate / 60:.0f} min"
+            )
             shown[0] = now
 
     while done < n_tokens and (stop_after is None or made < stop_after):
@@ -458,8 +535,10 @@ def _make_data(model, folder: Path, n_tokens: int, pool: RequestPool, settings: 
         made, made_tokens = made + 1, made_tokens + entry["reply_tokens"]
         rate = made_tokens / (time.perf_counter() - start)
         eta = max(0, n_tokens - done) / rate
-        log(f"shard {index}: {entry['rows']} rows, {entry['reply_tokens']:,} tokens in {entry['seconds']:.0f} s; "
-            f"{done:,} / {n_tokens:,} reply tokens, {rate:.1f} tokens/s, ETA {eta / 60:.0f} min")  # fmt: skip
+        log(
+            f"shard {index}: {entry['rows']} rows, {entry['reply_tokens']:,} tokens in {entry['seconds']:.0f} s; "
+            f"{done:,} / {n_tokens:,} reply tokens, {rate:.1f} tokens/s, ETA {eta / 60:.0f} min"
+        )
         index += 1
     manifest["reply_tokens"] = done
     manifest["complete"] = done >= n_tokens
@@ -512,11 +591,15 @@ def load_distill_data(folder: str | Path, model=None, complete: bool = True) -> 
             except ValueError as e:
                 raise ValueError(f"{folder / MANIFEST}: {e}; run the same `data` command again to remake it") from None
     if complete and not manifest.get("complete"):
-        raise ValueError(f"{folder}: the run has not finished (complete is false in {MANIFEST}); run the same `data` "
-                         f"command again to finish it, or pass complete=False")  # fmt: skip
+        raise ValueError(
+            f"{folder}: the run has not finished (complete is false in {MANIFEST}); run the same `data` "
+            f"command again to finish it, or pass complete=False"
+        )
     if model is not None and manifest["settings"].get("model_fingerprint") != model_fingerprint(model):
-        raise ValueError(f"{folder}: made with another model ({manifest['settings'].get('model')!r}, fingerprint "
-                         f"{manifest['settings'].get('model_fingerprint')}); make data with this one")  # fmt: skip
+        raise ValueError(
+            f"{folder}: made with another model ({manifest['settings'].get('model')!r}, fingerprint "
+            f"{manifest['settings'].get('model_fingerprint')}); make data with this one"
+        )
     n_vocab = None if model is None else model.n_vocab
     data = DistillData(manifest["settings"], [], [], [], [], np.zeros(0, bool), np.zeros(0, bool), [], [])
     greedy_rows, ended_rows = [], []

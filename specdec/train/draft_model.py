@@ -72,8 +72,13 @@ def draft_shape(target: CausalLM, layers: list[int], n_ff: int | None) -> dict:
     n_ff = h.n_ff if n_ff is None else n_ff
     if not 1 <= n_ff <= h.n_ff:
         raise ValueError(f"--n-ff must be in 1..{h.n_ff} (the target's MLP width), got {n_ff}")
-    return {"n_layer": len(layers), "n_head": h.n_head, "n_kv_head": h.n_kv_head, "n_ff": n_ff,
-            "init_layers": list(layers)}  # fmt: skip
+    return {
+        "n_layer": len(layers),
+        "n_head": h.n_head,
+        "n_kv_head": h.n_kv_head,
+        "n_ff": n_ff,
+        "init_layers": list(layers),
+    }
 
 
 def init_params(target: CausalLM, shape: dict) -> dict[str, np.ndarray]:
@@ -83,8 +88,10 @@ def init_params(target: CausalLM, shape: dict) -> dict[str, np.ndarray]:
     params = {}
     for i, layer in enumerate(shape["init_layers"]):
         block: LlamaBlock = target.weights.blocks[layer]
-        tensors = {name: np.array(t.w_t if hasattr(t, "w_t") else t, dtype=F32)
-                   for name, t in block.checkpoint_tensors().items()}  # fmt: skip
+        tensors = {
+            name: np.array(t.w_t if hasattr(t, "w_t") else t, dtype=F32)
+            for name, t in block.checkpoint_tensors().items()
+        }
         keep = mlp_units(tensors["ffn_gate"], tensors["ffn_up"], tensors["ffn_down"], shape["n_ff"])
         tensors["ffn_gate"], tensors["ffn_up"] = tensors["ffn_gate"][keep], tensors["ffn_up"][keep]
         tensors["ffn_down"] = np.ascontiguousarray(tensors["ffn_down"][:, keep])
@@ -151,8 +158,9 @@ def draft_hparams(target: CausalLM, config: dict) -> LlamaHParams:
     return checkpoints_draft.draft_hparams(target, config)
 
 
-def forward(params: dict[str, np.ndarray], wte: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,
-            h: LlamaHParams) -> tuple[np.ndarray, list]:  # fmt: skip
+def forward(
+    params: dict[str, np.ndarray], wte: np.ndarray, tokens: np.ndarray, lengths: np.ndarray, h: LlamaHParams
+) -> tuple[np.ndarray, list]:
     """Teacher-forced: token ids [B, T] (right-padded) -> the final hidden states [B, T, e] the LM head reads,
     and what backward needs. wte [n_vocab, e] is the target's embedding (frozen)."""
     B, T = tokens.shape
@@ -213,8 +221,9 @@ class DraftKind:
         return init_params(target, config)  # the target's own blocks: no randomness
 
     def loss_and_grads(self, params, target, config, vocab, batch):
-        value, grads = loss_and_grads(params, target.weights.wte, vocab, batch, draft_hparams(target, config),
-                                      config["loss"])  # fmt: skip
+        value, grads = loss_and_grads(
+            params, target.weights.wte, vocab, batch, draft_hparams(target, config), config["loss"]
+        )
         return value, {config["loss"]: value}, grads
 
     def logits(self, params, target, config, vocab, batch):

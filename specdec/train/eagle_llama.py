@@ -69,8 +69,10 @@ STEP_WEIGHTS = (1.0, 0.8)  # EAGLE-3's two unrolled steps
 def head_hparams(target) -> LlamaHParams:
     """The head's block has the target's shapes (one more of its blocks)."""
     if not isinstance(target, Llama):
-        raise ValueError(f"a Llama-block EAGLE head needs a Llama target (SmolLM2, ...), not {target.name!r}: "
-                         "train a GPT-2 target's head with --block gpt2")  # fmt: skip
+        raise ValueError(
+            f"a Llama-block EAGLE head needs a Llama target (SmolLM2, ...), not {target.name!r}: "
+            "train a GPT-2 target's head with --block gpt2"
+        )
     return target.hparams
 
 
@@ -228,8 +230,14 @@ def unrolled_forward(params, g, emb, positions, mask, h: LlamaHParams):
     P = g.shape[1]
     y, saved0 = head_forward(params, g, emb, positions, mask, h)
     emb1 = np.concatenate([emb[:, 1:], emb[:, -1:]], axis=1)  # [B, P, e]
-    both, saved1 = head_forward(params, np.concatenate([g, y], axis=1), np.concatenate([emb, emb1], axis=1),
-                                np.concatenate([positions, positions + 1], axis=1), ttt_mask(mask), h)  # fmt: skip
+    both, saved1 = head_forward(
+        params,
+        np.concatenate([g, y], axis=1),
+        np.concatenate([emb, emb1], axis=1),
+        np.concatenate([positions, positions + 1], axis=1),
+        ttt_mask(mask),
+        h,
+    )
     return y, both[:, P:], saved0, saved1
 
 
@@ -245,8 +253,9 @@ def unrolled_backward(dy0, dy1, params, saved0, saved1, h: LlamaHParams):
 def eagle3_forward(params, target, batch):
     """Both steps: (y [B, P, e], y1 [B, P, e] step 1's outputs, saved)."""
     feats, emb, positions, mask = pairs(target, batch, 3)
-    y, y1, saved0, saved1 = unrolled_forward(params, feats @ params["fuse"].T, emb, positions, mask,
-                                             head_hparams(target))  # fmt: skip
+    y, y1, saved0, saved1 = unrolled_forward(
+        params, feats @ params["fuse"].T, emb, positions, mask, head_hparams(target)
+    )
     return y, y1, (feats, saved0, saved1)
 
 
@@ -372,8 +381,14 @@ class LlamaEagleKind:
 
     def config(self, target, options: dict) -> dict:
         h = head_hparams(target)
-        return {"n_heads": 1, "block": self.block, "layers": self.layers(target), "n_kv_head": h.n_kv_head,
-                "n_ff": h.n_ff, "rope_theta": h.rope_theta}  # fmt: skip
+        return {
+            "n_heads": 1,
+            "block": self.block,
+            "layers": self.layers(target),
+            "n_kv_head": h.n_kv_head,
+            "n_ff": h.n_ff,
+            "rope_theta": h.rope_theta,
+        }
 
     def param_shapes(self, target, config: dict) -> dict[str, tuple[int, ...]]:
         return llama_param_shapes(head_hparams(target), self.block)
@@ -395,12 +410,16 @@ class LlamaEagleKind:
     def read_init_head(self, folder, target) -> tuple[dict, dict[str, np.ndarray]]:
         """--init-head: (config, weights) of a trained EAGLE head with a Llama block, read by the checked loader."""
         if self.block != "eagle3":
-            raise ValueError("--init-head starts an EAGLE-3 head from a trained EAGLE head: give --block eagle3 (to "
-                             "go on training a head of the same kind, use --init with its run's folder)")  # fmt: skip
+            raise ValueError(
+                "--init-head starts an EAGLE-3 head from a trained EAGLE head: give --block eagle3 (to "
+                "go on training a head of the same kind, use --init with its run's folder)"
+            )
         config, params, _ = load_heads(folder, "eagle", target, head_shapes(folder, target))
         if config.get("block") != "llama":
-            raise ValueError(f"--init-head {folder}: its block is {config.get('block')!r}; EAGLE-3 starts from "
-                             f"an EAGLE head with a Llama block (--block llama), such as the shipped one ('eagle')")
+            raise ValueError(
+                f"--init-head {folder}: its block is {config.get('block')!r}; EAGLE-3 starts from "
+                f"an EAGLE head with a Llama block (--block llama), such as the shipped one ('eagle')"
+            )
         return config, params
 
     def start_from_head(self, eagle: dict, target, data, rows: list[int], states: dict) -> tuple[dict, float, int]:

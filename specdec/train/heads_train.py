@@ -143,8 +143,11 @@ class EagleKind:
 
 KINDS: dict[str, HeadKind] = {"eagle": EagleKind(), "draft": DraftKind()}
 # EAGLE's --block: the GPT-2 block above, or a Llama block (train/eagle_llama.py): EAGLE's, or EAGLE-3's.
-EAGLE_BLOCKS: dict[str, HeadKind] = {"gpt2": KINDS["eagle"], "llama": LlamaEagleKind("llama"),
-                                     "eagle3": LlamaEagleKind("eagle3")}  # fmt: skip
+EAGLE_BLOCKS: dict[str, HeadKind] = {
+    "gpt2": KINDS["eagle"],
+    "llama": LlamaEagleKind("llama"),
+    "eagle3": LlamaEagleKind("eagle3"),
+}
 
 
 def head_kind(kind_name: str, options: dict) -> HeadKind:
@@ -155,11 +158,15 @@ def head_kind(kind_name: str, options: dict) -> HeadKind:
         return KINDS[kind_name]
     block = options.get("block", "gpt2")
     if block not in EAGLE_BLOCKS:
-        raise ValueError(f"--block {block} is not a block an {kind_name} head has: use one of {', '.join(EAGLE_BLOCKS)}")
+        raise ValueError(
+            f"--block {block} is not a block an {kind_name} head has: use one of {', '.join(EAGLE_BLOCKS)}"
+        )
     if options.get("ttt"):
         if block != "llama":
-            raise ValueError(f"--ttt trains a Llama-block head on its own drafts: give --block llama (--block {block} "
-                             + ("always trains that way)" if block == "eagle3" else "has no training-time test)"))
+            raise ValueError(
+                f"--ttt trains a Llama-block head on its own drafts: give --block llama (--block {block} "
+                + ("always trains that way)" if block == "eagle3" else "has no training-time test)")
+            )
         return LlamaEagleKind("llama", ttt=True)
     return EAGLE_BLOCKS[block]
 
@@ -201,8 +208,10 @@ def train_from_data(
     if init is not None and resume:
         raise ValueError("--init starts a new run from another run's weights, --resume continues this one: not both")
     if init_head is not None and (init is not None or resume):
-        raise ValueError("--init-head starts a new run from a head's weights: not with --init or --resume (a run "
-                         "started with --init-head resumes with --resume alone)")  # fmt: skip
+        raise ValueError(
+            "--init-head starts a new run from a head's weights: not with --init or --resume (a run "
+            "started with --init-head resumes with --resume alone)"
+        )
     kind = head_kind(kind_name, options or {})
     if not (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0):
         raise ValueError(f"--epochs must be a number > 0, got {epochs!r}")
@@ -220,8 +229,10 @@ def train_from_data(
     train_rows = [r for r in range(n_rows) if not is_held[r]]
     eval_rows = [r for r in range(n_rows) if is_held[r]]
     if not train_rows or not eval_rows:
-        raise ValueError(f"{data_dir}: {n_rows} rows leave {len(train_rows)} to train and {len(eval_rows)} to hold "
-                         f"out; make more data or change --held-out")  # fmt: skip
+        raise ValueError(
+            f"{data_dir}: {n_rows} rows leave {len(train_rows)} to train and {len(eval_rows)} to hold "
+            f"out; make more data or change --held-out"
+        )
     reply_ids = np.concatenate([data.replies[r] for r in train_rows])
     ids = None if vocab_top is None or vocab_top >= target.n_vocab else top_tokens(reply_ids, vocab_top, target.n_vocab)
     vocab = DraftVocab.of(target, ids)
@@ -230,18 +241,26 @@ def train_from_data(
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a folder (it is made if missing)")
     settings = {
-        "kind": kind.name, "model_fingerprint": model_fingerprint(target), "data": str(Path(data_dir).resolve()),
-        "rows": n_rows, "vocab_top": vocab_top, "batch_tokens": batch_tokens, "seed": seed, "held_out": held_out,
+        "kind": kind.name,
+        "model_fingerprint": model_fingerprint(target),
+        "data": str(Path(data_dir).resolve()),
+        "rows": n_rows,
+        "vocab_top": vocab_top,
+        "batch_tokens": batch_tokens,
+        "seed": seed,
+        "held_out": held_out,
         "config": config,
-    }  # fmt: skip
+    }
     if getattr(kind, "ttt", False):  # a training choice, not the head's shape: --init may start from a head without it
         settings["training_time_test"] = True  # (the card says so too)
     start_from = None
     init_dir = Path(init).expanduser() if init is not None else None
     if init_dir is not None:  # checked before --out is made: a refused --init leaves nothing behind
         if init_dir.resolve() == out.resolve():
-            raise ValueError(f"--init {init} is the --out folder itself, whose checkpoint this run would overwrite; "
-                             f"give the new run another --out")  # fmt: skip
+            raise ValueError(
+                f"--init {init} is the --out folder itself, whose checkpoint this run would overwrite; "
+                f"give the new run another --out"
+            )
         start_from = read_init(init_dir, settings, shapes)
     head_config, head_params, head_dir = None, None, None
     if init_head is not None:  # checked before --out is made, as --init is
@@ -252,15 +271,24 @@ def train_from_data(
     out.mkdir(parents=True, exist_ok=True)
     with locks.exclusive(out / LOCK_FILE, wait=False) as held:
         if not held:
-            raise ValueError(f"{out}: another training is writing into this folder (it holds {out / LOCK_FILE}); "
-                             f"wait for it to end, or choose another --out")  # fmt: skip
+            raise ValueError(
+                f"{out}: another training is writing into this folder (it holds {out / LOCK_FILE}); "
+                f"wait for it to end, or choose another --out"
+            )
         batches_per_epoch = len(row_batches(data, train_rows, batch_tokens, None))
         steps = steps if steps is not None else max(1, round(epochs * batches_per_epoch))
         saved = read_checkpoint(out, settings, shapes, steps) if resume else None
 
         t0 = time.perf_counter()
-        states = row_states(target, data, train_rows + eval_rows, kind.layers(target), progress,
-                            Path(states_cache).expanduser() if states_cache else None, log)  # fmt: skip
+        states = row_states(
+            target,
+            data,
+            train_rows + eval_rows,
+            kind.layers(target),
+            progress,
+            Path(states_cache).expanduser() if states_cache else None,
+            log,
+        )
         states_s = time.perf_counter() - t0
         rng = np.random.default_rng(seed)
         params = kind.init_params(target, config, rng)
@@ -280,29 +308,49 @@ def train_from_data(
             record, tensors = start_from
             for name, w in opt.params.items():
                 w[...] = tensors[name]
-            init_card = {"folder": init_dir.resolve().name, "step": record["step"],
-                         "rows": record.get("rows"), "weights_sha256": record.get("weights_sha256"),
-                         "top1_top5": held_out_accuracy(kind, params, target, config, vocab, data, eval_rows, states,
-                                                        batch_tokens)}  # fmt: skip
-            log(f"starting from {init} (step {record['step']}, {record.get('rows')} rows): held-out top-1 "
-                f"{init_card['top1_top5']['top1']:.3f}")  # fmt: skip
+            init_card = {
+                "folder": init_dir.resolve().name,
+                "step": record["step"],
+                "rows": record.get("rows"),
+                "weights_sha256": record.get("weights_sha256"),
+                "top1_top5": held_out_accuracy(
+                    kind, params, target, config, vocab, data, eval_rows, states, batch_tokens
+                ),
+            }
+            log(
+                f"starting from {init} (step {record['step']}, {record.get('rows')} rows): held-out top-1 "
+                f"{init_card['top1_top5']['top1']:.3f}"
+            )
         if head_params is not None:
             weights, r2, fitted = kind.start_from_head(head_params, target, data, train_rows, states)
             for name, w in opt.params.items():
                 w[...] = weights[name]
-            init_card = {"head": head_dir.resolve().name, "weights_sha256": head_config.get("weights_sha256"),
-                "fuse_r2": round(r2, 4), "fit_positions": fitted,
-                "top1_top5": held_out_accuracy(kind, params, target, config, vocab, data, eval_rows, states,
-                                               batch_tokens)}  # fmt: skip
-            log(f"starting from the head in {head_dir} (fuse fitted on {fitted:,} positions, R^2 {r2:.3f}): held-out "
-                f"top-1 {init_card['top1_top5']['top1']:.3f}")  # fmt: skip
+            init_card = {
+                "head": head_dir.resolve().name,
+                "weights_sha256": head_config.get("weights_sha256"),
+                "fuse_r2": round(r2, 4),
+                "fit_positions": fitted,
+                "top1_top5": held_out_accuracy(
+                    kind, params, target, config, vocab, data, eval_rows, states, batch_tokens
+                ),
+            }
+            log(
+                f"starting from the head in {head_dir} (fuse fitted on {fitted:,} positions, R^2 {r2:.3f}): held-out "
+                f"top-1 {init_card['top1_top5']['top1']:.3f}"
+            )
         before = held_out_accuracy(kind, initial, target, config, vocab, data, eval_rows, states, batch_tokens)
 
         checkpointed = settings if init_card is None else {**settings, "init": init_card}  # what checkpoints record
         t1 = time.perf_counter()
         epoch_batches: list[list[int]] = []
-        bar = tqdm(range(start, steps), desc=f"train {kind.name}", unit="step", disable=not progress, initial=start,
-                   total=steps)  # fmt: skip
+        bar = tqdm(
+            range(start, steps),
+            desc=f"train {kind.name}",
+            unit="step",
+            disable=not progress,
+            initial=start,
+            total=steps,
+        )
         with np.errstate(over="ignore", invalid="ignore"):
             for step in bar:
                 epoch, within = divmod(step, batches_per_epoch)
@@ -344,11 +392,16 @@ def train_from_data(
             kind.save(out, target, params, card, vocab)
         else:
             save_heads(out, kind.name, target, params, card, vocab)
-    log(f"held-out ({after['positions']:,} reply positions of {len(eval_rows)} rows), teacher-forced: top-1 "
+    log(
+        f"held-out ({after['positions']:,} reply positions of {len(eval_rows)} rows), teacher-forced: top-1 "
         f"{before['top1']:.3f} -> {after['top1']:.3f}, top-5 {before['top5']:.3f} -> {after['top5']:.3f}; "
         f"by reply position {after['top1_by_position']}"
-        + (f"; second draft token (from its own output) {before['top1_second']:.3f} -> {after['top1_second']:.3f}"
-           if "top1_second" in after else ""))  # fmt: skip
+        + (
+            f"; second draft token (from its own output) {before['top1_second']:.3f} -> {after['top1_second']:.3f}"
+            if "top1_second" in after
+            else ""
+        )
+    )
     log(f"saved a {kind.name} head for {target.name!r} in {out} ({train_s:.0f} s training, {steps} steps)")
     return card
 

@@ -58,10 +58,14 @@ def init_block(h: LlamaHParams, rng: np.random.Generator, prefix: str = "", std:
     return init_tensors(block_shapes(h, prefix), rng, std)
 
 
-def init_tensors(shapes: dict[str, tuple[int, ...]], rng: np.random.Generator, std: float = 0.02) -> dict[str, np.ndarray]:
+def init_tensors(
+    shapes: dict[str, tuple[int, ...]], rng: np.random.Generator, std: float = 0.02
+) -> dict[str, np.ndarray]:
     """Matrices ~ N(0, std^2), vectors (RMSNorm gains) 1."""
-    return {name: np.ones(shape, F32) if len(shape) == 1 else (rng.standard_normal(shape) * std).astype(F32)
-            for name, shape in shapes.items()}  # fmt: skip
+    return {
+        name: np.ones(shape, F32) if len(shape) == 1 else (rng.standard_normal(shape) * std).astype(F32)
+        for name, shape in shapes.items()
+    }
 
 
 def inference_block(params: dict[str, np.ndarray], prefix: str = "") -> LlamaBlock:

@@ -115,15 +115,30 @@ def accuracy_table(before, after) -> str:
 
 
 def check_settings(
-    kind: str, n_tokens: int, n_heads: int, steps: int | None, batch: int, seq_len: int, lr: float | None,
-    vocab_top: int | None, label_kind: str, greedy_frac: float, eval_tokens: int | None, save_every: int,
-) -> None:  # fmt: skip
+    kind: str,
+    n_tokens: int,
+    n_heads: int,
+    steps: int | None,
+    batch: int,
+    seq_len: int,
+    lr: float | None,
+    vocab_top: int | None,
+    label_kind: str,
+    greedy_frac: float,
+    eval_tokens: int | None,
+    save_every: int,
+) -> None:
     """The settings that need no model, checked before anything is loaded, generated or allocated
     (ValueError naming the flag). train() calls it; the CLI calls it before loading the model."""
     if kind not in ("medusa", "eagle"):
         raise ValueError(f"kind must be 'medusa' or 'eagle', got {kind!r}")
-    for value, flag in ((n_tokens, "--tokens"), (n_heads, "--heads"), (batch, "--batch"), (seq_len, "--seq-len"),
-                        (save_every, "--save-every")):  # fmt: skip
+    for value, flag in (
+        (n_tokens, "--tokens"),
+        (n_heads, "--heads"),
+        (batch, "--batch"),
+        (seq_len, "--seq-len"),
+        (save_every, "--save-every"),
+    ):
         whole_number(value, flag, 1)
     for value, flag in ((steps, "--steps"), (vocab_top, "--vocab-top"), (eval_tokens, "--eval-tokens")):
         if value is not None:
@@ -178,8 +193,9 @@ def train(
     would only let it overwrite the first one's heads). A NaN or infinite loss stops the
     run with a message, and heads are saved only if every value is finite.
     """
-    check_settings(kind, n_tokens, n_heads, steps, batch, seq_len, lr, vocab_top, label_kind, greedy_frac,
-                   eval_tokens, save_every)  # fmt: skip
+    check_settings(
+        kind, n_tokens, n_heads, steps, batch, seq_len, lr, vocab_top, label_kind, greedy_frac, eval_tokens, save_every
+    )
     seq_len = min(seq_len, target.n_ctx)
     if seq_len < n_heads + 3:
         raise ValueError(f"--seq-len {seq_len} is too short for {n_heads} heads (need at least {n_heads + 3})")
@@ -201,15 +217,24 @@ def train(
     lr = DEFAULT_LR[kind] if lr is None else float(lr)
     with locks.exclusive(out / LOCK_FILE, wait=False) as held:
         if not held:
-            raise ValueError(f"{out}: another training is writing into this folder (it holds {out / LOCK_FILE}); "
-                             f"wait for it to end, or choose another --out")  # fmt: skip
+            raise ValueError(
+                f"{out}: another training is writing into this folder (it holds {out / LOCK_FILE}); "
+                f"wait for it to end, or choose another --out"
+            )
         if kind == "eagle":
             n_heads = 1  # one draft model
         shapes = (medusa if kind == "medusa" else eagle).param_shapes(n_heads, target.n_embd)
         settings = {
-            "kind": kind, "model_fingerprint": model_fingerprint(target), "n_heads": n_heads, "vocab_top": vocab_top,
-            "labels": label_kind, "n_tokens": n_tokens, "seq_len": seq_len, "seed": seed, "batch": batch,
-        }  # fmt: skip
+            "kind": kind,
+            "model_fingerprint": model_fingerprint(target),
+            "n_heads": n_heads,
+            "vocab_top": vocab_top,
+            "labels": label_kind,
+            "n_tokens": n_tokens,
+            "seq_len": seq_len,
+            "seed": seed,
+            "batch": batch,
+        }
         saved = read_checkpoint(out, settings, shapes, steps) if resume else None  # before hours of data making
 
         t0 = time.perf_counter()
@@ -222,11 +247,15 @@ def train(
         data_s = time.perf_counter() - t0
         n_seq = len(tokens)
         steps = steps if steps is not None else max(1, 4 * n_seq // batch)  # about 4 epochs
-        ids = None if vocab_top is None or vocab_top >= target.n_vocab else top_tokens(tokens, vocab_top, target.n_vocab)
+        ids = (
+            None if vocab_top is None or vocab_top >= target.n_vocab else top_tokens(tokens, vocab_top, target.n_vocab)
+        )
         vocab = DraftVocab.of(target, ids)
 
         rng = np.random.default_rng(seed)
-        params = medusa.init_params(n_heads, target.n_embd) if kind == "medusa" else eagle.init_params(target.n_embd, rng)
+        params = (
+            medusa.init_params(n_heads, target.n_embd) if kind == "medusa" else eagle.init_params(target.n_embd, rng)
+        )
         initial = {name: a.copy() for name, a in params.items()}  # the untrained heads, the baseline
         opt = AdamW(params, lr=lr, weight_decay=0.0)
         start = 0
@@ -234,24 +263,28 @@ def train(
             record, tensors = saved
             start, adam_t = record["step"], record["adam_t"]
             if start > steps:
-                raise ValueError(f"--resume: the checkpoint in {out} is at step {start}, past --steps {steps}; "
-                                 f"use --steps {start} or more")  # fmt: skip
+                raise ValueError(
+                    f"--resume: the checkpoint in {out} is at step {start}, past --steps {steps}; "
+                    f"use --steps {start} or more"
+                )
             for name, w in opt.params.items():
                 w[...] = tensors[name]
             opt.load_state(tensors, adam_t)
             log(f"resuming from step {start} of {steps}")
 
         before = accuracy(kind, initial, target, vocab, ev_tokens, ev_features, n_heads)
-        bar = tqdm(range(start, steps), desc=f"train {kind}", unit="step", disable=not progress, initial=start,
-                   total=steps)  # fmt: skip
+        bar = tqdm(
+            range(start, steps), desc=f"train {kind}", unit="step", disable=not progress, initial=start, total=steps
+        )
         t1 = time.perf_counter()
         # NOTE: NumPy's overflow warnings are off while training: a diverging run is said below, in one line.
         with np.errstate(over="ignore", invalid="ignore"):
             for step in bar:
                 order = np.random.default_rng([seed, step]).choice(n_seq, size=min(batch, n_seq), replace=False)
                 if kind == "medusa":
-                    loss, parts, grads = medusa_step(params, target, vocab, tokens[order], features[order], n_heads,
-                                                     label_kind)  # fmt: skip
+                    loss, parts, grads = medusa_step(
+                        params, target, vocab, tokens[order], features[order], n_heads, label_kind
+                    )
                 else:
                     loss, parts, grads = eagle_step(params, target, vocab, tokens[order], features[order], label_kind)
                 take_step(opt, loss, parts, grads, step, steps, lr, bar, save_every, out, settings)
@@ -288,18 +321,33 @@ def train(
     if held_out_text is not None:
         log(f"--eval-text ({held_out_text['tokens']} tokens), teacher-forced:")
         log(accuracy_table(held_out_text["top1_top5_untrained"], held_out_text["top1_top5"]))
-    log(f"saved {kind} heads for {target.name!r} in {out} ({train_s:.1f} s training, "
-        f"{config['train_tokens_per_second']} positions/s)")  # fmt: skip
+    log(
+        f"saved {kind} heads for {target.name!r} in {out} ({train_s:.1f} s training, "
+        f"{config['train_tokens_per_second']} positions/s)"
+    )
     return config
 
 
-def take_step(opt: AdamW, loss: float, parts: dict, grads: dict, step: int, steps: int, lr: float, bar,
-              save_every: int, out: Path, settings: dict) -> None:  # fmt: skip
+def take_step(
+    opt: AdamW,
+    loss: float,
+    parts: dict,
+    grads: dict,
+    step: int,
+    steps: int,
+    lr: float,
+    bar,
+    save_every: int,
+    out: Path,
+    settings: dict,
+) -> None:
     """One optimizer step of a training run (0-based `step` of `steps`): refuse a non-finite loss, step
     with the warm-up and cosine schedule, show the loss, checkpoint every save_every steps and at the end."""
     if not math.isfinite(loss):  # NOTE: before the step: NaN gradients would make every weight NaN
-        raise ValueError(f"the loss is {loss} at step {step + 1}: training diverged (NaN or infinite values) and "
-                         f"nothing was saved; lower --lr (it is {lr:g}) and run again")  # fmt: skip
+        raise ValueError(
+            f"the loss is {loss} at step {step + 1}: training diverged (NaN or infinite values) and "
+            f"nothing was saved; lower --lr (it is {lr:g}) and run again"
+        )
     opt.step(grads, lr=cosine_lr(step, steps, lr, warmup=max(1, steps // 20)))
     bar.set_postfix(loss=f"{loss:.3f}", **{k: f"{v:.3f}" for k, v in parts.items()})
     if (step + 1) % save_every == 0 or step + 1 == steps:
@@ -311,8 +359,10 @@ def _check_finite_weights(params: dict[str, np.ndarray], step: int, lr: float) -
     """A finite loss can still leave NaN weights behind (an infinite step): never save those."""
     bad = [name for name, w in params.items() if not np.isfinite(w).all()]
     if bad:
-        raise ValueError(f"the weights ({bad[0]!r}) are NaN or infinite after step {step}: training diverged and "
-                         f"no heads were saved; lower --lr (it is {lr:g}) and run again")  # fmt: skip
+        raise ValueError(
+            f"the weights ({bad[0]!r}) are NaN or infinite after step {step}: training diverged and "
+            f"no heads were saved; lower --lr (it is {lr:g}) and run again"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -324,8 +374,13 @@ CHECKPOINT_FILE, CHECKPOINT_STEM = "checkpoint.json", "checkpoint"
 
 def save_checkpoint(out: Path, settings: dict, opt: AdamW, step: int) -> None:
     """Parameters and AdamW moments after `step` steps; the two files replaced as one."""
-    write_pair(out, CHECKPOINT_FILE, CHECKPOINT_STEM, {**opt.params, **opt.state()},
-               {**settings, "step": step, "adam_t": opt.t})  # fmt: skip
+    write_pair(
+        out,
+        CHECKPOINT_FILE,
+        CHECKPOINT_STEM,
+        {**opt.params, **opt.state()},
+        {**settings, "step": step, "adam_t": opt.t},
+    )
 
 
 def read_checkpoint(
@@ -352,8 +407,10 @@ def read_checkpoint(
         if type(saved.get(key)) is not int or saved[key] < 0:
             raise ValueError(f"--resume: {path}: {key!r} is {show(saved.get(key))}, not a whole number >= 0; {fix}")
     if steps is not None and saved["step"] > steps:
-        raise ValueError(f"--resume: the checkpoint in {out} is at step {saved['step']}, past --steps {steps}; "
-                         f"use --steps {saved['step']} or more")  # fmt: skip
+        raise ValueError(
+            f"--resume: the checkpoint in {out} is at step {saved['step']}, past --steps {steps}; "
+            f"use --steps {saved['step']} or more"
+        )
     expected = {**shapes, **{f"adam.{m}.{k}": shape for k, shape in shapes.items() for m in "mv"}}
     return saved, _checked_tensors("--resume", out, saved, expected, fix)
 
@@ -373,8 +430,10 @@ def read_init(folder: Path, settings: dict, shapes: dict[str, tuple[int, ...]]) 
         raise ValueError(f"--init: {path}: {e}; {fix}") from e
     differ = [k for k in ("kind", "model_fingerprint", "config", "held_out") if saved.get(k) != settings.get(k)]
     if differ:
-        raise ValueError(f"--init: the run in {folder} differs from this one in {', '.join(differ)}; start from a "
-                         f"head of the same kind, block and model, trained with the same --held-out")  # fmt: skip
+        raise ValueError(
+            f"--init: the run in {folder} differs from this one in {', '.join(differ)}; start from a "
+            f"head of the same kind, block and model, trained with the same --held-out"
+        )
     if type(saved.get("step")) is not int or saved["step"] < 1:
         raise ValueError(f"--init: {path}: 'step' is {show(saved.get('step'))}, not a whole number >= 1; {fix}")
     return saved, _checked_tensors("--init", folder, saved, shapes, fix)

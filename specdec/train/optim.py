@@ -62,4 +62,3 @@ def cosine_lr(step: int, total: int, lr: float, warmup: int) -> float:
         return lr * (step + 1) / warmup
     frac = min(1.0, (step - warmup) / max(1, total - warmup))
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-

@@ -104,8 +104,7 @@ paint a room, hang a picture, build a birdhouse, start a journal, memorise a poe
 apologise sincerely, plan a birthday party, learn the guitar chords, take better phone photos, stretch after exercise,
 reduce screen time, drink more water, start a vegetable garden, compost kitchen scraps, fix a leaky tap
 """
-HOW_TO_TEMPLATES = ["How do I {task}?", "Give me step-by-step instructions to {task}.",
-                    "What are some tips to {task}?"]  # fmt: skip
+HOW_TO_TEMPLATES = ["How do I {task}?", "Give me step-by-step instructions to {task}.", "What are some tips to {task}?"]
 
 EMAILS = """
 ask my manager for a day off, thank a colleague for their help, invite the team to a lunch,
@@ -153,8 +152,9 @@ def templated_requests() -> list[str]:
     out += [t.format(a=a, b=b) for a, b in itertools.pairwise(topics) for t in COMPARE]
     out += [t.format(task=task) for task in split_list(HOW_TO) for t in HOW_TO_TEMPLATES]
     out += [t.format(task=task) for task in split_list(EMAILS) for t in EMAIL_TEMPLATES]
-    out += [t.format(task=task, lang=lang) for task in split_list(CODE_TASKS) for lang in LANGUAGES
-            for t in CODE_TEMPLATES]  # fmt: skip
+    out += [
+        t.format(task=task, lang=lang) for task in split_list(CODE_TASKS) for lang in LANGUAGES for t in CODE_TEMPLATES
+    ]
     return [r[0].upper() + r[1:] for r in out]
 
 
@@ -167,8 +167,20 @@ DOC_TEMPLATES = [
     "Summarise this documentation of Python's `{name}` in plain words:\n\n{doc}",
     "Here is the docstring of `{name}` from Python's standard library:\n\n{doc}\n\nExplain it with a short example.",
 ]
-SKIP_DIRS = {"test", "tests", "idle_test", "idlelib", "turtledemo", "site-packages", "lib2to3", "ensurepip",
-             "__pycache__", "tkinter", "pydoc_data", "config-3"}  # fmt: skip
+SKIP_DIRS = {
+    "test",
+    "tests",
+    "idle_test",
+    "idlelib",
+    "turtledemo",
+    "site-packages",
+    "lib2to3",
+    "ensurepip",
+    "__pycache__",
+    "tkinter",
+    "pydoc_data",
+    "config-3",
+}
 
 
 def first_paragraph(doc: str | None, min_chars: int = 60, max_chars: int = 600) -> str | None:
@@ -209,8 +221,10 @@ def stdlib_docs(root: Path | None = None) -> list[tuple[str, str, str]]:
 
 def doc_requests(docs: list[tuple[str, str, str]]) -> list[str]:
     """One request per docstring, the template chosen by its place in the list (all three get used)."""
-    return [DOC_TEMPLATES[i % len(DOC_TEMPLATES)].format(kind=kind, name=name, doc=doc)
-            for i, (kind, name, doc) in enumerate(docs)]  # fmt: skip
+    return [
+        DOC_TEMPLATES[i % len(DOC_TEMPLATES)].format(kind=kind, name=name, doc=doc)
+        for i, (kind, name, doc) in enumerate(docs)
+    ]
 
 
 # ---------------------------------------------------------------------------

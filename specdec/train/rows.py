@@ -97,7 +97,9 @@ def make_batch(data: DistillData, rows: list[int], states: dict, vocab: DraftVoc
     return HeadBatch(tokens, st, lengths, mask, p, next_ids, reply_pos)
 
 
-def row_batches(data: DistillData, rows: list[int], max_tokens: int, rng: np.random.Generator | None) -> list[list[int]]:
+def row_batches(
+    data: DistillData, rows: list[int], max_tokens: int, rng: np.random.Generator | None
+) -> list[list[int]]:
     """Rows grouped into batches of similar length, each at most max_tokens positions padded
     (a row longer than that is a batch alone); the batches in random order when rng is given."""
     order = sorted(rows, key=lambda r: (len(data.prompts[r]) + len(data.replies[r]), r))
@@ -141,7 +143,11 @@ def held_out_accuracy(kind, params, target, config, vocab, data, rows, states, m
             second[0] += int((vocab.ids[z2.argmax(axis=-1)] == batch.next_ids[rows2]).sum())
             second[1] += len(z2)
         truth, j = batch.next_ids[rows_used], batch.reply_pos[rows_used]
-        top5 = vocab.ids[np.argpartition(-z, 4, axis=-1)[:, :5]] if z.shape[1] > 5 else vocab.ids[None, :].repeat(len(z), 0)
+        top5 = (
+            vocab.ids[np.argpartition(-z, 4, axis=-1)[:, :5]]
+            if z.shape[1] > 5
+            else vocab.ids[None, :].repeat(len(z), 0)
+        )
         top1 = vocab.ids[z.argmax(axis=-1)]
         hit = top1 == truth
         hits1 += int(hit.sum())

@@ -28,8 +28,15 @@ F32 = np.float32
 F16 = np.float16
 
 
-def row_states(target: CausalLM, data: DistillData, rows: list[int], layers: list[int], progress: bool,
-               cache: Path | None = None, log: Callable[[str], None] | None = None) -> dict:  # fmt: skip
+def row_states(
+    target: CausalLM,
+    data: DistillData,
+    rows: list[int],
+    layers: list[int],
+    progress: bool,
+    cache: Path | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """{row: [len(layers), n_prompt + n_reply - 1, n_embd] float16}: the hidden states a head reads,
     recomputed (features.hidden_states) in batches of similar length, kept as float16 (half the memory).
 
@@ -72,8 +79,13 @@ def row_states(target: CausalLM, data: DistillData, rows: list[int], layers: lis
 
 
 def _states_key(target: CausalLM, data: DistillData, n_rows: int, layer: int) -> tuple[str, dict]:
-    record = {"format": "specdec-states-1", "model_fingerprint": model_fingerprint(target), "layer": layer,
-              "rows": n_rows, "shards_sha256": data.shard_sha256[: -(-n_rows // data.settings["shard_rows"])]}  # fmt: skip
+    record = {
+        "format": "specdec-states-1",
+        "model_fingerprint": model_fingerprint(target),
+        "layer": layer,
+        "rows": n_rows,
+        "shards_sha256": data.shard_sha256[: -(-n_rows // data.settings["shard_rows"])],
+    }
     key = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
     return f"states-L{layer}-{key}", record
 

@@ -73,8 +73,10 @@ def optimal_acceptance(p: np.ndarray, q: np.ndarray, k: int, replacement: bool =
     support = np.flatnonzero(q > 0)
     n = len(support)
     if n > WOR_SUPPORT_MAX:
-        raise ValueError(f"optimal_acceptance without replacement enumerates subsets of q's support: q has {n} "
-                         f"nonzero tokens, at most {WOR_SUPPORT_MAX} allowed; filter q (top_k) first")  # fmt: skip
+        raise ValueError(
+            f"optimal_acceptance without replacement enumerates subsets of q's support: q has {n} "
+            f"nonzero tokens, at most {WOR_SUPPORT_MAX} allowed; filter q (top_k) first"
+        )
     all_in = _subset_law_without_replacement(q[support], min(k, n))  # [2**n]: P(the drawn set is S)
     masks = np.arange(1 << n)
     for i in range(n):  # zeta transform: all_in[H] becomes P(drawn set within H), the sum over S within H
@@ -214,8 +216,9 @@ def accepted_law(
     return law
 
 
-def expected_accepted(tokens: list[int], parents: list[int], q: np.ndarray, p: np.ndarray,
-                      verification: str = "token") -> float:  # fmt: skip
+def expected_accepted(
+    tokens: list[int], parents: list[int], q: np.ndarray, p: np.ndarray, verification: str = "token"
+) -> float:
     """E[drafted tokens accepted | this drafted tree] under a rule: accepted_law's mean."""
     law = accepted_law(tokens, parents, q, p, verification)
     return float(law @ np.arange(len(law)))

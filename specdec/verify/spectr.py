@@ -112,6 +112,8 @@ def iid_row(q: np.ndarray, kids: list[int]) -> np.ndarray:
     """The one q row siblings `kids` were drawn i.i.d. from; refuses siblings that report different rows."""
     q_row = q[kids[0]]
     if any(not np.array_equal(q[c], q_row) for c in kids[1:]):
-        raise ValueError("verification='spectr' needs the siblings of a node drawn i.i.d. from one q row; "
-                         "these siblings report different rows (drawn without replacement or distinct)")  # fmt: skip
+        raise ValueError(
+            "verification='spectr' needs the siblings of a node drawn i.i.d. from one q row; "
+            "these siblings report different rows (drawn without replacement or distinct)"
+        )
     return q_row

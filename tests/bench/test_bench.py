@@ -73,7 +73,9 @@ def check_report(r: dict) -> None:
         assert run["tau"] >= 1 and positive(run["speedup"])
 
     check = r["costcheck"]
-    assert {(run["target"], run["draft"], run["K"]) for run in check["runs"]} == set(bench.costcheck_runs(["tiny", "tiny2"]))
+    assert {(run["target"], run["draft"], run["K"]) for run in check["runs"]} == set(
+        bench.costcheck_runs(["tiny", "tiny2"])
+    )
     for run in check["runs"]:
         assert run["identical_tokens"] is True, f"{run['draft']} -> {run['target']}: greedy tokens differ"
         assert positive(run["measured_speedup"]) and positive(run["predicted_from_rounds"])
@@ -105,7 +107,9 @@ def test_report_has_every_section_with_sane_values(report):
         lambda r: r["verify"]["tiny"]["r"].__setitem__(0, 1.2),
         lambda r: r["drafters"]["runs"]["ngram K=4"].__setitem__("identical_to_autoregressive", False),
         lambda r: r["predict"]["tiny->tiny2"]["rows"][0].__setitem__("speedup", None),  # NaN is written as null
-        lambda r: r["costcheck"]["runs"][0].__setitem__("predicted_eq1", r["costcheck"]["runs"][0]["predicted_eq1"] * 1.2),
+        lambda r: r["costcheck"]["runs"][0].__setitem__(
+            "predicted_eq1", r["costcheck"]["runs"][0]["predicted_eq1"] * 1.2
+        ),
         lambda r: r["costcheck"]["runs"].pop(),
         lambda r: r["predict"]["tiny->tiny2"]["rows"][-1].__setitem__(  # not the cost model's choice
             "best_k", (r["predict"]["tiny->tiny2"]["rows"][-1]["best_k"] + 1) % (bench.K_MAX + 1)
@@ -126,14 +130,17 @@ def test_one_bench_command_routes_each_section_to_its_group(monkeypatch, capsys)
 
     calls = []
     for name, (group, _) in cli.SECTIONS.items():
-        monkeypatch.setitem(cli.SECTIONS, name, (lambda argv, g=group: calls.append((g.__module__, argv)) or 0,
-                                                 cli.SECTIONS[name][1]))  # fmt: skip
+        monkeypatch.setitem(
+            cli.SECTIONS, name, (lambda argv, g=group: calls.append((g.__module__, argv)) or 0, cli.SECTIONS[name][1])
+        )
     assert cli.main(["--only", "tree-r", "--sizes", "124M"]) == 0
     assert cli.main(["--only", "alpha-table", "--models", "a,b"]) == 0
     assert cli.main(["--only=family", "--prompts", "2"]) == 0
-    assert calls == [("specdec.bench.trees", ["--only", "r", "--sizes", "124M"]),
-                     ("specdec.bench.suite", ["--alpha-table", "--models", "a,b"]),
-                     ("specdec.bench.family", ["--prompts", "2"])]  # fmt: skip
+    assert calls == [
+        ("specdec.bench.trees", ["--only", "r", "--sizes", "124M"]),
+        ("specdec.bench.suite", ["--alpha-table", "--models", "a,b"]),
+        ("specdec.bench.family", ["--prompts", "2"]),
+    ]
     assert cli.main(["--only", "bogus"]) == 2
     assert cli.main(["--only", "decode,family"]) == 2
     err = capsys.readouterr().err.splitlines()
@@ -159,8 +166,9 @@ def test_bench_real_prices_a_draft_model_named_like_the_built_in_drafters(capsys
 
     monkeypatch.setattr(real, "random_model", lambda name: load_model("stdlib-2L"))
     monkeypatch.setattr(real, "CONTEXT", 16)
-    result = real.main(["--target", "stdlib-6L", "--drafts", "stdlib-2L,ngram", "--repeats", "1", "--exit-layers", "",
-                        "--quiet"])  # fmt: skip
+    result = real.main(
+        ["--target", "stdlib-6L", "--drafts", "stdlib-2L,ngram", "--repeats", "1", "--exit-layers", "", "--quiet"]
+    )
     assert set(result["costs"]) == {"stdlib-2L", "ngram"}
     assert result["costs"]["stdlib-2L"]["c"] > result["costs"]["ngram"]["c"] > 0  # two of six blocks, not a lookup
     assert "| stdlib-2L |" in capsys.readouterr().out

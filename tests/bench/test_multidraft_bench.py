@@ -49,8 +49,15 @@ def test_whole_tree_rounds_for_each_rule():
         taus, expected, seconds = r["tau"], r["expected"], r["seconds"]
         assert taus and all(1 <= t <= 3 for t in taus) and len(seconds) == len(taus) and min(seconds) > 0
         assert len(expected) == len(taus) and all(1 <= e <= 3 for e in expected)
-    assert set(same["iid"]) == {"token", "spectr", "traversal", "first token", "first spectr", "first traversal",
-                                "bound"}  # fmt: skip
+    assert set(same["iid"]) == {
+        "token",
+        "spectr",
+        "traversal",
+        "first token",
+        "first spectr",
+        "first traversal",
+        "bound",
+    }
     assert "spectr" not in same["without replacement"]
     for values in same.values():  # the same trees for every rule; none passes the bound on average by much
         assert len({len(v) for v in values.values()}) == 1

@@ -173,7 +173,8 @@ def test_plots_take_one_result_a_list_or_a_dict(mpl, sampled_run):
         assert only_axes(plot.plot_acceptance_by_position(results)).patches
         assert only_axes(plot.plot_accepted_histogram(results)).patches
     assert len(only_axes(plot.plot_accepted_histogram([sampled_run, sampled_run])).patches) == 2 * (
-        len(sampled_run.accepted_histogram))  # fmt: skip
+        len(sampled_run.accepted_histogram)
+    )
     for points in (report, [report], {"K=3": report}, (1.5, 1.2)):
         assert len(only_axes(plot.plot_predicted_vs_measured(points)).collections) == 1
     with pytest.raises(TypeError, match="a list or a dict"):
@@ -190,8 +191,10 @@ def test_an_empty_prompt_starts_from_the_models_own_end_token():
 
 
 def test_batch_throughput_sorts_batch_sizes_given_as_json_keys():
-    batches = {"4": {"throughput_auto": 40.0, "throughput_spec": 30.0}, "1": {"throughput_auto": 10.0,
-               "throughput_spec": 19.0}}  # fmt: skip
+    batches = {
+        "4": {"throughput_auto": 40.0, "throughput_spec": 30.0},
+        "1": {"throughput_auto": 10.0, "throughput_spec": 19.0},
+    }
     sizes, auto, spec = plot.batch_throughput(batches)
     assert sizes.tolist() == [1, 4] and auto.tolist() == [10.0, 40.0] and spec.tolist() == [19.0, 30.0]
     pytest.importorskip("matplotlib")

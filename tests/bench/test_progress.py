@@ -35,22 +35,67 @@ def prompts_file(monkeypatch, tmp_path) -> list[str]:
 
 
 GROUPS = {  # group -> (its main, its smallest argv, a setup that returns more argv)
-    "family": (family.main, ["--prompts", "1", "--tokens", "4", "--repeats", "1", "--no-gpt2"],
-               small_family),
+    "family": (family.main, ["--prompts", "1", "--tokens", "4", "--repeats", "1", "--no-gpt2"], small_family),
     "speed": (speed.main, ["--quick", "--sizes", "tiny", "--only", "decode", "--contexts", "32"], None),
-    "trees": (trees.main, ["--only", "tau", "--target", "stdlib-2L", "--draft", "ngram", "--trees", "none",
-                           "--temperatures", "0", "--n-tokens", "4", "--n-prompts", "1"], None),
-    "heads": (heads.main, ["--accept", "--target", "stdlib-2L", "--drafts", "ngram", "--n-prompts", "1",
-                           "--tokens", "4"], prompts_file),
-    "suite": (suite.main, ["--target", "stdlib-2L", "--drafts", "ngram", "--n-tokens", "4", "--categories", "lists"],
-              None),
-    "real": (real.main, ["--target", "stdlib-2L", "--drafts", "ngram", "--repeats", "1", "--exit-layers", "1"],
-             small_real),
-    "block": (block.main, ["--models", "stdlib-2L", "--drafts", "ngram", "--temperatures", "1.0", "--K", "2",
-                           "--prompts", "1", "--tokens", "4"], None),
-    "batch": (batch.main, ["--models", "tiny", "--batches", "1", "--tokens", "4", "--repeats", "1",
-                           "--pass-samples", "1"], None),
-}  # fmt: skip
+    "trees": (
+        trees.main,
+        [
+            "--only",
+            "tau",
+            "--target",
+            "stdlib-2L",
+            "--draft",
+            "ngram",
+            "--trees",
+            "none",
+            "--temperatures",
+            "0",
+            "--n-tokens",
+            "4",
+            "--n-prompts",
+            "1",
+        ],
+        None,
+    ),
+    "heads": (
+        heads.main,
+        ["--accept", "--target", "stdlib-2L", "--drafts", "ngram", "--n-prompts", "1", "--tokens", "4"],
+        prompts_file,
+    ),
+    "suite": (
+        suite.main,
+        ["--target", "stdlib-2L", "--drafts", "ngram", "--n-tokens", "4", "--categories", "lists"],
+        None,
+    ),
+    "real": (
+        real.main,
+        ["--target", "stdlib-2L", "--drafts", "ngram", "--repeats", "1", "--exit-layers", "1"],
+        small_real,
+    ),
+    "block": (
+        block.main,
+        [
+            "--models",
+            "stdlib-2L",
+            "--drafts",
+            "ngram",
+            "--temperatures",
+            "1.0",
+            "--K",
+            "2",
+            "--prompts",
+            "1",
+            "--tokens",
+            "4",
+        ],
+        None,
+    ),
+    "batch": (
+        batch.main,
+        ["--models", "tiny", "--batches", "1", "--tokens", "4", "--repeats", "1", "--pass-samples", "1"],
+        None,
+    ),
+}
 
 
 @pytest.mark.parametrize("group", GROUPS)

@@ -121,19 +121,40 @@ def test_chat_prompts_are_user_messages_and_rates_are_compared(monkeypatch):
 
 def test_suite_cli(folders, capsys, tmp_path):
     path = tmp_path / "out.json"
-    argv = ["--target", str(folders["big"]), "--drafts", f"{folders['small']},ngram", "--n-tokens", "6",
-            "--categories", "lists,dialogue", "--json", str(path)]  # fmt: skip
+    argv = [
+        "--target",
+        str(folders["big"]),
+        "--drafts",
+        f"{folders['small']},ngram",
+        "--n-tokens",
+        "6",
+        "--categories",
+        "lists,dialogue",
+        "--json",
+        str(path),
+    ]
     assert suite.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| category | ") and lines[5] == ""  # header, rule, lists, dialogue, all, then ...
     assert [line.split(" | ")[0] for line in lines[2:5]] == ["| lists", "| dialogue", "| all"]
-    assert lines[6].startswith(f"{folders['small']}: acceptance by draft position (all prompts): 1: ")  # ... per drafter
+    assert lines[6].startswith(
+        f"{folders['small']}: acceptance by draft position (all prompts): 1: "
+    )  # ... per drafter
     assert set(json.loads(path.read_text())) == {str(folders["small"]), "ngram"}
 
 
 def test_alpha_table_cli(folders, capsys, tmp_path):
-    argv = ["--alpha-table", "--models", f"{folders['big']},{folders['small']}", "--n-tokens", "4",
-            "--categories", "code", "--temperatures", "0,1"]  # fmt: skip
+    argv = [
+        "--alpha-table",
+        "--models",
+        f"{folders['big']},{folders['small']}",
+        "--n-tokens",
+        "4",
+        "--categories",
+        "code",
+        "--temperatures",
+        "0,1",
+    ]
     assert suite.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "| draft -> target | T = 0 | T = 1 |"
@@ -147,8 +168,11 @@ def test_alpha_table_cli(folders, capsys, tmp_path):
 
 @pytest.mark.parametrize(
     "argv, message",
-    [(["--categories", "poetry"], "unknown categories poetry"), (["--temperatures", "0,x"], "temperatures"),
-     (["--n-tokens", "0"], "at least 1")],  # fmt: skip
+    [
+        (["--categories", "poetry"], "unknown categories poetry"),
+        (["--temperatures", "0,x"], "temperatures"),
+        (["--n-tokens", "0"], "at least 1"),
+    ],
 )
 def test_bad_flags(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -159,8 +183,18 @@ def test_bad_flags(argv, message, capsys):
 def test_bench_alpha_table_is_the_suites(folders, capsys):
     from specdec.bench import __main__ as bench
 
-    argv = ["--only", "alpha-table", "--models", f"{folders['small']},{folders['twin']}", "--n-tokens", "4",
-            "--categories", "lists", "--temperatures", "0"]  # fmt: skip
+    argv = [
+        "--only",
+        "alpha-table",
+        "--models",
+        f"{folders['small']},{folders['twin']}",
+        "--n-tokens",
+        "4",
+        "--categories",
+        "lists",
+        "--temperatures",
+        "0",
+    ]
     assert bench.main(argv) == 0
     row = capsys.readouterr().out.splitlines()[2]
     assert row.startswith(f"| {folders['small']} -> {folders['twin']} | ") and 0 <= float(row.split("|")[2]) <= 1
@@ -169,8 +203,18 @@ def test_bench_alpha_table_is_the_suites(folders, capsys):
 def test_suite_cli_drafters_with_a_confidence_bar(folders, capsys, tmp_path):
     path = tmp_path / "out.json"
     small = str(folders["small"])
-    argv = ["--target", str(folders["big"]), "--drafts", f"{small},{small}@0.5,{small}@auto", "--n-tokens", "6",
-            "--categories", "lists", "--json", str(path)]  # fmt: skip
+    argv = [
+        "--target",
+        str(folders["big"]),
+        "--drafts",
+        f"{small},{small}@0.5,{small}@auto",
+        "--n-tokens",
+        "6",
+        "--categories",
+        "lists",
+        "--json",
+        str(path),
+    ]
     assert suite.main(argv) == 0
     out, err = capsys.readouterr()
     assert set(json.loads(path.read_text())) == {small, f"{small}@0.5", f"{small}@auto"}

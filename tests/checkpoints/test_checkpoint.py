@@ -478,8 +478,15 @@ def test_concurrent_processes_download_each_file_once(served):
     env = {**os.environ, "HF_ENDPOINT": hub.url, "PYTHONPATH": str(ROOT)}
     env.pop("HF_HUB_OFFLINE", None)
     children = [
-        subprocess.Popen([sys.executable, "-c", _CHILD, REPO, str(models_dir)], env=env, cwd=ROOT,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, REPO, str(models_dir)],
+            env=env,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(3)
     ]
     assert [child.stdout.readline() for child in children] == ["ready\n"] * 3
@@ -505,8 +512,9 @@ def test_a_waiting_process_reuses_the_finished_file(served, tmp_path):
     (dest.parent / ".locks").mkdir()
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLD_LOCK, str(dest.parent / ".locks" / "config.json.lock"), str(dest)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "locked"
     url = f"{hub.url}/{REPO}/resolve/main/config.json"
     assert download_file(url, dest, progress=False) == dest  # blocks until the holder has written dest
@@ -664,7 +672,9 @@ def test_hostile_headers_are_checkpoint_errors(tmp_path, header, message):
 
 def test_brackets_inside_names_do_not_count_as_nesting(tmp_path):
     path = tmp_path / "model.safetensors"
-    _write_header(path, b'{"t[[[[[[[[[[[[[[\\"{{{{{{{{{{": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', b"\0" * 4)
+    _write_header(
+        path, b'{"t[[[[[[[[[[[[[[\\"{{{{{{{{{{": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', b"\0" * 4
+    )
     assert list(read_safetensors(path)) == ['t[[[[[[[[[[[[[["{{{{{{{{{{']
 
 

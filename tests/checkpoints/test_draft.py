@@ -68,7 +68,9 @@ def test_a_saved_draft_loads_as_a_restricted_llama_on_the_targets_embedding(tmp_
     half = {k: v.astype(np.float16).astype(np.float32) for k, v in params.items()}
     expected = draft.build_draft(TARGET, SHAPE, half, IDS)(np.array([3, 5, 7]))
     np.testing.assert_array_equal(logits, expected)
-    assert (tmp_path / config_of(tmp_path)["weights_file"]).stat().st_size < 2 * sum(v.size for v in params.values()) + 4096
+    assert (tmp_path / config_of(tmp_path)["weights_file"]).stat().st_size < 2 * sum(
+        v.size for v in params.values()
+    ) + 4096
 
 
 def test_init_copies_target_blocks_and_keeps_the_strongest_mlp_units():
@@ -76,7 +78,9 @@ def test_init_copies_target_blocks_and_keeps_the_strongest_mlp_units():
     params = init_params(TARGET, shape)
     np.testing.assert_array_equal(params["blk.0.attn_q"], TARGET.weights.blocks[2].attn_q.w_t)
     np.testing.assert_array_equal(params["blk.1.ffn_down"], TARGET.weights.blocks[0].ffn_down.w_t)
-    full = draft.build_draft(TARGET, draft_shape(TARGET, [0, 1, 2], None), init_params(TARGET, draft_shape(TARGET, [0, 1, 2], None)), None)
+    full = draft.build_draft(
+        TARGET, draft_shape(TARGET, [0, 1, 2], None), init_params(TARGET, draft_shape(TARGET, [0, 1, 2], None)), None
+    )
     np.testing.assert_allclose(full(np.array([1, 2, 3])), TARGET(np.array([1, 2, 3])), rtol=1e-5, atol=1e-5)
     narrow = init_params(TARGET, SHAPE)  # 40 of 48 units
     assert narrow["blk.0.ffn_gate"].shape == (40, 32) and narrow["blk.0.ffn_down"].shape == (32, 40)
@@ -87,7 +91,9 @@ def test_init_copies_target_blocks_and_keeps_the_strongest_mlp_units():
 
 
 def test_a_missing_folder_says_how_to_train(tmp_path):
-    assert "no trained draft here" in refused(tmp_path / "none") and "python -m specdec.train draft" in refused(tmp_path)
+    assert "no trained draft here" in refused(tmp_path / "none") and "python -m specdec.train draft" in refused(
+        tmp_path
+    )
 
 
 def test_a_truncated_or_replaced_tensors_file_is_refused(tmp_path):

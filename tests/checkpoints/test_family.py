@@ -39,8 +39,12 @@ def test_names_load_offline_from_any_directory(tmp_path, monkeypatch):
         model = specdec.load_model(name)
         h = model.hparams
         assert (h.n_layer, h.n_embd, h.n_head, h.n_ctx, h.n_vocab) == (
-            card[name]["n_layer"], card[name]["n_embd"], card[name]["n_head"], card[name]["n_ctx"], 4096
-        )  # fmt: skip
+            card[name]["n_layer"],
+            card[name]["n_embd"],
+            card[name]["n_head"],
+            card[name]["n_ctx"],
+            4096,
+        )
         assert model.tokenizer.n_vocab == h.n_vocab
 
 

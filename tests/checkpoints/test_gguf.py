@@ -123,11 +123,18 @@ def test_every_type_dequantizes_to_what_was_written(tmp_path, kind):
 def tiny_llama_gguf(path, model, **changes) -> None:
     """A whole tiny Llama as a GGUF (F32), with llama.cpp's Q/K row order, and a toy byte-level vocabulary."""
     h = model.hparams
-    meta = {"general.architecture": "llama", "llama.context_length": h.n_ctx, "llama.embedding_length": h.n_embd,
-            "llama.block_count": h.n_layer, "llama.feed_forward_length": h.n_ff,
-            "llama.attention.head_count": h.n_head, "llama.attention.head_count_kv": h.n_kv_head,
-            "llama.rope.freq_base": float(h.rope_theta), "llama.attention.layer_norm_rms_epsilon": float(h.rms_eps),
-            "llama.vocab_size": h.n_vocab}  # fmt: skip
+    meta = {
+        "general.architecture": "llama",
+        "llama.context_length": h.n_ctx,
+        "llama.embedding_length": h.n_embd,
+        "llama.block_count": h.n_layer,
+        "llama.feed_forward_length": h.n_ff,
+        "llama.attention.head_count": h.n_head,
+        "llama.attention.head_count_kv": h.n_kv_head,
+        "llama.rope.freq_base": float(h.rope_theta),
+        "llama.attention.layer_norm_rms_epsilon": float(h.rms_eps),
+        "llama.vocab_size": h.n_vocab,
+    }
     meta.update(changes.pop("meta", {}))
 
     def permute(w, n):  # what llama.cpp's converter does to W_q and W_k
@@ -136,18 +143,27 @@ def tiny_llama_gguf(path, model, **changes) -> None:
     t = {"token_embd.weight": model.weights.wte, "output_norm.weight": model.weights.norm_f}
     for i, b in enumerate(model.weights.blocks):
         p = f"blk.{i}."
-        t.update({p + "attn_norm.weight": b.attn_norm, p + "attn_q.weight": permute(b.attn_q.w_t, h.n_head),
-                  p + "attn_k.weight": permute(b.attn_k.w_t, h.n_kv_head), p + "attn_v.weight": b.attn_v.w_t,
-                  p + "attn_output.weight": b.attn_output.w_t, p + "ffn_norm.weight": b.ffn_norm,
-                  p + "ffn_gate.weight": b.ffn_gate.w_t, p + "ffn_up.weight": b.ffn_up.w_t,
-                  p + "ffn_down.weight": b.ffn_down.w_t})  # fmt: skip
+        t.update(
+            {
+                p + "attn_norm.weight": b.attn_norm,
+                p + "attn_q.weight": permute(b.attn_q.w_t, h.n_head),
+                p + "attn_k.weight": permute(b.attn_k.w_t, h.n_kv_head),
+                p + "attn_v.weight": b.attn_v.w_t,
+                p + "attn_output.weight": b.attn_output.w_t,
+                p + "ffn_norm.weight": b.ffn_norm,
+                p + "ffn_gate.weight": b.ffn_gate.w_t,
+                p + "ffn_up.weight": b.ffn_up.w_t,
+                p + "ffn_down.weight": b.ffn_down.w_t,
+            }
+        )
     t.update(changes.pop("tensors", {}))
     write_gguf(path, {k: (v, "F32") for k, v in t.items() if v is not None}, meta)
 
 
 def test_a_llama_written_as_gguf_loads_with_the_same_logits(tmp_path):
-    model = random_llama(LlamaHParams(n_vocab=64, n_ctx=32, n_embd=64, n_head=4, n_kv_head=2, n_layer=2, n_ff=64),
-                         seed=5, scale=0.3)  # fmt: skip
+    model = random_llama(
+        LlamaHParams(n_vocab=64, n_ctx=32, n_embd=64, n_head=4, n_kv_head=2, n_layer=2, n_ff=64), seed=5, scale=0.3
+    )
     tiny_llama_gguf(tmp_path / "m.gguf", model)
     loaded = load_gguf(tmp_path / "m.gguf")
     tokens = [3, 1, 4, 1, 5, 9]
@@ -212,7 +228,9 @@ def test_unsupported_quantizations_are_refused_by_name(tmp_path):
 
 
 def tensor_entry(name: str, dims: list[int], offset: int, kind: int = 0) -> bytes:
-    return s(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", kind, offset)
+    return (
+        s(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", kind, offset)
+    )
 
 
 def raw_gguf(entries: list[bytes], meta: bytes = b"", n_meta: int = 0, data: int = 512, version: int = 3) -> bytes:
@@ -310,8 +328,7 @@ def test_a_fifo_named_gguf_is_refused_without_blocking(tmp_path):
     fifo = tmp_path / "x.gguf"
     os.mkfifo(fifo)
     code = "import sys; from specdec.checkpoints.gguf import GGUFFile\nGGUFFile(sys.argv[1])"
-    proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=30,
-                          cwd=ROOT)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert proc.returncode != 0 and "not a regular file" in proc.stderr.splitlines()[-1]
 
 

@@ -29,24 +29,53 @@ REPO = "tiny-org/tiny-llama"
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2_reference.npz"  # transformers' logits
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "1 2"]
-SMOLLM_PRE = {"type": "Sequence", "pretokenizers": [
-    {"type": "Digits", "individual_digits": True},
-    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}  # fmt: skip
+SMOLLM_PRE = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    ],
+}
 TEXTS = [" the cat in a hat, 12 times", "In 2024,  x1 costs 35.50\n", "héllo wörld <|im_end|>"]
 
 
 def tokenizer_json(tokens: list[str], specials: dict[str, int], merges: list[str], pre=SMOLLM_PRE) -> dict:
     """A tokenizer.json as the `tokenizers` library writes SmolLM2's: the vocabulary (specials included, as
     the Hub's file has them), merges, added_tokens and the pre-tokenizer."""
-    return copy.deepcopy({  # a copy: tests change it in place
-        "version": "1.0", "truncation": None, "padding": None, "normalizer": None, "pre_tokenizer": pre,
-        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for t, i in specials.items()],
-        "post_processor": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                  "vocab": {t: i for i, t in enumerate(tokens)}, "merges": merges},
-    })  # fmt: skip
+    return copy.deepcopy(
+        {  # a copy: tests change it in place
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "normalizer": None,
+            "pre_tokenizer": pre,
+            "added_tokens": [
+                {
+                    "id": i,
+                    "content": t,
+                    "single_word": False,
+                    "lstrip": False,
+                    "rstrip": False,
+                    "normalized": False,
+                    "special": True,
+                }
+                for t, i in specials.items()
+            ],
+            "post_processor": {"type": "ByteLevel"},
+            "decoder": {"type": "ByteLevel"},
+            "model": {
+                "type": "BPE",
+                "dropout": None,
+                "unk_token": None,
+                "continuing_subword_prefix": None,
+                "end_of_word_suffix": None,
+                "fuse_unk": False,
+                "byte_fallback": False,
+                "vocab": {t: i for i, t in enumerate(tokens)},
+                "merges": merges,
+            },
+        }
+    )
 
 
 def tiny_tokens() -> list[str]:
@@ -60,8 +89,16 @@ N_VOCAB = len(tiny_tokens())
 
 def tiny_llama(seed=0, **shape) -> Llama:
     """A tiny random Llama with grouped-query attention; `shape` overrides LlamaHParams fields."""
-    h = {"n_vocab": N_VOCAB, "n_ctx": 64, "n_embd": 32, "n_head": 4, "n_kv_head": 2, "n_layer": 2, "n_ff": 48,
-         "rope_theta": 100000.0}  # fmt: skip
+    h = {
+        "n_vocab": N_VOCAB,
+        "n_ctx": 64,
+        "n_embd": 32,
+        "n_head": 4,
+        "n_kv_head": 2,
+        "n_layer": 2,
+        "n_ff": 48,
+        "rope_theta": 100000.0,
+    }
     return random_llama(LlamaHParams(**{**h, **shape}), seed=seed, scale=0.3)
 
 
@@ -99,8 +136,10 @@ def one_line(e) -> str:
 def test_bf16_and_f16_tensors_read_to_the_exact_float32_values(tmp_path):
     values = np.array([1.0, -2.5, 3.140625, 1e-3, -65504.0, 0.0, 2.0**-20], np.float32)
     bits = (values.view(np.uint32) >> 16).astype("<u2")  # BF16: the top half of each float32
-    header = {"b": {"dtype": "BF16", "shape": [7], "data_offsets": [0, 14]},
-              "h": {"dtype": "F16", "shape": [7], "data_offsets": [14, 28]}}  # fmt: skip
+    header = {
+        "b": {"dtype": "BF16", "shape": [7], "data_offsets": [0, 14]},
+        "h": {"dtype": "F16", "shape": [7], "data_offsets": [14, 28]},
+    }
     blob = json.dumps(header).encode()
     path = tmp_path / "half.safetensors"
     path.write_bytes(len(blob).to_bytes(8, "little") + blob + bits.tobytes() + values.astype("<f2").tobytes())
@@ -287,8 +326,12 @@ def test_tokenizers_specdec_would_read_wrongly_are_refused_by_name(tmp_path, cha
 
 
 def test_merges_as_pairs_and_gpt2s_byte_level_are_read(tmp_path):
-    spec = tokenizer_json(tiny_tokens(), {t: i for i, t in enumerate(SPECIALS)}, [m.split(" ") for m in MERGES],
-                          pre={"type": "ByteLevel", "add_prefix_space": False, "use_regex": True})  # fmt: skip
+    spec = tokenizer_json(
+        tiny_tokens(),
+        {t: i for i, t in enumerate(SPECIALS)},
+        [m.split(" ") for m in MERGES],
+        pre={"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+    )
     tok = load_folder(write_hf_folder(tmp_path / "m", tiny_llama(), tokenizer=spec)).tokenizer
     # GPT-2's pattern keeps " 12" one piece, where BPE makes " " and the merge "12" (SmolLM2's: " ", "1", "2").
     assert tok.encode("x 12") == [3 + ord("x"), 3 + ord(" "), 3 + 256 + 5]
@@ -324,9 +367,15 @@ def test_smollm2_as_a_hugging_face_folder_equals_the_gguf_and_transformers(smoll
     save_hf_llama(gguf, folder, "F32")
     (folder / "tokenizer.json").write_text(json.dumps(smollm2_tokenizer_json(smollm2_gguf)))
     config = json.loads((folder / "config.json").read_text())
-    assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
-            config["num_key_value_heads"], config["intermediate_size"], config["vocab_size"],
-            config["rope_theta"]) == (30, 576, 9, 3, 1536, 49152, 100000.0)  # the model card's  # fmt: skip
+    assert (
+        config["num_hidden_layers"],
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["intermediate_size"],
+        config["vocab_size"],
+        config["rope_theta"],
+    ) == (30, 576, 9, 3, 1536, 49152, 100000.0)  # the model card's
     hf = load_folder(folder)
     with np.load(REFERENCE, allow_pickle=False) as f:  # tests/fixtures/make_smollm2_reference.py made it
         ref = {k: f[k] for k in f.files}
@@ -376,8 +425,20 @@ def test_the_cli_runs_the_smollm2_names_and_says_a_download_only_once(fake_hub, 
 
     fake_hub.add_checkpoint(hub_repos()["smollm2-1.7b"], write_hf_folder(tmp_path / "t", tiny_llama(seed=6, n_ctx=128)))
     fake_hub.add_checkpoint(hub_repos()["smollm2-360m"], write_hf_folder(tmp_path / "d", tiny_llama(seed=7, n_ctx=128)))
-    argv = ["--target_model_size", "smollm2-1.7b", "--draft", "smollm2-360m", "--models_dir", str(tmp_path / "models"),
-            "--n_tokens_to_generate", "6", "--chat", "--prompt", "Hi", "--no_warmup"]  # fmt: skip
+    argv = [
+        "--target_model_size",
+        "smollm2-1.7b",
+        "--draft",
+        "smollm2-360m",
+        "--models_dir",
+        str(tmp_path / "models"),
+        "--n_tokens_to_generate",
+        "6",
+        "--chat",
+        "--prompt",
+        "Hi",
+        "--no_warmup",
+    ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "(downloaded smollm2-1.7b in" in out and "(downloaded smollm2-360m in" in out
@@ -389,12 +450,27 @@ def test_the_cli_runs_the_smollm2_names_and_says_a_download_only_once(fake_hub, 
 # The config.json fields SmolLM2's Hub repos carry (transformers 4.42's LlamaConfig plus nanotron's extras), with
 # each size's numbers from the model cards: the loader must read them, refusing nothing.
 SMOLLM2_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
-    "eos_token_id": 2, "hidden_act": "silu", "initializer_range": 0.0417, "is_llama_config": True,
-    "max_position_embeddings": 8192, "model_type": "llama", "pad_token_id": 2, "pretraining_tp": 1,
-    "rms_norm_eps": 1e-05, "rope_interleaved": False, "rope_scaling": None, "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16", "transformers_version": "4.42.3", "use_cache": True, "vocab_size": 49152,
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "hidden_act": "silu",
+    "initializer_range": 0.0417,
+    "is_llama_config": True,
+    "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "pad_token_id": 2,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_interleaved": False,
+    "rope_scaling": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.42.3",
+    "use_cache": True,
+    "vocab_size": 49152,
+}
 SIZES = {  # layers, hidden, heads, kv heads, intermediate, rope_theta
     "135M": (30, 576, 9, 3, 1536, 100000),
     "360M": (32, 960, 15, 5, 2560, 100000),
@@ -407,8 +483,15 @@ def test_smollm2_configs_as_the_hub_has_them_are_read(tmp_path, size):
     from specdec.checkpoints.hf_llama import expected_shapes, read_llama_config
 
     n_layer, n_embd, n_head, n_kv_head, n_ff, theta = SIZES[size]
-    config = {**SMOLLM2_CONFIG, "num_hidden_layers": n_layer, "hidden_size": n_embd, "num_attention_heads": n_head,
-              "num_key_value_heads": n_kv_head, "intermediate_size": n_ff, "rope_theta": theta}  # fmt: skip
+    config = {
+        **SMOLLM2_CONFIG,
+        "num_hidden_layers": n_layer,
+        "hidden_size": n_embd,
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_kv_head,
+        "intermediate_size": n_ff,
+        "rope_theta": theta,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     h, tied = read_llama_config(tmp_path / "config.json")
     assert tied and (h.n_layer, h.n_embd, h.n_head, h.n_kv_head, h.n_ff, h.rope_theta) == SIZES[size]

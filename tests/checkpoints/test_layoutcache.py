@@ -143,13 +143,18 @@ def test_a_damaged_or_foreign_file_is_ignored_and_replaced(tmp_path, damage):
         path.write_bytes(b"\xff" * 1000)
     elif damage == "wrong stamp":  # a file for another checkpoint
         stamp = layoutcache.stamp(folder / "model.safetensors") | {"source_mtime_ns": "1"}
-        write_safetensors(path, {f"h.{i}.{n}.weight": block_linear(b, n).w_t
-                                 for i, b in enumerate(model.weights.blocks) for n in LINEARS},
-                          metadata=stamp)  # fmt: skip
+        write_safetensors(
+            path,
+            {f"h.{i}.{n}.weight": block_linear(b, n).w_t for i, b in enumerate(model.weights.blocks) for n in LINEARS},
+            metadata=stamp,
+        )
     else:  # the right stamp, but each weight in the checkpoint's layout, not transposed
         stamp = layoutcache.stamp(folder / "model.safetensors")
-        write_safetensors(path, {name: t for name, t in hub_tensors(model).items() if name.endswith(
-            tuple(f"{n}.weight" for n in LINEARS))}, metadata=stamp)  # fmt: skip
+        write_safetensors(
+            path,
+            {name: t for name, t in hub_tensors(model).items() if name.endswith(tuple(f"{n}.weight" for n in LINEARS))},
+            metadata=stamp,
+        )
     reloaded = load_folder(folder)
     assert not kept(reloaded)
     np.testing.assert_array_equal(reloaded(TOKENS), model(TOKENS))
@@ -166,7 +171,12 @@ def test_no_file_where_it_cannot_be_written_and_no_partial_left(tmp_path, monkey
     monkeypatch.setattr(layoutcache, "write_safetensors_to", disk_full)
     np.testing.assert_array_equal(load_folder(folder)(TOKENS), model(TOKENS))
     assert sorted(p.name for p in folder.iterdir()) == [
-        layoutcache.LOCK_NAME, "config.json", "merges.txt", "model.safetensors", "vocab.json"]  # fmt: skip
+        layoutcache.LOCK_NAME,
+        "config.json",
+        "merges.txt",
+        "model.safetensors",
+        "vocab.json",
+    ]
 
     monkeypatch.undo()
     monkeypatch.setattr(layoutcache, "MIN_BYTES", 0)
@@ -311,7 +321,9 @@ def test_a_kept_file_planted_by_another_user_is_not_used(tmp_path, capsys):
     write_safetensors(path, tensors, metadata={**stamp, "content_crc32": json.dumps(crcs)})
     path.chmod(0o644)
     os.chown(path, 4321, 4321)
-    assert layoutcache.read(folder / "model.safetensors", stamp, {n: t.shape[::-1] for n, t in tensors.items()})[0] is None
+    assert (
+        layoutcache.read(folder / "model.safetensors", stamp, {n: t.shape[::-1] for n, t in tensors.items()})[0] is None
+    )
     capsys.readouterr()
     reloaded = load_folder(folder)
     np.testing.assert_array_equal(reloaded(TOKENS), model(TOKENS))
@@ -361,7 +373,12 @@ def test_checked_on_write_a_file_that_does_not_read_back_never_gets_its_name(tmp
     monkeypatch.setattr(layoutcache, "write_safetensors_to", write_then_damage)
     np.testing.assert_array_equal(load_folder(folder)(TOKENS), model(TOKENS))
     assert sorted(p.name for p in folder.iterdir()) == [
-        layoutcache.LOCK_NAME, "config.json", "merges.txt", "model.safetensors", "vocab.json"]  # fmt: skip
+        layoutcache.LOCK_NAME,
+        "config.json",
+        "merges.txt",
+        "model.safetensors",
+        "vocab.json",
+    ]
 
 
 def test_a_directory_under_the_kept_name_writes_nothing_and_says_nothing(tmp_path, capsys, monkeypatch):
@@ -397,8 +414,9 @@ def test_a_load_while_another_process_writes_the_file_writes_no_second_copy(tmp_
     """The lock is taken by another process: this load copies for itself and writes nothing."""
     model = tiny_model(seed=1)
     folder = write_checkpoint(tmp_path / "m", model)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder / layoutcache.LOCK_NAME)],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(folder / layoutcache.LOCK_NAME)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
         np.testing.assert_array_equal(load_folder(folder)(TOKENS), model(TOKENS))
@@ -438,9 +456,17 @@ def test_three_simultaneous_first_loads_write_one_copy(tmp_path):
     folder = write_checkpoint(tmp_path / "m", tiny_model(seed=1))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("SPECDEC_NO_LAYOUT_CACHE", None)
-    procs = [subprocess.Popen([sys.executable, "-c", FIRST_LOAD, str(folder)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for _ in range(3)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_LOAD, str(folder)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(3)
+    ]
     for p in procs:
         assert p.stdout.readline() == "ready\n"
     for p in procs:  # go, all at once

@@ -65,8 +65,17 @@ def test_main_times_the_download_apart_from_the_load(fake_hub, tmp_path, capsys)
     from specdec.cli import main
 
     fake_hub.add_checkpoint("org/tiny", write_checkpoint(tmp_path / "src", tiny_model()))
-    argv = ["--target_model_size", "org/tiny", "--draft", "ngram", "--models_dir", str(tmp_path / "models"),
-            "--n_tokens_to_generate", "4", "--no_warmup"]  # fmt: skip
+    argv = [
+        "--target_model_size",
+        "org/tiny",
+        "--draft",
+        "ngram",
+        "--models_dir",
+        str(tmp_path / "models"),
+        "--n_tokens_to_generate",
+        "4",
+        "--no_warmup",
+    ]
     assert main.main(argv) == 0
     captured = capsys.readouterr()
     assert f"downloading org/tiny from {fake_hub.url} into {tmp_path / 'models' / 'org--tiny'}" in captured.err

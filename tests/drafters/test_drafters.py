@@ -68,8 +68,13 @@ def test_drafter_specs(target):
     assert isinstance(make_drafter("ngram", target), NgramDrafter) and make_drafter("ngram", target).n_max == 3
     assert make_drafter("ngram:5", target).n_max == 5
     assert make_drafter("early_exit:1", target).n_layer == 1
-    for bad, message in [("ngram:abc", "ngram:N"), ("ngram:0", "ngram:N"), ("early_exit:x", "early_exit:L"),
-                         ("early_exit:2", "early exit"), ("bogus", "unknown drafter")]:  # fmt: skip
+    for bad, message in [
+        ("ngram:abc", "ngram:N"),
+        ("ngram:0", "ngram:N"),
+        ("early_exit:x", "early_exit:L"),
+        ("early_exit:2", "early exit"),
+        ("bogus", "unknown drafter"),
+    ]:
         with pytest.raises(ValueError, match=message):
             make_drafter(bad, target)
 

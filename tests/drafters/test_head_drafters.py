@@ -85,11 +85,9 @@ def test_sampling_with_head_drafters_keeps_the_target_distribution(small_target,
     assert ok, f"chi2={stat:.1f} df={df}"
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
-def test_block_verification_with_head_drafters_keeps_the_target_distribution(small_target, exact_t1, kind,
-                                                                              monkeypatch):  # fmt: skip
+def test_block_verification_with_head_drafters_keeps_the_target_distribution(small_target, exact_t1, kind, monkeypatch):
     """Block verification (Sun et al.) judging heads' drafts: exactly the target's law, while a block rule whose
     weights are not carried along the block, or whose first successful coin wins, fails the same check."""
     from block_rules import chain_rule, first_coin_wins, weights_not_carried
@@ -112,6 +110,7 @@ def test_block_verification_with_head_drafters_keeps_the_target_distribution(sma
         ok, stat, df = chi_square_passes(sample_many(run, n_samples=6000, seed=1), exact_t1)
         assert not ok, f"{broken.__name__} passed with {kind} heads (chi2={stat:.1f}, df={df})"
         monkeypatch.undo()
+
 
 @pytest.mark.parametrize("kind", ["medusa", pytest.param("eagle", marks=pytest.mark.slow)])
 def test_the_exactness_check_catches_a_drafter_that_misreports_q(small_target, exact_t1, kind):

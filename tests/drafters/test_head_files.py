@@ -109,8 +109,13 @@ HOSTILE = {
     # heads.json itself
     "json: a list": ("medusa", lambda f: (f / "heads.json").write_text("[1, 2, 3]"), "JSON object"),
     "json: nested 100000 deep": ("medusa", lambda f: (f / "heads.json").write_text("[" * 100_000), "heads.json"),
-    "json: an object nested deep inside": ("eagle", lambda f: (f / "heads.json").write_text(
-        '{"kind": "eagle", "x": ' + "{\"a\": " * 50_000 + "1" + "}" * 50_000 + "}"), "heads.json"),  # fmt: skip
+    "json: an object nested deep inside": (
+        "eagle",
+        lambda f: (f / "heads.json").write_text(
+            '{"kind": "eagle", "x": ' + '{"a": ' * 50_000 + "1" + "}" * 50_000 + "}"
+        ),
+        "heads.json",
+    ),
     "json: not JSON": ("medusa", lambda f: (f / "heads.json").write_text("kind = medusa"), "not valid JSON"),
     "json: not UTF-8": ("medusa", lambda f: (f / "heads.json").write_bytes(b'{"kind": "\xff\xfe"}'), "heads.json"),
     "json: empty": ("medusa", lambda f: (f / "heads.json").write_text(""), "not valid JSON"),
@@ -125,11 +130,18 @@ HOSTILE = {
     "n_head: not training's": ("eagle", lambda f: set_config(f, n_head=2), "n_head"),
     "n_head: true": ("eagle", lambda f: set_config(f, n_head=True), "n_head"),
     "layer_norm_epsilon: missing": ("eagle", lambda f: set_config(f, layer_norm_epsilon=None), "layer_norm_epsilon"),
-    "layer_norm_epsilon: NaN": ("eagle", lambda f: (f / "heads.json").write_text(
-        (f / "heads.json").read_text().replace('"layer_norm_epsilon": 1e-05', '"layer_norm_epsilon": NaN')),
-        "layer_norm_epsilon"),  # fmt: skip
-    "layer_norm_epsilon: not training's": ("medusa", lambda f: set_config(f, layer_norm_epsilon=0.1),
-                                           "layer_norm_epsilon"),  # fmt: skip
+    "layer_norm_epsilon: NaN": (
+        "eagle",
+        lambda f: (f / "heads.json").write_text(
+            (f / "heads.json").read_text().replace('"layer_norm_epsilon": 1e-05', '"layer_norm_epsilon": NaN')
+        ),
+        "layer_norm_epsilon",
+    ),
+    "layer_norm_epsilon: not training's": (
+        "medusa",
+        lambda f: set_config(f, layer_norm_epsilon=0.1),
+        "layer_norm_epsilon",
+    ),
     "n_embd: missing": ("medusa", lambda f: set_config(f, n_embd=None), "n_embd"),
     "n_embd: a string": ("medusa", lambda f: set_config(f, n_embd="32"), "n_embd"),
     "n_vocab: another": ("medusa", lambda f: set_config(f, n_vocab=50257), "n_vocab"),
@@ -141,8 +153,11 @@ HOSTILE = {
     "draft_vocab: past n_vocab": ("medusa", lambda f: set_config(f, draft_vocab=10**6), "draft_vocab"),
     "model_fingerprint: missing": ("medusa", lambda f: set_config(f, model_fingerprint=None), "model_fingerprint"),
     "model_fingerprint: a number": ("eagle", lambda f: set_config(f, model_fingerprint=7), "model_fingerprint"),
-    "model_fingerprint: the old kind": ("medusa", lambda f: set_config(f, model_fingerprint="0123456789abcdef"),
-                                        "train"),  # fmt: skip
+    "model_fingerprint: the old kind": (
+        "medusa",
+        lambda f: set_config(f, model_fingerprint="0123456789abcdef"),
+        "train",
+    ),
     # special files (a FIFO would hang a plain open; /proc/self/pagemap is a "regular file" of size 0 that reads
     # for ever; /dev/zero never ends): refused at once, on the object the name leads to
     "json: a FIFO": ("medusa", lambda f: replaced(f / "heads.json", os.mkfifo), "not a regular file"),
@@ -154,19 +169,34 @@ HOSTILE = {
     # the weights file, and heads.json's claim about it
     "weights: missing": ("medusa", lambda f: weights_path(f).unlink(), "heads"),
     "weights: not safetensors": ("eagle", lambda f: weights_path(f).write_bytes(b"\0" * 100), "heads"),
-    "weights: not safetensors, and named so": ("medusa", lambda f: (weights_path(f).write_bytes(b"\0" * 100),
-        set_config(f, weights_sha256=hashlib.sha256(b"\0" * 100).hexdigest())), "safetensors"),  # fmt: skip
-    "weights: changed after saving": ("medusa", lambda f: weights_path(f).write_bytes(
-        weights_path(f).read_bytes()[:-4] + b"\0\0\0\0"), "heads"),  # fmt: skip
-    "weights_file: outside the folder": ("medusa", lambda f: set_config(f, weights_file="../../etc/passwd"),
-                                         "weights_file"),  # fmt: skip
+    "weights: not safetensors, and named so": (
+        "medusa",
+        lambda f: (
+            weights_path(f).write_bytes(b"\0" * 100),
+            set_config(f, weights_sha256=hashlib.sha256(b"\0" * 100).hexdigest()),
+        ),
+        "safetensors",
+    ),
+    "weights: changed after saving": (
+        "medusa",
+        lambda f: weights_path(f).write_bytes(weights_path(f).read_bytes()[:-4] + b"\0\0\0\0"),
+        "heads",
+    ),
+    "weights_file: outside the folder": (
+        "medusa",
+        lambda f: set_config(f, weights_file="../../etc/passwd"),
+        "weights_file",
+    ),
     # tensors
     "tensor: w missing": ("medusa", lambda f: set_tensors(f, drop("w")), "'w'"),
     "tensor: b missing": ("medusa", lambda f: set_tensors(f, drop("b")), "'b'"),
     "tensor: ln_1.weight missing": ("eagle", lambda f: set_tensors(f, drop("ln_1.weight")), "'ln_1.weight'"),
     "tensor: fc.weight missing": ("eagle", lambda f: set_tensors(f, drop("fc.weight")), "'fc.weight'"),
-    "tensor: one too many": ("medusa", lambda f: set_tensors(f, lambda t: t.update(extra=np.zeros(3, np.float32))),
-                             "'extra'"),  # fmt: skip
+    "tensor: one too many": (
+        "medusa",
+        lambda f: set_tensors(f, lambda t: t.update(extra=np.zeros(3, np.float32))),
+        "'extra'",
+    ),
     "tensor: NaN in w": ("medusa", lambda f: set_tensors(f, nan_at("w")), "NaN"),
     "tensor: Inf in b": ("medusa", lambda f: set_tensors(f, nan_at("b", np.inf)), "NaN"),
     "tensor: NaN in ln_1.weight": ("eagle", lambda f: set_tensors(f, nan_at("ln_1.weight")), "NaN"),
@@ -178,14 +208,20 @@ HOSTILE = {
     "shape: fc": ("eagle", lambda f: set_tensors(f, reshape("fc.weight", (32, 32))), "'fc.weight'"),
     # the restricted vocabulary
     "vocab_ids: fractional": ("medusa", lambda f: set_tensors(f, nan_at("vocab_ids", 1.5)), "vocab_ids"),
-    "vocab_ids: 2-D": ("medusa", lambda f: set_tensors(f, lambda t: t.update(vocab_ids=t["vocab_ids"][None])),
-                       "vocab_ids"),  # fmt: skip
+    "vocab_ids: 2-D": (
+        "medusa",
+        lambda f: set_tensors(f, lambda t: t.update(vocab_ids=t["vocab_ids"][None])),
+        "vocab_ids",
+    ),
     "vocab_ids: negative": ("eagle", lambda f: set_tensors(f, nan_at("vocab_ids", -3.0)), "vocab_ids"),
     "vocab_ids: past n_vocab": ("medusa", lambda f: set_tensors(f, nan_at("vocab_ids", 262.0)), "vocab_ids"),
     "vocab_ids: repeated": ("medusa", lambda f: set_tensors(f, nan_at("vocab_ids", 0.0)), "vocab_ids"),
     "vocab_ids: NaN": ("eagle", lambda f: set_tensors(f, nan_at("vocab_ids")), "vocab_ids"),
-    "vocab_ids: fewer than draft_vocab": ("medusa", lambda f: set_tensors(
-        f, lambda t: t.update(vocab_ids=t["vocab_ids"][:-1])), "vocab_ids"),  # fmt: skip
+    "vocab_ids: fewer than draft_vocab": (
+        "medusa",
+        lambda f: set_tensors(f, lambda t: t.update(vocab_ids=t["vocab_ids"][:-1])),
+        "vocab_ids",
+    ),
     "vocab_ids: missing": ("medusa", lambda f: set_tensors(f, drop("vocab_ids")), "vocab_ids"),
 }
 
@@ -222,8 +258,19 @@ def test_the_command_line_prints_one_line_and_exits_1(tmp_path, target_folder, c
     kind, damage, _ = HOSTILE[case]
     folder = make_heads(tmp_path / "heads", kind)
     damage(folder)
-    code = main(["--target_model_size", str(target_folder), "--draft", f"{kind}:{folder}", "--prompt", "the",
-                 "--n_tokens_to_generate", "2", "--no_warmup"])  # fmt: skip
+    code = main(
+        [
+            "--target_model_size",
+            str(target_folder),
+            "--draft",
+            f"{kind}:{folder}",
+            "--prompt",
+            "the",
+            "--n_tokens_to_generate",
+            "2",
+            "--no_warmup",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 1, (out, err)
     assert err.startswith("specdec: error: ") and err.count("\n") == 1, err

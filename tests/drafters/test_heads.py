@@ -217,8 +217,10 @@ def test_head_files_round_trip_and_refuse_other_models(tmp_path):
 def test_medusa_drafters_fused_heads_equal_the_training_forward():
     target = tiny_model()
     rng = np.random.default_rng(8)
-    params = {"w": rng.standard_normal((3, 32, 32)).astype(np.float32) * 0.3,
-              "b": rng.standard_normal((3, 32)).astype(np.float32) * 0.3}  # fmt: skip
+    params = {
+        "w": rng.standard_normal((3, 32, 32)).astype(np.float32) * 0.3,
+        "b": rng.standard_normal((3, 32)).astype(np.float32) * 0.3,
+    }
     drafter = medusa.MedusaDrafter(params, DraftVocab.of(target, np.arange(0, 262, 2)))
     h = rng.standard_normal((1, 32)).astype(np.float32)
     drafter.commit([1, 2], h)

@@ -41,14 +41,17 @@ def test_the_spec_names_the_lookup_and_the_drafter_after_it():
     assert parse_draft("heads+x").kind == "model"  # a '+' elsewhere is part of a model's name or folder
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("ngram+", "not nothing"),
-    ("ngram+124M", "not a model name"),
-    ("ngram+ngram:2", "not another lookup"),
-    ("ngram+ngram+eagle", "not another lookup"),
-    ("ngram:0+eagle", "N >= 1"),
-    ("ngram+early_exit:x", "L >= 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("ngram+", "not nothing"),
+        ("ngram+124M", "not a model name"),
+        ("ngram+ngram:2", "not another lookup"),
+        ("ngram+ngram+eagle", "not another lookup"),
+        ("ngram:0+eagle", "N >= 1"),
+        ("ngram+early_exit:x", "L >= 1"),
+    ],
+)
 def test_a_spec_it_cannot_build_is_refused_in_one_line(spec, message):
     with pytest.raises(ValueError, match=message) as error:
         parse_draft(spec)
@@ -151,13 +154,15 @@ def test_sampling_with_lookup_first_keeps_the_target_distribution(pair):
 def test_a_batch_gives_each_row_its_own_lookup_and_head():
     target = small_model(seed=10, n_layer=2)
     prompts = [[1, 2, 3, 1, 2], [3, 3, 3], [0, 5, 4, 0, 5]]
-    out = speculative_sample_batch(target, LookupFirst(NgramDrafter(target.n_vocab, 3, 2), random_eagle(target)),
-                                   prompts, 10, K=3)  # fmt: skip
+    out = speculative_sample_batch(
+        target, LookupFirst(NgramDrafter(target.n_vocab, 3, 2), random_eagle(target)), prompts, 10, K=3
+    )
     for prompt, row in zip(prompts, out):
         assert row.tokens == autoregressive_sample(target, prompt, 10).tokens
     with pytest.raises(ValueError, match="per-row copy"):
-        speculative_sample_batch(target, LookupFirst(NgramDrafter(target.n_vocab), EarlyExitDrafter(target, 1)),
-                                 prompts, 4)  # fmt: skip
+        speculative_sample_batch(
+            target, LookupFirst(NgramDrafter(target.n_vocab), EarlyExitDrafter(target, 1)), prompts, 4
+        )
 
 
 def test_the_costs_price_the_second_drafter_s_step(pair):
@@ -178,8 +183,15 @@ def test_the_race_leaves_out_eq_1_whose_rounds_lookup_first_does_not_have(pair):
     from specdec.race import race
 
     target, draft = pair
-    report = race(target, LookupFirst(NgramDrafter(target.n_vocab, 3, 1), ModelDrafter(draft)), [1, 2, 3, 1, 2], 8,
-                  K=2, repeats=1, warmup=False)  # fmt: skip
+    report = race(
+        target,
+        LookupFirst(NgramDrafter(target.n_vocab, 3, 1), ModelDrafter(draft)),
+        [1, 2, 3, 1, 2],
+        8,
+        K=2,
+        repeats=1,
+        warmup=False,
+    )
     summary = report.explain()
     assert report.settings["lookup_first"] and summary["predicted_speedup_from_rounds"] > 0
     assert not {"predicted_speedup", "tau_expected", "best_k"} & set(summary)
@@ -220,8 +232,16 @@ def test_choosing_by_a_draw_fails_where_choosing_by_the_text_passes():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setup", ["eagle, bar 0.3", "eagle, block verification", "eagle, tree 4", "medusa, bar 0.4",
-                                   "early exit, tree 4, traversal"])  # fmt: skip
+@pytest.mark.parametrize(
+    "setup",
+    [
+        "eagle, bar 0.3",
+        "eagle, block verification",
+        "eagle, tree 4",
+        "medusa, bar 0.4",
+        "early exit, tree 4, traversal",
+    ],
+)
 def test_sampling_with_lookup_first_keeps_the_target_distribution_for_every_path(setup):
     """The second drafter's own chain loops (with a bar), block verification of either kind of round, and trees
     (the lookup's trie or the second drafter's tree) at T=1."""

@@ -86,7 +86,8 @@ def test_the_committed_eagle3_head_loads_drafts_and_keeps_smollm2s_greedy_output
     prompt = "Name three fruits."
     ar = autoregressive_sample(target.astype(np.float64), prompt, 24, temperature=0.0, chat=True)
     for nodes in (None, 8):  # a chain, and EAGLE-2's dynamic tree
-        sd = speculative_sample(target.astype(np.float64), f"eagle:{folder}", prompt, 24, K=4, temperature=0.0,
-                                chat=True, tree=nodes)  # fmt: skip
+        sd = speculative_sample(
+            target.astype(np.float64), f"eagle:{folder}", prompt, 24, K=4, temperature=0.0, chat=True, tree=nodes
+        )
         assert sd.tokens == ar.tokens, nodes
         assert sd.accepted > 0  # a trained head: some of its drafts are kept

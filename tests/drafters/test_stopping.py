@@ -95,8 +95,7 @@ def test_a_bar_that_never_cuts_draws_exactly_what_no_bar_draws(pair):
         "eagle": (target, lambda stop: _with_stop(random_eagle(target), stop)),
     }
     for kind, (on, make) in made.items():
-        runs = [speculative_sample(on, make(stop), PROMPT, 8, K=3, temperature=1.0, seed=4)
-                for stop in (None, never)]  # fmt: skip
+        runs = [speculative_sample(on, make(stop), PROMPT, 8, K=3, temperature=1.0, seed=4) for stop in (None, never)]
         assert runs[0].tokens == runs[1].tokens, kind
         assert runs[0].k_per_round == runs[1].k_per_round and sum(runs[0].k_per_round) > 0, kind
 
@@ -155,8 +154,7 @@ def test_sampling_with_a_bar_keeps_the_target_distribution(pair, exact_t1, bar):
 def round_lengths(target, drafter, n: int) -> list[list[int]]:
     """Drafts per round in n runs of 3 tokens at K=2 (the first round asks for 2, the second for at most 1)."""
     rng = np.random.default_rng(1)
-    return [speculative_sample(target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng).k_per_round
-            for _ in range(n)]  # fmt: skip
+    return [speculative_sample(target, drafter, PROMPT, 3, K=2, temperature=1.0, rng=rng).k_per_round for _ in range(n)]
 
 
 class KeepsWhatItDrew(ModelDrafter):

@@ -81,7 +81,9 @@ def world_step(world: World, prefix: list[int], calls: list):
 def test_dynamic_tree_greedy_shape(width, nodes, depth):
     world, calls = World(T1), []
     tokens, parents, q = dynamic_tree(world_step(world, [], calls), depth, nodes, width, SamplingParams(0.0), None)
-    assert q is None and len(tokens) == min(nodes, sum(width ** (d + 1) if d == 0 else width * width for d in range(depth)))
+    assert q is None and len(tokens) == min(
+        nodes, sum(width ** (d + 1) if d == 0 else width * width for d in range(depth))
+    )
     depths = tree_mask(parents).sum(axis=1)
     assert depths.max() <= depth
     children: dict[int, list[int]] = {}
@@ -111,8 +113,9 @@ def sample_dynamic(world: World, rng, nodes=5, width=2, depth=3, rerank=False, n
             tokens, parents, q = rerank_by_confidence(world, out, step, 2 * nodes, nodes, width, depth, rng)
         else:
             tokens, parents, q = dynamic_tree(step, depth, nodes, width, world.params, rng)
-        p = np.stack([world.row(out, "p")] + [world.row(out + path_tokens(tokens, parents, i), "p")
-                                              for i in range(len(tokens))])  # fmt: skip
+        p = np.stack(
+            [world.row(out, "p")] + [world.row(out + path_tokens(tokens, parents, i), "p") for i in range(len(tokens))]
+        )
         path, last = sampled_tree(tokens, parents, q, p, rng)
         out += [tokens[i] for i in path] + [last]
     return tuple(out[:n])

@@ -15,8 +15,15 @@ from specdec.model.llama import LlamaBlock, LlamaHParams, random_llama
 def test_a_fused_block_keeps_the_checkpoints_matrices_by_name_and_writes_through():
     h = LlamaHParams(n_vocab=64, n_ctx=32, n_embd=32, n_head=4, n_kv_head=2, n_layer=1, n_ff=48)
     rng = np.random.default_rng(0)
-    shapes = {"attn_q": (32, 32), "attn_k": (16, 32), "attn_v": (16, 32), "attn_output": (32, 32),
-              "ffn_gate": (48, 32), "ffn_up": (48, 32), "ffn_down": (32, 48)}  # fmt: skip
+    shapes = {
+        "attn_q": (32, 32),
+        "attn_k": (16, 32),
+        "attn_v": (16, 32),
+        "attn_output": (32, 32),
+        "ffn_gate": (48, 32),
+        "ffn_up": (48, 32),
+        "ffn_down": (32, 48),
+    }
     w = {name: rng.standard_normal(shape, dtype=np.float32) for name, shape in shapes.items()}
     norms = {"attn_norm": np.ones(32, np.float32), "ffn_norm": np.ones(32, np.float32)}
     block = LlamaBlock.fuse(**norms, **w)

@@ -128,8 +128,11 @@ def test_logits_equal_transformers_whole_prompt_and_through_the_cache(smollm2, r
         assert_rows_match(smollm2(ref[f"prompt_{i}"]), ref, f"logits_{i}")
     ids = ref["prompt_0"].tolist()
     n, cache = len(ids), smollm2.new_cache()
-    rows = [smollm2.forward(ids[: n - 4], cache)[-1:], smollm2.forward(ids[n - 4 : n - 3], cache),
-            smollm2.forward(ids[n - 3 :], cache)]  # fmt: skip
+    rows = [
+        smollm2.forward(ids[: n - 4], cache)[-1:],
+        smollm2.forward(ids[n - 4 : n - 3], cache),
+        smollm2.forward(ids[n - 3 :], cache),
+    ]
     assert_rows_match(np.concatenate(rows), ref, "cached")
 
 
@@ -190,7 +193,11 @@ def test_the_verification_rule_on_smollm2s_own_distributions_is_exact_with_top_k
     p0 = probabilities(logits0[None], params)[0]
     rows1 = {int(x): smollm2([*prompt, int(x)])[-1] for x in np.union1d(np.flatnonzero(p0), np.flatnonzero(q0))}
     p1 = {x: probabilities(row[None], params)[0] for x, row in rows1.items()}
-    exact = {(int(x0), int(x1)): float(p0[x0] * p1[int(x0)][x1]) for x0 in np.flatnonzero(p0) for x1 in np.flatnonzero(p1[int(x0)])}
+    exact = {
+        (int(x0), int(x1)): float(p0[x0] * p1[int(x0)][x1])
+        for x0 in np.flatnonzero(p0)
+        for x1 in np.flatnonzero(p1[int(x0)])
+    }
 
     def one_round(rng):
         d0 = draw(q0, rng)
@@ -268,8 +275,10 @@ def write_untrained_heads(folder, target, ids) -> dict[str, str]:
     from specdec.drafters.heads import DraftVocab, save_heads
 
     vocab = DraftVocab.of(target, ids)
-    params = {"medusa": medusa.init_params(3, target.n_embd),
-              "eagle": eagle.init_params(target.n_embd, np.random.default_rng(0), std=0.2)}  # fmt: skip
+    params = {
+        "medusa": medusa.init_params(3, target.n_embd),
+        "eagle": eagle.init_params(target.n_embd, np.random.default_rng(0), std=0.2),
+    }
     for kind, p in params.items():
         save_heads(folder / kind, kind, target, p, {"n_heads": 3 if kind == "medusa" else 1}, vocab)
     return {kind: f"{kind}:{folder / kind}" for kind in params}
@@ -279,9 +288,17 @@ def every_drafter(target, folder, corpus) -> list:
     from specdec.drafters.restricted import restrict
 
     heads = write_untrained_heads(folder, target, np.unique(corpus))
-    return [("ngram", None), ("early_exit:1", None), ("ngram", 6), (heads["medusa"], None), (heads["medusa"], 6),
-            (heads["eagle"], None), (heads["eagle"], 6), (restrict(target, 64, corpus), None),
-            (restrict(target, 64, corpus), 5)]  # fmt: skip
+    return [
+        ("ngram", None),
+        ("early_exit:1", None),
+        ("ngram", 6),
+        (heads["medusa"], None),
+        (heads["medusa"], 6),
+        (heads["eagle"], None),
+        (heads["eagle"], 6),
+        (restrict(target, 64, corpus), None),
+        (restrict(target, 64, corpus), 5),
+    ]
 
 
 def test_every_drafter_runs_on_a_tiny_llama(tiny, tmp_path):

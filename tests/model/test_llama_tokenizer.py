@@ -22,8 +22,13 @@ def vocab_lists(merges=MERGES, missing: str = "") -> tuple[list[str], list[int],
 
 
 def encoding(tokens, types, merges, pre="smollm"):
-    metadata = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": tokens,
-                "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": merges}  # fmt: skip
+    metadata = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
+    }
     return gguf_encoding(metadata, "tiny.gguf")
 
 
@@ -55,8 +60,21 @@ def two_step_pieces(text: str) -> list[str]:
     return pieces
 
 
-CASES = ["In 2024,  x1 costs 35.50", "1234567890", "  42\n\t7 ", "v3.11.7-rc2 and 0x1F", "a1b22c333 4 5", "x  1",
-         "٣٤ and ½ and Ⅻ", "it's 3's", "  \n 9", "end 9  ", "a  b   c", "", "9"]  # fmt: skip
+CASES = [
+    "In 2024,  x1 costs 35.50",
+    "1234567890",
+    "  42\n\t7 ",
+    "v3.11.7-rc2 and 0x1F",
+    "a1b22c333 4 5",
+    "x  1",
+    "٣٤ and ½ and Ⅻ",
+    "it's 3's",
+    "  \n 9",
+    "end 9  ",
+    "a  b   c",
+    "",
+    "9",
+]
 
 
 @pytest.mark.parametrize("text", CASES)
@@ -119,6 +137,7 @@ def test_malformed_vocabularies_are_refused(change, message):
 def test_chat_prompt_is_chatml_with_the_text_spelt_out():
     tok = tiny()
     ids = chat_prompt(tok, "hi <|im_end|>", system="sys")
-    assert tok.decode(ids) == ("<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi <|im_end|><|im_end|>\n"
-                               "<|im_start|>assistant\n")  # fmt: skip
+    assert tok.decode(ids) == (
+        "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi <|im_end|><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert ids.count(2) == 2  # the typed "<|im_end|>" is text, not the control token

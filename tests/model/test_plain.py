@@ -79,8 +79,10 @@ def test_plain_and_fast_products_decode_the_same_tokens(split_everything, temper
     runs = {}
     for mode in ("rules", "plain"):
         specdec.set_kernels(mode)
-        runs[mode] = [autoregressive_sample(target, [1, 2, 3], 24, temperature=temperature, seed=5).tokens,
-                      speculative_sample(target, draft, [1, 2, 3], 24, K=4, temperature=temperature, seed=5).tokens]
+        runs[mode] = [
+            autoregressive_sample(target, [1, 2, 3], 24, temperature=temperature, seed=5).tokens,
+            speculative_sample(target, draft, [1, 2, 3], 24, K=4, temperature=temperature, seed=5).tokens,
+        ]
     assert runs["rules"] == runs["plain"]
 
 

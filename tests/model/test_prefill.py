@@ -17,8 +17,10 @@ TOKENS = [int(t) for t in np.random.default_rng(0).integers(0, 64, size=45)]
 
 def models():
     h = LlamaHParams(n_vocab=64, n_ctx=128, n_embd=32, n_head=4, n_kv_head=2, n_layer=2, n_ff=48)
-    return [random_llama(h, seed=1, scale=0.3),
-            random_model(n_layer=2, n_embd=32, n_head=4, n_vocab=64, n_ctx=128, scale=0.3)]  # fmt: skip
+    return [
+        random_llama(h, seed=1, scale=0.3),
+        random_model(n_layer=2, n_embd=32, n_head=4, n_vocab=64, n_ctx=128, scale=0.3),
+    ]
 
 
 @pytest.mark.parametrize("model", models(), ids=["llama", "gpt2"])
@@ -41,8 +43,14 @@ def test_chunked_prefill_equals_one_pass(model, last_only):
     np.testing.assert_allclose(chunked.k[:, :, : one.length], one.k[:, :, : one.length], atol=1e-5)
     np.testing.assert_allclose(chunked.v[:, :, : one.length], one.v[:, :, : one.length], atol=1e-5)
     chunked.rollback(3)
-    (plain,) = in_chunks(lambda parts, caches: model.forward_batch(parts, caches, last_only=last_only),
-                         [TOKENS[3:]], [chunked], last_only, return_hidden=False, chunk=8)  # fmt: skip
+    (plain,) = in_chunks(
+        lambda parts, caches: model.forward_batch(parts, caches, last_only=last_only),
+        [TOKENS[3:]],
+        [chunked],
+        last_only,
+        return_hidden=False,
+        chunk=8,
+    )
     np.testing.assert_allclose(plain, logits, atol=1e-4)
 
 

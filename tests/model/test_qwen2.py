@@ -37,8 +37,13 @@ def test_the_file_loads_as_a_qwen2_with_its_own_constants_and_biases(qwen2, ref)
     h = qwen2.hparams
     assert isinstance(qwen2, Qwen2) and repr(qwen2).startswith("Qwen2(")
     assert (h.n_layer, h.n_embd, h.n_head, h.n_kv_head, h.n_ff, h.n_vocab) == (
-        config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
-        config["num_key_value_heads"], config["intermediate_size"], config["vocab_size"])  # fmt: skip
+        config["num_hidden_layers"],
+        config["hidden_size"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["intermediate_size"],
+        config["vocab_size"],
+    )
     assert h.rope_theta == config["rope_parameters"]["rope_theta"] and np.isclose(h.rms_eps, config["rms_norm_eps"])
     assert qwen2.weights.lm_head.w_t is qwen2.weights.wte  # tied: the file has no output.weight
     for block in qwen2.weights.blocks:  # q, k and v keep their biases, views of the fused one
@@ -56,8 +61,13 @@ def test_logits_equal_transformers_for_whole_sequences(qwen2, ref):
 def test_cached_decoding_equals_transformers_cache_and_a_whole_pass(qwen2, ref):
     ids = ref["tokens_2"].tolist()
     n, cache = len(ids), qwen2.new_cache()
-    rows = np.concatenate([qwen2.forward(ids[: n - 4], cache)[-1:], qwen2.forward(ids[n - 4 : n - 3], cache),
-                           qwen2.forward(ids[n - 3 :], cache)])  # fmt: skip
+    rows = np.concatenate(
+        [
+            qwen2.forward(ids[: n - 4], cache)[-1:],
+            qwen2.forward(ids[n - 4 : n - 3], cache),
+            qwen2.forward(ids[n - 3 :], cache),
+        ]
+    )
     np.testing.assert_allclose(rows, ref["cached"], atol=ATOL, rtol=0)
     np.testing.assert_allclose(rows, qwen2(ids)[n - 5 :], atol=1e-5, rtol=0)
     wide = qwen2.astype(np.float64)  # the exact-greedy option keeps the class and the biases

@@ -71,7 +71,9 @@ def test_split_linear_matches_plain_matmul(monkeypatch, n_parts, n_in, n_out, sm
     b = rng.standard_normal(n_out, dtype=np.float32)
     lin = Linear.from_checkpoint(w, b)
     assert len(kernels.split(lin).parts) == min(n_parts, n_out // 16)
-    assert [p.start for p in kernels.split(lin).parts[1:]] == [p.stop for p in kernels.split(lin).parts[:-1]] and kernels.split(lin).parts[-1].stop == n_out
+    assert [p.start for p in kernels.split(lin).parts[1:]] == [
+        p.stop for p in kernels.split(lin).parts[:-1]
+    ] and kernels.split(lin).parts[-1].stop == n_out
     for n_seq in range(1, 20):
         x = rng.standard_normal((n_seq, n_in), dtype=np.float32)
         y = kernels.linear(x, lin)
@@ -149,6 +151,7 @@ def test_linear_from_several_threads_at_once(monkeypatch):
 
 
 # --- exact greedy: the float64 option ---------------------------------------------------------
+
 
 def test_float64_target_removes_the_float32_near_tie_caveat():
     """In float32 the near-ties make greedy speculative differ from greedy autoregressive
@@ -233,7 +236,10 @@ def test_restricted_draft_keeps_greedy_and_sampled_output_exact(monkeypatch):
     draft = restrict(tiny_model(seed=1), 120)  # the target's own weights, minus most of its head
     for prompt in ([1], [5, 6, 7], [200, 3, 200, 3]):
         for K in (1, 3, 6):
-            assert speculative_sample(target, draft, prompt, 25, K=K).tokens == autoregressive_sample(target, prompt, 25).tokens
+            assert (
+                speculative_sample(target, draft, prompt, 25, K=K).tokens
+                == autoregressive_sample(target, prompt, 25).tokens
+            )
 
     hp = HParams(n_vocab=12, n_ctx=16, n_embd=16, n_head=2, n_layer=2)
     small = GPT2(hp, random_weights(hp, seed=11, scale=0.6))

@@ -51,7 +51,17 @@ def test_a_plan_maps_each_pass_length_to_its_bucket():
     lin = Linear(np.ones((64, 8), np.float32), None)
     kernels.PLANS[kernels.shape_key(lin)] = tuple(f"p{m}" for m in M_BUCKETS)
     assert [kernels.path_of(lin, n) for n in (1, 2, 4, 5, 8, 16, 17, 64, 65, 512)] == [
-        "p1", "p2", "p3", "p5", "p5", "p9", "p17", "p33", "p65", "p65"]  # fmt: skip
+        "p1",
+        "p2",
+        "p3",
+        "p5",
+        "p5",
+        "p9",
+        "p17",
+        "p33",
+        "p65",
+        "p65",
+    ]
     del kernels.PLANS[kernels.shape_key(lin)]
     assert kernels.path_of(lin, 1) == kernels.default_path(1, len(kernels.split(lin).parts))
 
@@ -111,7 +121,9 @@ def test_the_plan_file_is_written_then_trusted_only_after_its_checks(monkeypatch
     assert path.exists() and [p.name for p in tmp_path.iterdir()] == [path.name], "no temporary file left"
     assert all(kernels.path_of(lin, m) == "one" for lin in tuning.linears_of(model.weights) for m in (1, 5, 100))
     head = tuning.linears_of(model.weights)[0]
-    assert kernels.path_of(Linear(head.w_t.copy(), None), 1) == "one", "another matrix of a planned shape follows the plan"
+    assert kernels.path_of(Linear(head.w_t.copy(), None), 1) == "one", (
+        "another matrix of a planned shape follows the plan"
+    )
 
     tuning.tune(split_llama(monkeypatch), tmp_path)
     assert len(measured) == 1, "a valid plan file is read, not measured again"
@@ -144,9 +156,15 @@ def test_the_plan_file_is_written_then_trusted_only_after_its_checks(monkeypatch
     kernels.PLANS.clear()
     fresh = split_llama(monkeypatch)
     assert tuning.tune(fresh, tmp_path) == {} and kernels.PLANS == {}
-    assert all(kernels.path_of(lin, m) == kernels.default_path(m, 2) for lin in tuning.linears_of(fresh.weights) for m in M_BUCKETS)
+    assert all(
+        kernels.path_of(lin, m) == kernels.default_path(m, 2)
+        for lin in tuning.linears_of(fresh.weights)
+        for m in M_BUCKETS
+    )
     monkeypatch.setenv(tuning.ENV, "fastest")
-    with pytest.raises(ValueError, match="SPECDEC_KERNELS must be one of plan, measure, rules, plain .or unset: 'plan'.; not 'fastest'"):
+    with pytest.raises(
+        ValueError, match="SPECDEC_KERNELS must be one of plan, measure, rules, plain .or unset: 'plan'.; not 'fastest'"
+    ):
         tuning.tune(fresh, tmp_path)
 
 
@@ -185,8 +203,10 @@ def test_a_model_loaded_later_keeps_the_plans_of_shapes_already_known(monkeypatc
     model = split_llama(monkeypatch)
     keys = {kernels.shape_key(lin) for lin in tuning.linears_of(model.weights)}
     new_shape = Linear(np.ones((80, 32), np.float32), None)  # a shape the model does not have
-    answers = [{k: ["one"] * len(M_BUCKETS) for k in keys},
-               {k: ["blas"] * len(M_BUCKETS) for k in keys | {kernels.shape_key(new_shape)}}]  # fmt: skip
+    answers = [
+        {k: ["one"] * len(M_BUCKETS) for k in keys},
+        {k: ["blas"] * len(M_BUCKETS) for k in keys | {kernels.shape_key(new_shape)}},
+    ]
     monkeypatch.setattr(tuning, "measure", lambda linears, repeats=None, clock=None: answers.pop(0))
     monkeypatch.setattr(tuning, "confirm", lambda model, linears, plan: plan)
     monkeypatch.delenv(tuning.ENV, raising=False)
@@ -281,8 +301,9 @@ def test_a_tuned_model_gives_the_logits_of_an_untuned_one(monkeypatch, tmp_path)
         for lin in tuning.linears_of(model.weights):
             kernels.PLANS[kernels.shape_key(lin)] = (path,) * len(M_BUCKETS)
         cache = model.new_cache()
-        logits = np.concatenate([model.forward(tokens[:20], cache), model.forward(tokens[20:25], cache),
-                                 model.forward(tokens[25:], cache)])  # fmt: skip
+        logits = np.concatenate(
+            [model.forward(tokens[:20], cache), model.forward(tokens[20:25], cache), model.forward(tokens[25:], cache)]
+        )
         np.testing.assert_allclose(logits, reference, atol=1e-5, err_msg=path)
 
 
@@ -292,8 +313,12 @@ def test_a_plan_is_kept_for_the_openblas_spin_setting_it_was_measured_under(monk
     assert tuning.plan_file(tmp_path) != path, "another spin setting gets a plan file of its own"
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     read = []
-    for first, extra in [("pass", {}), ("import numpy", {}), ("pass", {"OPENBLAS_THREAD_TIMEOUT": "7"}),
-                         ("import numpy", {"OPENBLAS_THREAD_TIMEOUT": "7"})]:  # fmt: skip
+    for first, extra in [
+        ("pass", {}),
+        ("import numpy", {}),
+        ("pass", {"OPENBLAS_THREAD_TIMEOUT": "7"}),
+        ("import numpy", {"OPENBLAS_THREAD_TIMEOUT": "7"}),
+    ]:
         code = f"{first}; import specdec; print(specdec.OPENBLAS_SPIN)"
         run = subprocess.run([sys.executable, "-c", code], env=env | extra, capture_output=True, text=True, check=True)
         read.append(run.stdout.strip())

@@ -18,21 +18,42 @@ from specdec.model.tokenizer import byte_decoder, gguf_encoding
 from specdec.sampling import SamplingParams, probabilities
 from specdec.train.cli import main
 from specdec.train.distill import MANIFEST, load_distill_data, make_data, read_shard
-from specdec.train.requests import (RequestPool, build_requests, eval_texts, overlap, split_list, stdlib_docs,
-                                     templated_requests)
+from specdec.train.requests import (
+    RequestPool,
+    build_requests,
+    eval_texts,
+    overlap,
+    split_list,
+    stdlib_docs,
+    templated_requests,
+)
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 IM_END = 2
-REQUESTS = ["Hi", "Tell me a joke.", "Why is the sky blue?", "Name a fruit.", "Count to three.", "Say yes.",
-            "Write a haiku.", "What is 2+2?", "Define cat.", "Be brief."]  # fmt: skip
+REQUESTS = [
+    "Hi",
+    "Tell me a joke.",
+    "Why is the sky blue?",
+    "Name a fruit.",
+    "Count to three.",
+    "Say yes.",
+    "Write a haiku.",
+    "What is 2+2?",
+    "Define cat.",
+    "Be brief.",
+]
 
 
 def chat_model(seed: int = 0, scale: float = 0.3):
     """A tiny Llama over a byte-level vocabulary with ChatML's control tokens (<|im_end|> = 2)."""
     alphabet = [ch for ch, _ in sorted(byte_decoder().items(), key=lambda kv: kv[1])]
-    metadata = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.merges": [],
-                "tokenizer.ggml.tokens": SPECIALS + alphabet,
-                "tokenizer.ggml.token_type": [3] * 3 + [1] * len(alphabet)}  # fmt: skip
+    metadata = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.tokens": SPECIALS + alphabet,
+        "tokenizer.ggml.token_type": [3] * 3 + [1] * len(alphabet),
+    }
     h = LlamaHParams(n_vocab=3 + 256, n_ctx=128, n_embd=32, n_head=4, n_kv_head=2, n_layer=2, n_ff=48)
     model = random_llama(h, seed=seed, scale=scale)
     model.tokenizer, model.name = gguf_encoding(metadata, "tiny.gguf"), "tiny-chat"
@@ -208,13 +229,30 @@ def test_cli_makes_data_and_errors_are_one_line(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(load, "load_model", lambda name, progress=True: chat_model())
     monkeypatch.setattr(requests, "build_requests", lambda seed: POOL)
-    args = ["data", "--model", "tiny", "--out", str(tmp_path), "--tokens", "20", "--batch", "2", "--max-reply", "6",
-            "--shard-rows", "4", "--top-k", "3"]  # fmt: skip
+    args = [
+        "data",
+        "--model",
+        "tiny",
+        "--out",
+        str(tmp_path),
+        "--tokens",
+        "20",
+        "--batch",
+        "2",
+        "--max-reply",
+        "6",
+        "--shard-rows",
+        "4",
+        "--top-k",
+        "3",
+    ]
     assert main(args) == 0
     assert "reply tokens" in capsys.readouterr().err
     assert load_distill_data(tmp_path).n_tokens >= 20
-    for bad, message in (([*args[:-2], "--top-k", "0"], "--top-k must be at least 1"),
-                         ([*args, "--max-reply", "7"], "other settings")):  # fmt: skip
+    for bad, message in (
+        ([*args[:-2], "--top-k", "0"], "--top-k must be at least 1"),
+        ([*args, "--max-reply", "7"], "other settings"),
+    ):
         assert main([*bad, "--quiet"]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1 and "Traceback" not in err

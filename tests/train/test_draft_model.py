@@ -73,7 +73,9 @@ def test_the_whole_draft_loss_has_the_gradient_of_finite_differences(shards, los
     shape = dm.draft_shape(model, [1, 0], 40)
     h = dm.draft_hparams(model, shape)
     rng = np.random.default_rng(1)
-    params = {k: v.astype(np.float64) + 0.05 * rng.standard_normal(v.shape) for k, v in dm.init_params(model, shape).items()}
+    params = {
+        k: v.astype(np.float64) + 0.05 * rng.standard_normal(v.shape) for k, v in dm.init_params(model, shape).items()
+    }
     wte = model.weights.wte.astype(np.float64)
     value, grads = dm.loss_and_grads(params, wte, vocab, batch, h, loss)
     assert np.isfinite(value) and set(grads) == set(params)
@@ -105,8 +107,18 @@ def test_a_distilled_draft_trains_loads_as_a_llama_and_keeps_greedy_output(shard
 
     monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)  # the tiny chat model as "tiny"
     out = tmp_path / "draft"
-    flags = {"--model": "tiny", "--data": folder, "--out": out, "--vocab-top": 100, "--epochs": 20, "--lr": 3e-3,
-             "--batch-tokens": 256, "--held-out": 0.3, "--layers": 0, "--loss": "fkl"}  # fmt: skip
+    flags = {
+        "--model": "tiny",
+        "--data": folder,
+        "--out": out,
+        "--vocab-top": 100,
+        "--epochs": 20,
+        "--lr": 3e-3,
+        "--batch-tokens": 256,
+        "--held-out": 0.3,
+        "--layers": 0,
+        "--loss": "fkl",
+    }
     args = ["draft", *(str(part) for pair in flags.items() for part in pair), "--quiet"]
     assert main(args) == 0
     card = json.loads((out / draft.CONFIG_FILE).read_text())["card"]
@@ -123,10 +135,13 @@ def test_a_distilled_draft_trains_loads_as_a_llama_and_keeps_greedy_output(shard
     states = ht.row_states(model, data, rows, [], False)
     params = {k: v.astype(np.float16).astype(np.float32) for k, v in dm.init_params(model, config).items()}
     before = tr.held_out_accuracy(kind, params, model, config, vocab, data, rows, states, 256)
-    after_params = {f"blk.0.{n}": t.w_t if hasattr(t, "w_t") else t
-                    for n, t in trained.weights.blocks[0].checkpoint_tensors().items()}  # fmt: skip
-    after = tr.held_out_accuracy(kind, {**after_params, "output_norm": trained.weights.norm_f}, model, config, vocab,
-                                 data, rows, states, 256)  # fmt: skip
+    after_params = {
+        f"blk.0.{n}": t.w_t if hasattr(t, "w_t") else t
+        for n, t in trained.weights.blocks[0].checkpoint_tensors().items()
+    }
+    after = tr.held_out_accuracy(
+        kind, {**after_params, "output_norm": trained.weights.norm_f}, model, config, vocab, data, rows, states, 256
+    )
     assert after["top1"] > before["top1"] + 0.2, (before, after)
     prompt = model.tokenizer.encode("Hi there")
     ar = autoregressive_sample(model, prompt, 20, temperature=0.0)
@@ -139,11 +154,14 @@ def test_a_distilled_draft_trains_loads_as_a_llama_and_keeps_greedy_output(shard
 def test_speculative_sampling_with_a_restricted_draft_keeps_the_target_distribution(monkeypatch):
     """A tiny target (6 tokens), its draft started from its layer 1 and restricted to 4 tokens: the exact law of
     every 3-token continuation at T=1 is reproduced; a verifier that resamples the target on rejection is not."""
-    target = random_llama(LlamaHParams(n_vocab=6, n_ctx=32, n_embd=16, n_head=4, n_kv_head=2, n_layer=2, n_ff=24),
-                          seed=3, scale=0.5)  # fmt: skip
+    target = random_llama(
+        LlamaHParams(n_vocab=6, n_ctx=32, n_embd=16, n_head=4, n_kv_head=2, n_layer=2, n_ff=24), seed=3, scale=0.5
+    )
     shape = dm.draft_shape(target, [1], 16)
-    params = {k: v + 0.1 * np.random.default_rng(4).standard_normal(v.shape).astype(np.float32)
-              for k, v in dm.init_params(target, shape).items()}  # fmt: skip
+    params = {
+        k: v + 0.1 * np.random.default_rng(4).standard_normal(v.shape).astype(np.float32)
+        for k, v in dm.init_params(target, shape).items()
+    }
     small = draft.build_draft(target, shape, params, np.array([0, 1, 3, 5]))
     exact = exact_continuations(target, PROMPT, 3, SamplingParams(1.0))
 

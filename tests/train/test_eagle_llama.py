@@ -22,8 +22,9 @@ from specdec.train.optim import AdamW
 
 F32 = np.float32
 TINY = LlamaHParams(n_vocab=64, n_ctx=128, n_embd=32, n_head=4, n_kv_head=2, n_layer=4, n_ff=48)
-SMOLLM2 = LlamaHParams(n_vocab=49152, n_ctx=8192, n_embd=576, n_head=9, n_kv_head=3, n_layer=30, n_ff=1536,
-                       rope_theta=100000.0)  # fmt: skip
+SMOLLM2 = LlamaHParams(
+    n_vocab=49152, n_ctx=8192, n_embd=576, n_head=9, n_kv_head=3, n_layer=30, n_ff=1536, rope_theta=100000.0
+)
 
 
 def head_batch(target, vocab: DraftVocab, rows: list[list[int]], n_prompt: int, layers: list[int]):
@@ -140,8 +141,14 @@ def test_the_unrolled_check_sees_step_1_cut_off_from_step_0(block, monkeypatch):
 
 def test_ttt_mask_is_causal_over_step_0_and_diagonal_over_step_1():
     mask = el.ttt_mask(np.tri(3, dtype=bool)[None])[0].astype(int)
-    assert mask.tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0],
-                             [1, 0, 0, 1, 0, 0], [1, 1, 0, 0, 1, 0], [1, 1, 1, 0, 0, 1]]  # fmt: skip
+    assert mask.tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1],
+    ]
 
 
 @pytest.mark.parametrize("block", ["llama", "eagle3"])
@@ -156,8 +163,10 @@ def test_drafting_forward_equals_the_training_forward(block):
     y_train, _ = el.head_forward(params, g, emb, np.arange(T)[None], np.tri(T, dtype=bool)[None], TINY)
     model = LlamaEagleModel(params, TINY, block, n_ctx=64)
     cache = model.new_cache()
-    y_draft = np.concatenate([model.step(g[0, :2], emb[0, :2], cache)]
-                             + [model.step(g[0, j : j + 1], emb[0, j : j + 1], cache) for j in range(2, T)])  # fmt: skip
+    y_draft = np.concatenate(
+        [model.step(g[0, :2], emb[0, :2], cache)]
+        + [model.step(g[0, j : j + 1], emb[0, j : j + 1], cache) for j in range(2, T)]
+    )
     assert y_train.dtype == y_draft.dtype == F32
     np.testing.assert_allclose(y_draft, y_train[0], rtol=1e-4, atol=1e-5)
 
@@ -214,12 +223,24 @@ def test_the_head_file_records_its_block_and_loads_through_the_checked_loader(ll
 
         EagleDrafter.load(trained_head, tiny_model())
     bad = tmp_path / "bad"
-    save_heads(bad, "eagle", llama_target, {"fc": np.zeros((32, 64), F32)}, {"n_heads": 1, "block": "llama"},
-               DraftVocab.of(llama_target))  # fmt: skip
+    save_heads(
+        bad,
+        "eagle",
+        llama_target,
+        {"fc": np.zeros((32, 64), F32)},
+        {"n_heads": 1, "block": "llama"},
+        DraftVocab.of(llama_target),
+    )
     with pytest.raises(HeadFileError, match="missing"):
         EagleDrafter.load(bad, llama_target)
-    save_heads(bad, "eagle", llama_target, {"fc": np.zeros((32, 64), F32)}, {"n_heads": 1, "block": "rnn"},
-               DraftVocab.of(llama_target))  # fmt: skip
+    save_heads(
+        bad,
+        "eagle",
+        llama_target,
+        {"fc": np.zeros((32, 64), F32)},
+        {"n_heads": 1, "block": "rnn"},
+        DraftVocab.of(llama_target),
+    )
     with pytest.raises(HeadFileError, match="'block' is 'rnn'"):
         EagleDrafter.load(bad, llama_target)
 
@@ -340,8 +361,12 @@ def test_sampling_with_a_llama_head_keeps_the_target_distribution(block, nodes):
     exact = exact_continuations(target, [1, 2], 3, SamplingParams(1.0))
 
     def drafter():
-        return EagleDrafter(LlamaEagleModel(params, target.hparams, block, target.n_ctx),
-                            DraftVocab.of(target, [0, 2, 3, 5]), target.weights.wte, hidden_layers=layers)  # fmt: skip
+        return EagleDrafter(
+            LlamaEagleModel(params, target.hparams, block, target.n_ctx),
+            DraftVocab.of(target, [0, 2, 3, 5]),
+            target.weights.wte,
+            hidden_layers=layers,
+        )
 
     good, broken = drafter(), FlatQ(drafter())
 
@@ -469,9 +494,26 @@ def test_the_trainer_trains_ships_and_drafts_with_a_llama_block(block, tmp_path,
     monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)
     out = tmp_path / "head"
     ttt = block == "llama-ttt"
-    args = ["eagle", "--model", "tiny", "--data", str(tmp_path / "data"), "--out", str(out), "--block",
-            block.removesuffix("-ttt"), "--vocab-top", "100", "--steps", "4", "--batch-tokens", "256", "--held-out",
-            "0.3", "--quiet"] + ["--ttt"] * ttt  # fmt: skip
+    args = [
+        "eagle",
+        "--model",
+        "tiny",
+        "--data",
+        str(tmp_path / "data"),
+        "--out",
+        str(out),
+        "--block",
+        block.removesuffix("-ttt"),
+        "--vocab-top",
+        "100",
+        "--steps",
+        "4",
+        "--batch-tokens",
+        "256",
+        "--held-out",
+        "0.3",
+        "--quiet",
+    ] + ["--ttt"] * ttt
     assert main(args) == 0, capsys.readouterr().err
     card = json.loads((out / "heads.json").read_text())
     assert card["kind"] == "eagle" and card["block"] == block.removesuffix("-ttt") and card["steps"] == 4
@@ -495,8 +537,24 @@ def test_the_trainer_refuses_ttt_but_for_a_llama_block_in_one_line(block, tmp_pa
 
     monkeypatch.setattr(load, "load_model", lambda name, progress=True: random_llama(TINY, seed=0))
     (tmp_path / "data").mkdir()
-    assert main(["eagle", "--model", "tiny", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "o"),
-                 "--block", block, "--ttt", "--quiet"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "eagle",
+                "--model",
+                "tiny",
+                "--data",
+                str(tmp_path / "data"),
+                "--out",
+                str(tmp_path / "o"),
+                "--block",
+                block,
+                "--ttt",
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--ttt" in err and "--block llama" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
@@ -510,8 +568,23 @@ def test_the_trainer_refuses_a_llama_block_for_a_gpt2_target_in_one_line(tmp_pat
 
     monkeypatch.setattr(load, "load_model", lambda name, progress=True: tiny_model())
     (tmp_path / "data").mkdir()
-    assert main(["eagle", "--model", "tiny", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "o"),
-                 "--block", "llama", "--quiet"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "eagle",
+                "--model",
+                "tiny",
+                "--data",
+                str(tmp_path / "data"),
+                "--out",
+                str(tmp_path / "o"),
+                "--block",
+                "llama",
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs a Llama target" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
@@ -558,10 +631,23 @@ def _eagle_head_run(tmp_path, monkeypatch):
     model = chat_model(scale=1.0)
     make_data(model, tmp_path / "data", 200, POOL, **{**SETTINGS, "max_reply": 16, "greedy_frac": 0.75})
     monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)
-    common = ["--model", "tiny", "--data", str(tmp_path / "data"), "--vocab-top", "100", "--batch-tokens", "256",
-              "--held-out", "0.3", "--quiet"]  # fmt: skip
-    assert main(["eagle", *common, "--out", str(tmp_path / "eagle"), "--block", "llama", "--steps", "30",
-                 "--lr", "3e-3"]) == 0  # fmt: skip
+    common = [
+        "--model",
+        "tiny",
+        "--data",
+        str(tmp_path / "data"),
+        "--vocab-top",
+        "100",
+        "--batch-tokens",
+        "256",
+        "--held-out",
+        "0.3",
+        "--quiet",
+    ]
+    assert (
+        main(["eagle", *common, "--out", str(tmp_path / "eagle"), "--block", "llama", "--steps", "30", "--lr", "3e-3"])
+        == 0
+    )
     return model, main, common
 
 
@@ -571,8 +657,25 @@ def test_an_eagle3_head_starts_from_an_eagle_head_trains_ships_and_drafts(tmp_pa
     model, main, common = _eagle_head_run(tmp_path, monkeypatch)
     eagle_card = json.loads((tmp_path / "eagle" / "heads.json").read_text())
     out = tmp_path / "eagle3"
-    assert main(["eagle", *common, "--out", str(out), "--block", "eagle3", "--steps", "2", "--lr", "1e-4",
-                 "--init-head", str(tmp_path / "eagle")]) == 0, capsys.readouterr().err  # fmt: skip
+    assert (
+        main(
+            [
+                "eagle",
+                *common,
+                "--out",
+                str(out),
+                "--block",
+                "eagle3",
+                "--steps",
+                "2",
+                "--lr",
+                "1e-4",
+                "--init-head",
+                str(tmp_path / "eagle"),
+            ]
+        )
+        == 0
+    ), capsys.readouterr().err
     card = json.loads((out / "heads.json").read_text())
     init = card["init"]
     assert card["block"] == "eagle3" and init["head"] == "eagle" and init["fit_positions"] > 100
@@ -596,12 +699,21 @@ def test_init_head_is_refused_in_one_line_before_anything_is_made(case, tmp_path
     if case == "eagle3 head":  # a head that is not EAGLE's with a Llama block
         assert main(["eagle", *common, "--out", str(tmp_path / "e3"), "--block", "eagle3", "--steps", "1"]) == 0
     capsys.readouterr()
-    args = {"llama block": ["eagle", "--block", "llama", "--init-head", str(tmp_path / "eagle")],
-            "eagle3 head": ["eagle", "--block", "eagle3", "--init-head", str(tmp_path / "e3")],
-            "with --init": ["eagle", "--block", "eagle3", "--init-head", str(tmp_path / "eagle"), "--init",
-                            str(tmp_path / "eagle")],
-            "no shipped head": ["eagle", "--block", "eagle3", "--init-head", "eagle"],
-            "draft": ["draft", "--init-head", str(tmp_path / "eagle")]}[case]  # fmt: skip
+    args = {
+        "llama block": ["eagle", "--block", "llama", "--init-head", str(tmp_path / "eagle")],
+        "eagle3 head": ["eagle", "--block", "eagle3", "--init-head", str(tmp_path / "e3")],
+        "with --init": [
+            "eagle",
+            "--block",
+            "eagle3",
+            "--init-head",
+            str(tmp_path / "eagle"),
+            "--init",
+            str(tmp_path / "eagle"),
+        ],
+        "no shipped head": ["eagle", "--block", "eagle3", "--init-head", "eagle"],
+        "draft": ["draft", "--init-head", str(tmp_path / "eagle")],
+    }[case]
     try:
         code = main([args[0], *common, "--out", str(tmp_path / "o"), *args[1:]])
     except SystemExit as e:  # refused by the argument parser
@@ -609,7 +721,11 @@ def test_init_head_is_refused_in_one_line_before_anything_is_made(case, tmp_path
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert {"llama block": "--block eagle3", "eagle3 head": "its block is 'eagle3'", "with --init": "not with --init",
-            "no shipped head": "no eagle head is shipped for",
-            "draft": "--init-head only applies to eagle"}[case] in err, err
+    assert {
+        "llama block": "--block eagle3",
+        "eagle3 head": "its block is 'eagle3'",
+        "with --init": "not with --init",
+        "no shipped head": "no eagle head is shipped for",
+        "draft": "--init-head only applies to eagle",
+    }[case] in err, err
     assert not (tmp_path / "o").exists()

@@ -66,7 +66,9 @@ def test_batches_cover_every_row_once_within_the_budget_and_line_up_with_the_dat
     np.testing.assert_array_equal(batch.next_ids, batch.tokens[b, t + 1])  # label at t describes token t + 1
     for i, r in enumerate(groups[0]):
         n_prompt, n_reply = len(data.prompts[r]), len(data.replies[r])
-        np.testing.assert_array_equal(np.nonzero(batch.label_mask[i])[0], np.arange(n_prompt - 1, n_prompt + n_reply - 1))
+        np.testing.assert_array_equal(
+            np.nonzero(batch.label_mask[i])[0], np.arange(n_prompt - 1, n_prompt + n_reply - 1)
+        )
         ref = dict(hidden_states(model, data, [model.hparams.n_layer], [r]))[r]
         np.testing.assert_allclose(batch.states[:, i, : n_prompt + n_reply - 1], ref, atol=2e-3)  # float16 kept
     first = np.concatenate([data.top_ids[r] for r in groups[0]])
@@ -168,8 +170,26 @@ def test_a_trained_head_loads_drafts_and_keeps_greedy_output(shards, tmp_path, c
 
     monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)
     out = tmp_path / "head"
-    args = ["eagle", "--model", "tiny", "--data", str(folder), "--out", str(out), "--vocab-top", "100",
-            "--epochs", "30", "--batch-tokens", "256", "--held-out", "0.3", "--lr", "3e-3", "--quiet"]  # fmt: skip
+    args = [
+        "eagle",
+        "--model",
+        "tiny",
+        "--data",
+        str(folder),
+        "--out",
+        str(out),
+        "--vocab-top",
+        "100",
+        "--epochs",
+        "30",
+        "--batch-tokens",
+        "256",
+        "--held-out",
+        "0.3",
+        "--lr",
+        "3e-3",
+        "--quiet",
+    ]
     assert main(args) == 0
     err = capsys.readouterr().err + capsys.readouterr().out
     import json
@@ -184,8 +204,9 @@ def test_a_trained_head_loads_drafts_and_keeps_greedy_output(shards, tmp_path, c
     config, params, vocab = load_heads(out, "eagle", model, eagle.param_shapes)
     states = ht.row_states(model, data, rows, kind.layers(model), progress=False)
     trained = tr.held_out_accuracy(kind, params, model, config, vocab, data, rows, states, 256)
-    untrained = tr.held_out_accuracy(kind, kind.init_params(model, config, np.random.default_rng(0)), model, config,
-                                     vocab, data, rows, states, 256)  # fmt: skip
+    untrained = tr.held_out_accuracy(
+        kind, kind.init_params(model, config, np.random.default_rng(0)), model, config, vocab, data, rows, states, 256
+    )
     assert trained["top1"] > untrained["top1"] + 0.2, err
     prompt = model.tokenizer.encode("Hi there")
     ar = autoregressive_sample(model, prompt, 20, temperature=0.0)
@@ -211,22 +232,37 @@ def test_a_trained_head_loads_drafts_and_keeps_greedy_output(shards, tmp_path, c
     assert not (tmp_path / "big").exists() and not list(tmp_path.glob(".big.*"))  # nothing left half-made
 
 
-def test_init_starts_a_run_from_an_earlier_runs_weights_and_refuses_another_kind_of_run(shards, tmp_path, capsys,
-                                                                                         monkeypatch):  # fmt: skip
+def test_init_starts_a_run_from_an_earlier_runs_weights_and_refuses_another_kind_of_run(
+    shards, tmp_path, capsys, monkeypatch
+):
     import json
 
     import specdec.checkpoints.load as load
 
     model, folder = shards
     monkeypatch.setattr(load, "load_model", lambda name, progress=True: model)
-    base = ["eagle", "--model", "tiny", "--data", str(folder), "--vocab-top", "100", "--batch-tokens", "256",
-            "--held-out", "0.3", "--quiet"]  # fmt: skip
+    base = [
+        "eagle",
+        "--model",
+        "tiny",
+        "--data",
+        str(folder),
+        "--vocab-top",
+        "100",
+        "--batch-tokens",
+        "256",
+        "--held-out",
+        "0.3",
+        "--quiet",
+    ]
     first, second, fresh = tmp_path / "first", tmp_path / "second", tmp_path / "fresh"
     assert main([*base, "--out", str(first), "--steps", "4", "--lr", "3e-3"]) == 0
     # A near-zero learning rate: a run started from `first` ends where `first` ended, a fresh one does not.
     assert main([*base, "--out", str(second), "--steps", "1", "--lr", "1e-12", "--init", str(first / ".")]) == 0
     assert main([*base, "--out", str(fresh), "--steps", "1", "--lr", "1e-12"]) == 0
-    weights = {run: load_heads(run, "eagle", model, eagle.param_shapes)[1]["fc.weight"] for run in (first, second, fresh)}
+    weights = {
+        run: load_heads(run, "eagle", model, eagle.param_shapes)[1]["fc.weight"] for run in (first, second, fresh)
+    }
     np.testing.assert_allclose(weights[second], weights[first], atol=1e-6)
     assert np.abs(weights[fresh] - weights[first]).max() > 1e-3
     card = json.loads((second / "heads.json").read_text())
@@ -272,18 +308,34 @@ def test_cli_refuses_mixed_or_wrong_flags_in_one_line(shards, tmp_path, capsys):
         (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--tokens", "5"], "not both"),
         (["eagle", "--model", "x", "--out", str(tmp_path)], "either --tokens"),
         (["medusa", "--model", "x", "--out", str(tmp_path), "--data", str(folder)], "--data trains EAGLE"),
-        (["eagle", "--model", "x", "--out", str(tmp_path), "--tokens", "5", "--epochs", "2"], "only applies with --data"),
+        (
+            ["eagle", "--model", "x", "--out", str(tmp_path), "--tokens", "5", "--epochs", "2"],
+            "only applies with --data",
+        ),
         # the distilled draft's own flags (train/draft_model.py)
-        (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--n-ff", "8"],
-         "--n-ff only applies to draft"),  # the flag as it is spelled
-        (["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--loss", "tvd"], "only applies to draft"),
-        (["draft", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--block", "llama"], "only applies to eagle"),
-        (["draft", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--layers", "0,a"], "separated by commas"),
+        (
+            ["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--n-ff", "8"],
+            "--n-ff only applies to draft",
+        ),  # the flag as it is spelled
+        (
+            ["eagle", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--loss", "tvd"],
+            "only applies to draft",
+        ),
+        (
+            ["draft", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--block", "llama"],
+            "only applies to eagle",
+        ),
+        (
+            ["draft", "--model", "x", "--out", str(tmp_path), "--data", str(folder), "--layers", "0,a"],
+            "separated by commas",
+        ),
         (["draft", "--model", "x", "--out", str(tmp_path), "--tokens", "5"], "train on distillation shards"),
         (["eagle", "--model", "x", "--out", str(tmp_path), "--tokens", "5", "--init", "x"], "only applies with --data"),
-        (["eagle", "--model", "x", "--out", str(tmp_path), "--tokens", "5", "--init-head", "x"],
-         "--init-head only applies with --data"),  # the flag as it is spelled, not its dest
-    ):  # fmt: skip
+        (
+            ["eagle", "--model", "x", "--out", str(tmp_path), "--tokens", "5", "--init-head", "x"],
+            "--init-head only applies with --data",
+        ),  # the flag as it is spelled, not its dest
+    ):
         with pytest.raises(SystemExit) as e:
             main(bad)
         assert e.value.code == 2

@@ -34,16 +34,20 @@ def test_rms_norm_rope_attention_and_swiglu_gradients():
 
     cos, sin = lg.rope(np.tile(np.arange(3, 3 + T), (B, 1)), H, np.float64)
     r, cr = rng.standard_normal((B, 3, T, d)), rng.standard_normal((B, 3, T, d))
-    assert_grads_match(lambda: float((cr * lg.rotate(r, cos, sin)).sum()), {"r": r},
-                       {"r": lg.rotate_backward(cr, cos, sin)})  # fmt: skip
+    assert_grads_match(
+        lambda: float((cr * lg.rotate(r, cos, sin)).sum()), {"r": r}, {"r": lg.rotate_backward(cr, cos, sin)}
+    )
 
     q, co = rng.standard_normal((B, H.n_head, T, d)), rng.standard_normal((B, H.n_head, T, d))
     k, v = rng.standard_normal((B, H.n_kv_head, T, d)), rng.standard_normal((B, H.n_kv_head, T, d))
     mask = lg.causal_mask([T, 3], T)  # the second row padded after 3 tokens
     out, P = lg.gqa_attention(q, k, v, mask)
     dq, dk, dv = lg.gqa_attention_backward(co, q, k, v, P)
-    assert_grads_match(lambda: float((co * lg.gqa_attention(q, k, v, mask)[0]).sum()), {"q": q, "k": k, "v": v},
-                       {"q": dq, "k": dk, "v": dv})  # fmt: skip
+    assert_grads_match(
+        lambda: float((co * lg.gqa_attention(q, k, v, mask)[0]).sum()),
+        {"q": q, "k": k, "v": v},
+        {"q": dq, "k": dk, "v": dv},
+    )
 
     a, b, cm = (rng.standard_normal((B, T, H.n_ff)) * 3 for _ in range(3))
     da, db = lg.swiglu_backward(cm, a, b, lg.silu(a)[1])
@@ -109,8 +113,11 @@ def test_the_gradient_check_sees_a_wrong_block_backward(monkeypatch):
     monkeypatch.setattr(lg, "rotate_backward", lambda dy, cos, sin: lg.rotate(dy, cos, sin))
     dx, grads = lg.block_backward(c, params, lg.block_forward(params, x, pos, H)[1], H)
     with pytest.raises(AssertionError):
-        assert_grads_match(lambda: float((c * lg.block_forward(params, x, pos, H)[0]).sum()), {"attn_q": params["attn_q"]},
-                           {"attn_q": grads["attn_q"]})  # fmt: skip
+        assert_grads_match(
+            lambda: float((c * lg.block_forward(params, x, pos, H)[0]).sum()),
+            {"attn_q": params["attn_q"]},
+            {"attn_q": grads["attn_q"]},
+        )
 
 
 def test_the_forward_equals_model_llamas_inference_block():

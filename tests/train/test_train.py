@@ -72,8 +72,23 @@ def saved_heads(folder):
 
 
 def cli(tmp_path, *extra):
-    return main(["medusa", "--model", str(tmp_path / "model"), "--tokens", "400", "--out", str(tmp_path / "heads"),
-                 "--seq-len", "16", "--heads", "2", "--quiet", *extra])  # fmt: skip
+    return main(
+        [
+            "medusa",
+            "--model",
+            str(tmp_path / "model"),
+            "--tokens",
+            "400",
+            "--out",
+            str(tmp_path / "heads"),
+            "--seq-len",
+            "16",
+            "--heads",
+            "2",
+            "--quiet",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture
@@ -95,8 +110,24 @@ def test_resuming_an_interrupted_run_gives_the_same_heads(tmp_path, model_folder
 
     monkeypatch.setattr(train_module, "save_checkpoint", stop_after_8)
     out2 = tmp_path / "second"
-    args = ["medusa", "--model", str(model_folder), "--tokens", "400", "--out", str(out2), "--seq-len", "16",
-            "--heads", "2", "--quiet", "--steps", "12", "--save-every", "4"]  # fmt: skip
+    args = [
+        "medusa",
+        "--model",
+        str(model_folder),
+        "--tokens",
+        "400",
+        "--out",
+        str(out2),
+        "--seq-len",
+        "16",
+        "--heads",
+        "2",
+        "--quiet",
+        "--steps",
+        "12",
+        "--save-every",
+        "4",
+    ]
     assert main(args) == 130
     assert json.loads((out2 / "checkpoint.json").read_text())["step"] == 8
     assert not (out2 / "heads.json").exists()  # nothing passes for finished heads

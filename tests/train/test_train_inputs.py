@@ -25,8 +25,27 @@ def model_folder(tmp_path_factory):
 
 
 def run(model_folder, out, *extra, steps="2"):
-    return main(["medusa", "--model", str(model_folder), "--tokens", "400", "--out", str(out), "--seq-len", "16",
-                 "--heads", "2", "--quiet", "--steps", steps, "--save-every", "1", *extra])  # fmt: skip
+    return main(
+        [
+            "medusa",
+            "--model",
+            str(model_folder),
+            "--tokens",
+            "400",
+            "--out",
+            str(out),
+            "--seq-len",
+            "16",
+            "--heads",
+            "2",
+            "--quiet",
+            "--steps",
+            steps,
+            "--save-every",
+            "1",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -267,8 +286,18 @@ def test_a_nan_loss_stops_training_and_saves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(medusa, "loss_and_grads", diverging)
     with pytest.raises(ValueError, match=r"loss is nan at step 3.*--lr"):
-        train("medusa", tiny_model(), 400, tmp_path, n_heads=2, steps=6, seq_len=16, save_every=1, progress=False,
-              log=lambda *a: None)  # fmt: skip
+        train(
+            "medusa",
+            tiny_model(),
+            400,
+            tmp_path,
+            n_heads=2,
+            steps=6,
+            seq_len=16,
+            save_every=1,
+            progress=False,
+            log=lambda *a: None,
+        )
     assert not (tmp_path / "heads.json").exists()
     assert json.loads((tmp_path / "checkpoint.json").read_text())["step"] == 2, "the last good checkpoint stays"
 
@@ -292,8 +321,9 @@ time.sleep(60)
 @pytest.mark.skipif(sys.platform == "win32", reason="fcntl locks")
 def test_a_second_training_into_the_same_out_refuses(model_folder, tmp_path, capsys):
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out), train_loop.LOCK_FILE], stdout=subprocess.PIPE,
-                              text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out), train_loop.LOCK_FILE], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline() == "locked\n"
         assert run(model_folder, out) == 2

@@ -76,18 +76,43 @@ from .speedups import (
 SECTIONS = ("decode", "verify", "kernel", "predict", "restricted", "exact", "drafters", "costcheck", "overhead", "io")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "io")
 
-__all__ = ["ALL_SIZES", "ALPHAS", "COSTCHECK_TOLERANCE", "DEFAULT_SECTIONS", "K_MAX", "SECTIONS", "SIZES", "TEST_SIZES",
-           "VERIFY_CTX", "VERIFY_M", "Bench", "costcheck_runs", "filled_cache", "main", "parse_args", "stats_ms",
-           "table"]  # fmt: skip
+__all__ = [
+    "ALL_SIZES",
+    "ALPHAS",
+    "COSTCHECK_TOLERANCE",
+    "DEFAULT_SECTIONS",
+    "K_MAX",
+    "SECTIONS",
+    "SIZES",
+    "TEST_SIZES",
+    "VERIFY_CTX",
+    "VERIFY_M",
+    "Bench",
+    "costcheck_runs",
+    "filled_cache",
+    "main",
+    "parse_args",
+    "stats_ms",
+    "table",
+]
 
 
 # ---------------------------------------------------------------------------
 # The command line.
 # ---------------------------------------------------------------------------
 
-SECTION_FUNCTIONS = {"decode": section_decode, "verify": section_verify, "kernel": section_kernel,
-                     "predict": section_predict, "restricted": section_restricted, "exact": section_exact,
-                     "drafters": section_drafters, "costcheck": section_costcheck, "overhead": section_overhead, "io": section_io}  # fmt: skip
+SECTION_FUNCTIONS = {
+    "decode": section_decode,
+    "verify": section_verify,
+    "kernel": section_kernel,
+    "predict": section_predict,
+    "restricted": section_restricted,
+    "exact": section_exact,
+    "drafters": section_drafters,
+    "costcheck": section_costcheck,
+    "overhead": section_overhead,
+    "io": section_io,
+}
 
 
 def _csv(kind: Callable, allowed=None, shown=None):
@@ -110,12 +135,18 @@ def _pairs(text: str) -> list[tuple[str, str]]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     paragraphs = __doc__.split("\n\n")
-    p = flags.Parser(prog="python -m specdec.bench --only <speed sections>", description=paragraphs[0],
-                                epilog="\n\n".join(x for x in paragraphs if x.startswith(("Commands", "Sections"))),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = flags.Parser(
+        prog="python -m specdec.bench --only <speed sections>",
+        description=paragraphs[0],
+        epilog="\n\n".join(x for x in paragraphs if x.startswith(("Commands", "Sections"))),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add = p.add_argument
-    add("--sizes", type=_csv(str, ALL_SIZES, SIZES), help="model shapes to time, from 124M, 355M, 774M, 1558M "
-        "(default 124M,355M)")  # fmt: skip
+    add(
+        "--sizes",
+        type=_csv(str, ALL_SIZES, SIZES),
+        help="model shapes to time, from 124M, 355M, 774M, 1558M (default 124M,355M)",
+    )
     add("--only", type=_csv(str, SECTIONS), help=f"sections to run, from {','.join(SECTIONS)} (default all but io)")
     add("--repeats", type=int, help="timed repeats per measurement (default 30; 3 with --quick)")
     add("--json", metavar="PATH", help="write all measurements as one JSON object to PATH ('-' for stdout)")
@@ -126,17 +157,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--drafter-tokens", type=int, help="tokens generated in the drafters section (default 100)")
     add("--seed", type=int, default=0, help="seed of the benchmark's random inputs (default 0)")
     add_quiet(p)
-    add("--write-checkpoints", metavar="DIR", help="instead of timing: write random-weight checkpoints of --sizes "
-        "into DIR/<size>/ with the tokenizer files from --tokenizer, so main.py --models_dir DIR runs offline")
-    add("--tokenizer", metavar="DIR", default="../shared/gpt2-tokenizer",
-        help="folder with GPT-2's vocab.json and merges.txt, for --write-checkpoints (default: %(default)s)")
+    add(
+        "--write-checkpoints",
+        metavar="DIR",
+        help="instead of timing: write random-weight checkpoints of --sizes "
+        "into DIR/<size>/ with the tokenizer files from --tokenizer, so main.py --models_dir DIR runs offline",
+    )
+    add(
+        "--tokenizer",
+        metavar="DIR",
+        default="../shared/gpt2-tokenizer",
+        help="folder with GPT-2's vocab.json and merges.txt, for --write-checkpoints (default: %(default)s)",
+    )
     add("--rss-child", nargs=2, metavar=("DRAFT_DIR", "TARGET_DIR"), help=argparse.SUPPRESS)
-    add("--rss-tokens", type=int, default=20, help=argparse.SUPPRESS)  # fmt: skip
+    add("--rss-tokens", type=int, default=20, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     quick = args.quick
-    args.sizes = sorted(dict.fromkeys(args.sizes or (["tiny", "tiny2"] if quick else ["124M", "355M"])),
-                        key=lambda s: step_bytes(ALL_SIZES[s]))  # fmt: skip
+    args.sizes = sorted(
+        dict.fromkeys(args.sizes or (["tiny", "tiny2"] if quick else ["124M", "355M"])),
+        key=lambda s: step_bytes(ALL_SIZES[s]),
+    )
     args.only = args.only or list(DEFAULT_SECTIONS)
     args.repeats = args.repeats or (3 if quick else 30)
     args.nocache_repeats = args.nocache_repeats or (1 if quick else 3)
@@ -156,10 +197,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def environment() -> dict:
     """Python, NumPy, its BLAS (NumPy >= 2 reports it) and the BLAS/OpenMP environment variables."""
-    env = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
-           "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-           "env_vars": {k: v for k, v in sorted(os.environ.items())
-                        if k.startswith(("OPENBLAS_", "OMP_", "MKL_"))}}  # fmt: skip
+    env = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "machine": platform.machine(),
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "env_vars": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OPENBLAS_", "OMP_", "MKL_"))},
+    }
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         env["blas"] = f"{blas.get('name')} {blas.get('version')}"
@@ -179,12 +223,21 @@ def main(argv=None) -> dict:
         return {}
     bench = Bench(args, sys.stderr if args.json == "-" else sys.stdout)  # keep stdout clean for the JSON
     env = bench.results["environment"] = environment()
-    bench.results["settings"] = {"sizes": args.sizes, "sections": args.only, "repeats": args.repeats,
-                                 "contexts": args.contexts, "nocache_repeats": args.nocache_repeats,
-                                 "quick": args.quick, "seed": args.seed, "pairs": [list(p) for p in args.pairs],
-                                 "kv_cache_fill": "random K/V, cache.length set directly"}  # fmt: skip
-    bench.say(f"specdec.bench: numpy {env['numpy']}, BLAS {env['blas']}, {env['cpus']} CPUs, Python {env['python']} "
-              f"{env['machine']}; {env['env_vars'] or 'no OPENBLAS_* / OMP_* / MKL_* set'}")  # fmt: skip
+    bench.results["settings"] = {
+        "sizes": args.sizes,
+        "sections": args.only,
+        "repeats": args.repeats,
+        "contexts": args.contexts,
+        "nocache_repeats": args.nocache_repeats,
+        "quick": args.quick,
+        "seed": args.seed,
+        "pairs": [list(p) for p in args.pairs],
+        "kv_cache_fill": "random K/V, cache.length set directly",
+    }
+    bench.say(
+        f"specdec.bench: numpy {env['numpy']}, BLAS {env['blas']}, {env['cpus']} CPUs, Python {env['python']} "
+        f"{env['machine']}; {env['env_vars'] or 'no OPENBLAS_* / OMP_* / MKL_* set'}"
+    )
     bench.say(f"sizes {','.join(args.sizes)}; sections {','.join(args.only)}; repeats {args.repeats}")
     start = time.perf_counter()
     chosen = [name for name in SECTIONS if name in args.only]  # in this order, whatever order --only gave

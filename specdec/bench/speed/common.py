@@ -40,8 +40,14 @@ def stats_ms(seconds) -> dict:
     """Median, quartiles and range of a list of durations, in milliseconds."""
     a = np.asarray(list(seconds), dtype=np.float64) * 1e3
     q1, med, q3 = np.percentile(a, [25, 50, 75])
-    return {"median_ms": float(med), "q1_ms": float(q1), "q3_ms": float(q3),
-            "min_ms": float(a.min()), "max_ms": float(a.max()), "n": int(a.size)}  # fmt: skip
+    return {
+        "median_ms": float(med),
+        "q1_ms": float(q1),
+        "q3_ms": float(q3),
+        "min_ms": float(a.min()),
+        "max_ms": float(a.max()),
+        "n": int(a.size),
+    }
 
 
 def table(out, title: str, explanation: str, headers: list[str], rows: list[list]) -> None:
@@ -99,7 +105,9 @@ class Bench:
             start = time.perf_counter()
             self.models[size] = GPT2(ALL_SIZES[size], random_weights(ALL_SIZES[size]), name=size)
             tuning.tune(self.models[size], default_models_dir())  # the product paths load_model would give it
-            self.say(f"(built {size}-shaped random weights and their product paths in {time.perf_counter() - start:.1f} s)")
+            self.say(
+                f"(built {size}-shaped random weights and their product paths in {time.perf_counter() - start:.1f} s)"
+            )
         return self.models[size]
 
     def say(self, line: str) -> None:

@@ -45,19 +45,32 @@ def section_decode(bench: Bench) -> None:
         # What a cache-free implementation does for every new token: run the whole
         # sequence from scratch; only the last row's logits are needed.
         seqs = {ctx: bench.rng.integers(0, model.n_vocab, ctx) for ctx in bench.args.contexts}
-        calls = {ctx: (lambda s=s: model.forward(s, model.new_cache(len(s)), last_only=True))
-                 for ctx, s in seqs.items()}  # fmt: skip
+        calls = {
+            ctx: (lambda s=s: model.forward(s, model.new_cache(len(s)), last_only=True)) for ctx, s in seqs.items()
+        }
         nocache = bench.time(calls, bench.args.nocache_repeats)
         for ctx in bench.args.contexts:
             s, n = res[str(ctx)], stats_ms(nocache[ctx])
             s["nocache"] = n
-            rows.append([size, ctx, s["median_ms"], f"{cell(s['q1_ms'])}..{cell(s['q3_ms'])}", n["median_ms"],
-                         n["median_ms"] / s["median_ms"]])  # fmt: skip
+            rows.append(
+                [
+                    size,
+                    ctx,
+                    s["median_ms"],
+                    f"{cell(s['q1_ms'])}..{cell(s['q3_ms'])}",
+                    n["median_ms"],
+                    n["median_ms"] / s["median_ms"],
+                ]
+            )
         bench.results.setdefault("decode", {}).setdefault(size, {}).update(res)
-    table(bench.out, "decode: one KV-cached step, and the same token without a KV cache",
-          "ms per model.forward([tok], cache, last_only=True) with n_past tokens cached (median, IQR); "
-          "no cache = a forward over all n_past tokens, as simple NumPy GPT-2s do",
-          ["size", "n_past", "median ms", "IQR ms", "no cache ms", "x"], rows)  # fmt: skip
+    table(
+        bench.out,
+        "decode: one KV-cached step, and the same token without a KV cache",
+        "ms per model.forward([tok], cache, last_only=True) with n_past tokens cached (median, IQR); "
+        "no cache = a forward over all n_past tokens, as simple NumPy GPT-2s do",
+        ["size", "n_past", "median ms", "IQR ms", "no cache ms", "x"],
+        rows,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -67,11 +80,16 @@ def section_decode(bench: Bench) -> None:
 
 def measure_verify(bench: Bench, size: str) -> dict:
     """r(m) = t(m tokens, all m logit rows) / t(1 token) at context 256 (timing.verify_curve)."""
-    calls, rollback = pass_calls(bench.model(size), filled_cache(bench.model(size), VERIFY_CTX, bench.rng), VERIFY_M,
-                                 token=TOKEN)  # fmt: skip
+    calls, rollback = pass_calls(
+        bench.model(size), filled_cache(bench.model(size), VERIFY_CTX, bench.rng), VERIFY_M, token=TOKEN
+    )
     times = bench.time(calls, after=rollback)
-    return {"context": VERIFY_CTX, "m": list(VERIFY_M), "r": verify_curve(times),
-            "ms": [stats_ms(times[m]) for m in VERIFY_M]}  # fmt: skip
+    return {
+        "context": VERIFY_CTX,
+        "m": list(VERIFY_M),
+        "r": verify_curve(times),
+        "ms": [stats_ms(times[m]) for m in VERIFY_M],
+    }
 
 
 def verify_r(bench: Bench, size: str) -> list[float]:
@@ -85,10 +103,14 @@ def section_verify(bench: Bench) -> None:
     for size in bench.args.sizes:
         res = bench.results.setdefault("verify", {})[size] = measure_verify(bench, size)
         rows = [[m, res["ms"][i]["median_ms"], res["r"][i], res["r"][i] / m] for i, m in enumerate(res["m"])]
-        table(bench.out, f"verify: cost curve r(m), {size}",
-              f"one forward over m new tokens (all m logit rows) at n_past={VERIFY_CTX}, relative to m=1 "
-              f"(median of within-repeat ratios; the paper assumes r=1)",
-              ["m", "median ms", "r(m)", "r(m)/m"], rows)  # fmt: skip
+        table(
+            bench.out,
+            f"verify: cost curve r(m), {size}",
+            f"one forward over m new tokens (all m logit rows) at n_past={VERIFY_CTX}, relative to m=1 "
+            f"(median of within-repeat ratios; the paper assumes r=1)",
+            ["m", "median ms", "r(m)", "r(m)/m"],
+            rows,
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -111,19 +133,33 @@ def section_kernel(bench: Bench) -> None:
     of every block, in order, as a forward pass meets them: none is still in cache."""
     for size in bench.args.sizes:
         w = bench.model(size).weights
-        groups = {name: [getattr(b, name) for b in w.blocks] for name in ("attn_c_attn", "attn_c_proj", "mlp_c_fc", "mlp_c_proj")}
+        groups = {
+            name: [getattr(b, name) for b in w.blocks]
+            for name in ("attn_c_attn", "attn_c_proj", "mlp_c_fc", "mlp_c_proj")
+        }
         groups["lm_head"] = [w.lm_head]
         res, rows = {}, []
         for name, lins in groups.items():
             xs = {m: bench.rng.standard_normal((m, lins[0].w_t.shape[1]), dtype=F32) for m in VERIFY_M}
             times = bench.time({m: (lambda m=m: [linear(xs[m], lin) for lin in lins]) for m in VERIFY_M})
-            res[name] = {"weight_shape": list(lins[0].weight.shape), "matrices": len(lins),
-                         "m1": stats_ms(times[1]), "m": list(VERIFY_M), "r": verify_curve(times)}  # fmt: skip
-            rows.append([name, "x".join(map(str, lins[0].weight.shape)), res[name]["m1"]["median_ms"], *res[name]["r"][1:]])
+            res[name] = {
+                "weight_shape": list(lins[0].weight.shape),
+                "matrices": len(lins),
+                "m1": stats_ms(times[1]),
+                "m": list(VERIFY_M),
+                "r": verify_curve(times),
+            }
+            rows.append(
+                [name, "x".join(map(str, lins[0].weight.shape)), res[name]["m1"]["median_ms"], *res[name]["r"][1:]]
+            )
         bench.results.setdefault("kernel", {})[size] = res
-        table(bench.out, f"kernel: r(m) per weight matrix, {size} ({kernel_name()})",
-              "linear() over m rows, over that matrix in every block; median of within-repeat ratios to m = 1",
-              ["matrix", "W", "m=1 ms", *(f"r({m})" for m in VERIFY_M[1:])], rows)  # fmt: skip
+        table(
+            bench.out,
+            f"kernel: r(m) per weight matrix, {size} ({kernel_name()})",
+            "linear() over m rows, over that matrix in every block; median of within-repeat ratios to m = 1",
+            ["matrix", "W", "m=1 ms", *(f"r({m})" for m in VERIFY_M[1:])],
+            rows,
+        )
 
 
 def section_restricted(bench: Bench) -> None:
@@ -148,10 +184,13 @@ def section_restricted(bench: Bench) -> None:
     ms = {k: stats_ms(v)["median_ms"] for k, v in times.items()}
     res = {"step_ms": ms, "c": {t: {d: ms[d] / ms[t] for d in drafts} for t in targets}}
     bench.results["restricted"] = res
-    table(bench.out, "restricted: draft steps with an LM head over only the N most frequent tokens",
-          f"ms per 1-token step at n_past={VERIFY_CTX}; c = draft step / target step (interleaved, medians)",
-          ["draft", "step ms", *(f"c for {t}" for t in targets)],
-          [[d, ms[d], *(res["c"][t][d] for t in targets)] for d in drafts])  # fmt: skip
+    table(
+        bench.out,
+        "restricted: draft steps with an LM head over only the N most frequent tokens",
+        f"ms per 1-token step at n_past={VERIFY_CTX}; c = draft step / target step (interleaved, medians)",
+        ["draft", "step ms", *(f"c for {t}" for t in targets)],
+        [[d, ms[d], *(res["c"][t][d] for t in targets)] for d in drafts],
+    )
 
 
 def section_exact(bench: Bench) -> None:
@@ -165,7 +204,13 @@ def section_exact(bench: Bench) -> None:
         t = {key: stats_ms(v)["median_ms"] for key, v in times.items()}
         res = {k: {"step_ms": t[k, 1], "pass5_ms": t[k, 5], "r5": t[k, 5] / t[k, 1]} for k in models}
         bench.results.setdefault("exact", {})[size] = res
-        rows += [[size, k, res[k]["step_ms"], res[k]["r5"], res[k]["step_ms"] / res["float32"]["step_ms"]] for k in models]
-    table(bench.out, "exact: the target in float64 (GPT2.astype(np.float64)), without float32's near-tie caveat",
-          f"1-token step and r(5) at n_past={VERIFY_CTX}, medians", ["size", "dtype", "step ms", "r(5)", "step / float32"],
-          rows)  # fmt: skip
+        rows += [
+            [size, k, res[k]["step_ms"], res[k]["r5"], res[k]["step_ms"] / res["float32"]["step_ms"]] for k in models
+        ]
+    table(
+        bench.out,
+        "exact: the target in float64 (GPT2.astype(np.float64)), without float32's near-tie caveat",
+        f"1-token step and r(5) at n_past={VERIFY_CTX}, medians",
+        ["size", "dtype", "step ms", "r(5)", "step / float32"],
+        rows,
+    )

@@ -53,23 +53,37 @@ def section_predict(bench: Bench) -> None:
         t_draft, _, draft_how = target_costs(bench, draft)
         t_target, r, target_how = target_costs(bench, target)
         c = t_draft / t_target  # the paper's c: one draft step in target steps
-        res = {"draft": draft, "target": target, "draft_step_ms": t_draft, "target_step_ms": t_target,
-               "c": c, "r": r, "draft_source": draft_how, "target_source": target_how, "rows": []}  # fmt: skip
+        res = {
+            "draft": draft,
+            "target": target,
+            "draft_step_ms": t_draft,
+            "target_step_ms": t_target,
+            "c": c,
+            "r": r,
+            "draft_source": draft_how,
+            "target_source": target_how,
+            "rows": [],
+        }
         rows = []
         for alpha in ALPHAS:
             k, s = costmodel.best_k(alpha, c, r, K_MAX)  # measured r(m)
             k1, s1 = costmodel.best_k(alpha, c, None, K_MAX)  # the paper's r = 1 (GPU-like)
             grid = {str(kk): costmodel.predicted_speedup(alpha, kk, c, r) for kk in range(1, K_MAX + 1)}
-            res["rows"].append({"alpha": alpha, "best_k": k, "speedup": s, "best_k_r1": k1, "speedup_r1": s1,
-                                "speedup_by_k": grid})  # fmt: skip
+            res["rows"].append(
+                {"alpha": alpha, "best_k": k, "speedup": s, "best_k_r1": k1, "speedup_r1": s1, "speedup_by_k": grid}
+            )
             rows.append([alpha, k, s, k1, s1])
         bench.results.setdefault("predict", {})[f"{draft}->{target}"] = res
         if draft_how != "measured" or target_how != "measured":
             bench.say(f"\nNOTE {draft}->{target}: {draft} {draft_how}; {target} {target_how}")
-        table(bench.out, f"predict: {draft} -> {target}, c = {t_draft:.3g} / {t_target:.3g} ms = {c:.3g}",
-              "best K in 1..8 (0 = don't speculate) and its predicted speedup (Leviathan et al. eq. 1 over "
-              "k c + r(k+1)), with measured r(m) and with r = 1",
-              ["alpha", "best K", "speedup", "best K r=1", "speedup r=1"], rows)  # fmt: skip
+        table(
+            bench.out,
+            f"predict: {draft} -> {target}, c = {t_draft:.3g} / {t_target:.3g} ms = {c:.3g}",
+            "best K in 1..8 (0 = don't speculate) and its predicted speedup (Leviathan et al. eq. 1 over "
+            "k c + r(k+1)), with measured r(m) and with r = 1",
+            ["alpha", "best K", "speedup", "best K r=1", "speedup r=1"],
+            rows,
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -101,19 +115,37 @@ def section_drafters(bench: Bench) -> None:
     res, rows = {"size": size, "n_tokens": n, "prompt": prompt, "runs": {}}, []
     for name, result in last.items():
         wall = float(np.median(times[name]))
-        entry = {"seconds": stats_ms(times[name]), "speedup": float(base / wall),
-                 "tau": result.tau, "target_calls": result.target_calls,
-                 "draft_calls": result.draft_calls, "alpha": result.alpha,
-                 "identical_to_autoregressive": result.tokens == reference}  # fmt: skip
+        entry = {
+            "seconds": stats_ms(times[name]),
+            "speedup": float(base / wall),
+            "tau": result.tau,
+            "target_calls": result.target_calls,
+            "draft_calls": result.draft_calls,
+            "alpha": result.alpha,
+            "identical_to_autoregressive": result.tokens == reference,
+        }
         res["runs"][name] = entry
-        rows.append([name, wall, entry["speedup"], entry["tau"], entry["alpha"],
-                     result.draft_calls, entry["identical_to_autoregressive"]])  # fmt: skip
+        rows.append(
+            [
+                name,
+                wall,
+                entry["speedup"],
+                entry["tau"],
+                entry["alpha"],
+                result.draft_calls,
+                entry["identical_to_autoregressive"],
+            ]
+        )
     res["distinct_tokens"] = len(set(reference))
     bench.results["drafters"] = res
-    table(bench.out, f"drafters: greedy speculative decoding on {size}, {n} tokens after an 8-token random prompt",
-          f"wall-clock (median of {bench.args.drafter_repeats}) vs autoregressive; tau = tokens per round "
-          f"(= per target pass, the prompt's prefill apart), alpha = accepted / judged drafts; the text has {res['distinct_tokens']} distinct tokens",
-          ["run", "seconds", "speedup", "tau", "alpha", "draft calls", "same tokens"], rows)  # fmt: skip
+    table(
+        bench.out,
+        f"drafters: greedy speculative decoding on {size}, {n} tokens after an 8-token random prompt",
+        f"wall-clock (median of {bench.args.drafter_repeats}) vs autoregressive; tau = tokens per round "
+        f"(= per target pass, the prompt's prefill apart), alpha = accepted / judged drafts; the text has {res['distinct_tokens']} distinct tokens",
+        ["run", "seconds", "speedup", "tau", "alpha", "draft calls", "same tokens"],
+        rows,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -164,29 +196,72 @@ def section_costcheck(bench: Bench) -> None:
         spec = report.spec
         passes = [len(prompt) - 1] + [kr + 1 for kr in out.k_per_round]  # the prefill, then one pass per round
         passes_predicted = sum(costmodel.verify_cost(m, r) for m in passes) * costs.target_step
-        entry = {"target": target_size, "draft": draft, "K": k, "alpha": out.alpha, "tau": out.tau, "c": c,
-                 "r": r, "target_step_ms": costs.target_step * 1e3, "measured_speedup": measured,
-                 "predicted_eq1": eq1, "predicted_from_rounds": from_rounds,
-                 "error_eq1": eq1 / measured - 1, "error_from_rounds": from_rounds / measured - 1,
-                 "identical_tokens": report.texts_identical, "outside_passes": spec.sampler_seconds / spec.seconds,
-                 "passes_vs_predicted": spec.verify_seconds / passes_predicted}  # fmt: skip
+        entry = {
+            "target": target_size,
+            "draft": draft,
+            "K": k,
+            "alpha": out.alpha,
+            "tau": out.tau,
+            "c": c,
+            "r": r,
+            "target_step_ms": costs.target_step * 1e3,
+            "measured_speedup": measured,
+            "predicted_eq1": eq1,
+            "predicted_from_rounds": from_rounds,
+            "error_eq1": eq1 / measured - 1,
+            "error_from_rounds": from_rounds / measured - 1,
+            "identical_tokens": report.texts_identical,
+            "outside_passes": spec.sampler_seconds / spec.seconds,
+            "passes_vs_predicted": spec.verify_seconds / passes_predicted,
+        }
         res["runs"].append(entry)
-        rows.append([target_size, draft, k, out.alpha, out.tau, c, r[k], measured, eq1,
-                     f"{entry['error_eq1']:+.0%}", from_rounds, f"{entry['error_from_rounds']:+.0%}",
-                     f"{entry['outside_passes']:.0%}", entry["passes_vs_predicted"]])  # fmt: skip
+        rows.append(
+            [
+                target_size,
+                draft,
+                k,
+                out.alpha,
+                out.tau,
+                c,
+                r[k],
+                measured,
+                eq1,
+                f"{entry['error_eq1']:+.0%}",
+                from_rounds,
+                f"{entry['error_from_rounds']:+.0%}",
+                f"{entry['outside_passes']:.0%}",
+                entry["passes_vs_predicted"],
+            ]
+        )
     errors = [abs(e["error_from_rounds"]) for e in res["runs"]]
     res["within_tolerance"] = sum(err <= COSTCHECK_TOLERANCE for err in errors)
     bench.results["costcheck"] = res
-    table(bench.out, f"costcheck: predicted vs measured speedup, greedy, {n} tokens after an 8-token random prompt",
-          f"measured = median of {bench.args.drafter_repeats} interleaved runs; c and r(K+1) timed at the run's mean "
-          f"context; eq. 1 = Leviathan et al. from alpha; rounds = tokens / (draft steps x c + sum of r(k+1)) "
-          f"over the run's rounds; {res['within_tolerance']} of {len(errors)} within "
-          f"{COSTCHECK_TOLERANCE:.0%} (rounds); outside = the run's time outside forward passes and drafting; "
-          f"passes = time in target passes / what r(m) predicts for them (prefill included)",
-          ["target", "draft", "K", "alpha", "tau", "c", "r(K+1)", "measured", "eq. 1", "eq. 1 error", "rounds",
-           "rounds error",
-           "outside", "passes"],
-          rows)  # fmt: skip
+    table(
+        bench.out,
+        f"costcheck: predicted vs measured speedup, greedy, {n} tokens after an 8-token random prompt",
+        f"measured = median of {bench.args.drafter_repeats} interleaved runs; c and r(K+1) timed at the run's mean "
+        f"context; eq. 1 = Leviathan et al. from alpha; rounds = tokens / (draft steps x c + sum of r(k+1)) "
+        f"over the run's rounds; {res['within_tolerance']} of {len(errors)} within "
+        f"{COSTCHECK_TOLERANCE:.0%} (rounds); outside = the run's time outside forward passes and drafting; "
+        f"passes = time in target passes / what r(m) predicts for them (prefill included)",
+        [
+            "target",
+            "draft",
+            "K",
+            "alpha",
+            "tau",
+            "c",
+            "r(K+1)",
+            "measured",
+            "eq. 1",
+            "eq. 1 error",
+            "rounds",
+            "rounds error",
+            "outside",
+            "passes",
+        ],
+        rows,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -220,18 +295,33 @@ def section_overhead(bench: Bench) -> None:
             # probabilities of K draft rows and K+1 target rows, and draws.
             result = speculative_sample(model, model, prompt, n, K=4, temperature=1.0, seed=i)
             wall = time.perf_counter() - start
-            runs.append({"wall_s": wall, "forward_s": in_forward[0], "rounds": result.rounds,
-                         "overhead_fraction": (wall - in_forward[0]) / wall})  # fmt: skip
+            runs.append(
+                {
+                    "wall_s": wall,
+                    "forward_s": in_forward[0],
+                    "rounds": result.rounds,
+                    "overhead_fraction": (wall - in_forward[0]) / wall,
+                }
+            )
     finally:
         del model.forward
     median = sorted(runs, key=lambda r: r["overhead_fraction"])[len(runs) // 2]
     round_ms, forward_ms = (median[key] / median["rounds"] * 1e3 for key in ("wall_s", "forward_s"))
-    res = {"size": size, "n_tokens": n, "K": 4, "temperature": 1.0, "runs": runs,
-           "overhead_fraction": float(np.median([r["overhead_fraction"] for r in runs])),
-           "round_ms": round_ms, "overhead_ms_per_round": round_ms - forward_ms}  # fmt: skip
+    res = {
+        "size": size,
+        "n_tokens": n,
+        "K": 4,
+        "temperature": 1.0,
+        "runs": runs,
+        "overhead_fraction": float(np.median([r["overhead_fraction"] for r in runs])),
+        "round_ms": round_ms,
+        "overhead_ms_per_round": round_ms - forward_ms,
+    }
     bench.results["overhead"] = res
-    table(bench.out, f"overhead: speculative_sample's own time, {size} drafting for itself, K=4, T=1.0, {n} tokens",
-          "wall time minus time inside model.forward (timer wrapped on the instance), per round (median run)",
-          ["rounds", "round ms", "forward ms/round", "overhead ms/round", "overhead %"],
-          [[median["rounds"], round_ms, forward_ms, round_ms - forward_ms,
-            100 * res["overhead_fraction"]]])  # fmt: skip
+    table(
+        bench.out,
+        f"overhead: speculative_sample's own time, {size} drafting for itself, K=4, T=1.0, {n} tokens",
+        "wall time minus time inside model.forward (timer wrapped on the instance), per round (median run)",
+        ["rounds", "round ms", "forward ms/round", "overhead ms/round", "overhead %"],
+        [[median["rounds"], round_ms, forward_ms, round_ms - forward_ms, 100 * res["overhead_fraction"]]],
+    )

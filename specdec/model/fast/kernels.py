@@ -77,7 +77,7 @@ M_BUCKETS = (1, 2, 3, 5, 9, 17, 33, 65)  # a pass over m tokens takes the plan o
 def split_edges(n: int, n_parts: int, multiple: int = 16) -> list[int]:
     """Boundaries cutting range(n) into n_parts near-equal parts, the inner ones on multiples of `multiple`.
 
-        split_edges(100, 2)   # [0, 48, 100]
+    split_edges(100, 2)   # [0, 48, 100]
     """
     return [0, *(round(n * i / n_parts / multiple) * multiple for i in range(1, n_parts)), n]
 
@@ -139,8 +139,9 @@ class Split:
         n_parts = max(1, min(SPLIT_PARTS, n_out // 16)) if lin.w_t.nbytes >= SMALL_BYTES else 1
         # Part boundaries on multiples of 16 rows (whole cache lines of y), the last part takes the rest.
         edges = split_edges(n_out, n_parts)
-        return cls([RowPart.of(lin.w_t, a, b) for a, b in zip(edges, edges[1:])],
-                   f"{n_out}x{n_in}/{lin.w_t.dtype}/{n_parts}")
+        return cls(
+            [RowPart.of(lin.w_t, a, b) for a, b in zip(edges, edges[1:])], f"{n_out}x{n_in}/{lin.w_t.dtype}/{n_parts}"
+        )
 
 
 def split(lin: Linear) -> Split:

@@ -58,7 +58,10 @@ class OpenBLAS:
     def find(cls) -> "OpenBLAS | None":
         """NumPy's bundled OpenBLAS (numpy.libs/ or numpy/.dylibs/), or None."""
         root = Path(np.__file__).parent
-        candidates = [*sorted((root.parent / "numpy.libs").glob("*openblas*")), *sorted((root / ".dylibs").glob("*openblas*"))]
+        candidates = [
+            *sorted((root.parent / "numpy.libs").glob("*openblas*")),
+            *sorted((root / ".dylibs").glob("*openblas*")),
+        ]
         for path in candidates:
             try:
                 lib = ctypes.CDLL(str(path))

@@ -95,8 +95,11 @@ def sample(linears: list[Linear], per_shape: int = PER_SHAPE) -> list[Linear]:
     by_shape: dict[str, list[Linear]] = {}
     for lin in linears:
         by_shape.setdefault(kernels.shape_key(lin), []).append(lin)
-    keep = {id(group[round(i * (len(group) - 1) / max(1, per_shape - 1))])
-            for group in by_shape.values() for i in range(min(per_shape, len(group)))}  # fmt: skip
+    keep = {
+        id(group[round(i * (len(group) - 1) / max(1, per_shape - 1))])
+        for group in by_shape.values()
+        for i in range(min(per_shape, len(group)))
+    }
     return [lin for lin in linears if id(lin) in keep]
 
 
@@ -146,8 +149,9 @@ def rules(lin: Linear) -> list[str]:
     return [kernels.default_path(m, len(kernels.split(lin).parts)) for m in M_BUCKETS]
 
 
-def confirm(model, linears: list[Linear], plan: dict[str, list[str]], repeats: int = CONFIRM_REPEATS,
-            clock=time.perf_counter) -> dict[str, list[str]]:  # fmt: skip
+def confirm(
+    model, linears: list[Linear], plan: dict[str, list[str]], repeats: int = CONFIRM_REPEATS, clock=time.perf_counter
+) -> dict[str, list[str]]:
     """Bucket by bucket, OpenBLAS's plan where whole passes run faster with it than with the rules, else the rules.
 
     For each bucket m, runs of RUN passes over m new tokens after `context` cached
@@ -160,8 +164,10 @@ def confirm(model, linears: list[Linear], plan: dict[str, list[str]], repeats: i
     context = min(CONTEXT, model.n_ctx // 2)
     if context < 1:
         return kept  # no room for a pass after a context: the rules
-    sides = {"openblas": {key: tuple(plan[key]) for key in default},
-             "workers": {key: tuple(default[key]) for key in default}}  # fmt: skip
+    sides = {
+        "openblas": {key: tuple(plan[key]) for key in default},
+        "workers": {key: tuple(default[key]) for key in default},
+    }
     before = dict(kernels.PLANS)
     try:
         cache = model.new_cache()
@@ -206,9 +212,15 @@ def machine() -> dict:
     except OSError:
         pass
     blas = threads.BLAS
-    return {"cpu": cpu, "cpus": threads.usable_cpus(), "split_parts": kernels.SPLIT_PARTS,
-            "blas_threads": threads.BLAS_THREADS, "numpy": np.__version__,
-            "openblas": None if blas is None else f"{blas.name} {blas.core}", "openblas_spin": OPENBLAS_SPIN}  # fmt: skip
+    return {
+        "cpu": cpu,
+        "cpus": threads.usable_cpus(),
+        "split_parts": kernels.SPLIT_PARTS,
+        "blas_threads": threads.BLAS_THREADS,
+        "numpy": np.__version__,
+        "openblas": None if blas is None else f"{blas.name} {blas.core}",
+        "openblas_spin": OPENBLAS_SPIN,
+    }
 
 
 def plan_file(folder: str | os.PathLike) -> Path:
@@ -233,14 +245,25 @@ def read_plan(path: Path) -> dict[str, list[str]]:
             data = safe_io.parse_json(safe_io.read_all(f, MAX_FILE_BYTES))
     except (OSError, ValueError):  # missing, unreadable, a link or a FIFO, too large, not JSON, nested too deep
         return {}
-    ok = (data.get("format") == FORMAT and data.get("version") == VERSION and data.get("machine") == machine()
-          and data.get("buckets") == list(M_BUCKETS) and isinstance(data.get("plans"), dict)
-          and len(data["plans"]) <= MAX_PLANS)  # fmt: skip
+    ok = (
+        data.get("format") == FORMAT
+        and data.get("version") == VERSION
+        and data.get("machine") == machine()
+        and data.get("buckets") == list(M_BUCKETS)
+        and isinstance(data.get("plans"), dict)
+        and len(data["plans"]) <= MAX_PLANS
+    )
     if not ok:
         return {}
     plans = data["plans"]
-    valid = all(isinstance(key, str) and KEY.fullmatch(key) and isinstance(plan, list) and len(plan) == len(M_BUCKETS)
-                and all(p in PATHS for p in plan) for key, plan in plans.items())  # fmt: skip
+    valid = all(
+        isinstance(key, str)
+        and KEY.fullmatch(key)
+        and isinstance(plan, list)
+        and len(plan) == len(M_BUCKETS)
+        and all(p in PATHS for p in plan)
+        for key, plan in plans.items()
+    )
     return plans if valid else {}
 
 
@@ -286,7 +309,9 @@ def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[st
     if mode == "measure" or any(kernels.shape_key(lin) not in known for lin in linears):
         if say is not None:
             where = "" if path is None else f"; kept in {path}"
-            say(f"{getattr(model, 'name', 'model')}: timing this machine's matrix products (once: 10-20 s for a 135M model on 2 cores, longer for larger ones{where})")
+            say(
+                f"{getattr(model, 'name', 'model')}: timing this machine's matrix products (once: 10-20 s for a 135M model on 2 cores, longer for larger ones{where})"
+            )
         fresh = confirm(model, linears, measure(sample(linears)))
         # Shapes already planned keep their plan (unless measuring again): a model loaded later must not
         # change the threads of one loaded before it.
@@ -298,5 +323,7 @@ def tune(model, folder: str | os.PathLike | None, say=None) -> dict[str, list[st
                 if say is not None:
                     say(f"could not keep the timings in {path} ({e.strerror or e}): the next run times them again")
     for lin in linears:
-        kernels.PLANS[kernels.shape_key(lin)] = tuple(known[kernels.shape_key(lin)])  # for these matrices and any other of their shapes
+        kernels.PLANS[kernels.shape_key(lin)] = tuple(
+            known[kernels.shape_key(lin)]
+        )  # for these matrices and any other of their shapes
     return known
