@@ -254,12 +254,6 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
     """Ask for the file's description and bytes, retrying transient failures with a warning per retry."""
     remote = None
     for attempt in range(retries + 1):
-        if attempt:
-            delay = retry_delay * 2 ** (attempt - 1)
-            log.warning(
-                "%s: %s; retrying in %g s (try %d of %d)", dest.name, _one_line(error), delay, attempt + 1, retries + 1
-            )
-            time.sleep(delay)
         try:
             remote = _remote_file(session, url, headers, timeout)
             _fetch_into(session, url, partial, headers, remote, progress, dest.name, timeout)
@@ -268,7 +262,6 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
             raise DownloadError(_redirect_loop(url)) from e
         except _RETRYABLE as e:
             # Transient: retry, resuming from what arrived; but without DNS, retrying will not help.
-            error = e
             if attempt == retries or _is_name_resolution_error(e):
                 # NOTE: remote is None when no answer came in this run (refused, no DNS, 5xx/429 on every
                 # try): the server has said nothing against the partial an earlier run left, so it stays.
@@ -283,6 +276,11 @@ def _fetch_with_retries(session, url, dest, partial, headers, retries, retry_del
                     + ". "
                     + without_the_hub()
                 ) from e
+            delay = retry_delay * 2**attempt
+            log.warning(
+                "%s: %s; retrying in %g s (try %d of %d)", dest.name, _one_line(e), delay, attempt + 2, retries + 1
+            )
+            time.sleep(delay)
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import tiny_model
-from helpers import N_BROKEN, chi_square_passes, exact_continuations, perturbed, sample_many, small_model
+from helpers import chi_square_passes, exact_continuations, perturbed, sample_many, small_model
 from test_head_drafters import random_eagle, random_medusa
 
 from specdec import LookupFirst, autoregressive_sample, speculative_sample, speculative_sample_batch
