@@ -21,7 +21,7 @@ import argparse
 
 import numpy as np
 
-from specdec.bench.suite import load_prompts
+from specdec.bench.prompts import load_prompts
 from specdec.checkpoints.load import load_model
 from specdec.costmodel.chain import round_cost
 from specdec.drafters import make_drafter

@@ -18,7 +18,8 @@ import statistics
 import time
 
 from specdec.autoregressive import autoregressive_sample
-from specdec.bench.suite import load_average, load_prompts
+from specdec.bench.prompts import load_prompts
+from specdec.bench.suite import load_average
 from specdec.checkpoints.load import load_model
 from specdec.drafters import LookupFirst, NgramDrafter, make_drafter
 from specdec.drafters.stopping import ConfidenceStop

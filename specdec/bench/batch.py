@@ -52,7 +52,7 @@ from ..result import DecodeResult
 from ..sampling import SamplingParams
 from ..timing import time_calls
 from .progress import Progress, add_quiet
-from .suite import load_prompts
+from .prompts import load_prompts
 
 M_MAX = 9  # r_B(m) for m = 1..9: K up to 8 for the best-K search
 PROMPT_TOKENS = 48  # suite prompts are cut to their first 48 tokens

@@ -40,7 +40,7 @@ from ..sampling import SamplingParams, probabilities
 from ..speculative import speculative_sample
 from ..verify import block_weights, token_weights
 from .progress import Progress, add_quiet
-from .suite import load_prompts
+from .prompts import load_prompts
 
 FAMILY_DRAFTS = f"{family.DRAFT},early_exit:{family.EARLY_EXIT_LAYER},ngram"
 REAL_DRAFTS = "early_exit:29,ngram"

@@ -35,7 +35,7 @@ from ..drafters.vocabmap import tokenization_tree_size, vocab_map
 from ..model.tokenizer import load_tokenizer
 from ..race import race
 from ..sampling import SamplingParams, probabilities
-from .suite import load_prompts
+from .prompts import load_prompts
 
 N_MASS = 200  # tokens of text per model for the mass table (the stdlib models read 256 at most)
 

@@ -61,7 +61,7 @@ from ..verify import (
     verify,
 )
 from .block import load, mean, stderr
-from .suite import load_prompts
+from .prompts import load_prompts
 
 COLUMNS = ("alpha", "bound_iid", "spectr", "specinfer_iid", "bound_wor", "specinfer_wor")
 

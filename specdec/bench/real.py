@@ -45,7 +45,7 @@ from ..model.shapes import random_model
 from ..config import check_request
 from ..timing import measure_costs, pass_calls, time_calls
 from .progress import Progress, add_quiet
-from .suite import load_prompts
+from .prompts import load_prompts
 
 M_MAX = 9
 CONTEXT = 256

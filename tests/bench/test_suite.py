@@ -1,4 +1,4 @@
-"""specdec.bench.suite: the committed prompt suite, the per-category benchmark and the alpha table,
+"""specdec.bench.suite, .alpha and .prompts: the prompt suite, the per-category benchmark and the alpha table,
 on tiny checkpoints with a tiny tokenizer (the real runs need real weights)."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import pytest
 from conftest import SHARED_TOKENIZER, TINY_HPARAMS, tiny_model, write_checkpoint
 
 from specdec.bench import suite
+from specdec.bench.alpha import alpha_table, beta
+from specdec.bench.prompts import load_prompts
 from specdec.checkpoints.load import load_folder
 
 HPARAMS = dataclasses.replace(TINY_HPARAMS, n_ctx=512)  # the suite's prompts are a few hundred bytes
@@ -31,11 +33,11 @@ def folders(tmp_path_factory):
 
 
 def one_per_category(n: int = 1) -> dict[str, list[str]]:
-    return {cat: prompts[:n] for cat, prompts in suite.load_prompts().items()}
+    return {cat: prompts[:n] for cat, prompts in load_prompts().items()}
 
 
 def test_the_committed_suite():
-    prompts = suite.load_prompts()
+    prompts = load_prompts()
     assert set(prompts) == CATEGORIES
     assert all(len(ps) >= 4 for ps in prompts.values())
     assert len({p for ps in prompts.values() for p in ps}) == sum(map(len, prompts.values()))  # no duplicates
@@ -54,21 +56,21 @@ def test_a_bad_prompt_file_is_refused(tmp_path, content, message):
     path = tmp_path / "p.json"
     path.write_text(content)
     with pytest.raises(ValueError, match=message):
-        suite.load_prompts(path)
+        load_prompts(path)
 
 
 def test_beta_by_hand():
     p = np.log(np.array([[0.5, 0.5, 0.0001], [0.9, 0.05, 0.05]], dtype=np.float32))
     q = np.log(np.array([[0.5, 0.0001, 0.5], [0.2, 0.7, 0.1]], dtype=np.float32))
-    np.testing.assert_allclose(suite.beta(p, q, 1.0), [0.5, 0.2 + 0.05 + 0.05], atol=1e-3)
-    assert suite.beta(p, q, 0.0).tolist() == [1.0, 0.0]  # argmax 0 (a tie: the first) vs 0; 0 vs 1
-    assert suite.beta(p, p, 0.7) == pytest.approx([1.0, 1.0], abs=1e-6)
+    np.testing.assert_allclose(beta(p, q, 1.0), [0.5, 0.2 + 0.05 + 0.05], atol=1e-3)
+    assert beta(p, q, 0.0).tolist() == [1.0, 0.0]  # argmax 0 (a tie: the first) vs 0; 0 vs 1
+    assert beta(p, p, 0.7) == pytest.approx([1.0, 1.0], abs=1e-6)
 
 
 def test_alpha_table_pairs_and_values(folders):
     models = {name: load_folder(folder, name=name) for name, folder in folders.items()}
-    prompts = {"lists": suite.load_prompts()["lists"][:2]}
-    table = suite.alpha_table(models.__getitem__, ["small", "twin", "big"], prompts, (0.0, 1.0), n_tokens=6)
+    prompts = {"lists": load_prompts()["lists"][:2]}
+    table = alpha_table(models.__getitem__, ["small", "twin", "big"], prompts, (0.0, 1.0), n_tokens=6)
     pairs = [(row["draft"], row["target"]) for row in table]
     assert pairs == [("small", "twin"), ("small", "big"), ("twin", "big")]
     alpha = {pair: row["alpha"] for pair, row in zip(pairs, table)}
@@ -99,7 +101,7 @@ def test_repeats_interleave_and_give_a_spread_and_acceptance_by_position(folders
     real_ar, real_sd = suite.autoregressive_sample, suite.speculative_sample
     monkeypatch.setattr(suite, "autoregressive_sample", lambda *a, **k: calls.append("ar") or real_ar(*a, **k))
     monkeypatch.setattr(suite, "speculative_sample", lambda *a, **k: calls.append("sd") or real_sd(*a, **k))
-    prompts = {"code": suite.load_prompts()["code"][:2]}
+    prompts = {"code": load_prompts()["code"][:2]}
     out = suite.run_suite(target, {"small": draft}, prompts, n_tokens=8, K=3, repeats=3)
     assert calls[2:] == ["ar", "sd"] * 6  # (after one warm-up each) plain then speculative, prompt by prompt
     row = out["small"]["all"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specdec.autoregressive import autoregressive_sample
-from specdec.bench.suite import load_prompts
+from specdec.bench.prompts import load_prompts
 from specdec.model.llama import LlamaHParams, random_llama
 from specdec.model.tokenizer import byte_decoder, gguf_encoding
 from specdec.sampling import SamplingParams, probabilities

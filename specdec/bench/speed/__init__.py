@@ -18,7 +18,7 @@ Commands:
     python -m specdec.bench --only io                # checkpoint I/O and peak memory (writes ~2 GB under /tmp)
     python -m specdec.bench --quick                  # a smoke run on tiny shapes (what tests/bench/test_bench.py runs)
     python -m specdec.bench --write-checkpoints DIR  # random-weight checkpoints for an offline main.py run
-    python -m specdec.bench --only alpha-table       # alpha of every GPT-2 pair on disk (real weights; suite.py)
+    python -m specdec.bench --only alpha-table       # alpha of every GPT-2 pair on disk (real weights; alpha.py)
 
 Sections (`--only`, comma-separated; default all but io):
     decode    ms per KV-cached 1-token step at context 32 / 256 / 1000, and without a KV cache
