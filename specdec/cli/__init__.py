@@ -2,7 +2,8 @@
 
     main.py        loads the models, runs the race (specdec/race/) and prints it, as text or JSON
     args.py        the flags, parsed and checked before anything is downloaded; the embedded default run
-                   (defaults.py); a redundant flag noted, a contradiction refused
+                   (defaults.py)
+    rules.py       the rules between flags: a redundant flag noted, a contradiction refused, the names checked
     flags.py       the strict parser the command line, `python -m specdec.bench` and `python -m specdec.train`
                    share: no abbreviations, --k-max and --k_max alike, refusals in one line
     cache.py       `specdec cache`: what is stored on disk, with sizes, and removing it
