@@ -10,6 +10,7 @@
     batch.py       `--batch N`: the prompts of a file decoded together by both batched decoders
     terminal.py    the status line and the text streamed as it is decided
     equivalent.py  `--equivalent ENGINE`: the run's flags written for transformers, vLLM, SGLang or llama.cpp
+    experiment.py  what equivalent.py writes: the flags as one experiment, the weights as each engine finds them
 
 Layer: the top. May import anything in specdec but bench/ and train/; nothing in specdec imports it but
 __main__.py, and bench/ and train/, which take flags.py.
