@@ -24,7 +24,7 @@ import numpy as np
 from specdec.checkpoints import layout
 from specdec.checkpoints.load import load_folder
 from specdec.checkpoints.safetensors import read_safetensors
-from specdec.drafters import eagle
+from specdec.drafters import eagle_grad
 from specdec.drafters.heads import DraftVocab, load_heads, model_fingerprint, save_heads
 from specdec.model.fast import kernels
 
@@ -104,7 +104,7 @@ def heads(folder: Path, repeats: int) -> None:
     rng, e = np.random.default_rng(0), target.n_embd
     medusa = {"w": rng.standard_normal((4, e, e), np.float32) * 0.01, "b": np.zeros((4, e), np.float32)}
     with tempfile.TemporaryDirectory() as tmp:
-        for kind, params, n in (("medusa", medusa, 4), ("eagle", eagle.init_params(e, rng), 1)):
+        for kind, params, n in (("medusa", medusa, 4), ("eagle", eagle_grad.init_params(e, rng), 1)):
             path = save_heads(Path(tmp) / kind, kind, target, params, {"n_heads": n}, DraftVocab.of(target))
             f = lambda d=Path(tmp) / kind, k=kind: load_heads(d, k, target)  # noqa: E731
             f()

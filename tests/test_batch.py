@@ -102,14 +102,14 @@ def test_greedy_batch_equals_unbatched_greedy_row_by_row(arch, gpt2_pair, llama_
 def head_folders(llama_pair, tmp_path_factory):
     """Medusa and EAGLE heads for the Llama target (untrained, saved as training saves them), on a restricted
     draft vocabulary: {kind: folder}."""
-    from specdec.drafters import eagle, medusa
+    from specdec.drafters import eagle_grad, medusa
     from specdec.drafters.heads import DraftVocab, save_heads
 
     target, folder = llama_pair[0], tmp_path_factory.mktemp("heads")
     vocab = DraftVocab.of(target, np.arange(0, target.n_vocab, 2))
     params = {
         "medusa": medusa.init_params(3, target.n_embd),
-        "eagle": eagle.init_params(target.n_embd, np.random.default_rng(0), std=0.2),
+        "eagle": eagle_grad.init_params(target.n_embd, np.random.default_rng(0), std=0.2),
     }
     for kind, p in params.items():
         save_heads(folder / kind, kind, target, p, {"n_heads": 3 if kind == "medusa" else 1}, vocab)

@@ -34,7 +34,7 @@ import numpy as np
 from ..cli import flags
 from ..autoregressive import autoregressive_sample
 from ..checkpoints.load import load_model
-from ..drafters import eagle, make_drafter, medusa
+from ..drafters import eagle, eagle_grad, make_drafter, medusa
 from ..drafters.heads import DraftVocab
 from ..drafters.specs import parse_draft
 from ..model.base import CausalLM
@@ -72,7 +72,9 @@ def bench_shape(name: str, h: HParams, repeats: int, progress: Progress, context
         )
         m.commit(ids, hidden)
         calls[f"medusa4_{label}"] = lambda m=m: m.propose(ids, 4, params, rng)
-        model = eagle.EagleModel(eagle.init_params(h.n_embd, rng), h.n_embd, h.n_head, h.n_ctx, h.layer_norm_epsilon)
+        model = eagle.EagleModel(
+            eagle_grad.init_params(h.n_embd, rng), h.n_embd, h.n_head, h.n_ctx, h.layer_norm_epsilon
+        )
         e = eagle.EagleDrafter(model, vocab, target.weights.wte)
         e.commit(ids, hidden)  # the whole prompt's pairs
         # A chain of k tokens costs k-1 block passes and k LM heads: chain(5) - chain(1) is 4 draft steps.
@@ -93,7 +95,7 @@ def bench_shape(name: str, h: HParams, repeats: int, progress: Progress, context
     progress(f"{name} shape: training steps ({max(1, repeats // 3)} repeats)")
     tokens = rng.integers(0, h.n_vocab, (8, 64))
     feats = rng.standard_normal((8, 64, h.n_embd), np.float32)
-    mp, ep = medusa.init_params(4, h.n_embd), eagle.init_params(h.n_embd, rng)
+    mp, ep = medusa.init_params(4, h.n_embd), eagle_grad.init_params(h.n_embd, rng)
     steps = {}
     for label, vocab in (("full", DraftVocab.of(target)), ("8k", DraftVocab.of(target, np.arange(RESTRICTED)))):
         steps[f"train_medusa4_{label}"] = lambda v=vocab: medusa_step(mp, target, v, tokens, feats, 4, "dist")

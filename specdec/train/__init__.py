@@ -30,7 +30,7 @@ What it does with --tokens (the data made in memory, data.py), in order:
 2. Labels: by default the target's own next-token DISTRIBUTION at each position
    (softmax of its logits, T=1): a head is trained towards what the target would
    draw, not one sampled token (`--labels tokens` uses the generated tokens).
-3. Training with hand-written gradients (medusa.py, eagle.py) and AdamW, a
+3. Training with hand-written gradients (medusa.py, eagle_grad.py) and AdamW, a
    cosine learning rate after a warm-up; DIR/checkpoint.* after every
    `--save-every` steps, so `--resume` continues an interrupted run.
 4. Held-out evaluation: teacher-forced top-1 / top-5 accuracy per head on a

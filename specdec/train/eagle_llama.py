@@ -55,7 +55,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..drafters.eagle import CE_WEIGHT, head_shapes, llama_param_shapes
+from ..drafters.eagle import head_shapes, llama_param_shapes
+from ..drafters.eagle_grad import CE_WEIGHT
 from ..drafters.heads import DraftVocab, cross_entropy, load_heads, smooth_l1
 from ..model.llama import Llama, LlamaHParams
 from . import llama_grad as lg

@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from ..checkpoints import locks
 from ..checkpoints.registry import shipped_heads
-from ..drafters import eagle
+from ..drafters import eagle, eagle_grad
 from ..drafters.heads import DraftVocab, head_cross_entropy, model_fingerprint, save_heads, smooth_l1, top_tokens
 from ..model.base import CausalLM
 from .distill import load_distill_data
@@ -107,7 +107,7 @@ class EagleKind:
         return eagle.param_shapes(1, target.n_embd)
 
     def init_params(self, target, config, rng):
-        return eagle.init_params(target.n_embd, rng)
+        return eagle_grad.init_params(target.n_embd, rng)
 
     @staticmethod
     def _pairs(target, batch: HeadBatch):
@@ -126,18 +126,18 @@ class EagleKind:
     def loss_and_grads(self, params, target, config, vocab, batch):
         f, emb, f_next, feat_mask, label_mask, rows = self._pairs(target, batch)
         n_head, eps = config["n_head"], config["layer_norm_epsilon"]
-        y, saved = eagle.forward(params, f, emb, n_head, eps)  # [B, T-1, e]
+        y, saved = eagle_grad.forward(params, f, emb, n_head, eps)  # [B, T-1, e]
         l_feat, d_feat = smooth_l1(y[feat_mask], f_next[feat_mask])
         ce, d_ce, _ = head_cross_entropy(y[label_mask], batch.p[rows], vocab)
         dy = np.zeros_like(y)
         dy[feat_mask] += d_feat
-        dy[label_mask] += F32(eagle.CE_WEIGHT) * d_ce
-        grads = eagle.backward(dy, params, saved, n_head)
-        return l_feat + eagle.CE_WEIGHT * ce, {"feat": l_feat, "ce": ce}, grads
+        dy[label_mask] += F32(eagle_grad.CE_WEIGHT) * d_ce
+        grads = eagle_grad.backward(dy, params, saved, n_head)
+        return l_feat + eagle_grad.CE_WEIGHT * ce, {"feat": l_feat, "ce": ce}, grads
 
     def logits(self, params, target, config, vocab, batch):
         f, emb, _, _, label_mask, rows = self._pairs(target, batch)
-        y, _ = eagle.forward(params, f, emb, config["n_head"], config["layer_norm_epsilon"])
+        y, _ = eagle_grad.forward(params, f, emb, config["n_head"], config["layer_norm_epsilon"])
         return vocab.logits(y[label_mask]), rows
 
 

@@ -15,7 +15,7 @@ from ..checkpoints import locks
 from .. import safe_io
 from ..checkpoints.pairs import open_weights, show, write_pair
 from ..checkpoints.safetensors import read_safetensors
-from ..drafters import eagle, medusa
+from ..drafters import eagle, eagle_grad, medusa
 from ..drafters.heads import DraftVocab, model_fingerprint, one_hot, save_heads, target_distributions, top_tokens
 from ..model.base import CausalLM
 from .data import load_or_make_data, text_data
@@ -68,7 +68,7 @@ def eagle_step(params, target, vocab, tokens, features, label_kind):
     emb = target.weights.wte[tokens[:, 1 : T - 1]]  # [B, T-2, e]
     p = labels(target, vocab, tokens[:, 2:].reshape(-1), f_next.reshape(-1, e), label_kind)
     n_head, eps = target.n_head, target.hparams.layer_norm_epsilon
-    loss, (l_feat, ce), grads, _ = eagle.loss_and_grads(params, f, emb, f_next, p, vocab, n_head, eps)
+    loss, (l_feat, ce), grads, _ = eagle_grad.loss_and_grads(params, f, emb, f_next, p, vocab, n_head, eps)
     return loss, {"feat": l_feat, "ce": ce}, grads
 
 
@@ -88,7 +88,7 @@ def head_logits_for_eval(kind, params, target, vocab, tokens, features, n_heads)
             out.append((z, tokens[:, i + 2 :].reshape(-1)))
         return out
     emb = target.weights.wte[tokens[:, 1 : T - 1]]  # [B, T-2, e]
-    y, _ = eagle.forward(params, features[:, : T - 2], emb, target.n_head, target.hparams.layer_norm_epsilon)
+    y, _ = eagle_grad.forward(params, features[:, : T - 2], emb, target.n_head, target.hparams.layer_norm_epsilon)
     return [(vocab.logits(y.reshape(-1, e)), tokens[:, 2:].reshape(-1))]
 
 
@@ -254,7 +254,9 @@ def train(
 
         rng = np.random.default_rng(seed)
         params = (
-            medusa.init_params(n_heads, target.n_embd) if kind == "medusa" else eagle.init_params(target.n_embd, rng)
+            medusa.init_params(n_heads, target.n_embd)
+            if kind == "medusa"
+            else eagle_grad.init_params(target.n_embd, rng)
         )
         initial = {name: a.copy() for name, a in params.items()}  # the untrained heads, the baseline
         opt = AdamW(params, lr=lr, weight_decay=0.0)

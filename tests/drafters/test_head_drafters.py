@@ -16,7 +16,7 @@ from helpers import SMALL, LyingQ, chi_square_passes, exact_continuations, learn
 from specdec import autoregressive_sample, speculative_sample
 from specdec.drafters import medusa
 from specdec.drafters.eagle import EagleDrafter, EagleModel
-from specdec.drafters.eagle import init_params as eagle_init
+from specdec.drafters.eagle_grad import init_params as eagle_init
 from specdec.drafters.heads import DraftVocab
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.interfaces import Drafter, Proposal

@@ -15,7 +15,7 @@ from conftest import tiny_model, write_checkpoint
 
 from specdec.cli.main import main
 from specdec.checkpoints.safetensors import read_safetensors, write_safetensors
-from specdec.drafters import eagle, make_drafter, medusa
+from specdec.drafters import eagle, eagle_grad, make_drafter, medusa
 from specdec.drafters.heads import DraftVocab, HeadFileError, model_fingerprint, save_heads
 from specdec.model.gpt2 import GPT2, Weights
 
@@ -30,7 +30,7 @@ def make_heads(folder, kind: str, restricted: bool = True):
         params = {"w": rng.standard_normal((2, 32, 32)).astype(np.float32) * 0.1, "b": np.zeros((2, 32), np.float32)}
         config = {"n_heads": 2}
     else:
-        params, config = eagle.init_params(32, rng), {"n_heads": 1}
+        params, config = eagle_grad.init_params(32, rng), {"n_heads": 1}
     save_heads(folder, kind, TARGET, params, config, vocab)
     return folder
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import tiny_model
 from helpers import assert_grads_match
 
-from specdec.drafters import eagle, medusa
+from specdec.drafters import eagle, eagle_grad, medusa
 from specdec.drafters.heads import (
     DraftVocab,
     HeadFileError,
@@ -114,28 +114,32 @@ def test_layer_norm_gelu_and_attention_gradients():
     params = {"ln.weight": 1 + rng.standard_normal(E) * 0.3, "ln.bias": rng.standard_normal(E) * 0.3}
 
     grads = {k: np.zeros_like(v) for k, v in params.items()}
-    y, saved = eagle.layer_norm(x, params, "ln", 1e-5)
-    dx = eagle.layer_norm_backward(c, params, "ln", saved, grads)
+    y, saved = eagle_grad.layer_norm(x, params, "ln", 1e-5)
+    dx = eagle_grad.layer_norm_backward(c, params, "ln", saved, grads)
     assert_grads_match(
-        lambda: float((c * eagle.layer_norm(x, params, "ln", 1e-5)[0]).sum()), {**params, "x": x}, {**grads, "x": dx}
+        lambda: float((c * eagle_grad.layer_norm(x, params, "ln", 1e-5)[0]).sum()),
+        {**params, "x": x},
+        {**grads, "x": dx},
     )
 
-    dgelu = eagle.gelu_backward(c, x)
-    assert_grads_match(lambda: float((c * eagle.gelu(x)).sum()), {"x": x}, {"x": dgelu})
+    dgelu = eagle_grad.gelu_backward(c, x)
+    assert_grads_match(lambda: float((c * eagle_grad.gelu(x)).sum()), {"x": x}, {"x": dgelu})
 
     q, k, v = (rng.standard_normal((2, H, 4, E // H)) for _ in range(3))
     co = rng.standard_normal((2, H, 4, E // H))
-    out, P = eagle.causal_attention(q, k, v)
-    dq, dk, dv = eagle.causal_attention_backward(co, q, k, v, P)
+    out, P = eagle_grad.causal_attention(q, k, v)
+    dq, dk, dv = eagle_grad.causal_attention_backward(co, q, k, v, P)
     qkv = {"q": q, "k": k, "v": v}
-    assert_grads_match(lambda: float((co * eagle.causal_attention(q, k, v)[0]).sum()), qkv, {"q": dq, "k": dk, "v": dv})
+    assert_grads_match(
+        lambda: float((co * eagle_grad.causal_attention(q, k, v)[0]).sum()), qkv, {"q": dq, "k": dk, "v": dv}
+    )
 
 
 @pytest.mark.parametrize("restricted", [False, True])
 def test_eagle_gradients_of_every_parameter(restricted):
     rng = np.random.default_rng(6)
     vocab = vocab64(rng, [0, 1, 2, 3, 5, 8] if restricted else None)
-    params = {k: v.astype(np.float64) for k, v in eagle.init_params(E, rng, std=0.3).items()}
+    params = {k: v.astype(np.float64) for k, v in eagle_grad.init_params(E, rng, std=0.3).items()}
     for name in params:  # move gains and biases off their initial 1 and 0
         if params[name].ndim == 1:
             params[name] += rng.standard_normal(params[name].shape) * 0.3
@@ -144,9 +148,9 @@ def test_eagle_gradients_of_every_parameter(restricted):
     p = soft_targets(rng, B * T, vocab)
 
     def loss():
-        return eagle.loss_and_grads(params, f, emb, f_next, p, vocab, H, 1e-5)[0]
+        return eagle_grad.loss_and_grads(params, f, emb, f_next, p, vocab, H, 1e-5)[0]
 
-    _, _, grads, _ = eagle.loss_and_grads(params, f, emb, f_next, p, vocab, H, 1e-5)
+    _, _, grads, _ = eagle_grad.loss_and_grads(params, f, emb, f_next, p, vocab, H, 1e-5)
     assert_grads_match(loss, params, grads, n=8)
 
 
@@ -154,10 +158,10 @@ def test_eagle_drafting_forward_equals_the_training_forward():
     """One pair at a time through gpt2.transformer_block and a KV cache == the teacher-forced batch."""
     rng = np.random.default_rng(7)
     e, n_head, T = 32, 4, 6
-    params = eagle.init_params(e, rng, std=0.2)
+    params = eagle_grad.init_params(e, rng, std=0.2)
     f = rng.standard_normal((1, T, e)).astype(np.float32)
     emb = rng.standard_normal((1, T, e)).astype(np.float32)
-    y_train, _ = eagle.forward(params, f, emb, n_head, 1e-5)
+    y_train, _ = eagle_grad.forward(params, f, emb, n_head, 1e-5)
     model = eagle.EagleModel(params, e, n_head, n_ctx=64, eps=1e-5)
     cache = model.new_cache()
     y_first = model.step(f[0, :2], emb[0, :2], cache)  # several pairs at once, then one at a time

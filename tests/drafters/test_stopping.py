@@ -21,7 +21,7 @@ from test_head_drafters import random_eagle, random_medusa
 from specdec import autoregressive_sample, speculative_sample, speculative_sample_batch
 from specdec.drafters import EarlyExitDrafter, ModelDrafter, NgramDrafter, make_drafter
 from specdec.drafters.eagle import EagleDrafter, EagleModel
-from specdec.drafters.eagle import init_params as eagle_init
+from specdec.drafters.eagle_grad import init_params as eagle_init
 from specdec.drafters.heads import DraftVocab
 from specdec.costmodel import confidence_bar
 from specdec.drafters.stopping import ConfidenceStop, parse_confidence, top_probability

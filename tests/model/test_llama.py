@@ -271,13 +271,13 @@ def test_heads_self_distil_smollm2_from_its_chat_template(smollm2):
 def write_untrained_heads(folder, target, ids) -> dict[str, str]:
     """Medusa and EAGLE heads at their initialisation (EAGLE's randomised), saved as training saves them:
     draft specs for both. Untrained heads draft badly; greedy output must equal the target's anyway."""
-    from specdec.drafters import eagle, medusa
+    from specdec.drafters import eagle_grad, medusa
     from specdec.drafters.heads import DraftVocab, save_heads
 
     vocab = DraftVocab.of(target, ids)
     params = {
         "medusa": medusa.init_params(3, target.n_embd),
-        "eagle": eagle.init_params(target.n_embd, np.random.default_rng(0), std=0.2),
+        "eagle": eagle_grad.init_params(target.n_embd, np.random.default_rng(0), std=0.2),
     }
     for kind, p in params.items():
         save_heads(folder / kind, kind, target, p, {"n_heads": 3 if kind == "medusa" else 1}, vocab)
