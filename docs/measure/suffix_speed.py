@@ -26,7 +26,8 @@ import numpy as np
 
 from specdec.bench.suite import load_average
 from specdec.drafters.datastore import Datastore
-from specdec.drafters.suffix import EARLIER_CAPACITY, MAX_MATCH, SuffixDrafter, SuffixIndex
+from specdec.drafters.suffix import EARLIER_CAPACITY, SuffixDrafter
+from specdec.drafters.suffix_index import MAX_MATCH, SuffixIndex
 from specdec.sampling import SamplingParams
 
 N_VOCAB = 49_152

@@ -69,7 +69,8 @@ from .medusa import MedusaDrafter
 from .ngram import NgramDrafter
 from .specs import MODEL_FREE, lookup_shortest, parse_draft
 from .stopping import ChainGate, ConfidenceStop
-from .suffix import EARLIER_CAPACITY, SuffixDrafter, SuffixIndex
+from .suffix import EARLIER_CAPACITY, SuffixDrafter
+from .suffix_index import SuffixIndex
 from .trees import SIBLINGS, model_tree
 
 

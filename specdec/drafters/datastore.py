@@ -39,13 +39,13 @@ import numpy as np
 from .. import safe_io
 from ..checkpoints.pairs import show
 from ..checkpoints.sizes import human_size
+from .suffix_index import MAX_ENDS, MAX_MATCH, MIN_MATCH  # a match's shortest and longest, occurrences read
 
 SEPARATOR = 0xFFFF  # between replies; never a token id (n_vocab <= SEPARATOR is checked)
 FORMAT = "specdec-datastore-1"
 CARD = "datastore.json"
 STEM = "datastore"
 MAX_TOKENS = 1 << 27  # what a datastore file may hold (768 MB): a bound checked before anything is read
-MIN_MATCH, MAX_MATCH, MAX_ENDS = 2, 64, 64  # as suffix.py's (a match's shortest and longest, occurrences read)
 SMALL_RANGE = 64  # a range this small is narrowed by one np.searchsorted over its column, not scalar probes
 MAKE = "python -m specdec.train datastore --model MODEL --data DIR --out DIR"
 

@@ -19,7 +19,7 @@ from specdec.drafters.datastore import (
     DatastoreFileError,
     backward_order,
 )
-from specdec.drafters.suffix import MAX_MATCH, MIN_MATCH
+from specdec.drafters.suffix_index import MAX_MATCH, MIN_MATCH
 
 
 def brute_order(corpus) -> list[int]:

@@ -24,7 +24,8 @@ from specdec import LookupFirst, SuffixDrafter, autoregressive_sample, load_mode
 from specdec.costmodel import SMOLLM2_CPU_R
 from specdec.drafters import EarlyExitDrafter, make_drafter
 from specdec.drafters.datastore import Datastore, DatastoreFileError
-from specdec.drafters.suffix import EARLIER_CAPACITY, SuffixIndex
+from specdec.drafters.suffix import EARLIER_CAPACITY
+from specdec.drafters.suffix_index import SuffixIndex
 from specdec.interfaces import Proposal
 from specdec.sampling import SamplingParams
 from specdec.timing import measure_costs

@@ -1,21 +1,15 @@
-"""The suffix structure behind suffix decoding (drafters/suffix.py), against brute force: the longest earlier
-match and its occurrences, what followed them, a bounded index of many interleaved documents evicting the oldest,
-and the trie of candidates grown from them (its nodes, counts and path probabilities)."""
+"""The suffix structure behind suffix decoding (drafters/suffix_index.py, drafters/suffix.py), against brute
+force: the longest earlier match and its occurrences, what followed them, a bounded index of many interleaved
+documents evicting the oldest, and the trie of candidates grown from them (its nodes, counts and path
+probabilities)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from specdec.drafters.suffix import (
-    MAX_ENDS,
-    MAX_MATCH,
-    MIN_MATCH,
-    Calibration,
-    SuffixIndex,
-    copied_on,
-    grow_candidates,
-)
+from specdec.drafters.suffix import Calibration, grow_candidates
+from specdec.drafters.suffix_index import MAX_ENDS, MAX_MATCH, MIN_MATCH, SuffixIndex, copied_on
 
 
 def brute_match(docs: dict[int, list[int]], tail: list[int], before: dict[int, int] | None = None):
