@@ -47,7 +47,7 @@ from specdec import safe_io  # noqa: E402
 from specdec.checkpoints.settings import HubSettings  # noqa: E402
 from specdec.drafters.heads import model_fingerprint  # noqa: E402
 from specdec.model.llama import rope_tables  # noqa: E402
-from specdec.train import distill  # noqa: E402
+from specdec.train import distill, shards  # noqa: E402
 from specdec.train.adopt import MADE, adopt_shards, made_record  # noqa: E402
 from specdec.train.requests import RequestPool, build_requests  # noqa: E402
 
@@ -203,12 +203,12 @@ def save_pool(out: Path, seed: int) -> None:
     print(f"{out}: {len(pool.requests):,} requests, sha256 {pool.sha256}")
 
 
-def read_run(data: Path, pool_file: Path) -> tuple[distill.DistillSettings, RequestPool]:
+def read_run(data: Path, pool_file: Path) -> tuple[shards.DistillSettings, RequestPool]:
     """The run's settings (DATA/manifest.json) and its request pool, which must be the run's own."""
-    manifest = distill.read_manifest(data)
+    manifest = shards.read_manifest(data)
     if manifest is None:
-        raise SystemExit(f"{data}: no {distill.MANIFEST}; give the folder of the run to continue")
-    settings = distill.DistillSettings(**manifest["settings"])
+        raise SystemExit(f"{data}: no {shards.MANIFEST}; give the folder of the run to continue")
+    settings = shards.DistillSettings(**manifest["settings"])
     pool = RequestPool(**safe_io.read_json(pool_file, max_bytes=1 << 30))
     if pool.sha256 != settings.requests_sha256 or len(pool.requests) != settings.n_requests:
         raise SystemExit(
@@ -249,7 +249,7 @@ def check(device: str, data: str | None, pool_file: str | None) -> None:
     for index in range(4):
         a = distill.make_shard(model, pool, small, index)
         b = distill.make_shard(fast, pool, small, index)
-        replies = zip(*(distill.split_rows(x["reply_ids"], x["reply_offsets"]) for x in (a, b)))
+        replies = zip(*(shards.split_rows(x["reply_ids"], x["reply_offsets"]) for x in (a, b)))
         for r, (ra, rb) in enumerate(replies):
             same, rows = same + int(np.array_equal(ra, rb)), rows + 1
             if not np.array_equal(ra, rb):
@@ -276,7 +276,7 @@ def worker(args, queue, results) -> None:
             break
         t0 = time.perf_counter()
         arrays = distill.make_shard(fast, pool, settings, index)
-        entry = distill.write_shard(out, index, arrays)
+        entry = shards.write_shard(out, index, arrays)
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         results.put(entry)
         print(
@@ -322,7 +322,7 @@ def make(args) -> None:
     device = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     record = made_record(settings, entries, "scripts/distill_torch.py", device, torch.__version__)
     safe_io.write_json(out / MADE, record)
-    made = sorted(int(distill.SHARD_FILE.fullmatch(e["file"]).group(1)) for e in entries)
+    made = sorted(int(shards.SHARD_FILE.fullmatch(e["file"]).group(1)) for e in entries)
     run = 0
     while args.first + run in made:
         run += 1

@@ -18,7 +18,7 @@ from pathlib import Path
 from specdec.checkpoints.load import load_model
 from specdec.drafters.eagle import head_shapes
 from specdec.drafters.heads import load_heads
-from specdec.train.distill import load_distill_data
+from specdec.train.shards import load_distill_data
 from specdec.train.eagle_llama import LlamaEagleKind
 from specdec.train.rows import held_out_accuracy, held_out_rows
 from specdec.train.states import row_states

@@ -8,7 +8,7 @@ write and to read a file); nothing imports it but bench/
 
     python -m specdec.train medusa --model 124M --tokens 20000 --out heads/medusa-124M
     python -m specdec.train data --model smollm2-135m --out distill-data --tokens 400000
-        (self-distillation shards from a chat model, batched and resumable: distill.py)
+        (self-distillation shards from a chat model, batched and resumable: distill.py; their format: shards.py)
     python -m specdec.train eagle --model smollm2-135m --data distill-data --out heads/eagle-smollm2 --block llama
         (heads trained on those shards: heads_train.py; a Llama block for a Llama target: eagle_llama.py)
     python -m specdec.train draft --model smollm2-135m --data DIR --out runs/smollm2-draft --vocab-top 8192

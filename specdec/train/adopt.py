@@ -5,7 +5,7 @@ settings and request pool: scripts/distill_torch.py runs it with the target's
 forward pass on a GPU. That run writes its shards into a folder of its own,
 beside a record of what it made:
 
-    NEW/shard-00035.npz ...   shards, exactly as distill.write_shard writes them
+    NEW/shard-00035.npz ...   shards, exactly as shards.write_shard writes them
     NEW/made.json             {"settings": the run's settings (manifest.json's "settings"),
                                "by", "device", "torch": what made them, where,
                                "entries": each shard's manifest entry (write_shard's, with "seconds")}
@@ -13,8 +13,8 @@ beside a record of what it made:
 adopt_shards adds to the run's manifest the shards that continue it, after
 checking all of them and before copying any:
 - made.json's settings are the run's (the model's fingerprint, the seed, the pool's sha256, ...);
-- each shard's sha256, arrays and token ids (distill.read_shard);
-- each shard holds the rows its index holds (distill.shard_rows_of), each row
+- each shard's sha256, arrays and token ids (shards.read_shard);
+- each shard holds the rows its index holds (shards.shard_rows_of), each row
   answering request r mod n_requests and greedy exactly where the run's rule
   makes it greedy: the rows were drawn with the run's seeds.
 What cannot be checked without running the model is that the replies are its
@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import safe_io
 from ..checkpoints import locks
-from .distill import (
+from .shards import (
     LOCK,
     MANIFEST,
     MAX_MANIFEST_BYTES,
@@ -51,7 +51,7 @@ MADE = "made.json"
 
 def read_made(new: Path) -> dict:
     """NEW/made.json, checked whole before any shard it names is opened: an object whose "settings" are a
-    run's (distill.settings_of) and whose "entries" are shard entries (distill.check_entry: objects naming
+    run's (shards.settings_of) and whose "entries" are shard entries (shards.check_entry: objects naming
     shard files beside it, each once, with a sha256 and whole counts); ValueError naming the file otherwise."""
     path = new / MADE
     try:

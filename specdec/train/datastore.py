@@ -1,7 +1,7 @@
 """`python -m specdec.train datastore`: a datastore for suffix decoding, from the replies in distillation shards.
 
 The shards of `python -m specdec.train data` (distill.py) hold replies the target wrote itself. This reads
-every shard its manifest lists and that checks out (sha256, shapes, ids: distill.read_shard; a run still going
+every shard its manifest lists and that checks out (sha256, shapes, ids: shards.read_shard; a run still going
 is read as far as its whole shards go), takes the replies in row order up to --max-tokens, and writes the
 datastore (drafters/datastore.py: the replies end to end and their backward order) with a card saying where
 they came from. Paths are recorded by their last part only, so a card can be committed as it is.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..drafters.datastore import SEPARATOR, Datastore
 from ..drafters.heads import model_fingerprint
-from .distill import MANIFEST, read_manifest, read_shard, split_rows
+from .shards import MANIFEST, read_manifest, read_shard, split_rows
 
 
 def shard_replies(

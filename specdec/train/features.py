@@ -7,7 +7,7 @@ token per layer (SmolLM2-135M: 576 x 2 bytes = 1.2 kB in float16, 230 MB per
 layer for 200,000 tokens); recomputing them is one teacher-forced pass over
 prompt + reply, every token of a row in one matrix product per layer, many
 times cheaper per token than the decoding that wrote the reply. So the shards
-(distill.py) keep tokens and top-k labels, and this file gives the features.
+(shards.py) keep tokens and top-k labels, and this file gives the features.
 
 Layer numbering as Hugging Face's `output_hidden_states`: state 0 is the token
 embeddings (plus GPT-2's position embeddings), state l the residual stream after

@@ -4,7 +4,7 @@
         --vocab-top 8192 --epochs 4
 
 What it does, in order:
-1. Reads the shards (distill.load_distill_data: every shard's checksum checked) and
+1. Reads the shards (shards.load_distill_data: every shard's checksum checked) and
    splits the rows by request: a request's rows are all held out or all trained on
    (rows.held_out_rows), so the held-out figures are on requests the head never saw.
 2. The draft vocabulary (FR-Spec, Zhao et al., arXiv 2502.14856): the --vocab-top
@@ -46,7 +46,7 @@ from ..checkpoints.registry import shipped_heads
 from ..drafters import eagle, eagle_grad
 from ..drafters.heads import DraftVocab, head_cross_entropy, model_fingerprint, save_heads, smooth_l1, top_tokens
 from ..model.base import CausalLM
-from .distill import load_distill_data
+from .shards import load_distill_data
 from .draft_model import DraftKind
 from .eagle_llama import LlamaEagleKind
 from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, read_init, take_step

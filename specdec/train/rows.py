@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..drafters.heads import DraftVocab
-from .distill import DistillData
+from .shards import DistillData
 
 F32 = np.float32
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from .. import safe_io
 from ..drafters.heads import model_fingerprint
 from ..model.base import CausalLM
-from .distill import DistillData
+from .shards import DistillData
 from .features import hidden_states
 
 F32 = np.float32

@@ -11,7 +11,8 @@ from test_distill import POOL, SETTINGS, chat_model
 
 from specdec.drafters.datastore import CARD, SEPARATOR, Datastore
 from specdec.train.cli import main
-from specdec.train.distill import load_distill_data, make_data
+from specdec.train.distill import make_data
+from specdec.train.shards import load_distill_data
 
 
 @pytest.fixture(scope="module")

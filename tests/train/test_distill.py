@@ -17,7 +17,8 @@ from specdec.model.llama import LlamaHParams, random_llama
 from specdec.model.tokenizer import byte_decoder, gguf_encoding
 from specdec.sampling import SamplingParams, probabilities
 from specdec.train.cli import main
-from specdec.train.distill import MANIFEST, load_distill_data, make_data, read_shard
+from specdec.train.distill import make_data
+from specdec.train.shards import MANIFEST, load_distill_data, read_shard
 from specdec.train.requests import (
     RequestPool,
     build_requests,

@@ -33,7 +33,8 @@ from specdec.train import draft_model as dm
 from specdec.train import heads_train as ht
 from specdec.train import rows as tr
 from specdec.train.cli import main
-from specdec.train.distill import load_distill_data, make_data
+from specdec.train.distill import make_data
+from specdec.train.shards import load_distill_data
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from specdec.train import heads_train as ht
 from specdec.train import rows as tr
 from specdec.train import ship
 from specdec.train.cli import main
-from specdec.train.distill import load_distill_data, make_data
+from specdec.train.distill import make_data
+from specdec.train.shards import load_distill_data
 from specdec.train.features import hidden_states
 
 from test_distill import POOL, SETTINGS, chat_model

@@ -16,7 +16,8 @@ from test_made_elsewhere import made_elsewhere
 
 from specdec.train import adopt, states
 from specdec.train.adopt import MADE, adopt_shards
-from specdec.train.distill import MANIFEST, load_distill_data, make_data
+from specdec.train.distill import make_data
+from specdec.train.shards import MANIFEST, load_distill_data
 
 PAGEMAP = Path("/proc/self/pagemap")
 

@@ -12,7 +12,8 @@ import pytest
 from test_distill import POOL, SETTINGS, chat_model, shard_bytes
 
 from specdec.train.adopt import MADE, adopt_shards, made_record
-from specdec.train.distill import MANIFEST, load_distill_data, make_data
+from specdec.train.distill import make_data
+from specdec.train.shards import MANIFEST, load_distill_data
 
 
 def made_elsewhere(whole: Path, new: Path, indices: list[int], settings: dict | None = None) -> None:
