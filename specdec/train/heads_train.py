@@ -19,7 +19,7 @@ What it does, in order:
 5. Batches of whole rows of similar length (rows.row_batches, at most --batch-tokens
    positions each, right-padded; causal attention means padding at the end of a
    row changes nothing before it), shuffled per epoch; AdamW with a warm-up and a
-   cosine decay; a checkpoint every --save-every steps (loop.save_checkpoint,
+   cosine decay; a checkpoint every --save-every steps (resume.save_checkpoint,
    written as one pair), so --resume continues.
 6. Held-out teacher-forced top-1/top-5 before and after (rows.held_out_accuracy), then the head file
    (heads.save_heads) with a card's worth of config: the data, the steps, the
@@ -49,7 +49,8 @@ from ..model.base import CausalLM
 from .shards import load_distill_data
 from .draft_model import DraftKind
 from .eagle_llama import LlamaEagleKind
-from .loop import LOCK_FILE, _check_finite_weights, read_checkpoint, read_init, take_step
+from .loop import LOCK_FILE, _check_finite_weights, take_step
+from .resume import read_checkpoint, read_init
 from .optim import AdamW
 from .rows import HeadBatch, held_out_accuracy, held_out_rows, make_batch, row_batches
 from .states import row_states
