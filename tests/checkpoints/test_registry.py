@@ -10,7 +10,7 @@ from conftest import tiny_model, write_checkpoint
 from test_gguf import tiny_llama_gguf
 
 from specdec.checkpoints import gguf, names, registry, store
-from specdec.checkpoints.gguf import GGUFFile
+from specdec.checkpoints.gguf_file import GGUFFile
 from specdec.checkpoints.hub import resolve_model
 from specdec.checkpoints.load import load_model
 from specdec.model.llama import LlamaHParams, random_llama

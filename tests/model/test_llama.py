@@ -12,7 +12,8 @@ from helpers import BROKEN_RULES, chi_square_passes, sample_many
 
 import specdec.verify as verify
 from specdec import autoregressive_sample, speculative_sample
-from specdec.checkpoints.gguf import GGUFFile, load_gguf, unpermute_rows
+from specdec.checkpoints.gguf import load_gguf, unpermute_rows
+from specdec.checkpoints.gguf_file import GGUFFile
 from specdec.model.llama import LlamaHParams, grouped_attention, random_llama, rms_norm, silu
 from specdec.model.tokenizer import chat_prompt
 from specdec.interfaces import Proposal
