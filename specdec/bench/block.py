@@ -26,7 +26,6 @@ numbers, not a test.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -101,12 +100,7 @@ def measure(target, draft, prompts, n_tokens: int, K: int, params: SamplingParam
 
 
 def main(argv=None) -> list[dict]:
-    p = flags.Parser(
-        prog="python -m specdec.bench --only block",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = flags.documented("python -m specdec.bench --only block", __doc__)
     p.add_argument(
         "--models",
         default="family,smollm2-135m",

@@ -26,7 +26,6 @@ Commands:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -115,12 +114,7 @@ def costs_of(target: CausalLM, drafters: dict, K: int, context: list[int]) -> tu
 
 
 def main(argv=None) -> dict:
-    p = flags.Parser(
-        prog="python -m specdec.bench --only family",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = flags.documented("python -m specdec.bench --only family", __doc__)
     p.add_argument("--prompts", type=int, default=32, help="held-out prompts (default 32, at most 64)")
     p.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (default 64)")
     p.add_argument("--K", type=int, default=4, help="draft tokens per round (default 4)")

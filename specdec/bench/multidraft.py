@@ -36,7 +36,6 @@ replacement only when the rows keep at most 16 tokens). A script that prints num
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -222,12 +221,7 @@ def print_tree_tables(target, draft, label: str, draft_label: str, prompts, args
 
 
 def main(argv=None) -> list[dict]:
-    ap = flags.Parser(
-        prog="python -m specdec.bench --only multidraft",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = flags.documented("python -m specdec.bench --only multidraft", __doc__)
     ap.add_argument(
         "--models",
         default="family,smollm2-135m",

@@ -21,7 +21,6 @@ Sections (`python -m specdec.bench --only tree-r,tree-tau`):
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -172,12 +171,7 @@ def tree_setting(text: str):
 
 
 def main(argv=None) -> dict:
-    p = flags.Parser(
-        prog="python -m specdec.bench --only tree-r|tree-tau",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 2)[2],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = flags.documented("python -m specdec.bench --only tree-r|tree-tau", __doc__, 2)
     p.add_argument("--only", default="r", help=f"sections, from {','.join(SECTIONS)} (default r)")
     p.add_argument("--sizes", default="124M,355M", help="r: GPT-2 shapes (default 124M,355M)")
     p.add_argument("--repeats", type=int, default=15, help="r: timed repeats per pass (default 15)")

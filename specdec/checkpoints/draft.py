@@ -42,7 +42,7 @@ from ..model.base import CausalLM
 from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
 from ..model.restricted import RestrictedLlama
 from .fingerprint import model_fingerprint
-from .pairs import open_weights, show, write_pair
+from .pairs import open_weights, read_record, show, write_pair
 from .safetensors import CheckpointError, index_safetensors, read_safetensors
 
 NAME = "smollm2-draft"  # the name load_model, --draft and `specdec cache` know it by
@@ -162,12 +162,8 @@ def load_draft(target: CausalLM, folder=FOLDER, name: str = NAME) -> Llama:
     folder = Path(folder).expanduser()
     config_path = folder / CONFIG_FILE
     retrain = f"train it with: {train_command(folder)}"
-    try:
-        config = safe_io.read_json(config_path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{folder}: no trained draft here (no {CONFIG_FILE}); {retrain}") from None
-    except (ValueError, OSError) as e:  # safe_io.Refused: a FIFO, a link to a device, too large, not an object...
-        raise CheckpointError(f"{config_path}: {e}; {retrain}") from e
+    missing = f"{folder}: no trained draft here (no {CONFIG_FILE}); {retrain}"
+    config = read_record(config_path, missing, CheckpointError, f"; {retrain}")
 
     def bad(what: str) -> CheckpointError:
         return CheckpointError(f"{config_path}: {what}; {retrain}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -49,6 +50,17 @@ def write_pair(
         if old != weights and old.is_file():
             old.unlink()
     return weights
+
+
+def read_record(path: Path, missing: str, error: Callable[[str], Exception] = ValueError, fix: str = "") -> dict:
+    """A pair's JSON file, read by the one reader (safe_io): raises error(missing) when there is no such file, and
+    error(f"{path}: {what is wrong}{fix}") when it is not a readable JSON object."""
+    try:
+        return safe_io.read_json(path)
+    except FileNotFoundError:
+        raise error(missing) from None
+    except (ValueError, OSError) as e:  # safe_io.Refused: a FIFO, a link to a device, too large, not an object...
+        raise error(f"{path}: {e}{fix}") from e
 
 
 def open_weights(folder: Path, meta: dict, stem: str, max_bytes: int | None = None) -> tuple[Path, BinaryIO]:

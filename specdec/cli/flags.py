@@ -67,6 +67,18 @@ class Parser(argparse.ArgumentParser):
         return out, typed
 
 
+def documented(prog: str, doc: str, epilog_from: int = 1) -> Parser:
+    """A Parser whose --help is a module's docstring: its first paragraph the description, the paragraphs from
+    `epilog_from` on the epilog, laid out as written."""
+    paragraphs = doc.split("\n\n")
+    return Parser(
+        prog=prog,
+        description=paragraphs[0],
+        epilog="\n\n".join(paragraphs[epilog_from:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def given(args: argparse.Namespace) -> set[str]:
     """The dests of the flags the user typed (empty for a namespace not made by Parser)."""
     return set(getattr(args, "_given", set()))

@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import safe_io
 from ..checkpoints.fingerprint import FINGERPRINT, FINGERPRINT_SAMPLES, model_fingerprint  # noqa: F401 (re-exported)
-from ..checkpoints.pairs import open_weights, show, write_pair
+from ..checkpoints.pairs import open_weights, read_record, show, write_pair
 from ..checkpoints.safetensors import CheckpointError, read_safetensors
 from ..model.attention import softmax
 from ..model.base import CausalLM
@@ -193,12 +192,7 @@ def load_heads(folder, kind: str, target: CausalLM, param_shapes) -> tuple[dict,
     folder = Path(folder).expanduser()
     config_path = folder / CONFIG_FILE
     retrain = f"train heads with: python -m specdec.train {kind} --model MODEL --tokens N --out {folder}"
-    try:
-        config = safe_io.read_json(config_path)
-    except FileNotFoundError:
-        raise HeadFileError(f"{folder}: no trained heads here (no {CONFIG_FILE}); {retrain}") from None
-    except ValueError as e:  # safe_io.Refused: a FIFO, a link to a device, too large, not a JSON object...
-        raise HeadFileError(f"{config_path}: {e}") from e
+    config = read_record(config_path, f"{folder}: no trained heads here (no {CONFIG_FILE}); {retrain}", HeadFileError)
 
     def bad(what: str):
         return HeadFileError(f"{config_path}: {what}; {retrain}")

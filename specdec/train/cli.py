@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import safe_io
@@ -204,6 +205,16 @@ def read_text_file(path: str, flag: str) -> str:
         raise ValueError(f"{flag} {path}: {e}") from None
 
 
+def timed_log(quiet: bool) -> Callable[[str], None]:
+    """Progress lines on standard error, each stamped with the time of day; none when quiet."""
+
+    def log(line: str) -> None:
+        if not quiet:
+            print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+    return log
+
+
 def layer_list(text: str) -> list[int]:
     """--layers "0,15" -> [0, 15]."""
     try:
@@ -312,11 +323,7 @@ def datastore_main(argv) -> int:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
-
-    def log(line: str) -> None:
-        if not args.quiet:
-            print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
-
+    log = timed_log(args.quiet)
     try:
         from ..checkpoints.load import load_model
         from .datastore import make_datastore, portable_command
@@ -355,11 +362,7 @@ def data_main(argv) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
-
-    def log(line: str) -> None:
-        if not args.quiet:
-            print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
-
+    log = timed_log(args.quiet)
     try:
         from ..checkpoints.load import load_model
         from .distill import check_data_settings, make_data

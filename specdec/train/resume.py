@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import safe_io
-from ..checkpoints.pairs import open_weights, show, write_pair
+from ..checkpoints.pairs import open_weights, read_record, show, write_pair
 from ..checkpoints.safetensors import read_safetensors
 from .optim import AdamW
 
@@ -39,7 +38,8 @@ def read_checkpoint(
     parameters' (the moments have the same)."""
     path = out / CHECKPOINT_FILE
     fix = "run without --resume to start over (or use another --out)"
-    saved = _read_record("--resume", path, f"no checkpoint in {out}; run without --resume to start", fix)
+    missing = f"--resume: no checkpoint in {out}; run without --resume to start"
+    saved = read_record(path, missing, lambda what: ValueError(f"--resume: {what}"), f"; {fix}")
     differ = [k for k in settings if saved.get(k) != settings[k]]
     if differ:
         raise ValueError(
@@ -65,7 +65,8 @@ def read_init(folder: Path, settings: dict, shapes: dict[str, tuple[int, ...]]) 
     trained on there); every part is checked, ValueError naming the file otherwise."""
     path = folder / CHECKPOINT_FILE
     fix = "give the --out folder of a finished or checkpointed training run"
-    saved = _read_record("--init", path, f"no checkpoint in {folder} ({CHECKPOINT_FILE}); {fix}", fix)
+    missing = f"--init: no checkpoint in {folder} ({CHECKPOINT_FILE}); {fix}"
+    saved = read_record(path, missing, lambda what: ValueError(f"--init: {what}"), f"; {fix}")
     differ = [k for k in ("kind", "model_fingerprint", "config", "held_out") if saved.get(k) != settings.get(k)]
     if differ:
         raise ValueError(
@@ -92,13 +93,3 @@ def _checked_tensors(flag: str, folder: Path, saved: dict, expected: dict[str, t
         if not np.isfinite(tensors[name]).all():
             raise ValueError(f"{flag}: {weights}: tensor {name!r} holds NaN or infinite values; {fix}")
     return tensors
-
-
-def _read_record(flag: str, path: Path, missing: str, fix: str) -> dict:
-    """checkpoint.json's record; ValueError starting with the flag: `missing` when there is none, else what is wrong."""
-    try:
-        return safe_io.read_json(path)
-    except FileNotFoundError:
-        raise ValueError(f"{flag}: {missing}") from None
-    except ValueError as e:
-        raise ValueError(f"{flag}: {path}: {e}; {fix}") from e
