@@ -19,6 +19,7 @@ order would make tiktoken tokenize differently from the original BPE.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -76,17 +77,25 @@ def _load_tokenizer(vocab_path: str, merges_path: str) -> tiktoken.Encoding:
     eot_id, ranks = _check_vocab(vocab, vocab_path)
     _check_merges(vocab, merges, vocab_path, merges_path)
     special = {ENDOFTEXT: eot_id} if eot_id is not None else {}
-    try:
-        return tiktoken.Encoding(
+    return _built(
+        lambda: tiktoken.Encoding(
             name=f"gpt2-from-{Path(vocab_path).parent.name}",
             pat_str=GPT2_PATTERN,
             mergeable_ranks=ranks,
             special_tokens=special,
-        )
+        ),
+        vocab_path,
+    )
+
+
+def _built(make: Callable[[], tiktoken.Encoding], source) -> tiktoken.Encoding:
+    """make(), with tiktoken refusing the vocabulary turned into one ValueError naming the file it came from."""
+    try:
+        return make()
     except BaseException as e:  # noqa: B036 (tiktoken's Rust panics are BaseExceptions)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        raise ValueError(f"{vocab_path}: tiktoken refused this vocabulary ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{source}: tiktoken refused this vocabulary ({type(e).__name__}: {e})") from None
 
 
 def _check_vocab(vocab, vocab_path: str) -> tuple[int | None, dict[bytes, int]]:
@@ -242,18 +251,16 @@ def byte_level_bpe(
                 "earlier tokens: ids are out of merge order, so tiktoken would tokenize differently"
             )
     missing = frozenset(b for b in range(256) if bytes([b]) not in ranks)
-    try:
-        return ByteLevelEncoding(
+    return _built(
+        lambda: ByteLevelEncoding(
             name=f"bpe-{pre}",
             pat_str=PRE_TOKENIZERS[pre],
             mergeable_ranks=ranks,
             special_tokens=special,
             missing_bytes=missing,
-        )
-    except BaseException as e:  # noqa: B036 (tiktoken's Rust panics are BaseExceptions)
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise ValueError(f"{source}: tiktoken refused this vocabulary ({type(e).__name__}: {e})") from None
+        ),
+        source,
+    )
 
 
 def gguf_encoding(metadata: dict, source) -> ByteLevelEncoding:
