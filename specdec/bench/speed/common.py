@@ -110,6 +110,12 @@ class Bench:
             )
         return self.models[size]
 
+    def smallest_with_prompt(self) -> tuple[str, GPT2, list[int]]:
+        """(the first --sizes entry, its model, an 8-token random prompt for it): what the decoding sections run."""
+        size = self.args.sizes[0]
+        model = self.model(size)
+        return size, model, [int(t) for t in self.rng.integers(0, model.n_vocab, 8)]
+
     def say(self, line: str) -> None:
         print(line, file=self.out)
         self.out.flush()

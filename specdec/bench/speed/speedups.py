@@ -92,10 +92,8 @@ def section_predict(bench: Bench) -> None:
 
 
 def section_drafters(bench: Bench) -> None:
-    size = bench.args.sizes[0]
-    model = bench.model(size)
+    size, model, prompt = bench.smallest_with_prompt()
     n = bench.args.drafter_tokens
-    prompt = [int(t) for t in bench.rng.integers(0, model.n_vocab, 8)]
     early = max(1, model.n_layer // 4)  # 3 of 12 layers for 124M
     runs = {
         "autoregressive": lambda: autoregressive_sample(model, prompt, n),
@@ -270,10 +268,8 @@ def section_costcheck(bench: Bench) -> None:
 
 
 def section_overhead(bench: Bench) -> None:
-    size = bench.args.sizes[0]
-    model = bench.model(size)
+    size, model, prompt = bench.smallest_with_prompt()
     n = bench.args.overhead_tokens
-    prompt = [int(t) for t in bench.rng.integers(0, model.n_vocab, 8)]
     in_forward = [0.0]
     forward = model.forward  # the bound method
 
