@@ -133,21 +133,10 @@ def load_gguf(path: str | Path, name: str | None = None, file: BinaryIO | None =
         )
     kv = h.n_kv_head * h.d_head
     expected = {"token_embd.weight": (h.n_vocab, h.n_embd), "output_norm.weight": (h.n_embd,)}
+    block = LlamaBlock.checkpoint_shapes(h)  # {name: shape} of one block's nine tensors
     for i in range(h.n_layer):
         p = f"blk.{i}."
-        expected.update(
-            {
-                p + "attn_norm.weight": (h.n_embd,),
-                p + "attn_q.weight": (h.n_embd, h.n_embd),
-                p + "attn_k.weight": (kv, h.n_embd),
-                p + "attn_v.weight": (kv, h.n_embd),
-                p + "attn_output.weight": (h.n_embd, h.n_embd),
-                p + "ffn_norm.weight": (h.n_embd,),
-                p + "ffn_gate.weight": (h.n_ff, h.n_embd),
-                p + "ffn_up.weight": (h.n_ff, h.n_embd),
-                p + "ffn_down.weight": (h.n_embd, h.n_ff),
-            }
-        )
+        expected.update({f"{p}{name}.weight": shape for name, shape in block.items()})
         if spec.qkv_bias:
             expected.update({p + "attn_q.bias": (h.n_embd,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)})
     if "output.weight" in f.tensors:

@@ -147,18 +147,7 @@ def read_llama_config(config_path: Path) -> tuple[LlamaHParams, bool]:
 
 def expected_shapes(h: LlamaHParams, tied: bool) -> dict[str, tuple[int, ...]]:
     """Every Hugging Face tensor name of a Llama with these hyperparameters, and its shape."""
-    e, kv = h.n_embd, h.n_kv_head * h.d_head
-    block = {
-        "attn_norm": (e,),
-        "attn_q": (e, e),
-        "attn_k": (kv, e),
-        "attn_v": (kv, e),
-        "attn_output": (e, e),
-        "ffn_norm": (e,),
-        "ffn_gate": (h.n_ff, e),
-        "ffn_up": (h.n_ff, e),
-        "ffn_down": (e, h.n_ff),
-    }
+    e, block = h.n_embd, LlamaBlock.checkpoint_shapes(h)  # Hugging Face stores each matrix as GGUF does, [n_out, n_in]
     shapes = {"model.embed_tokens.weight": (h.n_vocab, e), "model.norm.weight": (e,)}
     for i in range(h.n_layer):
         shapes.update({f"model.layers.{i}.{BLOCK_KEYS[field]}": shape for field, shape in block.items()})
