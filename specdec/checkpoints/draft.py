@@ -42,7 +42,7 @@ from ..model.base import CausalLM
 from ..model.llama import Llama, LlamaBlock, LlamaHParams, LlamaWeights
 from ..model.restricted import RestrictedLlama
 from .fingerprint import model_fingerprint
-from .pairs import open_weights, read_record, show, write_pair
+from .pairs import open_weights, read_record, show, tensors_problem, write_pair
 from .safetensors import CheckpointError, index_safetensors, read_safetensors
 
 NAME = "smollm2-draft"  # the name load_model, --draft and `specdec cache` know it by
@@ -212,23 +212,12 @@ def load_draft(target: CausalLM, folder=FOLDER, name: str = NAME) -> Llama:
     except (CheckpointError, OSError) as e:
         raise bad(f"{weights_path.name} is not a readable safetensors file") from e
     shapes = param_shapes(n_embd=target.n_embd, **shape)
-    missing, unexpected = sorted(shapes.keys() - tensors.keys()), sorted(tensors.keys() - shapes.keys())
-    if missing or unexpected:
-        raise bad(
-            f"{weights_path.name}: tensor {missing[0]!r} is missing"
-            if missing
-            else f"{weights_path.name}: unexpected tensor {show(unexpected[0])}"
-        )
-    for tensor, want in shapes.items():
+    problem = tensors_problem(tensors, shapes, f"{CONFIG_FILE} implies")
+    if problem:
+        raise bad(f"{weights_path.name}: {problem}")
+    for tensor in shapes:
         if stored[tensor] != "F16":
             raise bad(f"{weights_path.name}: tensor {tensor!r} is stored as {stored[tensor]}, not F16")
-        if tensors[tensor].shape != want:
-            raise bad(
-                f"{weights_path.name}: tensor {tensor!r} has shape {tensors[tensor].shape}, {CONFIG_FILE} "
-                f"implies {want}"
-            )
-        if not np.isfinite(tensors[tensor]).all():
-            raise bad(f"{weights_path.name}: tensor {tensor!r} holds NaN or infinite values")
     return build_draft(
         target, shape, {k: np.ascontiguousarray(v, dtype=F32) for k, v in tensors.items()}, vocab_ids, name
     )

@@ -93,6 +93,23 @@ def open_weights(folder: Path, meta: dict, stem: str, max_bytes: int | None = No
     return path, file
 
 
+def tensors_problem(tensors: dict[str, np.ndarray], expected: dict[str, tuple[int, ...]], implied: str) -> str | None:
+    """What is first wrong with a pair's tensors against `expected` ({name: shape}), or None: a tensor missing,
+    one not expected, a shape other than the one `implied` names the source of ("heads.json implies"), values
+    that are not finite."""
+    missing, unexpected = sorted(expected.keys() - tensors.keys()), sorted(tensors.keys() - expected.keys())
+    if missing:
+        return f"tensor {missing[0]!r} is missing"
+    if unexpected:
+        return f"unexpected tensor {show(unexpected[0])}"
+    for name, shape in expected.items():
+        if tensors[name].shape != shape:
+            return f"tensor {name!r} has shape {tensors[name].shape}, {implied} {shape}"
+        if not np.isfinite(tensors[name]).all():
+            return f"tensor {name!r} holds NaN or infinite values"
+    return None
+
+
 def show(value, limit: int = 60) -> str:
     """A value read from a file, for a message: repr() escapes control characters (no raw escape sequence
     reaches the terminal), and the length is capped."""

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoints.fingerprint import FINGERPRINT, FINGERPRINT_SAMPLES, model_fingerprint  # noqa: F401 (re-exported)
-from ..checkpoints.pairs import open_weights, read_record, show, write_pair
+from ..checkpoints.pairs import open_weights, read_record, show, tensors_problem, write_pair
 from ..checkpoints.safetensors import CheckpointError, read_safetensors
 from ..model.attention import softmax
 from ..model.base import CausalLM
@@ -243,19 +243,9 @@ def load_heads(folder, kind: str, target: CausalLM, param_shapes) -> tuple[dict,
     shapes = param_shapes(n_heads, target.n_embd)
     if draft_vocab < target.n_vocab:
         shapes["vocab_ids"] = (draft_vocab,)
-    missing, unexpected = sorted(shapes.keys() - tensors.keys()), sorted(tensors.keys() - shapes.keys())
-    if missing:
-        raise HeadFileError(f"{weights_path}: tensor {missing[0]!r} is missing; {retrain}")
-    if unexpected:
-        raise HeadFileError(f"{weights_path}: unexpected tensor {show(unexpected[0])}; {retrain}")
-    for tensor, shape in shapes.items():
-        if tensors[tensor].shape != shape:
-            raise HeadFileError(
-                f"{weights_path}: tensor {tensor!r} has shape {tensors[tensor].shape}, "
-                f"{CONFIG_FILE} and the target imply {shape}; {retrain}"
-            )
-        if not np.isfinite(tensors[tensor]).all():
-            raise HeadFileError(f"{weights_path}: tensor {tensor!r} holds NaN or infinite values; {retrain}")
+    problem = tensors_problem(tensors, shapes, f"{CONFIG_FILE} and the target imply")
+    if problem:
+        raise HeadFileError(f"{weights_path}: {problem}; {retrain}")
     ids = tensors.pop("vocab_ids", None)
     if ids is not None:
         whole = ids == np.round(ids)
