@@ -167,7 +167,7 @@ def setup(target: CausalLM, draft, prompt, n_tokens: int, config: Config, reques
     if c.tree is not None:
         check_tree(c, drafter, target)
     run = Setup(target, drafter, request, c)
-    sizes_itself = hasattr(drafter, "r")  # suffix decoding prices each round's size by the target's r(m)
+    sizes_itself = getattr(drafter, "r", 0) is None  # suffix decoding without an r(m) of its own: the target's
     if drafter is not None and (costs or sizes_itself or "auto" in (c.K, c.draft_confidence)):
         run.costs = costs_for(target, draft, drafter, request.prompt, widest_pass(c), say)
     if sizes_itself:

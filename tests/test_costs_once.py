@@ -63,3 +63,19 @@ def test_a_wider_pass_than_was_timed_is_timed_then(counted):
     speculative_sample(target, "ngram", [1, 2, 1, 2], 8, K="auto", k_max=4)
     speculative_sample(target, "ngram", [1, 2, 1, 2], 8, K="auto", k_max=8)  # r(9) was never timed
     assert len(counted) == 2
+
+
+def test_suffix_decoding_is_timed_only_without_an_r_of_its_own(counted):
+    """A suffix drafter sizes its rounds by r(m): "suffix" (no r) times the target once per process; a drafter
+    given its r keeps it and times nothing, however many drafter objects a caller makes (one per run, say)."""
+    from specdec.drafters.suffix import SuffixDrafter
+
+    target, flat = tiny_model(seed=1), [1.0 + 0.01 * m for m in range(40)]
+    for _ in range(3):
+        drafter = SuffixDrafter(target.n_vocab, r=flat)
+        speculative_sample(target, drafter, [1, 2, 1, 2, 1, 2], 8, temperature=0)
+        assert drafter.r is flat
+    assert counted == []
+    for _ in range(2):
+        speculative_sample(target, "suffix:none", [1, 2, 1, 2, 1, 2], 8, temperature=0)
+    assert len(counted) == 1

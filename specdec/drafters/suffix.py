@@ -215,7 +215,7 @@ class SuffixDrafter:
     and never reads the outputs of runs with the same prompt (a repeat of one request would otherwise
     copy its own earlier answer: a cache hit in a server, not a measurement). datastore: datastore.Datastore.
     r: the target's verification curve the size is priced with (a list r[m-1], {m: r(m)} or a function;
-    default costmodel.SMOLLM2_CPU_R); set it to measured costs (`drafter.r = costs.r`). cap: the most
+    None: a run sets the target's, timed once per process, and SMOLLM2_CPU_R prices rounds until then). cap: the most
     tokens a round drafts, also bounded by the round's k (chain depth) and nodes (tree size).
     """
 
@@ -244,13 +244,14 @@ class SuffixDrafter:
 
     @property
     def r(self):
-        """The verification curve rounds are priced with (setting it reads r(1) .. r(K_LIMIT + 1) once)."""
+        """The verification curve rounds are priced with; None until given, when SMOLLM2_CPU_R prices them (and a
+        run times the target's: config.setup). Setting it reads r(1) .. r(K_LIMIT + 1) once."""
         return self._r
 
     @r.setter
     def r(self, r) -> None:
-        self._r = SMOLLM2_CPU_R if r is None else r
-        self._r_values = curve_values(self._r, K_LIMIT + 1)  # [K_LIMIT + 1] r(1) ..
+        self._r = r
+        self._r_values = curve_values(SMOLLM2_CPU_R if r is None else r, K_LIMIT + 1)  # [K_LIMIT + 1] r(1) ..
 
     def fresh(self) -> SuffixDrafter:
         """A drafter for another sequence (a batch gives each row one): the same earlier outputs and datastore."""

@@ -246,9 +246,12 @@ def ngrams(text: str, n: int = OVERLAP_N) -> set[tuple[str, ...]]:
 
 
 def eval_texts() -> list[str]:
-    """Every evaluation text: the prompt suite's prompts and the stdlib family's held-out prompts."""
-    suite = json.loads(resources.files("specdec.bench").joinpath("prompts.json").read_text(encoding="utf-8"))
-    texts = [p for category in suite["categories"].values() for p in category["prompts"]]
+    """Every evaluation text: the prompt suites' prompts (prompts.json, chat_tasks.json) and the stdlib family's
+    held-out prompts."""
+    texts = []
+    for name in ("prompts.json", "chat_tasks.json"):
+        suite = json.loads(resources.files("specdec.bench").joinpath(name).read_text(encoding="utf-8"))
+        texts += [p for category in suite["categories"].values() for p in category["prompts"]]
     family = json.loads(resources.files("specdec.checkpoints").joinpath("weights/prompts.json").read_text("utf-8"))
     return texts + [p["text"] for p in family]
 

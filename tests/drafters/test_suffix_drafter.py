@@ -21,7 +21,6 @@ from helpers import (
 
 import specdec.verify as verify
 from specdec import LookupFirst, SuffixDrafter, autoregressive_sample, load_model, speculative_sample
-from specdec.costmodel import SMOLLM2_CPU_R
 from specdec.drafters import EarlyExitDrafter, make_drafter
 from specdec.drafters.datastore import Datastore, DatastoreFileError
 from specdec.drafters.suffix import EARLIER_CAPACITY
@@ -141,7 +140,7 @@ def test_draft_specs_build_it_alone_and_first_in_a_cascade(tmp_path):
     target = tiny_model(seed=1)
     drafter = make_drafter("suffix", target)
     assert isinstance(drafter, SuffixDrafter) and drafter.datastore is None and drafter.earlier is not None
-    assert drafter.earlier.capacity == EARLIER_CAPACITY and drafter.r == SMOLLM2_CPU_R and drafter.calls == 0
+    assert drafter.earlier.capacity == EARLIER_CAPACITY and drafter.r is None and drafter.calls == 0
     assert drafter.fresh().earlier is drafter.earlier  # a batch's rows share it
     cascade = make_drafter("suffix+early_exit:1", target)
     assert isinstance(cascade, LookupFirst) and isinstance(cascade.lookup, SuffixDrafter)
@@ -282,7 +281,7 @@ def test_sampling_with_suffix_decoding_keeps_the_target_distribution_full(exact_
     ok, stat, df = chi_square_passes(sample_many(run, 10_000), exact_t1)
     assert ok, f"chi2={stat:.1f} df={df}"
     assert proposed["text"] + proposed["earlier"] > 8000 and proposed["earlier"] > 100, proposed
-    assert (proposed["branched"] > 5000) == (tree is not None)
+    assert (proposed["branched"] > 2000) == (tree is not None)  # about a third of tree runs branch
     broken = sampled_run(lambda: SmoothedQ(6, earlier=store, r=flat), tree, verification)
     ok, stat, df = chi_square_passes(sample_many(broken, N_BROKEN), exact_t1)
     assert not ok, f"the drafter misreporting q passed (chi2={stat:.1f}, df={df})"

@@ -198,6 +198,30 @@ def test_whole_passes_decide_between_openblas_s_plan_and_the_rules(monkeypatch):
     assert kernels.PLANS == {}, "confirm leaves no plan behind"
 
 
+def test_openblas_s_threads_must_win_clearly(monkeypatch):
+    """A bucket where OpenBLAS's passes are faster by less than CONFIRM_MARGIN keeps the rules (the workers,
+    which a busy machine slows in proportion); one where they are faster by more takes OpenBLAS's plan."""
+    model = split_llama(monkeypatch)
+    linears = tuning.linears_of(model.weights)
+    now = [0.0]
+
+    class Cache:
+        def rollback(self, n):
+            pass
+
+    def fake_forward(tokens, cache):  # workers 1.0 a pass; OpenBLAS 0.9 (10% faster) for 2 tokens, 0.5 for 3
+        path, m = kernels.path_of(linears[0], len(tokens)), len(tokens)
+        now[0] += 1.0 if path == "workers" else {2: 0.9, 3: 0.5}.get(m, 1.0)
+
+    monkeypatch.setattr(model, "forward", fake_forward)
+    monkeypatch.setattr(model, "new_cache", Cache)
+    measured = {kernels.shape_key(lin): ["blas"] * len(M_BUCKETS) for lin in linears}
+    kept = tuning.confirm(model, linears, measured, repeats=3, clock=lambda: now[0])
+    plan = next(iter(kept.values()))
+    assert plan[M_BUCKETS.index(2)] == "workers" and plan[M_BUCKETS.index(3)] == "blas"
+    assert tuning.CONFIRM_MARGIN > 1.1
+
+
 @needs_blas
 def test_a_model_loaded_later_keeps_the_plans_of_shapes_already_known(monkeypatch, tmp_path):
     model = split_llama(monkeypatch)
