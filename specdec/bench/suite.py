@@ -37,6 +37,7 @@ from typing import Callable, TextIO
 from ..cli import flags
 from .. import safe_io
 from ..autoregressive import autoregressive_sample
+from ..config import parse_k
 from ..drafters import make_drafter
 from ..drafters.specs import parse_draft
 from ..costmodel import confidence_bar
@@ -69,6 +70,7 @@ class Tally:
     judged: int = 0
     prompts: int = 0
     by_position: list[list[int]] = field(default_factory=list)  # [i] = [accepted, judged] of draft position i + 1
+    lengths: list[int] = field(default_factory=lambda: [0] * len(LENGTH_BINS))  # rounds by drafts accepted, binned
 
     def add(self, repeat: int, ar_seconds: float, ar_tokens: int, spec_seconds: float, result) -> None:
         while len(self.ar_seconds) <= repeat:
@@ -86,6 +88,7 @@ class Tally:
         self.judged += sum(result.judged)
         self.prompts += 1
         for accepted, judged in zip(result.accepted_per_round, result.judged):
+            self.lengths[length_bin(accepted)] += 1
             while len(self.by_position) < judged:
                 self.by_position.append([0, 0])
             for i in range(judged):  # draft i + 1 was judged; accepted when i < accepted
@@ -110,9 +113,21 @@ class Tally:
             "prompts": self.prompts,
             "tokens": self.tokens,
             "acceptance_by_position": [ratio(a, j) for a, j in self.by_position],
+            "accepted_per_round": dict(zip(LENGTH_LABELS, self.lengths)),  # rounds by drafts accepted in them
             "ar_seconds": statistics.median(self.ar_seconds) if self.ar_seconds else math.nan,
             "spec_seconds": statistics.median(self.spec_seconds) if self.spec_seconds else math.nan,
         }
+
+
+# The acceptance-length histogram's bins: rounds that kept 0, 1, 2-3, 4-7, 8-15, 16-31 or 32+ drafts (a suffix
+# drafter's long copies land in the last bins, a K=4 chain's never pass the fourth).
+LENGTH_BINS = [0, 1, 2, 4, 8, 16, 32]
+LENGTH_LABELS = ["0", "1", "2-3", "4-7", "8-15", "16-31", "32+"]
+
+
+def length_bin(accepted: int) -> int:
+    """The LENGTH_BINS bin of a round that kept `accepted` drafts."""
+    return max(i for i, low in enumerate(LENGTH_BINS) if accepted >= low)
 
 
 def _seconds(fn: Callable[[], object]):
@@ -127,7 +142,7 @@ def run_suite(
     drafts: dict[str, object],
     prompts: dict[str, list[str]],
     n_tokens: int = 48,
-    K: int = 4,
+    K: int | str | None = None,
     temperature: float = 0.0,
     seed: int = 0,
     repeats: int = 1,
@@ -139,7 +154,8 @@ def run_suite(
     min and max), tau, alpha and the acceptance at each draft position.
 
     drafts: label -> what speculative_sample takes as `draft` (a model, "ngram", "early_exit:L", "eagle",
-    a drafter object). Timing is interleaved: each repeat decodes every prompt once plainly and then once
+    a drafter object). K: as speculative_sample takes it (None: each drafter's own: 32 for suffix decoding, which
+    sizes its rounds, 4 for the others; "auto": chosen by the costs). Timing is interleaved: each repeat decodes every prompt once plainly and then once
     per drafter, with the same seed, so a change in the machine's load falls on all of them alike; a
     repeat's speedup is a ratio of token rates summed within a category. chat: each prompt is a user
     message to a chat model (its template applied; a reply may end before n_tokens). tree: draft token
@@ -183,6 +199,14 @@ def suite_table(results: dict[str, dict[str, dict]], out: TextIO) -> None:
                 speedup += f" [{row['speedup_min']:.2f}-{row['speedup_max']:.2f}]"
             cells += [speedup, f"{row['tau']:.2f}", _num(row["alpha"])]
         out.write(f"| {cat} | " + " | ".join(cells) + " |\n")
+    lengths = {label: results[label]["all"].get("accepted_per_round") for label in labels}
+    if all(lengths.values()):
+        bins = list(next(iter(lengths.values())))
+        out.write("\n| drafts accepted in a round (share of rounds, all prompts) | " + " | ".join(bins) + " |\n")
+        out.write("|---" * (1 + len(bins)) + "|\n")
+        for label, counts in lengths.items():
+            total = sum(counts.values()) or 1
+            out.write(f"| {label} | " + " | ".join(f"{100 * counts[b] / total:.0f}%" for b in bins) + " |\n")
     for label in labels:
         by_position = results[label]["all"].get("acceptance_by_position") or []
         if by_position:
@@ -225,7 +249,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--drafts",
         default="124M,ngram,early_exit:12",
         help="suite: comma-separated drafters, model names or folders, 'ngram', 'ngram:N', "
-        "'early_exit:L', 'eagle', 'ngram+eagle' (lookup first); NAME@P cuts NAME's chains by a "
+        "'early_exit:L', 'eagle', 'suffix', 'suffix:none', 'ngram+eagle', 'suffix+eagle' (lookup first); NAME@P cuts NAME's chains by a "
         "draft confidence bar P "
         "(speculative_sample's draft_confidence: a number in (0, 1] or auto), e.g. eagle,eagle@auto "
         "(default: %(default)s)",
@@ -233,7 +257,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", help="a JSON prompt suite in prompts.json's layout (default: the committed one)")
     p.add_argument("--categories", help="comma-separated categories to run (default: all)")
     p.add_argument("--n-tokens", type=int, help="new tokens per prompt (default 48; 32 for --alpha-table)")
-    p.add_argument("--K", type=int, default=4, help="suite: draft tokens per round (default: %(default)s)")
+    p.add_argument(
+        "--K",
+        type=k_flag,
+        default=None,
+        help="suite: draft tokens per round, or auto (default: each drafter's own: 32 for suffix decoding, else 4)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="suite: sampling temperature (default: 0)")
     p.add_argument("--temperatures", default="0,0.7,1", help="--alpha-table: temperatures (default: %(default)s)")
     p.add_argument(
@@ -251,8 +280,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.n_tokens is None:
         args.n_tokens = 32 if args.alpha_table else 48
-    if args.n_tokens < 1 or args.K < 1 or args.repeats < 1:
-        p.error("--n-tokens, --K and --repeats must be at least 1")
+    if args.n_tokens < 1 or args.repeats < 1:
+        p.error("--n-tokens and --repeats must be at least 1")
     try:
         args.temperatures = [float(t) for t in args.temperatures.split(",")]
         for T in [*args.temperatures, args.temperature]:
@@ -270,6 +299,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"unknown categories {', '.join(unknown)}: the suite has {', '.join(args.suite)}")
         args.suite = {c: args.suite[c] for c in wanted}
     return args
+
+
+def k_flag(text: str):
+    """--K's value: an integer in 1..32 or auto (config.parse_k), its refusal in argparse's words."""
+    try:
+        return parse_k(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def with_bar(label: str, draft, target: CausalLM, text: str, prompt: list[int], say: Callable[[str], None]):
@@ -344,7 +381,7 @@ def main(argv=None) -> int:
                 draft = name if model_free else target if name == args.target else load(name)
                 drafts[label] = with_bar(label, draft, target, bar, prompt, progress) if at else draft
             progress(
-                f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K}, T={args.temperature}, "
+                f"suite: target {args.target}, drafters {', '.join(drafts)}, K={args.K or 'each drafter own'}, T={args.temperature}, "
                 f"{args.n_tokens} tokens per prompt, {args.repeats} interleaved timed run(s)"
                 f"{', chat' if args.chat else ''}{f', trees of {args.tree}' if args.tree else ''}; load average "
                 f"{load_average()}"

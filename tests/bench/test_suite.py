@@ -93,6 +93,22 @@ def test_run_suite_rows(folders):
     assert out["self"]["all"]["alpha"] == 1.0 and out["self"]["all"]["tau"] == pytest.approx(8 / 2)  # 4 + 4 tokens
     assert out["small"]["all"]["alpha"] < 1
     assert out["self"]["all"]["acceptance_by_position"] == [1.0, 1.0, 1.0]  # the draft is the target: all accepted
+    rounds = 2 * len(CATEGORIES)  # two rounds a prompt, each keeping its 3 drafts
+    assert out["self"]["all"]["accepted_per_round"] == {
+        "0": 0,
+        "1": 0,
+        "2-3": rounds,
+        "4-7": 0,
+        "8-15": 0,
+        "16-31": 0,
+        "32+": 0,
+    }
+    small = out["small"]["all"]
+    assert sum(small["accepted_per_round"].values()) == round(small["tokens"] / small["tau"])  # every round, once
+
+
+def test_the_acceptance_length_bins():
+    assert [suite.length_bin(n) for n in (0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32)] == [0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6]
 
 
 def test_repeats_interleave_and_give_a_spread_and_acceptance_by_position(folders, monkeypatch):
@@ -139,7 +155,14 @@ def test_suite_cli(folders, capsys, tmp_path):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| category | ") and lines[5] == ""  # header, rule, lists, dialogue, all, then ...
     assert [line.split(" | ")[0] for line in lines[2:5]] == ["| lists", "| dialogue", "| all"]
-    assert lines[6].startswith(
+    assert (
+        lines[6]
+        == "| drafts accepted in a round (share of rounds, all prompts) | 0 | 1 | 2-3 | 4-7 | 8-15 | 16-31 | 32+ |"
+    )
+    shares = [[int(cell.rstrip("%")) for cell in line.strip("| ").split(" | ")[1:]] for line in lines[8:10]]
+    assert [line.split(" | ")[0] for line in lines[8:10]] == [f"| {folders['small']}", "| ngram"]
+    assert all(98 <= sum(row) <= 102 and row[4:] == [0, 0, 0] for row in shares)  # K=4 chains: never past 4-7
+    assert lines[11].startswith(
         f"{folders['small']}: acceptance by draft position (all prompts): 1: "
     )  # ... per drafter
     assert set(json.loads(path.read_text())) == {str(folders["small"]), "ngram"}
@@ -174,6 +197,8 @@ def test_alpha_table_cli(folders, capsys, tmp_path):
         (["--categories", "poetry"], "unknown categories poetry"),
         (["--temperatures", "0,x"], "temperatures"),
         (["--n-tokens", "0"], "at least 1"),
+        (["--K", "0"], "K must be at least 1"),
+        (["--K", "many"], "K must be an integer >= 1, 'adaptive' or 'auto'"),
     ],
 )
 def test_bad_flags(argv, message, capsys):
