@@ -72,16 +72,19 @@ def test_no_flags_is_the_embedded_default_run(fake_hub, fresh_home, monkeypatch,
         DEFAULT_RUN.chat,
         DEFAULT_RUN.prompt,
     )
-    assert DEFAULT_RUN.target == "smollm2-135m" and DEFAULT_RUN.draft == "ngram+eagle"
+    assert DEFAULT_RUN.target == "smollm2-135m" and DEFAULT_RUN.draft == "suffix+eagle"
+    assert args.n_tokens_to_generate == DEFAULT_RUN.n_tokens == 64 and args.K == 32  # the whole reply; K its own
     assert DEFAULT_RUN.draft_confidence == "auto" and DEFAULT_RUN.chat
     assert f"the GPT-2 pair: specdec {GPT2_PAIR}" in DEFAULT_RUN.describe()
     assert capsys.readouterr() == ("", "") and fake_hub.requests == [] and not fresh_home.exists()
     # The same defaults under other flags; the bar only where the default drafter runs chains.
     args = main.parse_args(["--n_tokens_to_generate", "8", "--K", "auto"])
     assert args.target_model_size == DEFAULT_RUN.target and (str(args.draft_spec), args.draft_confidence) == (
-        "ngram:3+eagle",
+        "suffix+eagle",
         "auto",
     )
+    assert args.n_tokens_to_generate == 8  # a length given is kept, as is another request's default
+    assert main.parse_args(["--prompt", "Name three rivers."]).n_tokens_to_generate == 40
     assert main.parse_args(["--tree", "4"]).draft_confidence is None
     assert main.parse_args(["--draft", "eagle"]).draft_confidence is None
     # A model named: GPT-2's draft and prompt, no chat.
@@ -109,7 +112,11 @@ def test_no_flags_runs_a_speculative_race_offline_on_a_fresh_home(smollm2_gguf, 
     out, err = capsys.readouterr()
     assert code == 0, err
     assert out.startswith(DEFAULT_RUN.describe() + "\n")
-    assert "── speculative (draft: n-gram lookup (2 <= n <= 3), else the EAGLE head shipped for the target" in out
+    assert (
+        "── speculative (draft: suffix decoding (the text, earlier outputs and the datastore shipped for the target"
+        in out
+    )
+    assert "else the EAGLE head shipped for the target" in out
     assert "draft confidence bar (chains cut below it)" in out and "set by the costs" in out
     assert "identical text at temperature 0" in out and "── summary" in out
 
@@ -143,7 +150,11 @@ def test_the_spellings_other_engines_use(capsys):
     assert main.parse_args(["--max-new-tokens", "7"]).n_tokens_to_generate == 7
     for flag in ("--prompt_lookup_min", "--draft-min", "--draft_min"):
         assert str(main.parse_args(["--draft", "ngram", flag, "2"]).draft_spec) == "ngram:2..3"
-    assert str(main.parse_args(["--draft_min", "1"]).draft_spec) == "ngram:1..3+eagle"  # the default drafter's lookup
+    assert str(main.parse_args(["--draft", "ngram+eagle", "--draft_min", "1"]).draft_spec) == "ngram:1..3+eagle"
+    with pytest.raises(SystemExit):  # the default drafter's lookup is suffix decoding, which has no n-gram size
+        main.parse_args(["--draft_min", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the draft here is suffix+eagle: add --draft ngram+eagle (or ngram) to use it" in err[0]
     assert str(main.parse_args(["--draft", "ngram", "--prompt_lookup_max", "5"]).draft_spec) == "ngram:5"
 
 

@@ -67,7 +67,7 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         type=int,
         default=40,
         metavar="N",
-        help="new tokens per decoder (default: %(default)s)",
+        help="new tokens (default: %(default)s; 64 on the default request)",
     )
     run(
         "--target_model_size",
@@ -203,6 +203,8 @@ def parse_args(argv=None, prog: str = "specdec") -> argparse.Namespace:
         p.error(str(e))
     if args.prompt is None:
         args.prompt = DEFAULT_RUN.prompt if args.default_run else GPT2_PROMPT
+        if args.default_run and "n_tokens_to_generate" not in typed:
+            args.n_tokens_to_generate = DEFAULT_RUN.n_tokens  # the default request's whole reply
     note_redundant(p, args)
     return args
 
@@ -256,7 +258,7 @@ def shortest_match(args) -> DraftSpec:
     if lookup.kind != "ngram":
         raise ValueError(
             f"--prompt_lookup_min sets the shortest suffix prompt lookup matches, for --draft ngram or "
-            f"ngram+X; the draft here is {args.draft}"
+            f"ngram+X; the draft here is {args.draft}: add --draft ngram+eagle (or ngram) to use it"
         )
     if lookup.n_min is not None and lookup.n_min != n_min:
         raise ValueError(f"--prompt_lookup_min {n_min} and --draft {args.draft} both set the shortest n-gram; give one")

