@@ -86,9 +86,21 @@ def time_calls(calls: dict, repeats: int, rng: np.random.Generator | None = None
 
 
 def verify_curve(times: dict) -> list[float]:
-    """r(m) = median over repeats of t_m / t_1, for m = 1, 2, ... (times from time_calls keyed by m)."""
-    t1 = np.asarray(times[1])
-    return [float(np.median(np.asarray(times[m]) / t1)) for m in sorted(k for k in times if isinstance(k, int))]
+    """r(m) = median over repeats of t_m / t_1, for m = 1 .. the widest pass timed (times from time_calls keyed
+    by m); between two widths timed (timed_widths skips some), on the straight line joining them."""
+    t1, widths = np.asarray(times[1]), sorted(k for k in times if isinstance(k, int))
+    timed = [float(np.median(np.asarray(times[m]) / t1)) for m in widths]
+    return [float(x) for x in np.interp(np.arange(1, widths[-1] + 1), widths, timed)]
+
+
+def timed_widths(m_max: int) -> list[int]:
+    """The pass widths measure_costs times: every m up to 9 (where K="auto" and trees choose), then 17, 33 and
+    m_max, as r(m) bends less with m: a suffix drafter's 33 passes cost 11 timings, not 33.
+
+    >>> timed_widths(5), timed_widths(33), timed_widths(20)
+    ([1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 33], [1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 20])
+    """
+    return sorted({*range(1, min(m_max, 9) + 1), *(m for m in (17, 33) if m < m_max), m_max})
 
 
 def pass_calls(model: CausalLM, cache: KVCache, m_values, token: int = 0) -> tuple[dict, Callable]:
@@ -186,7 +198,7 @@ def _pass_and_draft_calls(target: CausalLM, draft, context: list[int], m_max: in
         if drafter is not None:
             drafter.commit(context, hidden)
     m_max = max(1, min(m_max, target.n_ctx - cache.length))
-    calls, rollback = pass_calls(target, cache, range(1, m_max + 1), token=context[-1])
+    calls, rollback = pass_calls(target, cache, timed_widths(m_max), token=context[-1])
 
     # One draft step: propose one token after the context, then commit nothing new
     # (the drafter rolls back). A model drafter catches up on the context in the

@@ -79,3 +79,22 @@ def test_suffix_decoding_is_timed_only_without_an_r_of_its_own(counted):
     for _ in range(2):
         speculative_sample(target, "suffix:none", [1, 2, 1, 2, 1, 2], 8, temperature=0)
     assert len(counted) == 1
+
+
+def test_a_wide_curve_is_timed_at_a_few_widths_and_read_between_them():
+    """m_max 33 (a suffix drafter's rounds): passes of 1..9, 17 and 33 tokens are timed, and r(m) between two of
+    them lies on the line joining them; every r(1..33) is there for the drafter to price its rounds with."""
+    import dataclasses
+
+    from conftest import TINY_HPARAMS
+
+    target = tiny_model(seed=1, hparams=dataclasses.replace(TINY_HPARAMS, n_ctx=128))
+    widths = set()
+    inner = target.forward
+    target.forward = lambda tokens, *a, **k: widths.add(len(tokens)) or inner(tokens, *a, **k)
+    costs = timing.measure_costs(target, None, [1, 2, 3, 4], m_max=33, repeats=1)
+    assert widths == {3, *range(1, 10), 17, 33}  # 3: the pass over the context before the timings
+    assert len(costs.r) == 33 and costs.r[0] == 1.0
+    r9, r17, r33 = costs.r[8], costs.r[16], costs.r[32]
+    assert costs.r[12] == pytest.approx(r9 + (r17 - r9) * 4 / 8) and costs.r[24] == pytest.approx(r17 + (r33 - r17) / 2)
+    assert timing.verify_curve({1: [2.0], 3: [4.0]}) == [1.0, 1.5, 2.0]

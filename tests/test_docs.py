@@ -212,3 +212,45 @@ def test_every_notes_page_is_indexed_and_dated():
     for page in NOTE_PAGES:
         assert page.name in linked, f"docs/notes/README.md does not list {page.name}"
         assert dated_lines(page.read_text(encoding="utf-8")), f"docs/notes/{page.name} gives no date"
+
+
+# The README: a front door, not a manual.
+
+README_MAX_LINES = 200
+COMMAND_MAX = 120
+
+
+def front_door_problems(text: str) -> list[str]:
+    """What keeps a README from being a front door: over README_MAX_LINES lines; a first code block that is not
+    two commands (install and run; test) of at most COMMAND_MAX characters each, the test one `python -m pytest`;
+    a word about how the work was organised (issues, tickets, sessions)."""
+    problems, lines = [], text.splitlines()
+    if len(lines) > README_MAX_LINES:
+        problems.append(f"{len(lines)} lines, over {README_MAX_LINES}: move depth to docs/")
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    commands = [line.split("  #")[0].strip() for line in (blocks[0] if blocks else "").splitlines() if line.strip()]
+    if len(commands) != 2 or not commands[1].startswith("python -m pytest"):
+        problems.append(f"the first code block should be install-and-run, then the test command; it is {commands}")
+    problems += [f"a command of {len(c)} characters: {c[:60]}..." for c in commands if len(c) > COMMAND_MAX]
+    problems += [f"line {n}: {line.strip()[:80]}" for n, line in enumerate(lines, 1) if ORGANISED.search(line)]
+    return problems
+
+
+ORGANISED = re.compile(r"\b(issues?|tickets?|this session|sprint)\b", re.IGNORECASE)
+
+
+def test_the_front_door_check_catches_each_problem():
+    good = "# x\n\n```bash\npip install -e . && x   # install and run\npython -m pytest   # test\n```\n"
+    assert front_door_problems(good) == []
+    assert front_door_problems(good + "text\n" * 200)  # too long
+    assert front_door_problems(good.replace("python -m pytest", "make test"))  # no test command
+    assert front_door_problems(good.replace("x   #", "x " + "--flag " * 20 + "  #"))  # a long command
+    assert front_door_problems(good + "Fixed in issue 12.\n")  # how the work was organised
+
+
+def test_the_readme_is_a_front_door_and_ci_runs_its_test_command():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert front_door_problems(text) == []
+    block = re.findall(r"^```[a-z]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)[0]
+    assert block.splitlines()[1].split("  #")[0].strip() == "python -m pytest"  # the suite CI runs first:
+    assert '\n"$venv/bin/python" -m pytest\n' in (ROOT / ".ci" / "run").read_text()
