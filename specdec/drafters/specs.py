@@ -76,8 +76,10 @@ class DraftSpec:
             shortest = f"{self.n_min} <= " if self.n_min is not None else ""
             return f"n-gram lookup ({shortest}n <= {self.arg})"
         if self.kind == "suffix":
-            where = "the text and earlier outputs" + (f", the datastore in {self.arg}" if self.arg else "")
-            return f"suffix decoding ({where})"
+            store = {"": " and the datastore shipped for the target", "none": ""}.get(
+                self.arg, f" and the datastore in {self.arg}"
+            )
+            return f"suffix decoding (the text, earlier outputs{store})"
         if self.kind == "early_exit":
             return f"the target's first {self.arg} layer{'' if self.arg == 1 else 's'}"
         if self.kind in HEADS:

@@ -295,3 +295,19 @@ def test_a_broken_acceptance_rule_fails_the_same_check(exact_t1, monkeypatch):
     run = sampled_run(lambda: SuffixDrafter(6, r=flat), None, "token")
     ok, stat, df = chi_square_passes(sample_many(run, N_BROKEN), exact_t1)
     assert not ok, f"a broken rule passed (chi2={stat:.1f}, df={df})"
+
+
+def test_each_spec_says_which_datastore_it_reads():
+    """What the race prints as the draft: the shipped datastore for "suffix", none for "suffix:none", DIR's."""
+    from specdec.drafters.specs import parse_draft
+
+    assert (
+        parse_draft("suffix").describe()
+        == "suffix decoding (the text, earlier outputs and the datastore shipped for the target)"
+    )
+    assert parse_draft("suffix:none").describe() == "suffix decoding (the text, earlier outputs)"
+    assert (
+        parse_draft("suffix:/data/store").describe()
+        == "suffix decoding (the text, earlier outputs and the datastore in /data/store)"
+    )
+    assert parse_draft("suffix:none+eagle").describe().startswith("suffix decoding (the text, earlier outputs), else ")
