@@ -130,7 +130,7 @@ def test_greedy_with_a_bar_equals_greedy_autoregressive(kind):
     assert nothing > 0 or kind == "model", nothing  # this draft is sure of every first token here
 
 
-@pytest.mark.parametrize("bar", [0.2, 0.6])
+@pytest.mark.parametrize("bar", [pytest.param(0.2, marks=pytest.mark.slow), 0.6])  # one bar in the default suite
 def test_sampling_with_a_bar_keeps_the_target_distribution(pair, exact_t1, bar):
     """Bar 0.2 cuts the first round's chain at its second draft, drawn or not by the first's confidence; bar 0.6
     cuts every first round at once and the second round at its first draft, or not, by what came before."""
@@ -195,7 +195,9 @@ def eagle_with_stop(target, std: float, bar: float) -> EagleDrafter:
     return EagleDrafter(model, DraftVocab.of(target, None), target.weights.wte, stop=ConfidenceStop(bar))
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle", pytest.param("early exit", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "kind", ["medusa", pytest.param("eagle", marks=pytest.mark.slow), pytest.param("early exit", marks=pytest.mark.slow)]
+)
 def test_sampling_with_a_bar_keeps_the_target_distribution_for_every_drafter(exact_t1, pair, kind):
     """Each drafter's own chain loop (Medusa's and EAGLE's are their own code), at T=1 with a bar that cuts."""
     target, exact = pair[0], exact_t1
