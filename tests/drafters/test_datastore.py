@@ -174,3 +174,19 @@ def test_another_vocabulary_or_no_datastore_is_refused(tmp_path):
         Datastore.build([[1, 5]], 5)
     with pytest.raises(ValueError, match="uint16"):
         Datastore.build([[1]], 70_000)
+
+
+def test_the_shipped_datastore_loads_checked_within_its_bound():
+    """SmolLM2's shipped datastore: at most 10 MB, read through the same checks (sha256, ids, order) as any other,
+    made from the model's own replies by the command its card records."""
+    from specdec.checkpoints.registry import SHIPPED_DATASTORES, shipped_datastore
+
+    assert set(SHIPPED_DATASTORES) == {"smollm2-135m"}
+    folder = shipped_datastore("smollm2-135m")
+    assert folder is not None and shipped_datastore("stdlib-6L") is None
+    assert sum(f.stat().st_size for f in folder.iterdir()) <= 10_000_000
+    store = Datastore.load(folder, 49152)
+    assert store.card["model"] == "smollm2-135m" and store.card["n_tokens"] > 100_000
+    assert store.card["command"].startswith("python -m specdec.train datastore --model smollm2-135m")
+    with pytest.raises(ValueError, match="vocabulary"):
+        Datastore.load(folder, 50257)  # GPT-2's vocabulary: another model's ids
