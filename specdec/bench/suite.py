@@ -71,11 +71,17 @@ class Tally:
     prompts: int = 0
     by_position: list[list[int]] = field(default_factory=list)  # [i] = [accepted, judged] of draft position i + 1
     lengths: list[int] = field(default_factory=lambda: [0] * len(LENGTH_BINS))  # rounds by drafts accepted, binned
+    each: list[list[float]] = field(default_factory=list)  # [i] = prompt i's speedup (of rates) in each repeat
+    seen: list[int] = field(default_factory=list)  # per repeat: prompts added so far
 
     def add(self, repeat: int, ar_seconds: float, ar_tokens: int, spec_seconds: float, result) -> None:
         while len(self.ar_seconds) <= repeat:
-            for series in (self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens):
+            for series in (self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens, self.seen):
                 series.append(0)
+        i, self.seen[repeat] = self.seen[repeat], self.seen[repeat] + 1
+        if i == len(self.each):
+            self.each.append([])
+        self.each[i].append(len(result.tokens) * ar_seconds / (spec_seconds * ar_tokens))
         self.ar_seconds[repeat] += ar_seconds
         self.spec_seconds[repeat] += spec_seconds
         self.ar_tokens[repeat] += ar_tokens
@@ -114,6 +120,7 @@ class Tally:
             "tokens": self.tokens,
             "acceptance_by_position": [ratio(a, j) for a, j in self.by_position],
             "accepted_per_round": dict(zip(LENGTH_LABELS, self.lengths)),  # rounds by drafts accepted in them
+            "prompt_speedups": [statistics.median(x) for x in self.each],  # each prompt's, the median of repeats
             "ar_seconds": statistics.median(self.ar_seconds) if self.ar_seconds else math.nan,
             "spec_seconds": statistics.median(self.spec_seconds) if self.spec_seconds else math.nan,
         }
@@ -208,6 +215,12 @@ def suite_table(results: dict[str, dict[str, dict]], out: TextIO) -> None:
             total = sum(counts.values()) or 1
             out.write(f"| {label} | " + " | ".join(f"{100 * counts[b] / total:.0f}%" for b in bins) + " |\n")
     for label in labels:
+        each = results[label]["all"].get("prompt_speedups") or []
+        if each:
+            out.write(
+                f"\n{label}: speedup per prompt (each the median of its repeats): median {statistics.median(each):.2f}x, "
+                f"{min(each):.2f}x to {max(each):.2f}x over {len(each)} prompts\n"
+            )
         by_position = results[label]["all"].get("acceptance_by_position") or []
         if by_position:
             out.write(

@@ -104,6 +104,7 @@ def test_run_suite_rows(folders):
         "32+": 0,
     }
     small = out["small"]["all"]
+    assert len(small["prompt_speedups"]) == len(CATEGORIES) and all(x > 0 for x in small["prompt_speedups"])
     assert sum(small["accepted_per_round"].values()) == round(small["tokens"] / small["tau"])  # every round, once
 
 
@@ -122,6 +123,7 @@ def test_repeats_interleave_and_give_a_spread_and_acceptance_by_position(folders
     assert calls[2:] == ["ar", "sd"] * 6  # (after one warm-up each) plain then speculative, prompt by prompt
     row = out["small"]["all"]
     assert row["repeats"] == 3 and row["speedup_min"] <= row["speedup"] <= row["speedup_max"]
+    assert len(row["prompt_speedups"]) == 2  # each prompt's median over its 3 repeats
     by_position = row["acceptance_by_position"]
     assert 1 <= len(by_position) <= 3 and all(0 <= a <= 1 for a in by_position)
     assert by_position[0] == row["alpha"] or len(by_position) > 1  # one judged position: its rate is alpha
@@ -162,9 +164,10 @@ def test_suite_cli(folders, capsys, tmp_path):
     shares = [[int(cell.rstrip("%")) for cell in line.strip("| ").split(" | ")[1:]] for line in lines[8:10]]
     assert [line.split(" | ")[0] for line in lines[8:10]] == [f"| {folders['small']}", "| ngram"]
     assert all(98 <= sum(row) <= 102 and row[4:] == [0, 0, 0] for row in shares)  # K=4 chains: never past 4-7
-    assert lines[11].startswith(
-        f"{folders['small']}: acceptance by draft position (all prompts): 1: "
-    )  # ... per drafter
+    assert lines[11].startswith(f"{folders['small']}: speedup per prompt (each the median of its repeats): median ")
+    n_prompts = len(load_prompts()["lists"]) + len(load_prompts()["dialogue"])
+    assert lines[11].endswith(f" over {n_prompts} prompts")
+    assert lines[13].startswith(f"{folders['small']}: acceptance by draft position (all prompts): 1: ")
     assert set(json.loads(path.read_text())) == {str(folders["small"]), "ngram"}
 
 
