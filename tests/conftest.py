@@ -67,6 +67,26 @@ def write_checkpoint(folder: Path, model: GPT2, dtype: str = "F32", prefix: str 
     return folder
 
 
+def within(seconds: float, call):
+    """call() run in a thread; fails (instead of hanging the suite) when it has not returned in time: a FIFO
+    waited on, an endless file read."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = call()
+        except BaseException as e:  # noqa: BLE001 (handed back to the test)
+            out["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s (a FIFO waited on, or an endless file read?)"
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
 @pytest.fixture
 def tiny_checkpoint(tmp_path) -> Path:
     return write_checkpoint(tmp_path / "tiny", tiny_model())

@@ -7,10 +7,10 @@ import errno
 import json
 import os
 import stat
-import threading
 from pathlib import Path
 
 import pytest
+from conftest import within
 
 from specdec import safe_io
 from specdec.safe_io import DiskFull, Refused
@@ -165,25 +165,6 @@ def test_the_mode_is_the_one_asked_for_whatever_the_umask(tmp_path):
 # ---------------------------------------------------------------------------
 # The reader.
 # ---------------------------------------------------------------------------
-
-
-def within(seconds: float, call):
-    """call() run in a thread; fails (instead of hanging the suite) when it has not returned in time."""
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = call()
-        except BaseException as e:  # noqa: BLE001 (handed back to the test)
-            out["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still reading after {seconds} s"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 SPECIAL = {

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import within
 from test_distill import POOL, SETTINGS, chat_model, shard_bytes
 from test_made_elsewhere import made_elsewhere
 
@@ -20,25 +20,6 @@ from specdec.train.distill import make_data
 from specdec.train.shards import MANIFEST, load_distill_data
 
 PAGEMAP = Path("/proc/self/pagemap")
-
-
-def within(seconds: float, call):
-    """call() in a thread, failing (instead of hanging the suite) when it has not returned in time."""
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = call()
-        except BaseException as e:  # noqa: BLE001 (handed back to the test)
-            out["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds} s (a FIFO waited on, or an endless file read?)"
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 def one_line_naming(error: BaseException, path: Path) -> str:
