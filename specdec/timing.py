@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from .drafters import make_drafter
+from .drafters import NgramDrafter, SuffixDrafter, make_drafter
 from .interfaces import features_asked, priced_drafter
 from .model.attention import KVCache
 from .model.base import CausalLM
@@ -216,8 +216,11 @@ def _measure(calls: dict, after: Callable, repeats: int, rng) -> Costs:
     return Costs(target_step=float(np.median(times[1])), draft_step=draft_step, r=verify_curve(times))
 
 
-# Costs timed in this process: {target: {draft key: (the draft, the widest pass asked for, its Costs)}}. The draft
-# is kept beside its costs so that the key, the draft's id() where it is an object, is not reused while it lives.
+# Costs timed in this process: {target: {draft key: (the draft, the widest pass asked for, its Costs)}}. A draft's
+# key is its spec; an object's its id(), kept alive beside its costs so the id is not reused, except a lookup's
+# (LOOKUPS): one object costs what another does (the target's passes and a lookup), so they share one key, their
+# class's name, and a caller making a drafter per run does not time the target per run.
+LOOKUPS = (NgramDrafter, SuffixDrafter)
 _TIMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 REPEATS = 3  # interleaved repeats of a timing (measure_costs measures again, with more, if the curve is implausible)
 
@@ -226,7 +229,7 @@ def costs_for(target: CausalLM, draft, drafter, context: list[int], m_max: int, 
     """The costs of `target` with `draft` (the spec or object a caller passed; `drafter` what it was built
     into), timed once per process up to an m_max pass and reused afterwards; timed again for a wider pass,
     or on every call under SPECDEC_KERNELS=measure. say(line): told before a timing (default: stderr)."""
-    key = draft if isinstance(draft, str) else id(draft)
+    key = draft if isinstance(draft, str) else type(draft).__name__ if isinstance(draft, LOOKUPS) else id(draft)
     timed = _TIMED.setdefault(target, {})
     _, widest, costs = timed.get(key, (None, 0, None))
     if costs is None or m_max > widest or kernels_mode() == "measure":

@@ -1,0 +1,137 @@
+"""Suffix decoding's greedy rounds on the chat tasks, priced on an r(m) curve: settings compared without the clock.
+
+    PYTHONPATH=. python docs/measure/suffix_priced.py [--curve smollm2|cheap] [--variant kept] [--variant rate] ...
+
+At temperature 0 a run's rounds are deterministic, so two settings of the drafter can be compared exactly: each
+chat request (specdec/bench/chat_tasks.json) is decoded once per setting, the drafter deciding on the curve
+given, and the run is priced on that curve as (tokens) / (sum over rounds of r(drafted + 1)), the prompt's pass
+left out. The machine's load, which moves wall-clock runs of the same rounds by up to 50% here, does not enter.
+
+Curves: "smollm2" is costmodel.SMOLLM2_CPU_R (r(2) = 1.59, measured on 2 cores under load 2); "cheap" is close to
+what the same machine measured on a quiet day (r(2) = 1.1).
+
+Variants (the settings tried and not kept live here, as patches of the drafter; "kept" is the drafter as it is):
+    kept              drafters/suffix.py as shipped
+    rate              best_size judges n by E[tokens] - rate r(n + 1), rate = the run's recent tokens per step
+    datastore-prior:D the datastore's a(L) prior L / (L + D) instead of L / (L + 2)
+    fitted-prior      a(L)'s prior the table measured on SmolLM2's replies (docs/measure/suffix_prior.py)
+    carry:W           a(L) learned across the process's runs, a new run keeping at most W candidates' worth
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import specdec
+from specdec.costmodel import SMOLLM2_CPU_R, best_size, curve_values
+from specdec.drafters import suffix, suffix_drafter
+
+TASKS = os.path.join(os.path.dirname(__file__), "..", "..", "specdec", "bench", "chat_tasks.json")
+CURVES = {"smollm2": SMOLLM2_CPU_R, "cheap": {1: 1.0, 2: 1.1, 3: 1.2, 5: 1.35, 9: 1.8, 17: 2.4, 33: 3.4}}
+FITTED = (1 / 3, 0.619, 0.800, 0.897, 0.950, 0.980, 0.999)  # suffix_prior.py on the datastore's 832 replies
+
+
+def with_prior(table_of):
+    """Calibration.rate with the prior a0 read from table_of(calibration) (a bucket's value), or the kept one."""
+    kept = suffix.Calibration.rate
+
+    def rate(self, context):
+        table = table_of(self)
+        if table is None:
+            return kept(self, context)
+        b = self.bucket(context)
+        return (self.hits[b] + self.prior_weight * table[b]) / (self.support[b] + self.prior_weight)
+
+    return rate
+
+
+def run_rate_rule(drafter) -> None:
+    """The rate variant: the drafter counts each round's tokens and priced steps, and sizes by the gain rule."""
+    drafter.made, drafter.spent, drafter.last = 4.0, 4.0, None
+    propose, commit, values = drafter.propose, drafter.commit, drafter._r_values
+
+    def sized(probs, r, n_max):
+        return best_size(probs, r, n_max, rate=max(1.0, drafter.made / drafter.spent))
+
+    def counted_propose(ids, k, params, rng, nodes=None):
+        out = propose(ids, k, params, rng, nodes)
+        drafter.last = (len(ids), len(out))
+        return out
+
+    def counted_commit(ids, features):
+        if drafter.last is not None:
+            start, n = drafter.last
+            made, steps = (len(ids) - start, values[n]) if n else (1, 1.0)
+            drafter.made, drafter.spent = 0.9 * drafter.made + made, 0.9 * drafter.spent + steps
+            drafter.last = None
+        commit(ids, features)
+
+    drafter.propose, drafter.commit, drafter.sized = counted_propose, counted_commit, sized
+
+
+def priced_runs(target, requests, curve, variant: str) -> dict:
+    """{(kind, i): tokens / priced steps} for each request, the drafter set up as `variant` says."""
+    values = curve_values(curve, 40)
+    kept_best_size, kept_rate = suffix.best_size, suffix.Calibration.rate
+    shared = {source: suffix.Calibration() for source in suffix.SuffixDrafter.SOURCES}
+    name, _, arg = variant.partition(":")
+    if name == "datastore-prior":
+        offset = float(arg)
+        table = tuple((1 << b) / ((1 << b) + offset) for b in range(suffix.Calibration.N_BUCKETS))
+        suffix.Calibration.rate = with_prior(lambda cal: table if getattr(cal, "is_datastore", False) else None)
+    elif name == "fitted-prior":
+        suffix.Calibration.rate = with_prior(lambda cal: FITTED)
+    out = {}
+    try:
+        for kind, i, prompt in requests:
+            drafter = suffix_drafter("", target)
+            drafter.r = curve
+            drafter.calibration["datastore"].is_datastore = True
+            if name == "rate":
+                run_rate_rule(drafter)
+                suffix.best_size = lambda probs, r, n_max, d=drafter: d.sized(probs, r, n_max)
+            elif name == "carry":
+                for cal in shared.values():  # what earlier runs learned, weighted as at most W candidates
+                    for b in range(cal.N_BUCKETS):
+                        if cal.support[b] > float(arg):
+                            scale = float(arg) / cal.support[b]
+                            cal.support[b], cal.hits[b] = cal.support[b] * scale, cal.hits[b] * scale
+                drafter.calibration = shared
+            result = specdec.speculative_sample(target, drafter, prompt, 128, temperature=0, chat=True)
+            out[kind, i] = len(result.tokens) / sum(values[k] for k in result.k_per_round)
+    finally:
+        suffix.best_size = kept_best_size
+        suffix.Calibration.rate = kept_rate
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--curve", choices=sorted(CURVES), default="smollm2")
+    ap.add_argument("--variant", action="append", help="a setting (see above); repeat to compare (default: kept)")
+    args = ap.parse_args(argv)
+    target = specdec.load_model(args.target)
+    with open(TASKS) as f:
+        categories = json.load(f)["categories"]
+    requests = [(kind, i, p) for kind, entry in categories.items() for i, p in enumerate(entry["prompts"])]
+    print(f"{args.target}, greedy, up to 128 tokens, priced on the {args.curve} curve")
+    for variant in args.variant or ["kept"]:
+        priced = priced_runs(target, requests, CURVES[args.curve], variant)
+        copy = [x for (kind, _), x in priced.items() if kind != "free"]
+        free = [x for (kind, _), x in priced.items() if kind == "free"]
+        print(
+            f"{variant}: copy median {statistics.median(copy):.3f}x (mean {statistics.mean(copy):.3f}x); "
+            f"free median {statistics.median(free):.3f}x, each " + ", ".join(f"{x:.2f}x" for x in free)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
