@@ -218,8 +218,9 @@ def _measure(calls: dict, after: Callable, repeats: int, rng) -> Costs:
 
 # Costs timed in this process: {target: {draft key: (the draft, the widest pass asked for, its Costs)}}. A draft's
 # key is its spec; an object's its id(), kept alive beside its costs so the id is not reused, except a lookup's
-# (LOOKUPS): one object costs what another does (the target's passes and a lookup), so they share one key, their
-# class's name, and a caller making a drafter per run does not time the target per run.
+# (LOOKUPS): what it needs is the target's r(m), and its own step (c) is a lookup that costs next to nothing
+# whichever object makes it, so lookups share one key, their class's name, and nothing is kept alive for them; a
+# caller making a drafter per run does not time the target per run.
 LOOKUPS = (NgramDrafter, SuffixDrafter)
 _TIMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 REPEATS = 3  # interleaved repeats of a timing (measure_costs measures again, with more, if the curve is implausible)
@@ -236,5 +237,5 @@ def costs_for(target: CausalLM, draft, drafter, context: list[int], m_max: int, 
         say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         say(f"measuring the forward-pass costs (c and r(m) for m = 1..{m_max}; once in this process)")
         costs = measure_costs(target, drafter, context, m_max=m_max, repeats=REPEATS)
-        timed[key] = (draft, m_max, costs)
+        timed[key] = (None if isinstance(draft, LOOKUPS) else draft, m_max, costs)
     return costs

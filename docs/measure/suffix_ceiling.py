@@ -5,12 +5,14 @@
 For each chat request the target writes its reply (plain decoding; at temperature > 0 one reply per seed). The
 oracle then replays the reply round by round. At each round it looks at every earlier place in the text (prompt
 and reply so far) whose two tokens before it match the text's last two (the suffix drafter's shortest match),
-and drafts exactly the tokens that place's continuation shares with what the target writes next: all of them
-are accepted, and it drafts nothing where no place agrees on the next token. No real drafter knows that, so
-its speedup is a ceiling for suffix decoding and prompt lookup reading the request's own text (a datastore or
-a model head can add more). A round that accepts a tokens costs r(a + 1) target steps (r: SmolLM2's curve
-measured on 2 cores, costmodel.SMOLLM2_CPU_R, and the paper's r = 1 beside it); the prompt's pass is left
-out, so these are decoding-only figures.
+and drafts exactly the tokens that place's continuation shares with what the target writes next (a copy may run
+on into the tokens it is drafting, as suffix_index.copied_on's does, and stops at 32, the most a round drafts):
+all of them are accepted, and it drafts nothing where no place agrees on the next token. No real drafter knows
+that, so its speedup is a ceiling for drafting from the request's own text by matches of 2 or more tokens (suffix
+decoding without its other sources, prompt lookup of 2-token or longer n-grams); earlier outputs, a datastore or
+a model head can add more. A round that accepts a tokens costs r(a + 1) target steps (r: SmolLM2's curve
+measured on 2 cores, costmodel.SMOLLM2_CPU_R, and the paper's r = 1 beside it); the prompt's pass is left out,
+so these are decoding-only figures.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def oracle_rounds(ids: list[int], start: int) -> list[int]:
             if ids[e - MATCH : e] != ids[t - MATCH : t]:
                 continue
             a = 0
-            while t + a < len(ids) - 1 and e + a < t + a and ids[e + a] == ids[t + a]:
+            while t + a < len(ids) - 1 and ids[e + a] == ids[t + a]:
                 a += 1
             best = max(best, a)
         best = min(best, len(ids) - 1 - t, 32)  # the round's own token comes after the drafts

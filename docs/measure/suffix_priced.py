@@ -11,7 +11,8 @@ Curves: "smollm2" is costmodel.SMOLLM2_CPU_R (r(2) = 1.59, measured on 2 cores u
 what the same machine measured on a quiet day (r(2) = 1.1).
 
 Variants (the settings tried and not kept live here, as patches of the drafter; "kept" is the drafter as it is):
-    kept              drafters/suffix.py as shipped
+    kept              drafters/suffix.py as shipped (the text, earlier outputs and the shipped datastore)
+    text-only         the request's own text alone (what suffix_ceiling.py's oracle bounds)
     rate              best_size judges n by E[tokens] - rate r(n + 1), rate = the run's recent tokens per step
     datastore-prior:D the datastore's a(L) prior L / (L + D) instead of L / (L + 2)
     fitted-prior      a(L)'s prior the table measured on SmolLM2's replies (docs/measure/suffix_prior.py)
@@ -26,10 +27,13 @@ import os
 import statistics
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import specdec
-from specdec.costmodel import SMOLLM2_CPU_R, best_size, curve_values
+from specdec.costmodel import SMOLLM2_CPU_R, curve_values, expected_tokens_by_size
+from specdec import drafters
 from specdec.drafters import suffix, suffix_drafter
 
 TASKS = os.path.join(os.path.dirname(__file__), "..", "..", "specdec", "bench", "chat_tasks.json")
@@ -57,7 +61,11 @@ def run_rate_rule(drafter) -> None:
     propose, commit, values = drafter.propose, drafter.commit, drafter._r_values
 
     def sized(probs, r, n_max):
-        return best_size(probs, r, n_max, rate=max(1.0, drafter.made / drafter.spent))
+        """best_size's (n, speedup(n)), n maximising E[tokens] - rate * r(n + 1) instead of their ratio."""
+        tau = expected_tokens_by_size(list(probs)[:n_max])  # [n + 1]
+        cost = curve_values(r, len(tau))
+        n = int(np.argmax(tau - max(1.0, drafter.made / drafter.spent) * cost))
+        return n, float(tau[n] / cost[n])
 
     def counted_propose(ids, k, params, rng, nodes=None):
         out = propose(ids, k, params, rng, nodes)
@@ -76,8 +84,10 @@ def run_rate_rule(drafter) -> None:
 
 
 def priced_runs(target, requests, curve, variant: str) -> dict:
-    """{(kind, i): tokens / priced steps} for each request, the drafter set up as `variant` says."""
+    """{(kind, i): tokens / priced steps} for each request, the drafter set up as `variant` says. Every variant
+    starts with no earlier outputs (the process's index is emptied), so each reads the same ones."""
     values = curve_values(curve, 40)
+    drafters._EARLIER.pop(target, None)
     kept_best_size, kept_rate = suffix.best_size, suffix.Calibration.rate
     shared = {source: suffix.Calibration() for source in suffix.SuffixDrafter.SOURCES}
     name, _, arg = variant.partition(":")
@@ -90,7 +100,7 @@ def priced_runs(target, requests, curve, variant: str) -> dict:
     out = {}
     try:
         for kind, i, prompt in requests:
-            drafter = suffix_drafter("", target)
+            drafter = suffix.SuffixDrafter(target.n_vocab) if name == "text-only" else suffix_drafter("", target)
             drafter.r = curve
             drafter.calibration["datastore"].is_datastore = True
             if name == "rate":
