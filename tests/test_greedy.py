@@ -28,7 +28,7 @@ def test_greedy_speculative_equals_greedy_autoregressive(target):
     for prompt in prompts:
         expected = autoregressive_sample(target, prompt, 30).tokens
         for name, draft in drafters.items():
-            for K in range(1, 9):
+            for K in (1, 2, 3, 5, 8):  # the K range's ends and the lengths between
                 out = speculative_sample(target, draft, prompt, 30, K=K)
                 assert out.tokens == expected, f"draft={name} K={K} prompt={prompt}"
                 accepted[name] += out.accepted
