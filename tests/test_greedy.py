@@ -21,7 +21,7 @@ def test_greedy_speculative_equals_greedy_autoregressive(target):
     good = perturbed(target, 0.05, seed=3)
     bad = tiny_model(seed=99)  # unrelated random weights
     rng = np.random.default_rng(0)
-    prompts = [list(rng.integers(0, target.n_vocab, size=n)) for n in (1, 2, 5, 9, 14)]
+    prompts = [list(rng.integers(0, target.n_vocab, size=n)) for n in (1, 2, 9)]
     prompts.append([7, 8, 9, 7, 8, 9, 7, 8])  # repetitive: n-gram drafts get accepted
     drafters = {"good": good, "bad": bad, "self": target, "ngram": "ngram", "early_exit": "early_exit:1"}
     accepted = {name: 0 for name in drafters}

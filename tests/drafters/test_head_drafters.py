@@ -71,8 +71,9 @@ class UnrestrictedQMedusa(MedusaDrafter):
         return Proposal(p.tokens, p.parents, probabilities(logits, params))
 
 
-@pytest.mark.parametrize("kind", ["medusa", pytest.param("eagle", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("ids", [None, pytest.param([0, 2, 3, 5], marks=pytest.mark.slow)], ids=["full", "restricted"])
+@pytest.mark.slow  # 10 s even for one head; the default suite keeps the broken controls below
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+@pytest.mark.parametrize("ids", [None, [0, 2, 3, 5]], ids=["full", "restricted"])
 def test_sampling_with_head_drafters_keeps_the_target_distribution(small_target, exact_t1, kind, ids):
     drafter = (random_medusa if kind == "medusa" else random_eagle)(small_target, ids=ids)
 
