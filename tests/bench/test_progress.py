@@ -99,7 +99,8 @@ GROUPS = {  # group -> (its main, its smallest argv, a setup that returns more a
 
 
 @pytest.mark.parametrize(
-    "group", [pytest.param(g, marks=pytest.mark.slow) if g == "real" else g for g in GROUPS]  # real times costs: 5 s
+    "group",
+    [pytest.param(g, marks=pytest.mark.slow) if g == "real" else g for g in GROUPS],  # real times costs: 5 s
 )
 def test_every_bench_group_shows_progress_on_stderr_unless_quiet(group, capsys, monkeypatch, tmp_path):
     main, argv, setup = GROUPS[group]
