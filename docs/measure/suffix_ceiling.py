@@ -68,9 +68,10 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seeds", type=int, default=1, help="replies per request (at temperature > 0)")
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--tasks", default=TASKS, help="the chat requests (default: the bench's chat tasks)")
     args = ap.parse_args(argv)
     target = specdec.load_model(args.target)
-    with open(TASKS) as f:
+    with open(args.tasks) as f:
         categories = json.load(f)["categories"]
     flat = [1.0] * 34
     print(f"oracle ceiling, {args.target}, temperature {args.temperature}, up to {args.tokens} tokens per reply")

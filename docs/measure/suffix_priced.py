@@ -11,12 +11,18 @@ Curves: "smollm2" is costmodel.SMOLLM2_CPU_R (r(2) = 1.59, measured on 2 cores u
 what the same machine measured on a quiet day (r(2) = 1.1).
 
 Variants (the settings tried and not kept live here, as patches of the drafter; "kept" is the drafter as it is):
-    kept              drafters/suffix.py as shipped (the text, earlier outputs and the shipped datastore)
+    kept              drafters/suffix.py as shipped (the text, earlier outputs and the shipped datastore; a(L) from
+                      L / (L + 2), L / (L + 1) for a match of a pair the datastore never saw, L / (L + 8) in the
+                      datastore)
+    before            the drafter before rare pairs: one a(L) per source, every prior L / (L + 2)
     text-only         the request's own text alone (what suffix_ceiling.py's oracle bounds)
     rate              best_size judges n by E[tokens] - rate r(n + 1), rate = the run's recent tokens per step
-    datastore-prior:D the datastore's a(L) prior L / (L + D) instead of L / (L + 2)
-    fitted-prior      a(L)'s prior the table measured on SmolLM2's replies (docs/measure/suffix_prior.py)
+    datastore-prior:D the datastore's a(L) prior L / (L + D)
+    rare-prior:D      a rare pair's a(L) prior L / (L + D)
+    rare-start:A      a rare pair's prior L / (L + 2), but A for a match of 2-3 tokens
+    fitted-prior      every a(L)'s prior the table measured on SmolLM2's replies (docs/measure/suffix_prior.py)
     carry:W           a(L) learned across the process's runs, a new run keeping at most W candidates' worth
+    A+B               both settings, e.g. before+datastore-prior:8
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import specdec
-from specdec.costmodel import SMOLLM2_CPU_R, curve_values, expected_tokens_by_size
 from specdec import drafters
+from specdec.costmodel import SMOLLM2_CPU_R, curve_values, expected_tokens_by_size
 from specdec.drafters import suffix, suffix_drafter
 
 TASKS = os.path.join(os.path.dirname(__file__), "..", "..", "specdec", "bench", "chat_tasks.json")
@@ -83,36 +89,62 @@ def run_rate_rule(drafter) -> None:
     drafter.propose, drafter.commit, drafter.sized = counted_propose, counted_commit, sized
 
 
+def prior_table(offset: float) -> tuple:
+    """a0(L) = L / (L + offset) at each bucket's smallest L."""
+    return tuple((1 << b) / ((1 << b) + offset) for b in range(suffix.Calibration.N_BUCKETS))
+
+
+def variant_drafter(target, curve, variant: str, state: dict):
+    """A suffix drafter set up as `variant` says (see the module), deciding on `curve`. state: a dict the runs of
+    one variant share (carry keeps its calibrations there). Needs Calibration.rate patched by `with_prior`, as
+    priced_runs does (a calibration without a table keeps the drafter's own prior)."""
+    parts = dict(part.partition(":")[::2] for part in variant.split("+"))  # "rare:0.5+datastore-prior:8": both
+    drafter = suffix.SuffixDrafter(target.n_vocab) if "text-only" in parts else suffix_drafter("", target)
+    drafter.r = curve
+    rare = [f"{source}, rare pair" for source in ("text", "earlier")]
+    if "before" in parts:  # one a(L) per source, all from L / (L + 2): no rare pairs
+        for name in rare:
+            drafter.calibration[name] = drafter.calibration[name.split(",")[0]]
+        drafter.calibration["datastore"].table = prior_table(2)
+    if "datastore-prior" in parts:
+        drafter.calibration["datastore"].table = prior_table(float(parts["datastore-prior"]))
+    if "rare-prior" in parts:
+        for name in rare:
+            drafter.calibration[name].table = prior_table(float(parts["rare-prior"]))
+    if "rare-start" in parts:  # only a rare pair's match of 2-3 tokens (bucket 1) starts from the value given
+        table = list(prior_table(2))
+        table[1] = float(parts["rare-start"])
+        for name in rare:
+            drafter.calibration[name].table = tuple(table)
+    if "fitted-prior" in parts:
+        for cal in drafter.calibration.values():
+            cal.table = FITTED
+    if "rate" in parts:
+        run_rate_rule(drafter)
+        suffix.best_size = lambda probs, r, n_max, d=drafter: d.sized(probs, r, n_max)
+    if "carry" in parts:
+        width = float(parts["carry"])
+        shared = state.setdefault("carried", drafter.calibration)
+        for cal in shared.values():  # what earlier runs learned, weighted as at most W candidates
+            for b in range(cal.N_BUCKETS):
+                if cal.support[b] > width:
+                    scale = width / cal.support[b]
+                    cal.support[b], cal.hits[b] = cal.support[b] * scale, cal.hits[b] * scale
+        drafter.calibration = shared
+    return drafter
+
+
 def priced_runs(target, requests, curve, variant: str) -> dict:
     """{(kind, i): tokens / priced steps} for each request, the drafter set up as `variant` says. Every variant
     starts with no earlier outputs (the process's index is emptied), so each reads the same ones."""
     values = curve_values(curve, 40)
     drafters._EARLIER.pop(target, None)
     kept_best_size, kept_rate = suffix.best_size, suffix.Calibration.rate
-    shared = {source: suffix.Calibration() for source in suffix.SuffixDrafter.SOURCES}
-    name, _, arg = variant.partition(":")
-    if name == "datastore-prior":
-        offset = float(arg)
-        table = tuple((1 << b) / ((1 << b) + offset) for b in range(suffix.Calibration.N_BUCKETS))
-        suffix.Calibration.rate = with_prior(lambda cal: table if getattr(cal, "is_datastore", False) else None)
-    elif name == "fitted-prior":
-        suffix.Calibration.rate = with_prior(lambda cal: FITTED)
-    out = {}
+    suffix.Calibration.rate = with_prior(lambda cal: getattr(cal, "table", None))  # no table: the kept prior
+    out, state = {}, {}
     try:
         for kind, i, prompt in requests:
-            drafter = suffix.SuffixDrafter(target.n_vocab) if name == "text-only" else suffix_drafter("", target)
-            drafter.r = curve
-            drafter.calibration["datastore"].is_datastore = True
-            if name == "rate":
-                run_rate_rule(drafter)
-                suffix.best_size = lambda probs, r, n_max, d=drafter: d.sized(probs, r, n_max)
-            elif name == "carry":
-                for cal in shared.values():  # what earlier runs learned, weighted as at most W candidates
-                    for b in range(cal.N_BUCKETS):
-                        if cal.support[b] > float(arg):
-                            scale = float(arg) / cal.support[b]
-                            cal.support[b], cal.hits[b] = cal.support[b] * scale, cal.hits[b] * scale
-                drafter.calibration = shared
+            drafter = variant_drafter(target, curve, variant, state)
             result = specdec.speculative_sample(target, drafter, prompt, 128, temperature=0, chat=True)
             out[kind, i] = len(result.tokens) / sum(values[k] for k in result.k_per_round)
     finally:
@@ -125,10 +157,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--curve", choices=sorted(CURVES), default="smollm2")
+    ap.add_argument("--tasks", default=TASKS, help="the chat requests (default: the bench's chat tasks)")
     ap.add_argument("--variant", action="append", help="a setting (see above); repeat to compare (default: kept)")
     args = ap.parse_args(argv)
     target = specdec.load_model(args.target)
-    with open(TASKS) as f:
+    with open(args.tasks) as f:
         categories = json.load(f)["categories"]
     requests = [(kind, i, p) for kind, entry in categories.items() for i, p in enumerate(entry["prompts"])]
     print(f"{args.target}, greedy, up to 128 tokens, priced on the {args.curve} curve")

@@ -150,6 +150,20 @@ class Datastore:
         picked = np.unique(np.linspace(lo, hi - 1, min(hi - lo, MAX_ENDS)).astype(np.int64))
         return m, np.sort(self.ends[picked].astype(np.int64))
 
+    def count(self, tokens: Sequence[int]) -> int:
+        """How often `tokens` occur in the corpus, inside one reply (the size of their range of `ends`).
+
+        >>> store = Datastore.build([[5, 1, 2, 3], [9, 1, 2, 4]], 10)
+        >>> store.count([1, 2]), store.count([2, 1]), store.count([3, 9])   # none across two replies
+        (2, 0, 0)
+        """
+        lo, hi = 0, len(self.ends)
+        for j in range(len(tokens)):
+            lo, hi = self._narrow(lo, hi, j, int(tokens[-1 - j]))
+            if lo == hi:
+                break
+        return hi - lo
+
     def continuations(self, ends: np.ndarray, depth: int) -> np.ndarray:
         """What followed each end in its reply: [n_ends, depth] token ids, -1 from the reply's end on."""
         at = np.minimum(ends[:, None] + 1 + np.arange(depth), len(self.corpus) - 1)  # [n_ends, depth]

@@ -32,11 +32,12 @@ One round, from the text ids so far:
      a point mass.
 
 Where this differs from SuffixDecoding: (a) the structure is a pair index walked backwards (SuffixIndex,
-suffix_index.py),
-not a suffix tree; it finds the longest match only, where the paper scores every match length and keeps
-the best; (b) the paper's budget, factor x match length (capped), and its fixed floor 0.1 on the path
-probability are replaced by a(L), learned per context length, and the size that maximises expected
-tokens per unit of r(m); the match length still sets the size, through a(L).
+suffix_index.py), not a suffix tree; it finds the longest match only, where the paper scores every match
+length and keeps the best; (b) the paper's budget, factor x match length (capped), and its fixed floor 0.1
+on the path probability are replaced by a(L), learned per context length, and the size that maximises
+expected tokens per unit of r(m); the match length still sets the size, through a(L); (c) a match is also
+judged by how common its last two tokens are in the target's own replies (the datastore): a pair they never
+hold starts from a more trusting prior, as a rare phrase recurring is more often a copy than chance.
 
 Exactness: the candidates are fixed tokens chosen from the text so far and from past rounds' outcomes,
 before this round draws anything, so each one's q is a point mass and the rules of verify/ keep the
@@ -62,6 +63,11 @@ from ..interfaces import Proposal
 from .suffix_index import MAX_MATCH, MIN_MATCH, SuffixIndex, copied_on
 
 MIN_PROB = 0.1  # candidates less likely than this are not grown (SuffixDecoding's min_token_prob)
+# a(L)'s prior is L / (L + offset): 2 for a match in the text or earlier outputs; 1 where the text's last two
+# tokens never occur together in the datastore (a rare pair matched is more likely a copy than chance);
+# 8 for the datastore, whose long matches in free text are stock phrases another reply went on from differently.
+# Chosen on the chat tasks' rounds priced (docs/suffix.md, "Settings tried"), checked on requests written after.
+PRIOR_OFFSET, RARE_PRIOR_OFFSET, DATASTORE_PRIOR_OFFSET = 2.0, 1.0, 8.0
 EARLIER_CAPACITY = 1 << 16  # tokens of earlier outputs kept (about 2 MB of arrays; 250 replies of 256 tokens)
 
 
@@ -72,9 +78,9 @@ class Calibration:
         a(L) = (hits + w0 * a0(L)) / (support + w0)
     each scored candidate adding its frequency f to `support` and 1 to `hits` when it was right, as a
     candidate followed by a share f of its parent's occurrences is expected right a(L) * f of the time.
-    The prior a0(L) = L / (L + 2) (at the bucket's smallest L: 1/3 after one matching token, 0.8 after 8),
-    weighted as w0 = 4 scored candidates, is a guess that a few rounds override (on SmolLM2's chat requests
-    w0 = 4 drafted a little better than 2, and a0 = L / (L + 4) worse: docs/suffix.md); each count decays by
+    The prior a0(L) = L / (L + offset) (at the bucket's smallest L; offset 2: 1/3 after one matching token,
+    0.8 after 8), weighted as w0 = 4 scored candidates, is a guess that a few rounds override (on SmolLM2's chat
+    requests w0 = 4 drafted a little better than 2: docs/suffix.md); each count decays by
     `decay` per update of its bucket, so a stretch of copying raises a(L) and free text lowers it again.
     The scoring needs no drafting: every
     round's likeliest path is checked against the tokens that arrive (SuffixDrafter.commit), and at any
@@ -83,8 +89,8 @@ class Calibration:
 
     N_BUCKETS = 7
 
-    def __init__(self, prior_weight: float = 4.0, decay: float = 0.95):
-        self.prior_weight, self.decay = prior_weight, decay
+    def __init__(self, prior_weight: float = 4.0, decay: float = 0.95, prior_offset: float = PRIOR_OFFSET):
+        self.prior_weight, self.decay, self.prior_offset = prior_weight, decay, prior_offset
         self.hits = [0.0] * self.N_BUCKETS  # [bucket] decayed count of candidates that were right
         self.support = [0.0] * self.N_BUCKETS  # [bucket] decayed sum of the scored candidates' f
 
@@ -95,7 +101,7 @@ class Calibration:
     def rate(self, context: int) -> float:
         b = self.bucket(context)
         smallest = 1 << b
-        prior = smallest / (smallest + 2)
+        prior = smallest / (smallest + self.prior_offset)
         return (self.hits[b] + self.prior_weight * prior) / (self.support[b] + self.prior_weight)
 
     def chance(self, context: int, f: float) -> float:
@@ -197,6 +203,7 @@ class _Prediction:
     """A source's likeliest path, made when ids had `start` tokens: scored against the tokens that follow."""
 
     start: int
+    calibration: Calibration  # the a(L) it scores
     tokens: list[int]
     contexts: list[int]
     freqs: list[float]
@@ -235,7 +242,13 @@ class SuffixDrafter:
         self.calls = 0  # it makes no forward passes
         self.earlier, self.datastore, self.cap = earlier, datastore, cap
         self.r = r
-        self.calibration = {source: Calibration() for source in self.SOURCES}
+        self.calibration = {  # a(L) per source, and for the text's and earlier outputs' matches of a rare pair
+            "text": Calibration(),
+            "earlier": Calibration(),
+            "datastore": Calibration(prior_offset=DATASTORE_PRIOR_OFFSET),
+            "text, rare pair": Calibration(prior_offset=RARE_PRIOR_OFFSET),
+            "earlier, rare pair": Calibration(prior_offset=RARE_PRIOR_OFFSET),
+        }
         self.proposed: Counter = Counter()  # rounds that drafted, by source
         self.text = SuffixIndex()  # the request's own text (set by begin)
         self.text_doc = self.text.start()
@@ -282,9 +295,9 @@ class SuffixDrafter:
 
     def _score(self, ids: list[int]) -> None:
         """Check each source's last likeliest path against the tokens that arrived since, and learn a(L)."""
-        for source, guess in self.pending.items():
+        for guess in self.pending.values():
             for token, context, f, actual in zip(guess.tokens, guess.contexts, guess.freqs, ids[guess.start :]):
-                self.calibration[source].update(context, f, actual == token)
+                guess.calibration.update(context, f, actual == token)
                 if actual != token:
                     break
         self.pending = {}
@@ -304,8 +317,13 @@ class SuffixDrafter:
 
     def candidates(self, ids: list[int], depth: int, n_max: int, chain: bool) -> dict[str, tuple]:
         """{source: (its candidates, the size n that pays best, speedup(n))}; the datastore only where no other
-        source drafts. Each source's likeliest path is kept, to be scored against the tokens that arrive."""
+        source drafts. Each source's likeliest path is kept, to be scored against the tokens that arrive.
+
+        A match in the text or earlier outputs is judged by the a(L) of matches of a rare pair where the text's
+        last two tokens never occur together in the datastore (the target's own replies): by chance such a pair
+        seldom recurs, so its match is more often a copy under way."""
         tail = list(ids[-MAX_MATCH:])
+        rare = None  # read once, at the first match
         found = {}
         for source in self.SOURCES:
             if source == "datastore" and any(n for _, n, _ in found.values()):
@@ -313,10 +331,13 @@ class SuffixDrafter:
             m, rows = self.lookup(source, tail, depth)
             if not m:
                 continue
-            trie = grow_candidates(rows, m, self.calibration[source].chances(), n_max, chain)
+            if rare is None:
+                rare = self.datastore is not None and self.datastore.count(tail[-2:]) == 0
+            calibration = self.calibration[f"{source}, rare pair" if rare and source != "datastore" else source]
+            trie = grow_candidates(rows, m, calibration.chances(), n_max, chain)
             path = trie.top_path()
             tokens, contexts, freqs = ([getattr(trie, a)[i] for i in path] for a in ("tokens", "contexts", "freqs"))
-            self.pending[source] = _Prediction(len(ids), tokens, contexts, freqs)
+            self.pending[source] = _Prediction(len(ids), calibration, tokens, contexts, freqs)
             found[source] = (trie, *best_size(trie.probs, self._r_values, n_max))
         return found
 

@@ -55,7 +55,7 @@ def brute_match(docs: list[list[int]], tail: list[int]):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_longest_match_and_continuations_are_brute_force_s(seed):
+def test_longest_match_counts_and_continuations_are_brute_force_s(seed):
     docs = replies(seed)
     store = Datastore.build(docs, 10)
     starts = np.flatnonzero(store.corpus == SEPARATOR)[:-1] + 1  # each reply's first position
@@ -69,6 +69,9 @@ def test_longest_match_and_continuations_are_brute_force_s(seed):
         m, ends = store.longest_match(tail)
         want_m, want = brute_match(docs, tail)
         assert m == want_m, tail
+        for k in range(1, min(3, len(tail)) + 1):  # how often the last k tokens occur inside one reply
+            want_count = sum(doc[e : e + k] == tail[-k:] for doc in docs for e in range(len(doc) - k + 1))
+            assert store.count(tail[-k:]) == want_count, (tail, k)
         reply_of = np.searchsorted(starts, ends, "right") - 1  # [n_ends]
         where = set(zip(reply_of.tolist(), (ends - starts[reply_of]).tolist()))
         if len(want) <= MAX_ENDS:

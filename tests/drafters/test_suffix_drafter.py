@@ -69,6 +69,23 @@ def test_it_drafts_long_where_the_text_repeats_and_nothing_on_a_short_match():
         assert len(started(SuffixDrafter(1000), ids).propose(ids, k, GREEDY, None, nodes)) == min(k, nodes or k)
 
 
+def test_a_match_of_a_pair_the_datastore_never_saw_is_trusted_sooner():
+    """Two tokens of evidence: the prior L / (L + 2) abstains (above), L / (L + 1) drafts. A pair the target's own
+    replies never hold gets the second; one they hold often, or no datastore to ask, the first."""
+    text = passage(0, 60)
+    short = text + passage(1, 20) + text[:2]  # [p0, p1] occurred once before
+    never = Datastore.build([passage(7, 50), passage(8, 50)], 1000)
+    often = Datastore.build([[text[0], text[1], t] for t in range(100, 140)], 1000)
+    assert never.count(text[:2]) == 0 and often.count(text[:2]) == 40
+    drafter = started(SuffixDrafter(1000, datastore=never), short)
+    proposal = drafter.propose(short, 32, GREEDY, None)
+    assert len(proposal) > 0 and proposal.tokens == text[2 : 2 + len(proposal)] and drafter.proposed == {"text": 1}
+    for abstains in (SuffixDrafter(1000, datastore=often), SuffixDrafter(1000)):
+        assert len(started(abstains, short).propose(short, 32, GREEDY, None)) == 0
+    drafter.commit(short + text[2:5], None)  # its guess is scored in the rare pairs' a(L), not the text's
+    assert drafter.calibration["text, rare pair"].hits[1] > 0 and drafter.calibration["text"].support == [0.0] * 7
+
+
 def test_what_it_learns_from_the_text_sets_the_size():
     """Scored against the tokens that arrive (nothing drafted is needed), a copy that keeps being right raises
     a(L) and the drafts grow to the cap; a copy that keeps being wrong silences it."""
@@ -122,13 +139,14 @@ def test_earlier_outputs_are_read_but_never_those_of_the_same_prompt():
 
 
 def test_the_datastore_is_read_where_nothing_else_proposes():
-    reply = passage(6, 30)
+    reply = passage(6, 50)
     store = Datastore.build([passage(7, 50), reply, passage(8, 50)], 1000)
-    asked = [4, 5] + reply[:10]
+    asked = [4, 5] + reply[:16]  # 16 tokens of another reply: its prior L / (L + 8) is 2/3 here
     drafter = started(SuffixDrafter(1000, datastore=store), asked)
     proposal = drafter.propose(asked, 32, GREEDY, None)
-    assert proposal.tokens == reply[10 : 10 + len(proposal)] and len(proposal) > 0
+    assert proposal.tokens == reply[16 : 16 + len(proposal)] and len(proposal) > 0
     assert drafter.proposed == {"datastore": 1}
+    assert len(started(SuffixDrafter(1000, datastore=store), asked[:-8]).propose(asked[:-8], 32, GREEDY, None)) == 0
     here = asked + [7, 8] + reply[:10]  # the text itself now has the match: the datastore is not read
     drafter = started(SuffixDrafter(1000, datastore=store), here)
     assert len(drafter.propose(here, 32, GREEDY, None)) and drafter.proposed == {"text": 1}
