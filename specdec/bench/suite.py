@@ -221,6 +221,12 @@ def suite_table(results: dict[str, dict[str, dict]], out: TextIO) -> None:
                 f"\n{label}: speedup per prompt (each the median of its repeats): median {statistics.median(each):.2f}x, "
                 f"{min(each):.2f}x to {max(each):.2f}x over {len(each)} prompts\n"
             )
+            kinds = [(cat, results[label][cat].get("prompt_speedups") or []) for cat in cats if cat != "all"]
+            out.write(
+                "  by category, the median prompt (lowest-highest): "
+                + ", ".join(f"{c} {statistics.median(x):.2f}x ({min(x):.2f}-{max(x):.2f}x)" for c, x in kinds if x)
+                + "\n"
+            )
         by_position = results[label]["all"].get("acceptance_by_position") or []
         if by_position:
             out.write(

@@ -167,7 +167,11 @@ def test_suite_cli(folders, capsys, tmp_path):
     assert lines[11].startswith(f"{folders['small']}: speedup per prompt (each the median of its repeats): median ")
     n_prompts = len(load_prompts()["lists"]) + len(load_prompts()["dialogue"])
     assert lines[11].endswith(f" over {n_prompts} prompts")
-    assert lines[13].startswith(f"{folders['small']}: acceptance by draft position (all prompts): 1: ")
+    assert re.fullmatch(
+        r"  by category, the median prompt \(lowest-highest\): lists [\d.]+x \([\d.]+-[\d.]+x\), dialogue [\d.]+x .*",
+        lines[12],
+    )
+    assert lines[14].startswith(f"{folders['small']}: acceptance by draft position (all prompts): 1: ")
     assert set(json.loads(path.read_text())) == {str(folders["small"]), "ngram"}
 
 
