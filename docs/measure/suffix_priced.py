@@ -89,6 +89,19 @@ def run_rate_rule(drafter) -> None:
     drafter.propose, drafter.commit, drafter.sized = counted_propose, counted_commit, sized
 
 
+VARIANTS = (
+    "kept",
+    "before",
+    "text-only",
+    "rate",
+    "datastore-prior",
+    "rare-prior",
+    "rare-start",
+    "fitted-prior",
+    "carry",
+)
+
+
 def prior_table(offset: float) -> tuple:
     """a0(L) = L / (L + offset) at each bucket's smallest L."""
     return tuple((1 << b) / ((1 << b) + offset) for b in range(suffix.Calibration.N_BUCKETS))
@@ -98,7 +111,10 @@ def variant_drafter(target, curve, variant: str, state: dict):
     """A suffix drafter set up as `variant` says (see the module), deciding on `curve`. state: a dict the runs of
     one variant share (carry keeps its calibrations there). Needs Calibration.rate patched by `with_prior`, as
     priced_runs does (a calibration without a table keeps the drafter's own prior)."""
-    parts = dict(part.partition(":")[::2] for part in variant.split("+"))  # "rare:0.5+datastore-prior:8": both
+    parts = dict(part.partition(":")[::2] for part in variant.split("+"))  # "rare-prior:0.5+rate": both
+    unknown = set(parts) - set(VARIANTS)
+    if unknown or "before" in parts and {"rare-prior", "rare-start"} & set(parts):
+        raise SystemExit(f"{variant}: unknown ({', '.join(sorted(unknown))}), or before with a rare-pair prior")
     drafter = suffix.SuffixDrafter(target.n_vocab) if "text-only" in parts else suffix_drafter("", target)
     drafter.r = curve
     rare = [f"{source}, rare pair" for source in ("text", "earlier")]

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python docs/measure/suffix_rare_pairs.py [--tasks FILE]
 
-Every chat request (specdec/bench/chat_tasks.json) is decoded greedily (up to 128 tokens); then, at every
+Every chat request (specdec/bench/chat_tasks.json, or --tasks) is decoded greedily (up to 128 tokens); then, at every
 position of each reply, the text so far is looked up as the suffix drafter looks it up (its longest earlier
 match, m tokens) and the likeliest continuation is checked against the reply: right or not, and how many of its
 tokens in a row were. Places are counted by the match's length (2-3, 4-7, 8+ tokens) and by how often the text's

@@ -151,12 +151,14 @@ class Datastore:
         return m, np.sort(self.ends[picked].astype(np.int64))
 
     def count(self, tokens: Sequence[int]) -> int:
-        """How often `tokens` occur in the corpus, inside one reply (the size of their range of `ends`).
+        """How often `tokens` (one or more token ids) occur in the corpus, inside one reply (the size of their
+        range of `ends`).
 
         >>> store = Datastore.build([[5, 1, 2, 3], [9, 1, 2, 4]], 10)
         >>> store.count([1, 2]), store.count([2, 1]), store.count([3, 9])   # none across two replies
         (2, 0, 0)
         """
+        assert len(tokens) and SEPARATOR not in tokens, "count one or more token ids"
         lo, hi = 0, len(self.ends)
         for j in range(len(tokens)):
             lo, hi = self._narrow(lo, hi, j, int(tokens[-1 - j]))

@@ -64,9 +64,10 @@ from .suffix_index import MAX_MATCH, MIN_MATCH, SuffixIndex, copied_on
 
 MIN_PROB = 0.1  # candidates less likely than this are not grown (SuffixDecoding's min_token_prob)
 # a(L)'s prior is L / (L + offset): 2 for a match in the text or earlier outputs; 1 where the text's last two
-# tokens never occur together in the datastore (a rare pair matched is more likely a copy than chance);
-# 8 for the datastore, whose long matches in free text are stock phrases another reply went on from differently.
-# Chosen on the chat tasks' rounds priced (docs/suffix.md, "Settings tried"), checked on requests written after.
+# tokens never occur together in the datastore (measured on the request's own text: such a match is more often
+# a copy than chance; earlier outputs follow the same rule); 8 for the datastore, whose long matches in free text
+# are stock phrases another reply went on from differently. Chosen on the chat tasks' rounds priced
+# (docs/suffix.md, "Settings tried"), checked on requests written after.
 PRIOR_OFFSET, RARE_PRIOR_OFFSET, DATASTORE_PRIOR_OFFSET = 2.0, 1.0, 8.0
 EARLIER_CAPACITY = 1 << 16  # tokens of earlier outputs kept (about 2 MB of arrays; 250 replies of 256 tokens)
 
@@ -331,9 +332,9 @@ class SuffixDrafter:
             m, rows = self.lookup(source, tail, depth)
             if not m:
                 continue
-            if rare is None:
+            if rare is None:  # the first source with a match: is the text's last pair one the datastore never saw?
                 rare = self.datastore is not None and self.datastore.count(tail[-2:]) == 0
-            calibration = self.calibration[f"{source}, rare pair" if rare and source != "datastore" else source]
+            calibration = self.calibration[f"{source}, rare pair" if rare else source]  # (the datastore: never rare)
             trie = grow_candidates(rows, m, calibration.chances(), n_max, chain)
             path = trie.top_path()
             tokens, contexts, freqs = ([getattr(trie, a)[i] for i in path] for a in ("tokens", "contexts", "freqs"))

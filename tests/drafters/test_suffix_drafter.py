@@ -84,6 +84,18 @@ def test_a_match_of_a_pair_the_datastore_never_saw_is_trusted_sooner():
         assert len(started(abstains, short).propose(short, 32, GREEDY, None)) == 0
     drafter.commit(short + text[2:5], None)  # its guess is scored in the rare pairs' a(L), not the text's
     assert drafter.calibration["text, rare pair"].hits[1] > 0 and drafter.calibration["text"].support == [0.0] * 7
+    # The same for a match in earlier outputs.
+    store = SuffixIndex(EARLIER_CAPACITY)
+    first = started(SuffixDrafter(1000, earlier=store, datastore=never), [1, 2, 3])
+    first.commit([1, 2, 3] + text, None)  # an earlier reply
+    asked = [4, 5] + text[:2]
+    other = started(first.fresh(), asked)
+    proposal = other.propose(asked, 32, GREEDY, None)
+    assert len(proposal) > 0 and proposal.tokens == text[2 : 2 + len(proposal)] and other.proposed == {"earlier": 1}
+    other.commit(asked + text[2:5], None)
+    assert other.calibration["earlier, rare pair"].hits[1] > 0 and other.calibration["earlier"].support == [0.0] * 7
+    common = started(SuffixDrafter(1000, earlier=store, datastore=often), asked)
+    assert len(common.propose(asked, 32, GREEDY, None)) == 0
 
 
 def test_what_it_learns_from_the_text_sets_the_size():
