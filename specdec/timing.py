@@ -230,12 +230,13 @@ def costs_for(target: CausalLM, draft, drafter, context: list[int], m_max: int, 
     """The costs of `target` with `draft` (the spec or object a caller passed; `drafter` what it was built
     into), timed once per process up to an m_max pass and reused afterwards; timed again for a wider pass,
     or on every call under SPECDEC_KERNELS=measure. say(line): told before a timing (default: stderr)."""
-    key = draft if isinstance(draft, str) else type(draft).__name__ if isinstance(draft, LOOKUPS) else id(draft)
+    lookup = isinstance(draft, LOOKUPS)
+    key = draft if isinstance(draft, str) else type(draft).__name__ if lookup else id(draft)
     timed = _TIMED.setdefault(target, {})
     _, widest, costs = timed.get(key, (None, 0, None))
     if costs is None or m_max > widest or kernels_mode() == "measure":
         say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         say(f"measuring the forward-pass costs (c and r(m) for m = 1..{m_max}; once in this process)")
         costs = measure_costs(target, drafter, context, m_max=m_max, repeats=REPEATS)
-        timed[key] = (None if isinstance(draft, LOOKUPS) else draft, m_max, costs)
+        timed[key] = (None if lookup else draft, m_max, costs)
     return costs

@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from specdec import autoregressive_sample, load_model, speculative_sample
-from specdec.timing import _TIMED
+from specdec.timing import costs_for
 
 TASKS = os.path.join(os.path.dirname(__file__), "..", "..", "specdec", "bench", "chat_tasks.json")
 
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         return out
 
     speculative_sample(target, args.draft, "hi", 4, chat=True)  # times the costs, once
-    r = next(iter(_TIMED[target].values()))[2].r
+    r = costs_for(target, args.draft, None, [], 1).r  # what that call timed (1: never a wider pass)
     print("timed r(1..9):", [round(x, 2) for x in r[:9]], "r(17)", round(r[16], 2), "r(33)", round(r[32], 2))
     target.forward = timed
     ratios = collections.defaultdict(list)
