@@ -32,8 +32,8 @@ import numpy as np
 from specdec.cli.args import parse_args
 from specdec.autoregressive import autoregressive_sample
 from specdec.checkpoints.load import load_model
+from specdec.config import Config, make_request
 from specdec.cli.equivalent import equivalent
-from specdec.request import make_request
 from specdec.speculative import speculative_sample
 
 # One prompt per kind of reply: copying from the prompt, code, a list, an explanation, a short answer.
@@ -105,7 +105,7 @@ def main() -> int:
         exec(split_snippet(snippet)[1], namespace)  # prints the text transformers wrote
         ids = namespace["inputs"]["input_ids"][0].tolist()
         theirs = namespace["out"][0, len(ids) :].tolist()
-        request = make_request(target, prompt, args.n_tokens, chat=True)
+        request = make_request(target, prompt, args.n_tokens, Config(chat=True))
         speculative = speculative_sample(target, "ngram:3", prompt, args.n_tokens, K=args.K, chat=True)
         plain = autoregressive_sample(target, prompt, args.n_tokens, chat=True)
         print(f"    prompt ids identical: {request.prompt == ids} ({len(ids)} tokens); specdec: {speculative.text!r}")

@@ -4,7 +4,7 @@ import collections, os, sys, time
 import numpy as np
 import specdec
 from specdec.checkpoints.load import load_model
-from specdec.model import base, llama, packing
+from specdec.model import base, linear, llama
 
 repeats = int(sys.argv[1])
 ms = [int(a) for a in sys.argv[2].split(",")]
@@ -25,21 +25,23 @@ def wrap(mod, fname, label=None):
     setattr(mod, fname, w)
 
 
-shapes = {}
-f_lin = llama.linear
+NAMES = {960: "qkv", 576: "output/down", 3072: "gate_up", model.hparams.n_vocab: "LM head"}  # by rows out
+products = linear.PRODUCTS  # the products this process runs (SPECDEC_KERNELS): each call timed by its matrix
 
 
-def lin(x, l):
-    s = time.perf_counter()
-    r = f_lin(x, l)
-    acc["linear " + {960: "qkv", 576: "output/down", 3072: "gate_up"}.get(l.w_t.shape[0], str(l.w_t.shape[0]))] += (
-        time.perf_counter() - s
-    )
-    return r
+class Timed:
+    name = products.name
+    pass_of = staticmethod(products.pass_of)
+
+    @staticmethod
+    def matmul(x, lin):
+        s = time.perf_counter()
+        r = products.matmul(x, lin)
+        acc["linear " + NAMES.get(lin.w_t.shape[0], str(lin.w_t.shape[0]))] += time.perf_counter() - s
+        return r
 
 
-llama.linear = lin
-wrap(packing, "linear", "linear LM head")
+linear.set_products(Timed)
 for fn in ["grouped_attention", "rotate", "rms_norm", "silu", "rope_tables"]:
     wrap(llama, fn)
 wrap(base, "pack")
