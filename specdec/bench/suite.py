@@ -73,15 +73,33 @@ class Tally:
     lengths: list[int] = field(default_factory=lambda: [0] * len(LENGTH_BINS))  # rounds by drafts accepted, binned
     each: list[list[float]] = field(default_factory=list)  # [i] = prompt i's speedup (of rates) in each repeat
     seen: list[int] = field(default_factory=list)  # per repeat: prompts added so far
+    # Decoding alone: the prompt's pass (timed as plain decoding's first token, which comes with it) taken out of
+    # both. Plain decoding then wrote its tokens but the first; speculative decoding, which reads all of the prompt
+    # but its last token before its first round, wrote all of its own.
+    ar_decode: list[list[float]] = field(default_factory=list)  # per repeat: [seconds, tokens]
+    spec_decode: list[list[float]] = field(default_factory=list)  # per repeat: [seconds, tokens]
+    each_decode: list[list[float]] = field(default_factory=list)  # [i] = prompt i's decoding-alone speedup per repeat
 
-    def add(self, repeat: int, ar_seconds: float, ar_tokens: int, spec_seconds: float, result) -> None:
+    def add(
+        self, repeat: int, ar_seconds: float, ar_tokens: int, spec_seconds: float, result, prompt_seconds: float = 0.0
+    ) -> None:
         while len(self.ar_seconds) <= repeat:
             for series in (self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens, self.seen):
                 series.append(0)
+            self.ar_decode.append([0.0, 0])
+            self.spec_decode.append([0.0, 0])
         i, self.seen[repeat] = self.seen[repeat], self.seen[repeat] + 1
         if i == len(self.each):
             self.each.append([])
+            self.each_decode.append([])
         self.each[i].append(len(result.tokens) * ar_seconds / (spec_seconds * ar_tokens))
+        ar_decode = (ar_seconds - prompt_seconds, ar_tokens - 1)
+        spec_decode = (spec_seconds - prompt_seconds, len(result.tokens))
+        if ar_decode[1] > 0 and min(ar_decode[0], spec_decode[0]) > 0:  # a 1-token reply has no decoding to time
+            self.each_decode[i].append(spec_decode[1] * ar_decode[0] / (spec_decode[0] * ar_decode[1]))
+        for total, (seconds, tokens) in ((self.ar_decode[repeat], ar_decode), (self.spec_decode[repeat], spec_decode)):
+            total[0] += seconds
+            total[1] += tokens
         self.ar_seconds[repeat] += ar_seconds
         self.spec_seconds[repeat] += spec_seconds
         self.ar_tokens[repeat] += ar_tokens
@@ -109,10 +127,14 @@ class Tally:
             ratio(st * a, s * at)
             for a, s, at, st in zip(self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens)
         )
+        decode = sorted(ratio(st * a, s * at) for (a, at), (s, st) in zip(self.ar_decode, self.spec_decode))
         return {
             "speedup": statistics.median(speedups) if speedups else math.nan,
             "speedup_min": speedups[0] if speedups else math.nan,
             "speedup_max": speedups[-1] if speedups else math.nan,
+            "decode_speedup": statistics.median(decode) if decode else math.nan,  # the prompt's pass left out
+            "decode_speedup_min": decode[0] if decode else math.nan,
+            "decode_speedup_max": decode[-1] if decode else math.nan,
             "repeats": len(speedups),
             "tau": ratio(self.tokens, self.rounds),
             "alpha": ratio(self.accepted, self.judged),
@@ -121,6 +143,7 @@ class Tally:
             "acceptance_by_position": [ratio(a, j) for a, j in self.by_position],
             "accepted_per_round": dict(zip(LENGTH_LABELS, self.lengths)),  # rounds by drafts accepted in them
             "prompt_speedups": [statistics.median(x) for x in self.each],  # each prompt's, the median of repeats
+            "prompt_decode_speedups": [statistics.median(x) if x else math.nan for x in self.each_decode],
             "ar_seconds": statistics.median(self.ar_seconds) if self.ar_seconds else math.nan,
             "spec_seconds": statistics.median(self.spec_seconds) if self.spec_seconds else math.nan,
         }
@@ -164,7 +187,10 @@ def run_suite(
     a drafter object). K: as speculative_sample takes it (None: each drafter's own: 32 for suffix decoding, which
     sizes its rounds, 4 for the others; "auto": chosen by the costs). Timing is interleaved: each repeat decodes every prompt once plainly and then once
     per drafter, with the same seed, so a change in the machine's load falls on all of them alike; a
-    repeat's speedup is a ratio of token rates summed within a category. chat: each prompt is a user
+    repeat's speedup is a ratio of token rates summed within a category. The decoding-alone speedup leaves the
+    prompt's pass out of both (it is the same pass: speculation cannot shorten it, and on a CPU a long prompt's
+    pass outweighs a short reply's decoding): plain decoding's time after its first token, which comes with the
+    prompt's pass, against speculative decoding's time less that pass. chat: each prompt is a user
     message to a chat model (its template applied; a reply may end before n_tokens). tree: draft token
     trees of up to this many nodes instead of chains.
     """
@@ -180,31 +206,43 @@ def run_suite(
         for cat, prompt_ids in ids.items():
             for i, prompt in enumerate(prompt_ids):
                 say(f"  repeat {repeat + 1}/{repeats}, {cat} {i + 1}/{len(prompt_ids)}")
-                ar_seconds, ar = _seconds(lambda: autoregressive_sample(target, prompt, n_tokens, **settings))
+                first = []  # when plain decoding's first token came: the end of the prompt's pass
+                on_token = lambda token, kind: first or first.append(time.perf_counter())  # noqa: E731
+                start = time.perf_counter()
+                ar = autoregressive_sample(target, prompt, n_tokens, on_token=on_token, **settings)
+                ar_seconds = time.perf_counter() - start
+                prompt_seconds = first[0] - start if first else 0.0
                 for label, draft in drafts.items():
                     spec_seconds, result = _seconds(
                         lambda: speculative_sample(target, draft, prompt, n_tokens, K=K, tree=tree, **settings)
                     )
                     for key in (cat, "all"):
-                        tallies[label][key].add(repeat, ar_seconds, len(ar.tokens), spec_seconds, result)
+                        tallies[label][key].add(
+                            repeat, ar_seconds, len(ar.tokens), spec_seconds, result, prompt_seconds
+                        )
     return {label: {cat: t.row() for cat, t in by_cat.items()} for label, by_cat in tallies.items()}
 
 
 def suite_table(results: dict[str, dict[str, dict]], out: TextIO) -> None:
-    """Markdown: one row per category, speedup / tau / alpha for each drafter (the speedup's range over
-    repeats in brackets when there were several), then each drafter's acceptance by draft position."""
+    """Markdown: one row per category, speedup / decoding alone / tau / alpha for each drafter (a speedup's range
+    over repeats in brackets when there were several), then each drafter's acceptance by draft position."""
     labels = list(results)
     cats = list(next(iter(results.values())))
-    out.write("| category | " + " | ".join(f"{x} speedup | {x} tau | {x} alpha" for x in labels) + " |\n")
-    out.write("|---" * (1 + 3 * len(labels)) + "|\n")
+    out.write(
+        "| category | " + " | ".join(f"{x} speedup | {x} decoding alone | {x} tau | {x} alpha" for x in labels) + " |\n"
+    )
+    out.write("|---" * (1 + 4 * len(labels)) + "|\n")
     for cat in cats:
         cells = []
         for label in labels:
             row = results[label][cat]
-            speedup = f"{row['speedup']:.2f}x"
-            if row.get("repeats", 1) > 1:
-                speedup += f" [{row['speedup_min']:.2f}-{row['speedup_max']:.2f}]"
-            cells += [speedup, f"{row['tau']:.2f}", _num(row["alpha"])]
+            speedups = []
+            for key in ("speedup", "decode_speedup"):
+                cell = f"{row[key]:.2f}x"
+                if row.get("repeats", 1) > 1:
+                    cell += f" [{row[key + '_min']:.2f}-{row[key + '_max']:.2f}]"
+                speedups.append(cell)
+            cells += [*speedups, f"{row['tau']:.2f}", _num(row["alpha"])]
         out.write(f"| {cat} | " + " | ".join(cells) + " |\n")
     lengths = {label: results[label]["all"].get("accepted_per_round") for label in labels}
     if all(lengths.values()):
@@ -215,16 +253,22 @@ def suite_table(results: dict[str, dict[str, dict]], out: TextIO) -> None:
             total = sum(counts.values()) or 1
             out.write(f"| {label} | " + " | ".join(f"{100 * counts[b] / total:.0f}%" for b in bins) + " |\n")
     for label in labels:
-        each = results[label]["all"].get("prompt_speedups") or []
-        if each:
+        for key, what in (("prompt_speedups", "speedup"), ("prompt_decode_speedups", "decoding alone")):
+            each = [x for x in results[label]["all"].get(key) or [] if not math.isnan(x)]
+            if not each:
+                continue
             out.write(
-                f"\n{label}: speedup per prompt (each the median of its repeats): median {statistics.median(each):.2f}x, "
-                f"{min(each):.2f}x to {max(each):.2f}x over {len(each)} prompts\n"
+                f"\n{label}: {what} per prompt (each the median of its repeats): median "
+                f"{statistics.median(each):.2f}x, {min(each):.2f}x to {max(each):.2f}x over {len(each)} prompts\n"
             )
-            kinds = [(cat, results[label][cat].get("prompt_speedups") or []) for cat in cats if cat != "all"]
+            kinds = [(cat, [x for x in results[label][cat].get(key) or [] if not math.isnan(x)]) for cat in cats]
             out.write(
                 "  by category, the median prompt (lowest-highest): "
-                + ", ".join(f"{c} {statistics.median(x):.2f}x ({min(x):.2f}-{max(x):.2f}x)" for c, x in kinds if x)
+                + ", ".join(
+                    f"{c} {statistics.median(x):.2f}x ({min(x):.2f}-{max(x):.2f}x)"
+                    for c, x in kinds
+                    if x and c != "all"
+                )
                 + "\n"
             )
         by_position = results[label]["all"].get("acceptance_by_position") or []

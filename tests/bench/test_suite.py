@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -129,6 +131,43 @@ def test_repeats_interleave_and_give_a_spread_and_acceptance_by_position(folders
     assert by_position[0] == row["alpha"] or len(by_position) > 1  # one judged position: its rate is alpha
 
 
+def test_decoding_alone_leaves_the_prompts_pass_out_of_both(monkeypatch):
+    """On a made-up clock: the prompt's pass takes 2 s; plain decoding 1 s a token; speculative decoding writes
+    the same 9 tokens in 3 rounds of 1 s. End to end 10 s against 5 s (2x); after the prompt's pass, plain
+    decoding wrote 8 tokens in 8 s and speculative 9 in 3 s (3x). A bench that divided the whole times only, or
+    took the pass out of one side, gives something else."""
+    now = [0.0]
+    monkeypatch.setattr(suite.time, "perf_counter", lambda: now[0])
+    result = SimpleNamespace(tokens=[1] * 9, rounds=3, accepted=6, judged=[2, 2, 2], accepted_per_round=[2, 2, 2])
+
+    def plain(target, prompt, n_tokens, on_token=None, **settings):
+        for i in range(9):
+            now[0] += 2.0 if i == 0 else 1.0
+            if on_token:  # the warm-up call has none
+                on_token(7, "target")
+        return SimpleNamespace(tokens=[7] * 9)
+
+    def speculative(target, draft, prompt, n_tokens, **settings):
+        now[0] += 2.0 + 3.0
+        return result
+
+    monkeypatch.setattr(suite, "autoregressive_sample", plain)
+    monkeypatch.setattr(suite, "speculative_sample", speculative)
+    row = suite.run_suite(None, {"d": "ngram"}, {"code": ["a", "b"]}, n_tokens=9, repeats=2, chat=True)["d"]["all"]
+    assert row["speedup"] == pytest.approx(2.0) and row["decode_speedup"] == pytest.approx(3.0)
+    assert row["prompt_speedups"] == pytest.approx([2.0, 2.0])
+    assert row["prompt_decode_speedups"] == pytest.approx([3.0, 3.0])
+
+
+def test_a_one_token_reply_has_no_decoding_to_time():
+    tally = suite.Tally()
+    tally.add(
+        0, 1.0, 1, 1.0, SimpleNamespace(tokens=[5], rounds=1, accepted=0, judged=[0], accepted_per_round=[0]), 1.0
+    )
+    row = tally.row()
+    assert row["speedup"] == 1.0 and math.isnan(row["prompt_decode_speedups"][0])
+
+
 def test_chat_prompts_are_user_messages_and_rates_are_compared(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "train"))  # the tiny chat Llama lives there
     from test_distill import chat_model
@@ -171,7 +210,9 @@ def test_suite_cli(folders, capsys, tmp_path):
         r"  by category, the median prompt \(lowest-highest\): lists [\d.]+x \([\d.]+-[\d.]+x\), dialogue [\d.]+x .*",
         lines[12],
     )
-    assert lines[14].startswith(f"{folders['small']}: acceptance by draft position (all prompts): 1: ")
+    assert lines[14].startswith(f"{folders['small']}: decoding alone per prompt (each the median of its repeats): ")
+    assert lines[15].startswith("  by category, the median prompt (lowest-highest): lists ")
+    assert lines[17].startswith(f"{folders['small']}: acceptance by draft position (all prompts): 1: ")
     assert set(json.loads(path.read_text())) == {str(folders["small"]), "ngram"}
 
 
