@@ -82,8 +82,8 @@ def run_suite(
     sizes its rounds, 4 for the others; "auto": chosen by the costs). Timing is interleaved: each repeat decodes every prompt once plainly and then once
     per drafter, with the same seed, so a change in the machine's load falls on all of them alike; a
     repeat's speedup is a ratio of token rates summed within a category. The decoding-alone speedup leaves the
-    prompt's pass out of both (it is the same pass: speculation cannot shorten it, and on a CPU a long prompt's
-    pass outweighs a short reply's decoding): plain decoding's time after its first token, which comes with the
+    prompt's pass out of both (it is the same pass, which speculation cannot shorten, and it weighs most where
+    a reply is short against its prompt): plain decoding's time after its first token, which comes with the
     prompt's pass, against speculative decoding's time less that pass. chat: each prompt is a user
     message to a chat model (its template applied; a reply may end before n_tokens). tree: draft token
     trees of up to this many nodes instead of chains.
@@ -100,12 +100,12 @@ def run_suite(
         for cat, prompt_ids in ids.items():
             for i, prompt in enumerate(prompt_ids):
                 say(f"  repeat {repeat + 1}/{repeats}, {cat} {i + 1}/{len(prompt_ids)}")
-                first = []  # when plain decoding's first token came: the end of the prompt's pass
-                on_token = lambda token, kind: first or first.append(time.perf_counter())  # noqa: E731
+                first_token_at = []  # when plain decoding's first token came: the end of the prompt's pass
+                on_token = lambda token, kind: first_token_at or first_token_at.append(time.perf_counter())  # noqa: E731
                 start = time.perf_counter()
                 ar = autoregressive_sample(target, prompt, n_tokens, on_token=on_token, **settings)
                 ar_seconds = time.perf_counter() - start
-                prompt_seconds = first[0] - start if first else 0.0
+                prompt_seconds = first_token_at[0] - start if first_token_at else 0.0
                 for label, draft in drafts.items():
                     spec_seconds, result = _seconds(
                         lambda: speculative_sample(target, draft, prompt, n_tokens, K=K, tree=tree, **settings)

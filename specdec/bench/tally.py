@@ -33,16 +33,20 @@ class Tally:
     # Decoding alone: the prompt's pass (timed as plain decoding's first token, which comes with it) taken out of
     # both. Plain decoding then wrote its tokens but the first; speculative decoding, which reads all of the prompt
     # but its last token before its first round, wrote all of its own.
+    prompt_seconds: list[float] = field(default_factory=list)  # per repeat: seconds of the prompts' passes
     ar_decode: list[list[float]] = field(default_factory=list)  # per repeat: [seconds, tokens]
     spec_decode: list[list[float]] = field(default_factory=list)  # per repeat: [seconds, tokens]
     each_decode: list[list[float]] = field(default_factory=list)  # [i] = prompt i's decoding-alone speedup per repeat
 
     def add(
-        self, repeat: int, ar_seconds: float, ar_tokens: int, spec_seconds: float, result, prompt_seconds: float = 0.0
+        self, repeat: int, ar_seconds: float, ar_tokens: int, spec_seconds: float, result, prompt_seconds: float
     ) -> None:
+        """One prompt's timed pair: plain decoding (ar_seconds, ar_tokens written), speculative decoding (spec_seconds,
+        its DecodeResult), and prompt_seconds, the prompt's pass (plain decoding's time to its first token)."""
         while len(self.ar_seconds) <= repeat:
             for series in (self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens, self.seen):
                 series.append(0)
+            self.prompt_seconds.append(0.0)
             self.ar_decode.append([0.0, 0])
             self.spec_decode.append([0.0, 0])
         i, self.seen[repeat] = self.seen[repeat], self.seen[repeat] + 1
@@ -57,6 +61,7 @@ class Tally:
         for total, (seconds, tokens) in ((self.ar_decode[repeat], ar_decode), (self.spec_decode[repeat], spec_decode)):
             total[0] += seconds
             total[1] += tokens
+        self.prompt_seconds[repeat] += prompt_seconds
         self.ar_seconds[repeat] += ar_seconds
         self.spec_seconds[repeat] += spec_seconds
         self.ar_tokens[repeat] += ar_tokens
@@ -103,6 +108,11 @@ class Tally:
             "prompt_decode_speedups": [statistics.median(x) if x else math.nan for x in self.each_decode],
             "ar_seconds": statistics.median(self.ar_seconds) if self.ar_seconds else math.nan,
             "spec_seconds": statistics.median(self.spec_seconds) if self.spec_seconds else math.nan,
+            "prompt_seconds": statistics.median(self.prompt_seconds) if self.prompt_seconds else math.nan,
+            # the prompts' passes as a share of plain decoding's time, per repeat, the median
+            "prompt_share": statistics.median(ratio(p, a) for p, a in zip(self.prompt_seconds, self.ar_seconds))
+            if self.prompt_seconds
+            else math.nan,
         }
 
 
@@ -132,9 +142,9 @@ def suite_table(results: dict[str, dict[str, dict]], out: TextIO) -> None:
             row = results[label][cat]
             speedups = []
             for key in ("speedup", "decode_speedup"):
-                cell = f"{row[key]:.2f}x"
+                cell = f"{_num(row[key])}x"
                 if row.get("repeats", 1) > 1:
-                    cell += f" [{row[key + '_min']:.2f}-{row[key + '_max']:.2f}]"
+                    cell += f" [{_num(row[key + '_min'])}-{_num(row[key + '_max'])}]"
                 speedups.append(cell)
             cells += [*speedups, f"{row['tau']:.2f}", _num(row["alpha"])]
         out.write(f"| {cat} | " + " | ".join(cells) + " |\n")
@@ -172,6 +182,13 @@ def suite_table(results: dict[str, dict[str, dict]], out: TextIO) -> None:
                 + ", ".join(f"{i + 1}: {_num(a)}" for i, a in enumerate(by_position))
                 + "\n"
             )
+    shares = [(cat, results[labels[0]][cat].get("prompt_share")) for cat in cats]  # the same for every drafter
+    if all(share is not None for _, share in shares):
+        out.write(
+            "\nthe prompts' passes (left out of decoding alone), share of plain decoding's time: "
+            + ", ".join(f"{cat} " + ("-" if math.isnan(share) else f"{100 * share:.0f}%") for cat, share in shares)
+            + "\n"
+        )
 
 
 def _num(x: float) -> str:

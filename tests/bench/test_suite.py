@@ -157,6 +157,18 @@ def test_decoding_alone_leaves_the_prompts_pass_out_of_both(monkeypatch):
     assert row["speedup"] == pytest.approx(2.0) and row["decode_speedup"] == pytest.approx(3.0)
     assert row["prompt_speedups"] == pytest.approx([2.0, 2.0])
     assert row["prompt_decode_speedups"] == pytest.approx([3.0, 3.0])
+    assert row["prompt_seconds"] == pytest.approx(4.0) and row["prompt_share"] == pytest.approx(0.2)  # 2 x 2 s of 20 s
+
+
+def test_decoding_alone_compares_rates_when_the_replies_differ_in_length():
+    """At T = 1 the two decoders write different replies: plain decoding 9 tokens in 10 s (its first with the
+    prompt's 2 s pass), speculative decoding 5 in 4 s. Decoding alone: 8 tokens in 8 s against 5 in 2 s."""
+    tally = suite.Tally()
+    result = SimpleNamespace(tokens=[1] * 5, rounds=2, accepted=3, judged=[2, 2], accepted_per_round=[2, 1])
+    tally.add(0, 10.0, 9, 4.0, result, 2.0)
+    row = tally.row()
+    assert row["speedup"] == pytest.approx((5 / 4) / (9 / 10)) and row["decode_speedup"] == pytest.approx(2.5)
+    assert row["prompt_decode_speedups"] == pytest.approx([2.5])
 
 
 def test_a_one_token_reply_has_no_decoding_to_time():
@@ -213,6 +225,11 @@ def test_suite_cli(folders, capsys, tmp_path):
     assert lines[14].startswith(f"{folders['small']}: decoding alone per prompt (each the median of its repeats): ")
     assert lines[15].startswith("  by category, the median prompt (lowest-highest): lists ")
     assert lines[17].startswith(f"{folders['small']}: acceptance by draft position (all prompts): 1: ")
+    assert re.fullmatch(
+        r"the prompts' passes \(left out of decoding alone\), share of plain decoding's time: "
+        r"lists [\d.]+%, dialogue [\d.]+%, all [\d.]+%",
+        lines[-1],
+    )
     assert set(json.loads(path.read_text())) == {str(folders["small"]), "ngram"}
 
 
