@@ -1,11 +1,14 @@
 """Suffix decoding's greedy rounds on the chat tasks, priced on an r(m) curve: settings compared without the clock.
 
     PYTHONPATH=. python docs/measure/suffix_priced.py [--curve smollm2|cheap] [--variant kept] [--variant rate] ...
+    PYTHONPATH=. python docs/measure/suffix_priced.py --temperature 1 --seeds 3    # sampled replies
 
 At temperature 0 a run's rounds are deterministic, so two settings of the drafter can be compared exactly: each
 chat request (specdec/bench/chat_tasks.json) is decoded once per setting, the drafter deciding on the curve
 given, and the run is priced on that curve as (tokens) / (sum over rounds of r(drafted + 1)), the prompt's pass
 left out. The machine's load, which moves wall-clock runs of the same rounds by up to 50% here, does not enter.
+With --temperature above 0 each request is decoded once per seed (1, 2, ...) and each run priced on its own rounds:
+the target samples, so two settings no longer see the same reply, and the figures compare settings only on average.
 
 Curves: "smollm2" is costmodel.SMOLLM2_CPU_R (r(2) = 1.59, measured on 2 cores under load 2); "cheap" is close to
 what the same machine measured on a quiet day (r(2) = 1.1).
@@ -20,6 +23,7 @@ Variants (the settings tried and not kept live here, as patches of the drafter; 
     datastore-prior:D the datastore's a(L) prior L / (L + D)
     rare-prior:D      a rare pair's a(L) prior L / (L + D)
     rare-start:A      a rare pair's prior L / (L + 2), but A for a match of 2-3 tokens
+    text-prior:D      the text's and earlier outputs' a(L) priors L / (L + D), rare pairs' included
     fitted-prior      every a(L)'s prior the table measured on SmolLM2's replies (docs/measure/suffix_prior.py)
     carry:W           a(L) learned across the process's runs, a new run keeping at most W candidates' worth
     A+B               both settings, e.g. before+datastore-prior:8
@@ -97,6 +101,7 @@ VARIANTS = (
     "datastore-prior",
     "rare-prior",
     "rare-start",
+    "text-prior",
     "fitted-prior",
     "carry",
 )
@@ -132,6 +137,9 @@ def variant_drafter(target, curve, variant: str, state: dict):
         table[1] = float(parts["rare-start"])
         for name in rare:
             drafter.calibration[name].table = tuple(table)
+    if "text-prior" in parts:
+        for name in ("text", "earlier", *rare):
+            drafter.calibration[name].table = prior_table(float(parts["text-prior"]))
     if "fitted-prior" in parts:
         for cal in drafter.calibration.values():
             cal.table = FITTED
@@ -150,9 +158,10 @@ def variant_drafter(target, curve, variant: str, state: dict):
     return drafter
 
 
-def priced_runs(target, requests, curve, variant: str) -> dict:
-    """{(kind, i): tokens / priced steps} for each request, the drafter set up as `variant` says. Every variant
-    starts with no earlier outputs (the process's index is emptied), so each reads the same ones."""
+def priced_runs(target, requests, curve, variant: str, temperature: float = 0.0, seeds: int = 1) -> dict:
+    """{(kind, i, seed): tokens / priced steps} for each request (and seed, at temperature > 0), the drafter set
+    up as `variant` says. Every variant starts with no earlier outputs (the process's index is emptied), so at
+    temperature 0 each reads the same ones."""
     values = curve_values(curve, 40)
     drafters._EARLIER.pop(target, None)
     kept_best_size, kept_rate = suffix.best_size, suffix.Calibration.rate
@@ -160,9 +169,12 @@ def priced_runs(target, requests, curve, variant: str) -> dict:
     out, state = {}, {}
     try:
         for kind, i, prompt in requests:
-            drafter = variant_drafter(target, curve, variant, state)
-            result = specdec.speculative_sample(target, drafter, prompt, 128, temperature=0, chat=True)
-            out[kind, i] = len(result.tokens) / sum(values[k] for k in result.k_per_round)
+            for seed in range(1, seeds + 1) if temperature > 0 else [0]:
+                drafter = variant_drafter(target, curve, variant, state)
+                result = specdec.speculative_sample(
+                    target, drafter, prompt, 128, temperature=temperature, seed=seed, chat=True
+                )
+                out[kind, i, seed] = len(result.tokens) / sum(values[k] for k in result.k_per_round)
     finally:
         suffix.best_size = kept_best_size
         suffix.Calibration.rate = kept_rate
@@ -175,16 +187,21 @@ def main(argv=None) -> int:
     ap.add_argument("--curve", choices=sorted(CURVES), default="smollm2")
     ap.add_argument("--tasks", default=TASKS, help="the chat requests (default: the bench's chat tasks)")
     ap.add_argument("--variant", action="append", help="a setting (see above); repeat to compare (default: kept)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)")
+    ap.add_argument("--seeds", type=int, default=1, help="runs per request at temperature > 0 (default: 1)")
     args = ap.parse_args(argv)
+    if args.temperature < 0 or args.seeds < 1:
+        ap.error("--temperature must be >= 0 and --seeds at least 1")
     target = specdec.load_model(args.target)
     with open(args.tasks) as f:
         categories = json.load(f)["categories"]
     requests = [(kind, i, p) for kind, entry in categories.items() for i, p in enumerate(entry["prompts"])]
-    print(f"{args.target}, greedy, up to 128 tokens, priced on the {args.curve} curve")
+    sampling = f"temperature {args.temperature}, seeds 1-{args.seeds}" if args.temperature > 0 else "greedy"
+    print(f"{args.target}, {sampling}, up to 128 tokens, priced on the {args.curve} curve")
     for variant in args.variant or ["kept"]:
-        priced = priced_runs(target, requests, CURVES[args.curve], variant)
-        copy = [x for (kind, _), x in priced.items() if kind != "free"]
-        free = [x for (kind, _), x in priced.items() if kind == "free"]
+        priced = priced_runs(target, requests, CURVES[args.curve], variant, args.temperature, args.seeds)
+        copy = [x for (kind, *_), x in priced.items() if kind != "free"]
+        free = [x for (kind, *_), x in priced.items() if kind == "free"]
         print(
             f"{variant}: copy median {statistics.median(copy):.3f}x (mean {statistics.mean(copy):.3f}x); "
             f"free median {statistics.median(free):.3f}x, each " + ", ".join(f"{x:.2f}x" for x in free)

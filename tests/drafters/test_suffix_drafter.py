@@ -98,6 +98,24 @@ def test_a_match_of_a_pair_the_datastore_never_saw_is_trusted_sooner():
     assert len(common.propose(asked, 32, GREEDY, None)) == 0
 
 
+def test_when_the_target_samples_a_match_must_show_more_before_it_is_trusted():
+    """At T = 1 a copied token is accepted with p(x) < 1: the text's priors start from L / (L + 4). A rare pair's
+    2-token match, which drafts greedily (L / (L + 1)), abstains; an 8-token match still drafts; the same drafter
+    back at T = 0 drafts the short one again (the offsets are set per round, not once)."""
+    text = passage(0, 60)
+    never = Datastore.build([passage(7, 50), passage(8, 50)], 1000)
+    short = text + passage(1, 20) + text[:2]
+    long = text + passage(1, 20) + text[:8]
+    drafter = started(SuffixDrafter(1000, datastore=never), short)
+    assert len(drafter.propose(short, 32, T1, np.random.default_rng(0))) == 0
+    assert drafter.calibration["text, rare pair"].rate(2) == pytest.approx(2 / 6)
+    assert drafter.calibration["datastore"].prior_offset == 8.0  # the datastore's own prior is not changed
+    assert len(drafter.propose(short, 32, GREEDY, None)) > 0
+    assert drafter.calibration["text, rare pair"].rate(2) == pytest.approx(2 / 3)
+    sampled = started(SuffixDrafter(1000, datastore=never), long).propose(long, 32, T1, np.random.default_rng(0))
+    assert len(sampled) > 0 and sampled.tokens == text[8 : 8 + len(sampled)]
+
+
 def test_what_it_learns_from_the_text_sets_the_size():
     """Scored against the tokens that arrive (nothing drafted is needed), a copy that keeps being right raises
     a(L) and the drafts grow to the cap; a copy that keeps being wrong silences it."""
