@@ -16,7 +16,8 @@ what the same machine measured on a quiet day (r(2) = 1.1).
 Variants (the settings tried and not kept live here, as patches of the drafter; "kept" is the drafter as it is):
     kept              drafters/suffix.py as shipped (the text, earlier outputs and the shipped datastore; a(L) from
                       L / (L + 2), L / (L + 1) for a match of a pair the datastore never saw, L / (L + 8) in the
-                      datastore)
+                      datastore; at temperature > 0 L / (L + 4) for every match in the text or earlier outputs)
+    greedy-priors     kept, but with the greedy priors at every temperature (the drafter before sampling had its own)
     before            the drafter before rare pairs: one a(L) per source, every prior L / (L + 2)
     text-only         the request's own text alone (what suffix_ceiling.py's oracle bounds)
     rate              best_size judges n by E[tokens] - rate r(n + 1), rate = the run's recent tokens per step
@@ -102,6 +103,7 @@ VARIANTS = (
     "rare-prior",
     "rare-start",
     "text-prior",
+    "greedy-priors",
     "fitted-prior",
     "carry",
 )
@@ -137,6 +139,9 @@ def variant_drafter(target, curve, variant: str, state: dict):
         table[1] = float(parts["rare-start"])
         for name in rare:
             drafter.calibration[name].table = tuple(table)
+    if "greedy-priors" in parts:
+        for name, cal in drafter.calibration.items():
+            cal.table = prior_table(drafter.greedy_offsets[name])
     if "text-prior" in parts:
         for name in ("text", "earlier", *rare):
             drafter.calibration[name].table = prior_table(float(parts["text-prior"]))
