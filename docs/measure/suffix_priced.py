@@ -1,4 +1,4 @@
-"""Suffix decoding's greedy rounds on the chat tasks, priced on an r(m) curve: settings compared without the clock.
+"""Suffix decoding's rounds on the chat tasks, priced on an r(m) curve: settings compared without the clock.
 
     PYTHONPATH=. python docs/measure/suffix_priced.py [--curve smollm2|cheap] [--variant kept] [--variant rate] ...
     PYTHONPATH=. python docs/measure/suffix_priced.py --temperature 1 --seeds 3    # sampled replies
@@ -124,6 +124,9 @@ def variant_drafter(target, curve, variant: str, state: dict):
         raise SystemExit(f"{variant}: unknown ({', '.join(sorted(unknown))}), or before with a rare-pair prior")
     drafter = suffix.SuffixDrafter(target.n_vocab) if "text-only" in parts else suffix_drafter("", target)
     drafter.r = curve
+    if "greedy-priors" in parts:  # first: the settings below override it
+        for cal in drafter.calibration.values():
+            cal.table = prior_table(cal.greedy_offset)
     rare = [f"{source}, rare pair" for source in ("text", "earlier")]
     if "before" in parts:  # one a(L) per source, all from L / (L + 2): no rare pairs
         for name in rare:
@@ -139,9 +142,6 @@ def variant_drafter(target, curve, variant: str, state: dict):
         table[1] = float(parts["rare-start"])
         for name in rare:
             drafter.calibration[name].table = tuple(table)
-    if "greedy-priors" in parts:
-        for name, cal in drafter.calibration.items():
-            cal.table = prior_table(drafter.greedy_offsets[name])
     if "text-prior" in parts:
         for name in ("text", "earlier", *rare):
             drafter.calibration[name].table = prior_table(float(parts["text-prior"]))

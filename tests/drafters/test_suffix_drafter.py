@@ -112,6 +112,11 @@ def test_when_the_target_samples_a_match_must_show_more_before_it_is_trusted():
     assert drafter.calibration["datastore"].prior_offset == 8.0  # the datastore's own prior is not changed
     assert len(drafter.propose(short, 32, GREEDY, None)) > 0
     assert drafter.calibration["text, rare pair"].rate(2) == pytest.approx(2 / 3)
+    plain = started(SuffixDrafter(1000), short)  # no datastore: an ordinary match, L / (L + 2) when greedy
+    plain.propose(short, 32, T1, np.random.default_rng(0))
+    assert plain.calibration["text"].rate(2) == pytest.approx(2 / 6)
+    plain.propose(short, 32, GREEDY, None)
+    assert plain.calibration["text"].rate(2) == pytest.approx(2 / 4)
     sampled = started(SuffixDrafter(1000, datastore=never), long).propose(long, 32, T1, np.random.default_rng(0))
     assert len(sampled) > 0 and sampled.tokens == text[8 : 8 + len(sampled)]
 
