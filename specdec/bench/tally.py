@@ -34,8 +34,6 @@ class Tally:
     # both. Plain decoding then wrote its tokens but the first; speculative decoding, which reads all of the prompt
     # but its last token before its first round, wrote all of its own.
     prompt_seconds: list[float] = field(default_factory=list)  # per repeat: seconds of the prompts' passes
-    ar_decode: list[list[float]] = field(default_factory=list)  # per repeat: [seconds, tokens]
-    spec_decode: list[list[float]] = field(default_factory=list)  # per repeat: [seconds, tokens]
     each_decode: list[list[float]] = field(default_factory=list)  # [i] = prompt i's decoding-alone speedup per repeat
 
     def add(
@@ -47,8 +45,6 @@ class Tally:
             for series in (self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens, self.seen):
                 series.append(0)
             self.prompt_seconds.append(0.0)
-            self.ar_decode.append([0.0, 0])
-            self.spec_decode.append([0.0, 0])
         i, self.seen[repeat] = self.seen[repeat], self.seen[repeat] + 1
         if i == len(self.each):
             self.each.append([])
@@ -58,9 +54,6 @@ class Tally:
         spec_decode = (spec_seconds - prompt_seconds, len(result.tokens))
         if ar_decode[1] > 0 and min(ar_decode[0], spec_decode[0]) > 0:  # a 1-token reply has no decoding to time
             self.each_decode[i].append(spec_decode[1] * ar_decode[0] / (spec_decode[0] * ar_decode[1]))
-        for total, (seconds, tokens) in ((self.ar_decode[repeat], ar_decode), (self.spec_decode[repeat], spec_decode)):
-            total[0] += seconds
-            total[1] += tokens
         self.prompt_seconds[repeat] += prompt_seconds
         self.ar_seconds[repeat] += ar_seconds
         self.spec_seconds[repeat] += spec_seconds
@@ -89,14 +82,17 @@ class Tally:
             ratio(st * a, s * at)
             for a, s, at, st in zip(self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens)
         )
-        decode = sorted(ratio(st * a, s * at) for (a, at), (s, st) in zip(self.ar_decode, self.spec_decode))
+        # Decoding alone, per repeat: both times less the prompts' passes; plain decoding credited with its tokens
+        # but each prompt's first (seen[repeat] prompts), speculative decoding with all of its own.
+        decode = sorted(
+            ratio(st * (a - p), (s - p) * (at - n))
+            for a, s, at, st, p, n in zip(
+                self.ar_seconds, self.spec_seconds, self.ar_tokens, self.spec_tokens, self.prompt_seconds, self.seen
+            )
+        )
         return {
-            "speedup": statistics.median(speedups) if speedups else math.nan,
-            "speedup_min": speedups[0] if speedups else math.nan,
-            "speedup_max": speedups[-1] if speedups else math.nan,
-            "decode_speedup": statistics.median(decode) if decode else math.nan,  # the prompt's pass left out
-            "decode_speedup_min": decode[0] if decode else math.nan,
-            "decode_speedup_max": decode[-1] if decode else math.nan,
+            **_spread("speedup", speedups),
+            **_spread("decode_speedup", decode),  # the prompt's pass left out
             "repeats": len(speedups),
             "tau": ratio(self.tokens, self.rounds),
             "alpha": ratio(self.accepted, self.judged),
@@ -120,6 +116,13 @@ class Tally:
 # drafter's long copies land in the last bins, a K=4 chain's never pass the fourth).
 LENGTH_BINS = [0, 1, 2, 4, 8, 16, 32]
 LENGTH_LABELS = ["0", "1", "2-3", "4-7", "8-15", "16-31", "32+"]
+
+
+def _spread(key: str, values: list[float]) -> dict:
+    """{key: the median, key_min, key_max} of sorted `values` (NaN when there are none)."""
+    if not values:
+        return {key: math.nan, key + "_min": math.nan, key + "_max": math.nan}
+    return {key: statistics.median(values), key + "_min": values[0], key + "_max": values[-1]}
 
 
 def length_bin(accepted: int) -> int:

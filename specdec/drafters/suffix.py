@@ -87,12 +87,12 @@ class Calibration:
     each scored candidate adding its frequency f to `support` and 1 to `hits` when it was right, as a
     candidate followed by a share f of its parent's occurrences is expected right a(L) * f of the time.
     The prior a0(L) = L / (L + offset) (at the bucket's smallest L; offset 2: 1/3 after one matching token,
-    0.8 after 8; a second offset, sampled_offset, when the target samples), weighted as w0 = 4 scored candidates, is a guess that a few rounds override (on SmolLM2's chat
-    requests w0 = 4 drafted a little better than 2: docs/suffix.md); each count decays by
-    `decay` per update of its bucket, so a stretch of copying raises a(L) and free text lowers it again.
-    The scoring needs no drafting: every
-    round's likeliest path is checked against the tokens that arrive (SuffixDrafter.commit), and at any
-    temperature the chance a point-mass candidate x is accepted is p(x), the chance x is the token emitted.
+    0.8 after 8; a second offset, sampled_offset, when the target samples), weighted as w0 = 4 scored
+    candidates, is a guess that a few rounds override (on SmolLM2's chat requests w0 = 4 drafted a little
+    better than 2: docs/suffix.md); each count decays by `decay` per update of its bucket, so a stretch of
+    copying raises a(L) and free text lowers it again. The scoring needs no drafting: every round's likeliest
+    path is checked against the tokens that arrive (SuffixDrafter.commit), and at any temperature the chance a
+    point-mass candidate x is accepted is p(x), the chance x is the token emitted.
     """
 
     N_BUCKETS = 7
