@@ -124,9 +124,9 @@ def variant_drafter(target, curve, variant: str, state: dict):
         raise SystemExit(f"{variant}: unknown ({', '.join(sorted(unknown))}), or before with a rare-pair prior")
     drafter = suffix.SuffixDrafter(target.n_vocab) if "text-only" in parts else suffix_drafter("", target)
     drafter.r = curve
-    if "greedy-priors" in parts:  # first: the settings below override it
+    if "greedy-priors" in parts:  # a prior table set below still overrides it
         for cal in drafter.calibration.values():
-            cal.table = prior_table(cal.greedy_offset)
+            cal.sampled_offset = cal.greedy_offset
     rare = [f"{source}, rare pair" for source in ("text", "earlier")]
     if "before" in parts:  # one a(L) per source, all from L / (L + 2): no rare pairs
         for name in rare:

@@ -46,7 +46,7 @@ from ..sampling import SamplingParams
 from ..speculative import speculative_sample
 from .alpha import alpha_markdown, alpha_table, model_hparams, n_params, present_models
 from .progress import Progress, add_quiet
-from .tally import LENGTH_BINS, LENGTH_LABELS, Tally, length_bin, suite_table  # noqa: F401 (the suite's API)
+from .tally import Tally, suite_table
 from .prompts import encode, load_prompts
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import SHARED_TOKENIZER, TINY_HPARAMS, tiny_model, write_checkpoint
 
-from specdec.bench import suite
+from specdec.bench import suite, tally
 from specdec.bench.alpha import alpha_table, beta
 from specdec.bench.prompts import load_prompts
 from specdec.checkpoints.load import load_folder
@@ -111,7 +111,7 @@ def test_run_suite_rows(folders):
 
 
 def test_the_acceptance_length_bins():
-    assert [suite.length_bin(n) for n in (0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32)] == [0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6]
+    assert [tally.length_bin(n) for n in (0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32)] == [0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6]
 
 
 def test_repeats_interleave_and_give_a_spread_and_acceptance_by_position(folders, monkeypatch):
@@ -163,20 +163,20 @@ def test_decoding_alone_leaves_the_prompts_pass_out_of_both(monkeypatch):
 def test_decoding_alone_compares_rates_when_the_replies_differ_in_length():
     """At T = 1 the two decoders write different replies: plain decoding 9 tokens in 10 s (its first with the
     prompt's 2 s pass), speculative decoding 5 in 4 s. Decoding alone: 8 tokens in 8 s against 5 in 2 s."""
-    tally = suite.Tally()
+    totals = tally.Tally()
     result = SimpleNamespace(tokens=[1] * 5, rounds=2, accepted=3, judged=[2, 2], accepted_per_round=[2, 1])
-    tally.add(0, 10.0, 9, 4.0, result, 2.0)
-    row = tally.row()
+    totals.add(0, 10.0, 9, 4.0, result, 2.0)
+    row = totals.row()
     assert row["speedup"] == pytest.approx((5 / 4) / (9 / 10)) and row["decode_speedup"] == pytest.approx(2.5)
     assert row["prompt_decode_speedups"] == pytest.approx([2.5])
 
 
 def test_a_one_token_reply_has_no_decoding_to_time():
-    tally = suite.Tally()
-    tally.add(
+    totals = tally.Tally()
+    totals.add(
         0, 1.0, 1, 1.0, SimpleNamespace(tokens=[5], rounds=1, accepted=0, judged=[0], accepted_per_round=[0]), 1.0
     )
-    row = tally.row()
+    row = totals.row()
     assert row["speedup"] == 1.0 and math.isnan(row["prompt_decode_speedups"][0])
 
 
